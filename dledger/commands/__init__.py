@@ -1,0 +1,1 @@
+"""Sub-commands of the ``dledger`` command line, one module each."""

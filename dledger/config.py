@@ -1,0 +1,363 @@
+"""Member configuration: DLedger's option names and defaults, validated up front.
+
+Options are snake_case attributes of :class:`DLedgerConfig`; TOML files and
+command lines may use DLedger's camelCase names (``heartBeatTimeIntervalMs``)
+or the snake_case ones.  Every problem is reported with the option's name,
+the bad value and what would be accepted, because a member that starts with a
+wrong peer list or timer is far harder to debug than one that refuses to
+start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dledger.entry import INDEX_UNIT_SIZE, MIN_BLANK_LEN
+from dledger.errors import ConfigError
+
+GiB = 1024 * 1024 * 1024
+MiB = 1024 * 1024
+
+FLUSH_POLICIES = ("sync", "async")
+_ID_RE = re.compile(r"^[A-Za-z0-9_.]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """One member of the group: its id and the host/port it listens on."""
+
+    id: str
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def __str__(self) -> str:
+        return f"{self.id}-{self.address}"
+
+
+def parse_peers(text: str) -> dict[str, Peer]:
+    """Parse ``n0-127.0.0.1:20911;n1-127.0.0.1:20912`` into an ordered ``{id: Peer}``.
+
+    The id is everything before the first ``-`` (as in DLedger), so host
+    names may contain dashes; IPv6 hosts are written in brackets.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError("peers: empty; expected 'id-host:port' items separated by ';', "
+                          "e.g. 'n0-127.0.0.1:20911;n1-127.0.0.1:20912'")
+    peers: dict[str, Peer] = {}
+    for pos, item in enumerate(text.strip().split(";")):
+        item = item.strip()
+        if not item:
+            raise ConfigError(f"peers: empty item #{pos + 1} in {text!r} (stray ';' separator)")
+        peer_id, dash, address = item.partition("-")
+        if not dash:
+            raise ConfigError(f"peers: item {item!r} has no '-' between id and address (expected 'id-host:port')")
+        if not peer_id:
+            raise ConfigError(f"peers: item {item!r} has an empty member id")
+        if not _ID_RE.match(peer_id):
+            raise ConfigError(f"peers: member id {peer_id!r} may only contain letters, digits, '_' and '.'")
+        host, port = _parse_address(address, item)
+        if peer_id in peers:
+            raise ConfigError(f"peers: duplicate member id {peer_id!r} in {text!r}")
+        peers[peer_id] = Peer(peer_id, host, port)
+    return peers
+
+
+def _parse_address(address: str, item: str) -> tuple[str, int]:
+    if address.startswith("["):
+        host, sep, rest = address[1:].partition("]")
+        if not sep or not rest.startswith(":"):
+            raise ConfigError(f"peers: item {item!r}: bad IPv6 address, expected '[host]:port'")
+        port_text = rest[1:]
+    else:
+        host, sep, port_text = address.rpartition(":")
+        if not sep:
+            raise ConfigError(f"peers: item {item!r} has no ':port' after the host")
+    if not host:
+        raise ConfigError(f"peers: item {item!r} has an empty host")
+    if not port_text.isdigit():
+        raise ConfigError(f"peers: item {item!r}: port {port_text!r} is not a number")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"peers: item {item!r}: port {port} is out of range 1-65535")
+    return host, port
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+@dataclass(frozen=True)
+class DLedgerConfig:
+    """Configuration of one member. Defaults are Java DLedger 0.3.2's unless noted."""
+
+    # identity
+    group: str = "default"
+    self_id: str = "n0"
+    peers: str = "n0-127.0.0.1:20911"
+    preferred_leader_ids: str = ""
+    # stores
+    store_type: str = "memory"  # dledger: plugin name (memory, mmap, lmdb, ...)
+    store_base_dir: str = "/tmp/dledgerstore"
+    mapped_file_size_for_entry_data: int = 1 * GiB
+    mapped_file_size_for_entry_index: int = 5242880 * INDEX_UNIT_SIZE  # 160 MiB
+    max_entry_size: int = 4 * MiB  # dledger: refuse larger entries with a clear error
+    flush_policy: str = "sync"  # dledger: "async" is Java's behaviour
+    flush_file_interval: int = 10  # ms, async policy
+    check_point_interval: int = 3000  # ms
+    file_reserved_hours: int = 72
+    delete_when: str = "04"
+    disk_space_ratio_to_check_expired: float = 0.70
+    disk_space_ratio_to_force_clean: float = 0.85
+    enable_disk_force_clean: bool = True
+    disk_full_ratio: float = 0.90
+    accept_java_zero_crc: bool = False  # dledger: read Java-written entries whose bodyCrc is 0
+    lmdb_map_size: int = 1 * GiB  # dledger: initial LMDB map size; grows on demand
+    # transport
+    transport_type: str = "tcp"  # dledger: plugin name (tcp, inprocess, ...)
+    listen: str = ""  # dledger: endpoint string; default tcp:<port of selfId>
+    max_frame_size: int = 16 * MiB  # dledger: larger frames are refused
+    # election
+    enable_leader_elector: bool = True
+    heart_beat_time_interval_ms: int = 2000
+    max_heart_beat_leak: int = 3
+    min_vote_interval_ms: int = 300
+    max_vote_interval_ms: int = 1000
+    state_maintain_interval_ms: int = 10  # dledger: Java's state-maintainer loop period
+    # leadership transfer
+    max_leadership_transfer_wait_index: int = 1000
+    min_take_leadership_vote_interval_ms: int = 30
+    max_take_leadership_vote_interval_ms: int = 100
+    leadership_transfer_wait_timeout: int = 1000  # ms
+    # replication
+    max_pending_requests_num: int = 10000
+    max_wait_ack_time_ms: int = 2500
+    max_push_time_out_ms: int = 1000
+    enable_batch_push: bool = True  # dledger: on by default (Java: off)
+    max_batch_push_size: int = 256 * 1024  # bytes per push (Java: 4 KiB)
+    max_pending_size: int = 1000  # in-flight pushes per follower
+    enable_fast_advance_commit_index: bool = True  # dledger: NOOP at term start (Java: off)
+    # plugins may add options; they arrive here, validated against their declarations
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    # -- derived -------------------------------------------------------------
+    @functools.cached_property
+    def members(self) -> dict[str, Peer]:
+        """The parsed peer list, in configuration order."""
+        return parse_peers(self.peers)
+
+    @property
+    def self_peer(self) -> Peer:
+        return self.members[self.self_id]
+
+    @property
+    def preferred_leaders(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.preferred_leader_ids.split(";") if p.strip())
+
+    @property
+    def quorum(self) -> int:
+        return len(self.members) // 2 + 1
+
+    @property
+    def member_dir(self) -> Path:
+        """``<storeBaseDir>/dledger-<selfId>``, where a durable store keeps its files."""
+        return Path(self.store_base_dir) / f"dledger-{self.self_id}"
+
+    def replace(self, **changes: Any) -> DLedgerConfig:
+        """A copy with some options changed (camelCase or snake_case names)."""
+        return dataclasses.replace(self, **_normalize(changes, "override"))
+
+    def to_dict(self, camel: bool = True) -> dict[str, Any]:
+        """Options as a dict, keyed by DLedger's camelCase names by default."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[_camel(f.name) if camel else f.name] = dict(value) if f.name == "extras" else value
+        return out
+
+
+OPTION_NAMES: dict[str, str] = {}
+for _f in dataclasses.fields(DLedgerConfig):
+    OPTION_NAMES[_f.name] = _f.name
+    OPTION_NAMES[_camel(_f.name)] = _f.name
+# Java's boolean getter spelling.
+OPTION_NAMES["isEnableBatchPush"] = "enable_batch_push"
+
+#: Timer presets.  ``fast`` is for tests, demos and benchmarks on loopback.
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "fast": {
+        "heart_beat_time_interval_ms": 100,
+        "max_heart_beat_leak": 3,
+        "min_vote_interval_ms": 50,
+        "max_vote_interval_ms": 150,
+        "max_wait_ack_time_ms": 1500,
+        "max_push_time_out_ms": 300,
+        "leadership_transfer_wait_timeout": 500,
+        "check_point_interval": 500,
+    },
+}
+
+
+def _normalize(options: Mapping[str, Any], source: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        name = OPTION_NAMES.get(key)
+        if name is None:
+            close = difflib.get_close_matches(key, list(OPTION_NAMES), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{source}: unknown option {key!r}{hint}")
+        if name in out:
+            raise ConfigError(f"{source}: option {key!r} given twice (camelCase and snake_case)")
+        out[name] = value
+    return out
+
+
+_FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(DLedgerConfig)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = _FIELD_TYPES[name]
+    if name == "extras":
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"extras: expected a table, got {value!r}")
+        return dict(value)
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{_camel(name)}: expected true or false, got {value!r}")
+    if kind == "int":
+        if isinstance(value, bool):
+            raise ConfigError(f"{_camel(name)}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+            return int(value)
+        raise ConfigError(f"{_camel(name)}: expected an integer, got {value!r}")
+    if kind == "float":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{_camel(name)}: expected a number, got {value!r}") from None
+    if kind == "str":
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{_camel(name)}: expected a string, got {value!r}")
+    return value
+
+
+def _validate(cfg: DLedgerConfig) -> None:
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        coerced = _coerce(f.name, value)
+        if coerced is not value:
+            object.__setattr__(cfg, f.name, coerced)
+
+    def positive(*names: str) -> None:
+        for n in names:
+            if getattr(cfg, n) <= 0:
+                raise ConfigError(f"{_camel(n)}: must be > 0, got {getattr(cfg, n)}")
+
+    members = parse_peers(cfg.peers)
+    if not cfg.group:
+        raise ConfigError("group: must not be empty")
+    if cfg.self_id not in members:
+        raise ConfigError(f"selfId: {cfg.self_id!r} is not one of the peers {list(members)} "
+                          f"(peers={cfg.peers!r})")
+    for pid in cfg.preferred_leaders:
+        if pid not in members:
+            raise ConfigError(f"preferredLeaderIds: {pid!r} is not one of the peers {list(members)}")
+    positive("heart_beat_time_interval_ms", "max_heart_beat_leak", "min_vote_interval_ms",
+             "max_vote_interval_ms", "max_pending_requests_num", "max_wait_ack_time_ms",
+             "max_push_time_out_ms", "mapped_file_size_for_entry_data",
+             "mapped_file_size_for_entry_index", "max_entry_size", "flush_file_interval",
+             "check_point_interval", "max_batch_push_size", "max_pending_size",
+             "state_maintain_interval_ms", "min_take_leadership_vote_interval_ms",
+             "max_take_leadership_vote_interval_ms", "leadership_transfer_wait_timeout",
+             "max_frame_size", "lmdb_map_size")
+    if cfg.min_vote_interval_ms > cfg.max_vote_interval_ms:
+        raise ConfigError(f"minVoteIntervalMs ({cfg.min_vote_interval_ms}) must not exceed "
+                          f"maxVoteIntervalMs ({cfg.max_vote_interval_ms})")
+    if cfg.min_take_leadership_vote_interval_ms > cfg.max_take_leadership_vote_interval_ms:
+        raise ConfigError("minTakeLeadershipVoteIntervalMs must not exceed maxTakeLeadershipVoteIntervalMs")
+    if cfg.mapped_file_size_for_entry_index % INDEX_UNIT_SIZE:
+        raise ConfigError(f"mappedFileSizeForEntryIndex: {cfg.mapped_file_size_for_entry_index} is not a "
+                          f"multiple of the {INDEX_UNIT_SIZE}-byte index record")
+    if cfg.mapped_file_size_for_entry_data < 64 + MIN_BLANK_LEN:
+        raise ConfigError(f"mappedFileSizeForEntryData: {cfg.mapped_file_size_for_entry_data} is too small")
+    if cfg.flush_policy not in FLUSH_POLICIES:
+        raise ConfigError(f"flushPolicy: {cfg.flush_policy!r} is not one of {', '.join(FLUSH_POLICIES)}")
+    if cfg.file_reserved_hours < 0:
+        raise ConfigError(f"fileReservedHours: must be >= 0, got {cfg.file_reserved_hours}")
+    for hour in cfg.delete_when.split(";"):
+        if not (hour.isdigit() and 0 <= int(hour) <= 23):
+            raise ConfigError(f"deleteWhen: {cfg.delete_when!r} must be hours 00-23 separated by ';'")
+    for n in ("disk_space_ratio_to_check_expired", "disk_space_ratio_to_force_clean", "disk_full_ratio"):
+        if not 0 < getattr(cfg, n) <= 1:
+            raise ConfigError(f"{_camel(n)}: must be in (0, 1], got {getattr(cfg, n)}")
+    if cfg.max_leadership_transfer_wait_index < 0:
+        raise ConfigError("maxLeadershipTransferWaitIndex: must be >= 0")
+
+
+def make_config(*, preset: str = "default", file: str | Path | None = None,
+                **overrides: Any) -> DLedgerConfig:
+    """Build a config from a preset, then a TOML file, then keyword overrides (later wins).
+
+    >>> make_config(group="g0", self_id="n1", peers="n0-127.0.0.1:20911;n1-127.0.0.1:20912").quorum
+    2
+    """
+    if preset not in PRESETS:
+        raise ConfigError(f"preset: {preset!r} is not one of {', '.join(PRESETS)}")
+    options: dict[str, Any] = dict(PRESETS[preset])
+    if file is not None:
+        options.update(load_toml(file))
+    options.update(_normalize(overrides, "override"))
+    return DLedgerConfig(**options)
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file into normalized options.
+
+    Top-level keys are options; a ``[plugins]`` table is passed to plugins as
+    ``extras``; a ``preset = "fast"`` key applies a timer preset first.
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r}: {exc}") from None
+    data = dict(data)
+    options: dict[str, Any] = {}
+    preset = data.pop("preset", None)
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"{path}: preset {preset!r} is not one of {', '.join(PRESETS)}")
+        options.update(PRESETS[preset])
+    plugins = data.pop("plugins", None)
+    options.update(_normalize(data, str(path)))
+    if plugins is not None:
+        options["extras"] = plugins
+    return options

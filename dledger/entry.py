@@ -1,0 +1,237 @@
+"""The entry codec: DLedger's on-disk and on-wire entry layout (SPEC §5).
+
+One module owns every byte layout of the log so stores, transports and tools
+cannot drift apart:
+
+* an entry is a 48-byte big-endian header followed by its body;
+* an index record is 32 bytes, record ``i`` living at ``i * 32``;
+* the unused tail of a data file starts with a blank marker
+  (``int -1``, ``int remaining``).
+
+``bodyCrc`` is crc32c of the body.  Java DLedger 0.3.2 writes 0 there, so a
+Java-written log cannot be checked; :func:`decode_entry` rejects such entries
+unless the caller opts into ``accept_zero_crc`` (the ``acceptJavaZeroCrc``
+option), in which case a zero CRC means "unverified" and any other value is
+still checked.  Entries we write always carry the real CRC.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import crc32c as _crc32c
+
+from dledger.codes import EntryType
+
+HEADER = struct.Struct(">iiqqqiiii")
+INDEX_RECORD = struct.Struct(">iqiqq")
+BLANK = struct.Struct(">ii")
+
+HEADER_SIZE = HEADER.size  # 48
+BODY_OFFSET = HEADER_SIZE
+INDEX_UNIT_SIZE = INDEX_RECORD.size  # 32
+BLANK_MAGIC = -1
+MIN_BLANK_LEN = BLANK.size  # 8: every entry leaves room for a blank marker after it
+
+#: Offsets of header fields, for tools that patch a field in place.
+BODY_CRC_OFFSET = 40
+VALID_MAGICS = frozenset(int(m) for m in EntryType)
+#: Refuse to even look at a header claiming more than this (a torn or random size).
+DEFAULT_MAX_ENTRY_SIZE = 64 * 1024 * 1024
+
+_pack_header_into = HEADER.pack_into
+_unpack_header_from = HEADER.unpack_from
+_crc = _crc32c.crc32c
+
+
+class CodecError(ValueError):
+    """Bytes do not hold a valid entry or index record. ``offset`` is where decoding started."""
+
+    def __init__(self, message: str, offset: int = 0):
+        super().__init__(f"{message} (at offset {offset})")
+        self.offset = offset
+
+
+class TruncatedEntryError(CodecError):
+    """Fewer bytes than the header or the declared size: a torn write or a short read."""
+
+
+class CorruptEntryError(CodecError):
+    """The bytes are there but wrong: bad magic, inconsistent sizes, negative fields or CRC mismatch."""
+
+
+class OversizedEntryError(CodecError):
+    """The declared or requested size exceeds the configured maximum."""
+
+
+def body_crc(body: bytes | memoryview) -> int:
+    """crc32c of a body, as a signed 32-bit int (how the header stores it)."""
+    value = _crc(body)
+    return value - 0x100000000 if value >= 0x80000000 else value
+
+
+@dataclass(slots=True, eq=True)
+class Entry:
+    """One log entry. ``index``, ``term`` and ``pos`` are -1 until a store places it."""
+
+    body: bytes = b""
+    index: int = -1
+    term: int = -1
+    pos: int = -1
+    magic: int = EntryType.NORMAL
+    channel: int = 0
+    chain_crc: int = 0
+    body_crc: int = 0
+
+    @property
+    def size(self) -> int:
+        """Encoded size: header plus body."""
+        return HEADER_SIZE + len(self.body)
+
+    @property
+    def is_noop(self) -> bool:
+        return self.magic == EntryType.NOOP
+
+    def sealed(self) -> Entry:
+        """This entry with ``body_crc`` computed from its body."""
+        return Entry(self.body, self.index, self.term, self.pos, self.magic,
+                     self.channel, self.chain_crc, body_crc(self.body))
+
+
+class IndexRecord(NamedTuple):
+    """A 32-byte index record: where entry ``index`` lives in the data log."""
+
+    magic: int
+    pos: int
+    size: int
+    index: int
+    term: int
+
+
+class Blank(NamedTuple):
+    """The end-of-file marker: ``remaining`` bytes from the marker to the end of the file."""
+
+    remaining: int
+
+
+def encode_entry(entry: Entry) -> bytes:
+    """Encode an entry exactly as stored; ``body_crc`` is written as given."""
+    buf = bytearray(HEADER_SIZE + len(entry.body))
+    encode_entry_into(buf, 0, entry)
+    return bytes(buf)
+
+
+def encode_entry_into(buf: bytearray | memoryview, offset: int, entry: Entry) -> int:
+    """Write ``entry`` at ``offset`` of a writable buffer; returns the encoded size."""
+    body = entry.body
+    n = len(body)
+    size = HEADER_SIZE + n
+    _pack_header_into(buf, offset, entry.magic, size, entry.index, entry.term, entry.pos,
+                      entry.channel, entry.chain_crc, entry.body_crc, n)
+    buf[offset + HEADER_SIZE:offset + size] = body
+    return size
+
+
+def seal_crc_in_place(buf: bytearray | memoryview, offset: int, size: int) -> int:
+    """Compute the body CRC of the entry encoded at ``offset`` and patch it into its header.
+
+    Stores call this after append hooks have rewritten body bytes, so the CRC
+    covers what is really stored.
+    """
+    crc = body_crc(memoryview(buf)[offset + HEADER_SIZE:offset + size])
+    struct.pack_into(">i", buf, offset + BODY_CRC_OFFSET, crc)
+    return crc
+
+
+def decode_entry(buf: bytes | bytearray | memoryview, offset: int = 0, *,
+                 accept_zero_crc: bool = False, verify_crc: bool = True,
+                 max_size: int = DEFAULT_MAX_ENTRY_SIZE, exact: bool = False) -> Entry:
+    """Decode the entry at ``offset``.
+
+    Raises :class:`TruncatedEntryError` if the buffer ends inside the entry,
+    :class:`OversizedEntryError` if the header claims more than ``max_size``
+    and :class:`CorruptEntryError` for anything else that is not a valid
+    entry (a blank marker included).  With ``exact`` the entry must fill the
+    buffer from ``offset`` to its end.
+    """
+    avail = len(buf) - offset
+    if avail < HEADER_SIZE:
+        raise TruncatedEntryError(f"need {HEADER_SIZE} header bytes, have {max(avail, 0)}", offset)
+    (magic, size, index, term, pos, channel, chain_crc, crc, body_size) = _unpack_header_from(buf, offset)
+    if magic not in VALID_MAGICS:
+        kind = "blank marker" if magic == BLANK_MAGIC else "bad magic"
+        raise CorruptEntryError(f"{kind} {magic}", offset)
+    if size != HEADER_SIZE + body_size or body_size < 0:
+        raise CorruptEntryError(f"size {size} != {HEADER_SIZE} + bodySize {body_size}", offset)
+    if size > max_size:
+        raise OversizedEntryError(f"entry size {size} exceeds maximum {max_size}", offset)
+    if index < 0 or term < 0 or pos < 0:
+        raise CorruptEntryError(f"negative field: index={index} term={term} pos={pos}", offset)
+    if avail < size:
+        raise TruncatedEntryError(f"entry of {size} bytes but only {avail} available", offset)
+    if exact and avail != size:
+        raise CorruptEntryError(f"{avail - size} trailing bytes after entry", offset)
+    body = bytes(buf[offset + HEADER_SIZE:offset + size])
+    if verify_crc and not (crc == 0 and accept_zero_crc):
+        actual = body_crc(body)
+        if actual != crc:
+            raise CorruptEntryError(f"body crc32c mismatch: stored {crc & 0xFFFFFFFF:#010x}, "
+                                    f"computed {actual & 0xFFFFFFFF:#010x}", offset)
+    return Entry(body, index, term, pos, magic, channel, chain_crc, crc)
+
+
+def peek(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[int, int]:
+    """``(magic, size)`` at ``offset`` without validation; for scanners that must tell blanks apart."""
+    if len(buf) - offset < MIN_BLANK_LEN:
+        raise TruncatedEntryError("need 8 bytes to read magic and size", offset)
+    return BLANK.unpack_from(buf, offset)
+
+
+def encode_blank(remaining: int) -> bytes:
+    """The blank marker that fills ``remaining`` bytes at the end of a data file."""
+    if remaining < MIN_BLANK_LEN:
+        raise ValueError(f"a blank needs at least {MIN_BLANK_LEN} bytes, got {remaining}")
+    return BLANK.pack(BLANK_MAGIC, remaining)
+
+
+def decode_blank(buf: bytes | bytearray | memoryview, offset: int = 0) -> Blank:
+    """Decode a blank marker; :class:`CorruptEntryError` if the bytes are not one."""
+    magic, remaining = peek(buf, offset)
+    if magic != BLANK_MAGIC or remaining < MIN_BLANK_LEN:
+        raise CorruptEntryError(f"not a blank marker: magic={magic} remaining={remaining}", offset)
+    return Blank(remaining)
+
+
+def encode_index(entry: Entry | IndexRecord) -> bytes:
+    """The 32-byte index record of an entry."""
+    return INDEX_RECORD.pack(entry.magic, entry.pos, entry.size, entry.index, entry.term)
+
+
+def decode_index(buf: bytes | bytearray | memoryview, offset: int = 0) -> IndexRecord:
+    """Decode and sanity-check the index record at ``offset``."""
+    if len(buf) - offset < INDEX_UNIT_SIZE:
+        raise TruncatedEntryError(f"need {INDEX_UNIT_SIZE} index bytes, have {len(buf) - offset}", offset)
+    rec = IndexRecord(*INDEX_RECORD.unpack_from(buf, offset))
+    if rec.magic not in VALID_MAGICS or rec.size < HEADER_SIZE or rec.pos < 0 or rec.index < 0 or rec.term < 0:
+        raise CorruptEntryError(f"bad index record {rec}", offset)
+    return rec
+
+
+def place_entry(write_pos: int, size: int, file_size: int) -> tuple[int, int]:
+    """Where an entry of ``size`` bytes goes when the log ends at ``write_pos``.
+
+    Returns ``(pos, blank)``: ``blank`` bytes at ``write_pos`` are padding
+    (a blank marker) and the entry starts at ``pos``.  As in DLedger, an entry
+    never straddles files and always leaves room for an 8-byte blank after it,
+    so every store that uses this function assigns the same positions for the
+    same file size, whatever its medium.
+    """
+    if size + MIN_BLANK_LEN > file_size:
+        raise OversizedEntryError(f"entry of {size} bytes cannot fit a data file of {file_size} bytes "
+                                  f"(needs size + {MIN_BLANK_LEN})", write_pos)
+    remaining = file_size - write_pos % file_size
+    if size + MIN_BLANK_LEN > remaining:
+        return write_pos + remaining, remaining
+    return write_pos, 0

@@ -1,0 +1,30 @@
+"""Exceptions raised by dledger.
+
+Every failure a peer or client can observe carries a :class:`ResponseCode`,
+so the same exception can be turned into a reply without a lookup table.
+"""
+
+from __future__ import annotations
+
+from dledger.codes import ResponseCode
+
+
+class DLedgerError(Exception):
+    """A request failed with a protocol-level ``code``.
+
+    ``leader_id`` is filled for NOT_LEADER so that clients can redirect.
+    """
+
+    def __init__(self, code: ResponseCode, message: str = "", *, leader_id: str | None = None):
+        self.code = ResponseCode(code)
+        self.leader_id = leader_id
+        self.message = message
+        super().__init__(f"{self.code.name}({int(self.code)}): {message}" if message else self.code.name)
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the option and the fix."""
+
+
+class StoreError(Exception):
+    """A store cannot be opened or used (bad layout, unreadable files)."""

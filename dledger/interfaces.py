@@ -1,0 +1,195 @@
+"""Every seam of dledger, as zope.interface interfaces, in one module.
+
+The core is written against these and nothing else: a server takes a log
+store, a term/vote store and a transport as constructor arguments, and
+applications hook in through role-change handlers, append hooks and commit
+listeners.  Implementations declare ``@implementer(...)`` and are checked
+with ``zope.interface.verify.verifyObject`` in the tests.
+
+Optional capabilities are small extra interfaces checked at run time with
+``IFoo.providedBy(obj)``, not flags on a fat interface.
+"""
+
+from __future__ import annotations
+
+from zope.interface import Attribute, Interface
+
+
+class IMemberState(Interface):
+    """The read-only view of a member's election state that a log store needs.
+
+    A follower's store refuses entries unless they come from the leader it
+    knows, in the term it is in (SPEC §4 ``appendAsFollower``).
+    """
+
+    self_id = Attribute("This member's id.")
+    role = Attribute("The current :class:`dledger.codes.Role`.")
+    curr_term = Attribute("The current term (int).")
+    leader_id = Attribute("The leader this member follows in ``curr_term``, or None.")
+
+
+class ILogStore(Interface):
+    """The replicated log on one member (SPEC §5).
+
+    Indexes are contiguous from ``ledger_begin_index`` to
+    ``ledger_end_index`` (both -1 when empty).  Appends and reads are
+    synchronous; durability is asked for separately with :meth:`flush`, so
+    that many appends share one fsync (group commit).  Errors that a peer or
+    client must see are :class:`dledger.errors.DLedgerError` with a code.
+    """
+
+    ledger_begin_index = Attribute("Index of the first entry kept, -1 when empty.")
+    ledger_end_index = Attribute("Index of the last entry, -1 when empty.")
+    ledger_end_term = Attribute("Term of the last entry, -1 when empty.")
+    committed_index = Attribute("Highest index known committed; never past ledger_end_index.")
+    flushed_index = Attribute("Highest index known durable (what a crash cannot take away).")
+
+    def startup() -> None:
+        """Open and recover the log. Raises :class:`dledger.errors.StoreError` if it cannot."""
+
+    def shutdown():
+        """Flush and close; returns a Deferred that fires when everything is on disk."""
+
+    def append_as_leader(entry):
+        """Append ``entry`` (its ``term`` and ``body`` set) at ``ledger_end_index + 1``.
+
+        Assigns ``index`` and ``pos``, runs the append hooks on the encoded
+        bytes, seals the body CRC and returns the stored entry.  Raises
+        DLedgerError(NOT_LEADER / DISK_FULL / DISK_ERROR) when it cannot.
+        """
+
+    def append_as_follower(entry, leader_term: int, leader_id: str):
+        """Append an entry received from the leader, exactly as the leader stored it.
+
+        Checks, in order: this member is a follower (NOT_FOLLOWER), the index
+        is ``ledger_end_index + 1`` (INCONSISTENT_INDEX), ``leader_term`` is
+        the current term (INCONSISTENT_TERM), ``leader_id`` is the known
+        leader (INCONSISTENT_LEADER), and the byte position agrees with the
+        leader's (DISK_ERROR).  Returns the stored entry.
+        """
+
+    def truncate(entry, leader_term: int, leader_id: str) -> int:
+        """Make ``entry`` the last entry of the log and return its index.
+
+        Everything after ``entry.index`` is dropped; if the entry stored at
+        that index differs it is replaced.  If ``entry.index`` lies outside
+        ``[begin, end + 1]`` the log is reset to hold only ``entry`` (a
+        follower behind the leader's begin index).  Same role/term/leader
+        checks as :meth:`append_as_follower`.  Never drops a committed entry
+        unless the log is reset.
+        """
+
+    def get(index: int):
+        """The entry at ``index``.
+
+        DLedgerError(INDEX_LESS_THAN_LOCAL_BEGIN) below the begin index,
+        DLedgerError(INDEX_OUT_OF_RANGE) past the end.
+        """
+
+    def get_range(begin_index: int, max_count: int, max_bytes: int) -> list:
+        """Up to ``max_count`` entries from ``begin_index``, stopping before ``max_bytes`` (but at least one)."""
+
+    def update_committed_index(term: int, index: int) -> None:
+        """Advance the committed index; ignored if it would move back, clamped to the end."""
+
+    def get_first_log_of_target_term(term: int, end_index: int) -> int:
+        """Smallest index ``<= end_index`` whose entry has ``term``, or -1."""
+
+    def flush():
+        """Make every appended entry durable. Returns a Deferred firing with :attr:`flushed_index`."""
+
+    def add_append_hook(hook) -> None:
+        """Register an :class:`IAppendHook` run on every leader append."""
+
+
+class IRetainingLogStore(ILogStore):
+    """A store that deletes old entries by itself (retention); ``ledger_begin_index`` may move forward."""
+
+    def clean_expired(now: float) -> int:
+        """Delete whole files past retention (never above the committed index); returns entries removed."""
+
+
+class ITermVoteStore(Interface):
+    """Durable ``currTerm`` and ``currVoteFor``, kept apart from the log (as hashicorp/raft does).
+
+    :meth:`save` must be durable (fsync) when it returns: a member answers a
+    vote only after its promise is on disk.
+    """
+
+    def load() -> tuple:
+        """``(term, vote_for)``; ``(0, None)`` for a member that never voted."""
+
+    def save(term: int, vote_for) -> None:
+        """Persist atomically and durably before returning."""
+
+    def close() -> None:
+        """Release files/handles."""
+
+
+class IRequestHandler(Interface):
+    """Whoever answers requests arriving on a transport (a member's server)."""
+
+    def handle_request(request):
+        """Answer ``request`` (a :mod:`dledger.messages` request). Returns a Deferred of the response."""
+
+
+class ITransport(Interface):
+    """Moves requests between members and from clients.
+
+    ``send`` never calls the peer synchronously: the reply always arrives
+    through the reactor, on a real network or an in-process one.
+    """
+
+    def start(handler) -> object:
+        """Begin serving requests to an :class:`IRequestHandler`; returns a Deferred."""
+
+    def stop() -> object:
+        """Stop serving and fail outstanding requests; returns a Deferred."""
+
+    def send(peer_id: str, request, timeout: float | None = None):
+        """Send ``request`` to member ``peer_id``; Deferred of its response.
+
+        Fails with DLedgerError(NETWORK_ERROR) if the peer cannot be reached
+        and DLedgerError(TIMEOUT) after ``timeout`` seconds.
+        """
+
+
+class IRoleChangeHandler(Interface):
+    """Told about every role change of its member, in order."""
+
+    def role_changed(term: int, role) -> object:
+        """Called with the new term and :class:`dledger.codes.Role`.
+
+        May return a Deferred; the next change is delivered only when it
+        fires, so handlers see transitions one at a time and in order.
+        """
+
+
+class IAppendHook(Interface):
+    """Runs inside a leader append, before the CRC is computed and the bytes are stored."""
+
+    def before_append(entry, buffer, body_offset: int) -> None:
+        """``buffer`` holds the encoded entry (header with index and pos filled in).
+
+        The hook may rewrite body bytes at ``body_offset`` onward (the
+        RocketMQ layer stores ``entry.pos + BODY_OFFSET`` in the message) but
+        must not change their length.
+        """
+
+
+class ICommitListener(Interface):
+    """Receives committed application entries, in log order.
+
+    On start the server replays committed entries from :meth:`start_index`,
+    so a listener that persists its progress resumes where it stopped and one
+    that keeps state in memory rebuilds it.
+    """
+
+    def start_index() -> int:
+        """Index of the first entry this listener wants (0 for everything still kept)."""
+
+    def entries_committed(entries: list) -> object:
+        """Called with consecutive committed entries (NOOPs excluded).
+
+        May return a Deferred to slow delivery down; the next batch waits for it.
+        """

@@ -1,0 +1,323 @@
+"""Request and response messages, with Java DLedger's field names on the wire.
+
+Python attributes are snake_case; :func:`to_wire` / :func:`from_wire` map
+them to the camelCase JSON objects Java DLedger 0.3.2 exchanges (fastjson:
+null fields omitted, enums by name, byte arrays as Base64).  Some keys that
+Java only exposes through getters (``batch``, ``count``, ``firstEntryIndex``
+... of a PUSH request) are derived properties here and appear on the wire
+all the same.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import enum
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from dledger.codes import PushType, RequestCode, ResponseCode, VoteResult
+from dledger.entry import Entry
+
+
+@dataclass(slots=True, kw_only=True)
+class RequestOrResponse:
+    """Fields every message carries (Java's ``RequestOrResponse``)."""
+
+    group: str | None = None
+    remote_id: str | None = None
+    local_id: str | None = None
+    code: int = ResponseCode.SUCCESS
+    leader_id: str | None = None
+    term: int = -1
+
+    WIRE_EXTRA: ClassVar[tuple[str, ...]] = ()
+
+    def base_reply(self, cls: type[RequestOrResponse], code: ResponseCode = ResponseCode.SUCCESS, **kw: Any):
+        """A response of type ``cls`` that copies this request's base fields, as Java's ``copyBaseInfo``."""
+        base = dict(group=self.group, term=self.term, code=int(code), local_id=self.local_id,
+                    remote_id=self.remote_id, leader_id=self.leader_id)
+        base.update(kw)
+        return cls(**base)
+
+    @property
+    def response_code(self) -> ResponseCode:
+        return ResponseCode.of(self.code)
+
+
+# -- election ---------------------------------------------------------------
+
+@dataclass(slots=True, kw_only=True)
+class VoteRequest(RequestOrResponse):
+    ledger_end_index: int = -1
+    ledger_end_term: int = -1
+
+
+@dataclass(slots=True, kw_only=True)
+class VoteResponse(RequestOrResponse):
+    vote_result: VoteResult = VoteResult.UNKNOWN
+
+
+@dataclass(slots=True, kw_only=True)
+class HeartBeatRequest(RequestOrResponse):
+    pass
+
+
+@dataclass(slots=True, kw_only=True)
+class HeartBeatResponse(RequestOrResponse):
+    pass
+
+
+@dataclass(slots=True, kw_only=True)
+class LeadershipTransferRequest(RequestOrResponse):
+    transfer_id: str | None = None
+    transferee_id: str | None = None
+    take_leadership_ledger_index: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class LeadershipTransferResponse(RequestOrResponse):
+    pass
+
+
+# -- client API -------------------------------------------------------------
+
+@dataclass(slots=True, kw_only=True)
+class AppendEntryRequest(RequestOrResponse):
+    """Append one body, or (dledger extension, ``batchMsgs``) several; a batch is acknowledged by its last entry."""
+
+    body: bytes | None = None
+    batch_msgs: list[bytes] | None = None
+
+    def bodies(self) -> list[bytes]:
+        if self.batch_msgs is not None:
+            return list(self.batch_msgs)
+        return [self.body] if self.body is not None else []
+
+
+@dataclass(slots=True, kw_only=True)
+class AppendEntryResponse(RequestOrResponse):
+    index: int = -1
+    pos: int = -1
+
+
+@dataclass(slots=True, kw_only=True)
+class GetEntriesRequest(RequestOrResponse):
+    begin_index: int = 0
+    max_size: int = 0
+    index_list: list[int] | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class GetEntriesResponse(RequestOrResponse):
+    entries: list[Entry] = field(default_factory=list)
+
+
+@dataclass(slots=True, kw_only=True)
+class MetadataRequest(RequestOrResponse):
+    pass
+
+
+@dataclass(slots=True, kw_only=True)
+class MetadataResponse(RequestOrResponse):
+    peers: dict[str, str] | None = None
+    # dledger extensions (Java clients ignore unknown keys)
+    role: str | None = None
+    ledger_begin_index: int | None = None
+    ledger_end_index: int | None = None
+    committed_index: int | None = None
+
+
+# -- replication ------------------------------------------------------------
+
+@dataclass(slots=True, kw_only=True)
+class PushEntryRequest(RequestOrResponse):
+    """A push from a leader's dispatcher: COMPARE/TRUNCATE carry ``entry``, APPEND ``entry`` or ``batch_entry``."""
+
+    commit_index: int = -1
+    type: PushType = PushType.APPEND
+    entry: Entry | None = None
+    batch_entry: list[Entry] = field(default_factory=list)
+    total_size: int = 0
+
+    WIRE_EXTRA: ClassVar[tuple[str, ...]] = ("batch", "count", "first_entry_index", "last_entry_index")
+
+    @property
+    def batch(self) -> bool:
+        return bool(self.batch_entry)
+
+    @property
+    def count(self) -> int:
+        return len(self.batch_entry) if self.batch_entry else (1 if self.entry is not None else 0)
+
+    @property
+    def first_entry_index(self) -> int:
+        if self.batch_entry:
+            return self.batch_entry[0].index
+        return self.entry.index if self.entry is not None else -1
+
+    @property
+    def last_entry_index(self) -> int:
+        if self.batch_entry:
+            return self.batch_entry[-1].index
+        return self.entry.index if self.entry is not None else -1
+
+    def entries(self) -> list[Entry]:
+        if self.batch_entry:
+            return self.batch_entry
+        return [self.entry] if self.entry is not None else []
+
+
+@dataclass(slots=True, kw_only=True)
+class PushEntryResponse(RequestOrResponse):
+    index: int | None = None
+    begin_index: int = -1
+    end_index: int = -1
+    count: int = 0
+
+
+#: request code -> (request class, response class)
+RPCS: dict[RequestCode, tuple[type[RequestOrResponse], type[RequestOrResponse]]] = {
+    RequestCode.METADATA: (MetadataRequest, MetadataResponse),
+    RequestCode.APPEND: (AppendEntryRequest, AppendEntryResponse),
+    RequestCode.GET: (GetEntriesRequest, GetEntriesResponse),
+    RequestCode.VOTE: (VoteRequest, VoteResponse),
+    RequestCode.HEART_BEAT: (HeartBeatRequest, HeartBeatResponse),
+    RequestCode.PUSH: (PushEntryRequest, PushEntryResponse),
+    RequestCode.LEADERSHIP_TRANSFER: (LeadershipTransferRequest, LeadershipTransferResponse),
+}
+REQUEST_CODES: dict[type, RequestCode] = {req: code for code, (req, _) in RPCS.items()}
+RESPONSE_TYPES: dict[type, type] = {req: resp for req, resp in RPCS.values()}
+
+
+def request_code(request: RequestOrResponse) -> RequestCode:
+    """The remoting request code of a request object."""
+    try:
+        return REQUEST_CODES[type(request)]
+    except KeyError:
+        raise TypeError(f"{type(request).__name__} is not a request") from None
+
+
+def error_response(request: RequestOrResponse, code: ResponseCode, **kw: Any) -> RequestOrResponse:
+    """The response a server gives when ``request`` fails with ``code``: Java copies the request's base fields."""
+    return request.base_reply(RESPONSE_TYPES[type(request)], code, **kw)
+
+
+# -- wire mapping -----------------------------------------------------------
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def entry_to_wire(entry: Entry) -> dict[str, Any]:
+    return {"body": base64.b64encode(entry.body).decode("ascii"), "bodyCrc": entry.body_crc,
+            "chainCrc": entry.chain_crc, "channel": entry.channel, "index": entry.index,
+            "magic": entry.magic, "pos": entry.pos, "size": entry.size, "term": entry.term}
+
+
+def entry_from_wire(obj: dict[str, Any]) -> Entry:
+    body = base64.b64decode(obj.get("body") or "", validate=True)
+    return Entry(body=body, index=int(obj.get("index", -1)), term=int(obj.get("term", -1)),
+                 pos=int(obj.get("pos", -1)), magic=int(obj.get("magic", 1)),
+                 channel=int(obj.get("channel", 0)), chain_crc=int(obj.get("chainCrc", 0)),
+                 body_crc=int(obj.get("bodyCrc", 0)))
+
+
+def _value_to_wire(value: Any) -> Any:
+    if isinstance(value, enum.Enum) and not isinstance(value, int):
+        return value.name
+    if isinstance(value, ResponseCode):
+        return int(value)
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, Entry):
+        return entry_to_wire(value)
+    if isinstance(value, list):
+        return [_value_to_wire(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _value_to_wire(v) for k, v in value.items()}
+    return value
+
+
+def to_wire(msg: RequestOrResponse) -> dict[str, Any]:
+    """The JSON object Java DLedger would write for ``msg`` (None fields omitted)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(msg):
+        value = getattr(msg, f.name)
+        if value is not None:
+            out[camel(f.name)] = _value_to_wire(value)
+    for name in msg.WIRE_EXTRA:
+        out[camel(name)] = _value_to_wire(getattr(msg, name))
+    return out
+
+
+_HINTS: dict[type, dict[str, tuple[str, Any]]] = {}
+
+
+def _hints(cls: type) -> dict[str, tuple[str, Any]]:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        types = typing.get_type_hints(cls)
+        hints = {camel(f.name): (f.name, types[f.name]) for f in dataclasses.fields(cls)}
+        _HINTS[cls] = hints
+    return hints
+
+
+def _value_from_wire(kind: Any, value: Any, key: str) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        inner = [a for a in typing.get_args(kind) if a is not type(None)]
+        return _value_from_wire(inner[0], value, key)
+    if kind is bytes:
+        if not isinstance(value, str):
+            raise ValueError(f"{key}: expected base64 text")
+        return base64.b64decode(value, validate=True)
+    if kind is Entry:
+        if not isinstance(value, dict):
+            raise ValueError(f"{key}: expected an entry object")
+        return entry_from_wire(value)
+    if isinstance(kind, type) and issubclass(kind, enum.Enum) and not issubclass(kind, int):
+        return kind[value]
+    if origin is list:
+        (item,) = typing.get_args(kind)
+        if not isinstance(value, list):
+            raise ValueError(f"{key}: expected a list")
+        return [_value_from_wire(item, v, key) for v in value]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{key}: expected an object")
+        return {str(k): str(v) for k, v in value.items()}
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if kind is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{key}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def from_wire(cls: type[RequestOrResponse], obj: dict[str, Any]) -> RequestOrResponse:
+    """Build a message from its Java JSON object; unknown keys (getter-only ones included) are ignored.
+
+    Raises ValueError naming the key if a value has the wrong type.
+    """
+    if not isinstance(obj, dict):
+        raise ValueError(f"{cls.__name__}: expected a JSON object")
+    hints = _hints(cls)
+    kwargs = {}
+    for key, value in obj.items():
+        spec = hints.get(key)
+        if spec is None:
+            continue
+        name, kind = spec
+        try:
+            kwargs[name] = _value_from_wire(kind, value, key)
+        except (KeyError, TypeError, ValueError, base64.binascii.Error) as exc:
+            raise ValueError(f"{cls.__name__}.{key}: bad value {value!r:.80}: {exc}") from None
+    return cls(**kwargs)

@@ -1,0 +1,83 @@
+"""What every log store shares: the precondition checks and the committed-index rule.
+
+Stores differ in where bytes live; the rules that decide whether an append,
+a truncate or a commit-index move is allowed are the same for all of them
+and live here, once.
+"""
+
+from __future__ import annotations
+
+from dledger.codes import ResponseCode, Role
+from dledger.entry import Entry, OversizedEntryError, place_entry
+from dledger.errors import DLedgerError
+
+
+def check_leader(state) -> None:
+    """A leader append is only allowed on the leader."""
+    if state.role is not Role.LEADER:
+        raise DLedgerError(ResponseCode.NOT_LEADER, f"role is {state.role.name}", leader_id=state.leader_id)
+
+
+def check_follower(state, leader_term: int, leader_id: str) -> None:
+    """The follower-side checks of ``appendAsFollower`` / ``truncate`` (SPEC §4), in Java's order."""
+    if state.role is not Role.FOLLOWER:
+        raise DLedgerError(ResponseCode.NOT_FOLLOWER, f"role is {state.role.name}")
+    if leader_term != state.curr_term:
+        raise DLedgerError(ResponseCode.INCONSISTENT_TERM,
+                           f"leader term {leader_term} != current term {state.curr_term}")
+    if leader_id != state.leader_id:
+        raise DLedgerError(ResponseCode.INCONSISTENT_LEADER, f"leader {leader_id} != known leader {state.leader_id}")
+
+
+def check_next_index(entry: Entry, end_index: int) -> None:
+    if entry.index != end_index + 1:
+        raise DLedgerError(ResponseCode.INCONSISTENT_INDEX,
+                           f"entry index {entry.index} != end index + 1 ({end_index + 1})")
+
+
+def check_position(entry: Entry, pos: int) -> None:
+    """A follower must place an entry at the leader's byte position, or offsets would differ between members."""
+    if entry.pos != pos:
+        raise DLedgerError(ResponseCode.DISK_ERROR, f"entry {entry.index} at pos {entry.pos} on the leader "
+                           f"but {pos} here (data file sizes differ between members?)")
+
+
+def index_out_of_range(index: int, begin: int, end: int) -> DLedgerError:
+    if begin >= 0 and 0 <= index < begin:
+        return DLedgerError(ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN, f"index {index} < begin index {begin}")
+    return DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, f"index {index} not in [{begin}, {end}]")
+
+
+def next_committed_index(current: int, term: int, curr_term: int, index: int,
+                         begin: int, end: int) -> int:
+    """The committed index after ``updateCommittedIndex(term, index)``.
+
+    Ignored for a stale term, an empty log or a move backwards; clamped to
+    the end of the log, so committed never passes what is stored here.
+    """
+    if index < 0 or end < 0 or term < curr_term or index <= current or index < begin:
+        return current
+    return min(index, end)
+
+
+def check_entry_size(size: int, max_size: int) -> None:
+    """Refuse oversized entries with a clear error before anything is written."""
+    if size > max_size:
+        raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                           f"entry of {size} bytes exceeds maxEntrySize {max_size}")
+
+
+def check_truncate_keeps_committed(index: int, committed: int) -> None:
+    """Raft never asks a follower to drop a committed entry; if asked, refuse rather than lose it."""
+    if index <= committed:
+        raise DLedgerError(ResponseCode.INCONSISTENT_STATE,
+                           f"refusing to drop committed entry {index} (committed index {committed})")
+
+
+def place(write_pos: int, size: int, file_size: int, max_size: int) -> tuple[int, int]:
+    """``(pos, blank)`` for a new entry (see :func:`dledger.entry.place_entry`), as a DLedgerError if it cannot fit."""
+    check_entry_size(size, max_size)
+    try:
+        return place_entry(write_pos, size, file_size)
+    except OversizedEntryError as exc:
+        raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, str(exc)) from None

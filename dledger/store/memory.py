@@ -1,0 +1,193 @@
+"""In-memory log and term/vote stores: the full store contract, nothing durable.
+
+Used by tests, simulations and embedded groups.  Byte positions follow the
+same file layout as the mmap store (:func:`dledger.entry.place_entry`), so a
+memory member and a file member agree on every entry's ``pos``.
+"""
+
+from __future__ import annotations
+
+from twisted.internet.defer import succeed
+from zope.interface import implementer
+
+from dledger.entry import BODY_OFFSET, Entry, encode_entry_into, seal_crc_in_place
+from dledger.hookspecs import hookimpl
+from dledger.interfaces import ILogStore, ITermVoteStore
+from dledger.plugin_types import StoreType
+from dledger.store import base
+
+
+@implementer(ILogStore)
+class MemoryLogStore:
+    """A list of entries plus the begin/end/committed bookkeeping."""
+
+    def __init__(self, member_state, *, data_file_size: int = 1 << 30, max_entry_size: int = 4 << 20):
+        self.member_state = member_state
+        self.data_file_size = data_file_size
+        self.max_entry_size = max_entry_size
+        self._entries: list[Entry] = []
+        self._hooks: list = []
+        self.ledger_begin_index = -1
+        self.committed_index = -1
+        self._write_pos = 0
+
+    @classmethod
+    def from_config(cls, config, member_state) -> MemoryLogStore:
+        return cls(member_state, data_file_size=config.mapped_file_size_for_entry_data,
+                   max_entry_size=config.max_entry_size)
+
+    # -- bookkeeping ---------------------------------------------------------
+    @property
+    def ledger_end_index(self) -> int:
+        return self.ledger_begin_index + len(self._entries) - 1 if self._entries else -1
+
+    @property
+    def ledger_end_term(self) -> int:
+        return self._entries[-1].term if self._entries else -1
+
+    @property
+    def flushed_index(self) -> int:
+        return self.ledger_end_index
+
+    def startup(self) -> None:
+        pass
+
+    def shutdown(self):
+        return succeed(None)
+
+    def flush(self):
+        return succeed(self.ledger_end_index)
+
+    def add_append_hook(self, hook) -> None:
+        self._hooks.append(hook)
+
+    # -- appends -------------------------------------------------------------
+    def _place(self, size: int) -> int:
+        return base.place(self._write_pos, size, self.data_file_size, self.max_entry_size)[0]
+
+    def _push(self, entry: Entry) -> Entry:
+        if not self._entries:
+            self.ledger_begin_index = entry.index
+        self._entries.append(entry)
+        self._write_pos = entry.pos + entry.size
+        return entry
+
+    def append_as_leader(self, entry: Entry) -> Entry:
+        base.check_leader(self.member_state)
+        pos = self._place(entry.size)
+        stored = Entry(entry.body, self.ledger_end_index + 1, entry.term, pos, entry.magic,
+                       entry.channel, entry.chain_crc, 0)
+        if self._hooks:
+            buf = bytearray(stored.size)
+            encode_entry_into(buf, 0, stored)
+            for hook in self._hooks:
+                hook.before_append(stored, buf, BODY_OFFSET)
+            stored.body_crc = seal_crc_in_place(buf, 0, stored.size)
+            stored.body = bytes(buf[BODY_OFFSET:])
+        else:
+            stored = stored.sealed()
+        return self._push(stored)
+
+    def append_as_follower(self, entry: Entry, leader_term: int, leader_id: str) -> Entry:
+        base.check_follower(self.member_state, leader_term, leader_id)
+        base.check_next_index(entry, self.ledger_end_index)
+        base.check_position(entry, self._place(entry.size))
+        return self._push(entry)
+
+    def truncate(self, entry: Entry, leader_term: int, leader_id: str) -> int:
+        base.check_follower(self.member_state, leader_term, leader_id)
+        begin, end = self.ledger_begin_index, self.ledger_end_index
+        if self._entries and begin <= entry.index <= end:
+            offset = entry.index - begin
+            if self._entries[offset] == entry:
+                if entry.index < end:
+                    base.check_truncate_keeps_committed(entry.index + 1, self.committed_index)
+                del self._entries[offset + 1:]
+            else:
+                base.check_truncate_keeps_committed(entry.index, self.committed_index)
+                del self._entries[offset:]
+                if self._entries:
+                    prev = self._entries[-1]
+                    self._write_pos = prev.pos + prev.size
+                    base.check_position(entry, self._place(entry.size))
+                else:
+                    base.check_entry_size(entry.size, self.max_entry_size)
+                self._entries.append(entry)
+            self._write_pos = entry.pos + entry.size
+        elif entry.index == end + 1 and self._entries:
+            base.check_position(entry, self._place(entry.size))
+            self._push(entry)
+        else:
+            # Outside our range: start over at the leader's entry.
+            base.check_entry_size(entry.size, self.max_entry_size)
+            self._entries = [entry]
+            self.ledger_begin_index = entry.index
+            self._write_pos = entry.pos + entry.size
+            self.committed_index = entry.index - 1
+        self.committed_index = min(self.committed_index, self.ledger_end_index)
+        return entry.index
+
+    # -- reads ---------------------------------------------------------------
+    def get(self, index: int) -> Entry:
+        begin = self.ledger_begin_index
+        if not self._entries or index < begin or index > self.ledger_end_index:
+            raise base.index_out_of_range(index, begin, self.ledger_end_index)
+        return self._entries[index - begin]
+
+    def get_range(self, begin_index: int, max_count: int, max_bytes: int) -> list[Entry]:
+        first = self.get(begin_index)
+        out = [first]
+        total = first.size
+        offset = begin_index - self.ledger_begin_index + 1
+        for entry in self._entries[offset:offset + max_count - 1]:
+            total += entry.size
+            if total > max_bytes:
+                break
+            out.append(entry)
+        return out
+
+    def get_first_log_of_target_term(self, term: int, end_index: int) -> int:
+        found = -1
+        hi = min(end_index, self.ledger_end_index)
+        for index in range(hi, self.ledger_begin_index - 1, -1):
+            t = self._entries[index - self.ledger_begin_index].term
+            if t == term:
+                found = index
+            elif t < term:
+                break
+        return found
+
+    def update_committed_index(self, term: int, index: int) -> None:
+        self.committed_index = base.next_committed_index(
+            self.committed_index, term, self.member_state.curr_term, index,
+            self.ledger_begin_index, self.ledger_end_index)
+
+
+@implementer(ITermVoteStore)
+class MemoryTermVoteStore:
+    """Term and vote kept in memory; survives a simulated crash if the same object is reused."""
+
+    def __init__(self, term: int = 0, vote_for: str | None = None):
+        self.term = term
+        self.vote_for = vote_for
+        self.saves = 0
+
+    def load(self) -> tuple[int, str | None]:
+        return self.term, self.vote_for
+
+    def save(self, term: int, vote_for: str | None) -> None:
+        self.term, self.vote_for = term, vote_for
+        self.saves += 1
+
+    def close(self) -> None:
+        pass
+
+
+@hookimpl
+def dledger_store_types():
+    return [StoreType(
+        name="memory",
+        make_log_store=MemoryLogStore.from_config,
+        make_term_store=lambda config: MemoryTermVoteStore(),
+        description="entries in memory; nothing survives a restart",
+    )]

@@ -1,0 +1,1 @@
+"""Transports; each registers itself as a plugin (``dledger_transport_types``)."""

@@ -1,0 +1,40 @@
+"""Packaging for dledger: a Raft-replicated commit log on Twisted."""
+
+from setuptools import find_packages, setup
+
+with open("README.md", encoding="utf-8") as fh:
+    LONG_DESCRIPTION = fh.read()
+
+setup(
+    name="dledger",
+    version="0.1.0",
+    description="A Raft-replicated commit log for Python on Twisted (DLedger-compatible)",
+    long_description=LONG_DESCRIPTION,
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["dledger", "dledger.*"]) + ["twisted.plugins"],
+    package_data={"twisted": ["plugins/dledger_plugin.py"]},
+    install_requires=[
+        "twisted>=24.3",
+        "zope.interface>=6",
+        "pluggy>=1.5",
+        "crc32c>=2.4",
+        "lmdb>=1.4",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-twisted>=1.14", "hypothesis>=6.100", "ruff>=0.6"],
+        "spark": ["pyspark>=4.2", "pyarrow>=15"],
+    },
+    entry_points={
+        "console_scripts": ["dledger = dledger.cli:main"],
+        # Built-ins register through the same group a third-party plugin uses.
+        "dledger": [
+            "memory = dledger.store.memory",
+        ],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Framework :: Twisted",
+        "Topic :: System :: Distributed Computing",
+    ],
+)
