@@ -30,6 +30,7 @@ setup(
         # Built-ins register through the same group a third-party plugin uses.
         "dledger": [
             "memory = dledger.store.memory",
+            "tcp = dledger.transport.tcp",
         ],
     },
     classifiers=[

@@ -25,6 +25,7 @@ DISABLE_AUTOLOAD_ENV = "DLEDGER_DISABLE_PLUGIN_AUTOLOAD"
 #: entry-point name -> module, for every plugin shipped with dledger.
 BUILTIN_PLUGINS: dict[str, str] = {
     "memory": "dledger.store.memory",
+    "tcp": "dledger.transport.tcp",
 }
 
 _manager: pluggy.PluginManager | None = None
