@@ -53,6 +53,14 @@ _INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 _dumps = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode
 
 
+def _utf8(text: str) -> bytes:
+    """UTF-8, with unpaired surrogates (only hostile JSON produces them) written as '?' like Java's encoder."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace")
+
+
 # -- errors -------------------------------------------------------------------
 
 class FrameError(ValueError):
@@ -132,7 +140,7 @@ class Header:
             obj["remark"] = self.remark
         if self.ext_fields is not None:
             obj["extFields"] = self.ext_fields
-        return _dumps(obj).encode("utf-8")
+        return _utf8(_dumps(obj))
 
     @classmethod
     def from_json(cls, data: bytes | bytearray | memoryview) -> Header:
@@ -296,12 +304,16 @@ def decode_frame(data: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> F
 
 def encode_body(msg: RequestOrResponse) -> bytes:
     """A message as Java's fastjson writes it (compact, keys sorted, nulls omitted, bytes as Base64)."""
-    return _dumps(messages.to_wire(msg)).encode("utf-8")
+    return _utf8(_dumps(messages.to_wire(msg)))
 
 
 def decode_body(cls: type[RequestOrResponse], body: bytes, header: Header | None = None) -> RequestOrResponse:
     """Parse a JSON body into ``cls``; :class:`BodyError` if it is not one."""
-    obj = _loads(body, BodyError, f"{cls.__name__} body")
+    try:
+        obj = _loads(body, BodyError, f"{cls.__name__} body")
+    except BodyError as exc:
+        exc.header = header
+        raise
     try:
         return messages.from_wire(cls, obj)
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError, binascii.Error) as exc:
@@ -330,7 +342,7 @@ def encode_push_binary(request: PushEntryRequest) -> bytes:
     meta_obj = messages.to_wire(replace(request, entry=None, batch_entry=[]))
     for key in ("batchEntry", "batch", "count", "firstEntryIndex", "lastEntryIndex"):
         meta_obj.pop(key, None)
-    meta = _dumps(meta_obj).encode("utf-8")
+    meta = _utf8(_dumps(meta_obj))
     start = _BIN_PREFIX.size + len(meta)
     buf = bytearray(start + sum([len(e.body) for e in entries]) + 48 * len(entries))
     buf[_BIN_PREFIX.size:start] = meta
@@ -363,7 +375,11 @@ def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRe
     if actual != crc:
         raise BinaryBodyError(f"binary PUSH entries failed their crc32c check (sent {crc:#010x}, "
                               f"received {actual:#010x}): corrupted in transit", header)
-    meta = _loads(memoryview(body)[_BIN_PREFIX.size:start], BinaryBodyError, "binary PUSH meta")
+    try:
+        meta = _loads(memoryview(body)[_BIN_PREFIX.size:start], BinaryBodyError, "binary PUSH meta")
+    except BinaryBodyError as exc:
+        exc.header = header
+        raise
     if isinstance(meta, dict) and ("entry" in meta or "batchEntry" in meta):
         raise BinaryBodyError("binary PUSH meta must not carry entries", header)
     try:
