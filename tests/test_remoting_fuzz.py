@@ -3,6 +3,7 @@
 Bounded for CI: a few thousand seeded mutations plus a few hundred hypothesis examples (a few seconds).
 """
 
+import json
 import random
 import struct
 from pathlib import Path
@@ -145,7 +146,6 @@ def test_random_bytes_only_raise_codec_errors(data, rng):
                          max_leaves=12))
 def test_structured_random_headers_and_bodies_only_raise_codec_errors(header, body):
     """JSON-shaped nonsense in header and body decodes or raises the codec's own errors."""
-    import json
     head = json.dumps(header).encode()
     payload = json.dumps(body).encode()
     data = struct.pack(">iI", 4 + len(head) + len(payload), len(head)) + head + payload
