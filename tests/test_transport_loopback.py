@@ -14,6 +14,8 @@ from dledger.interfaces import IRequestHandler
 from dledger.transport.client import Backoff, RemotingClient
 from dledger.transport.tcp import TcpTransport
 
+pytestmark = pytest.mark.network
+
 PEERS = "n0-127.0.0.1:20911;n1-127.0.0.1:20912"
 TIMEOUT = 5.0  # every request in this module gives up by itself after this
 

@@ -28,7 +28,7 @@ import crc32c as _crc32c
 
 from dledger import messages
 from dledger.codes import RequestCode, ResponseCode
-from dledger.entry import CodecError, decode_entry, encode_entry_into
+from dledger.entry import HEADER_SIZE, CodecError, decode_entry, encode_entry_into
 from dledger.messages import PushEntryRequest, RequestOrResponse
 
 SERIALIZE_JSON = 0
@@ -269,8 +269,9 @@ class FrameSplitter:
                                             f"the frame has after its header-length word"))
             if len(buf) < total_len + 4:
                 return
-            header_bytes = bytes(buf[8:8 + header_len])
-            body = bytes(buf[8 + header_len:4 + total_len])
+            with memoryview(buf) as view:
+                header_bytes = bytes(view[8:8 + header_len])
+                body = bytes(view[8 + header_len:4 + total_len])
             del buf[:4 + total_len]
             if serialize_type != SERIALIZE_JSON:
                 kind = "ROCKETMQ binary headers" if serialize_type == SERIALIZE_ROCKETMQ else "it"
@@ -336,23 +337,49 @@ def encode_push_binary(request: PushEntryRequest) -> bytes:
     back to back.  The section CRC covers entry headers as well as bodies, so any corruption in
     transit is detected even for entries whose own ``bodyCrc`` is 0 (written by Java).
     """
-    if request.entry is not None and request.batch_entry:
-        raise ValueError("a PUSH request carries either entry or batch_entry, not both")
-    entries = request.batch_entry or ([request.entry] if request.entry is not None else [])
-    meta_obj = messages.to_wire(replace(request, entry=None, batch_entry=[]))
-    for key in ("batchEntry", "batch", "count", "firstEntryIndex", "lastEntryIndex"):
-        meta_obj.pop(key, None)
-    meta = _utf8(_dumps(meta_obj))
-    start = _BIN_PREFIX.size + len(meta)
-    buf = bytearray(start + sum([len(e.body) for e in entries]) + 48 * len(entries))
-    buf[_BIN_PREFIX.size:start] = meta
-    off = start
-    for e in entries:
-        off += encode_entry_into(buf, off, e)
-    crc = _crc32c.crc32c(memoryview(buf)[start:])
-    _BIN_PREFIX.pack_into(buf, 0, BINARY_VERSION, _FLAG_BATCH if request.batch_entry else 0,
-                          len(meta), len(entries), crc)
+    body = _PushBody(request)
+    buf = bytearray(body.size)
+    body.write_into(buf, 0)
     return bytes(buf)
+
+
+class _PushBody:
+    """A binary PUSH body measured first, then written straight into the frame buffer (no extra copies)."""
+
+    __slots__ = ("entries", "meta", "batch", "size")
+
+    def __init__(self, request: PushEntryRequest):
+        if request.entry is not None and request.batch_entry:
+            raise ValueError("a PUSH request carries either entry or batch_entry, not both")
+        self.entries = request.batch_entry or ([request.entry] if request.entry is not None else [])
+        self.batch = bool(request.batch_entry)
+        meta_obj = messages.to_wire(replace(request, entry=None, batch_entry=[]))
+        for key in ("batchEntry", "batch", "count", "firstEntryIndex", "lastEntryIndex"):
+            meta_obj.pop(key, None)
+        self.meta = _utf8(_dumps(meta_obj))
+        self.size = (_BIN_PREFIX.size + len(self.meta) + sum([len(e.body) for e in self.entries])
+                     + HEADER_SIZE * len(self.entries))
+
+    def write_into(self, buf: bytearray, offset: int) -> None:
+        start = offset + _BIN_PREFIX.size + len(self.meta)
+        buf[offset + _BIN_PREFIX.size:start] = self.meta
+        off = start
+        for e in self.entries:
+            off += encode_entry_into(buf, off, e)
+        with memoryview(buf) as view:
+            crc = _crc32c.crc32c(view[start:off])
+        _BIN_PREFIX.pack_into(buf, offset, BINARY_VERSION, _FLAG_BATCH if self.batch else 0,
+                              len(self.meta), len(self.entries), crc)
+
+
+def _encode_push_frame(header: Header, request: PushEntryRequest) -> bytes:
+    body = _PushBody(request)
+    head = header.to_json()
+    buf = bytearray(8 + len(head) + body.size)
+    _LENGTHS.pack_into(buf, 0, 4 + len(head) + body.size, len(head))
+    buf[8:8 + len(head)] = head
+    body.write_into(buf, 8 + len(head))
+    return bytes(buf)  # Twisted transports take bytes only
 
 
 def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRequest:
@@ -417,8 +444,7 @@ def encode_request(request: RequestOrResponse, opaque: int, *, binary: bool = Fa
     if binary:
         if not isinstance(request, PushEntryRequest):
             raise TypeError(f"only PUSH requests have a binary body, not {type(request).__name__}")
-        return encode_frame(Header(code, opaque, flag, ext_fields=dict(BINARY_EXT_FIELDS)),
-                            encode_push_binary(request))
+        return _encode_push_frame(Header(code, opaque, flag, ext_fields=dict(BINARY_EXT_FIELDS)), request)
     return encode_frame(Header(code, opaque, flag), encode_body(request))
 
 
