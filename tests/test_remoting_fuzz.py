@@ -27,7 +27,8 @@ from dledger.transport.remoting import FrameSplitter
 GOLDEN = Path(__file__).parent / "golden" / "java-dledger-0.3.2"
 GOLDEN_FRAMES = [p.read_bytes() for p in sorted((GOLDEN / "frames").glob("*.bin"))]
 MAX_FRAME = 64 * 1024
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,
+               suppress_health_check=[HealthCheck.too_slow])
 
 
 def binary_push_frame() -> bytes:

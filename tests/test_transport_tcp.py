@@ -1,6 +1,7 @@
 """The TCP transport, driven by a MemoryReactorClock and iosim pumps (deterministic, no sockets)."""
 
 import random
+from pathlib import Path
 
 import pytest
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
@@ -22,6 +23,7 @@ from dledger.transport.protocol import BinaryBodyRefused, RemotingProtocol, Remo
 from dledger.transport.tcp import TcpTransport, listen_endpoint_description
 
 PEERS = "n0-127.0.0.1:20911;n1-127.0.0.1:20912;n2-127.0.0.1:20913"
+GOLDEN = Path(__file__).parent / "golden" / "java-dledger-0.3.2"
 
 
 def config(self_id="n0", **kw):
@@ -359,15 +361,43 @@ def replies(transport):
     return [(f.header, f.body) for f in remoting.split_frames(transport.value())]
 
 
-def test_dledger_error_becomes_error_response_copying_the_request():
+@pytest.mark.parametrize("error", [DLedgerError(ResponseCode.NOT_LEADER, "no", leader_id="n2"),
+                                   DLedgerError(ResponseCode.UNKNOWN_GROUP, "not g9")])
+def test_dledger_error_becomes_error_response_copying_the_request(error):
     """A DLedgerError from the handler is answered as Java does: its code, the request's base fields, leaderId."""
-    proto, transport = serving(Raising(DLedgerError(ResponseCode.NOT_LEADER, "no", leader_id="n2")))
-    request = messages.GetEntriesRequest(group="g0", remote_id="n1", begin_index=3)
+    proto, transport = serving(Raising(error))
+    request = messages.GetEntriesRequest(group="g9", remote_id="n1", begin_index=3)
     proto.dataReceived(remoting.encode_request(request, 41))
     (header, body), = replies(transport)
     assert (header.opaque, header.flag, header.code) == (41, 1, 200)
     reply = remoting.decode_body(messages.GetEntriesResponse, body)
-    assert reply == messages.GetEntriesResponse(group="g0", remote_id="n1", code=404, leader_id="n2")
+    assert reply == messages.GetEntriesResponse(group="g9", remote_id="n1", code=error.code,
+                                                leader_id=error.leader_id)
+
+
+def test_not_leader_reply_is_byte_identical_to_java():
+    """Given the recorded GET on a follower, NOT_LEADER(leader n0) produces exactly the reply Java sent."""
+    frames = GOLDEN / "frames"
+    proto, transport = serving(Raising(DLedgerError(ResponseCode.NOT_LEADER, leader_id="n0")))
+    proto.dataReceived((frames / "050002-get-notleader-request.bin").read_bytes())
+    assert transport.value() == (frames / "050002-get-notleader-response.bin").read_bytes()
+
+
+@pytest.mark.parametrize("name", sorted({p.name.rsplit("-", 1)[0] for p in (GOLDEN / "frames").glob("*.bin")}))
+def test_served_replies_are_byte_identical_to_java(name):
+    """Fed a recorded request, a handler answering the recorded response makes the server write Java's exact bytes."""
+    request_bytes = (GOLDEN / "frames" / f"{name}-request.bin").read_bytes()
+    response_bytes = (GOLDEN / "frames" / f"{name}-response.bin").read_bytes()
+
+    @implementer(IRequestHandler)
+    class Recorded:
+        def handle_request(self, request):
+            cls = messages.RESPONSE_TYPES[type(request)]
+            return succeed(remoting.decode_response(remoting.decode_frame(response_bytes), cls))
+
+    proto, transport = serving(Recorded())
+    proto.dataReceived(request_bytes)
+    assert transport.value() == response_bytes
 
 
 def test_unexpected_handler_exception_is_internal_error_and_logged(events):
