@@ -93,7 +93,7 @@ class _Waiting:
     timeout: float
     binary: bool
     deadline: float
-    deferred: Deferred = field(default=None)  # type: ignore[assignment]
+    deferred: Deferred | None = None  # set right after creation (its canceller needs this object)
     timer: IDelayedCall | None = None
     inner: Deferred | None = None
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
@@ -70,7 +70,7 @@ class _Call:
 
     response_cls: type
     binary: bool
-    deferred: Deferred = field(default=None)  # type: ignore[assignment]
+    deferred: Deferred
     timer: IDelayedCall | None = None
 
 
@@ -204,8 +204,7 @@ class RemotingProtocol(Protocol):
         if len(data) > self.max_frame_size:
             return fail(DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
                                      f"request frame of {len(data)} bytes exceeds maxFrameSize {self.max_frame_size}"))
-        call = _Call(response_cls, binary)
-        call.deferred = Deferred(lambda _d: self._forget(opaque))
+        call = _Call(response_cls, binary, Deferred(lambda _d: self._forget(opaque)))
         call.timer = self.clock.callLater(timeout, self._timed_out, opaque, timeout)
         self._calls[opaque] = call
         self.transport.write(data)

@@ -99,7 +99,10 @@ class TcpTransport:
         return d.addCallback(listening)
 
     def stop(self) -> Deferred:
-        """Stop listening, fail outstanding requests, close every connection; fires when all are closed."""
+        """Stop listening, fail outstanding requests, close every connection; fires when all are closed.
+
+        A stopped transport stays stopped (later sends fail with NETWORK_ERROR); build a new one to restart.
+        """
         waits = [self.client.close()]
         if self.port is not None:
             port, self.port = self.port, None
