@@ -587,3 +587,51 @@ def test_stop_fails_outstanding_requests_and_closes_connections():
     assert result_of(stopped_client) is None and result_of(stopped_server) is None
     assert failure_of(net.client.send("n0", messages.HeartBeatRequest(group="g0"))).code == ResponseCode.NETWORK_ERROR
     handler.answer(0)  # the late answer goes nowhere
+
+
+# -- client side: odd replies ------------------------------------------------------------------------------
+
+def client_protocol():
+    reactor = MemoryReactorClock()
+    proto = RemotingProtocol(reactor)
+    transport = StringTransport()
+    proto.makeConnection(transport)
+    return proto, transport, reactor
+
+
+def sent_opaque(transport):
+    frame, = remoting.split_frames(transport.value())
+    transport.clear()
+    return frame.header.opaque
+
+
+def test_undecodable_reply_fails_only_that_request():
+    """A reply whose body is not the expected response fails that request (NETWORK_ERROR); the connection stays."""
+    proto, transport, _ = client_protocol()
+    d = proto.send_request(messages.HeartBeatRequest(group="g0"), 3.0)
+    opaque = sent_opaque(transport)
+    proto.dataReceived(remoting.encode_frame(remoting.Header(200, opaque, 1), b'{"term":"x"}'))
+    assert failure_of(d).code == ResponseCode.NETWORK_ERROR
+    assert proto.is_open and not transport.disconnecting
+
+
+@pytest.mark.parametrize("remoting_code,expected", [(2, ResponseCode.NETWORK_ERROR), (3, ResponseCode.UNSUPPORTED),
+                                                    (1, ResponseCode.INTERNAL_ERROR)])
+def test_java_remoting_errors_map_to_dledger_codes(remoting_code, expected):
+    """Java remoting's own reply codes (SYSTEM_ERROR, SYSTEM_BUSY, REQUEST_CODE_NOT_SUPPORTED) become DLedgerErrors."""
+    proto, transport, _ = client_protocol()
+    d = proto.send_request(messages.HeartBeatRequest(group="g0"), 3.0)
+    opaque = sent_opaque(transport)
+    proto.dataReceived(remoting.encode_frame(remoting.Header(remoting_code, opaque, 1, remark="busy")))
+    error = failure_of(d)
+    assert error.code == expected and "busy" in str(error)
+
+
+def test_garbage_from_the_server_closes_and_fails_pending_requests():
+    """An unreadable frame on a client connection closes it; its requests fail with NETWORK_ERROR."""
+    proto, transport, _ = client_protocol()
+    d = proto.send_request(messages.HeartBeatRequest(group="g0"), 3.0)
+    proto.dataReceived(b"\x00\x00\x00\x01garbage")
+    assert transport.disconnecting
+    proto.connectionLost(None)
+    assert failure_of(d).code == ResponseCode.NETWORK_ERROR
