@@ -31,6 +31,7 @@ setup(
         "dledger": [
             "memory = dledger.store.memory",
             "inprocess = dledger.transport.inprocess",
+            "tcp = dledger.transport.tcp",
         ],
     },
     classifiers=[

@@ -26,6 +26,7 @@ DISABLE_AUTOLOAD_ENV = "DLEDGER_DISABLE_PLUGIN_AUTOLOAD"
 BUILTIN_PLUGINS: dict[str, str] = {
     "memory": "dledger.store.memory",
     "inprocess": "dledger.transport.inprocess",
+    "tcp": "dledger.transport.tcp",
 }
 
 _manager: pluggy.PluginManager | None = None
