@@ -17,6 +17,7 @@ from dledger.config import make_config
 from dledger.entry import HEADER_SIZE, Entry
 from dledger.errors import DLedgerError
 from dledger.interfaces import IRequestHandler, ITransport
+from dledger.transport import base as transport_base
 from dledger.transport import remoting
 from dledger.transport.client import Backoff, client_endpoint_description
 from dledger.transport.protocol import BinaryBodyRefused, RemotingProtocol, RemotingServerFactory
@@ -83,6 +84,7 @@ def events(monkeypatch):
     """Log events of the protocol (requests served and sent)."""
     collected = Events()
     monkeypatch.setattr(RemotingProtocol, "log", Logger(observer=collected))
+    monkeypatch.setattr(transport_base, "log", Logger(observer=collected))
     return collected
 
 

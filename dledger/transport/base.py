@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
@@ -17,19 +18,18 @@ from dledger.messages import RequestOrResponse, error_response
 log = Logger()
 
 
-def failure_response(request: RequestOrResponse, exc: BaseException) -> RequestOrResponse:
-    """The reply to ``request`` when handling it raised ``exc``."""
+def failure_response(request: RequestOrResponse, failure: Failure) -> RequestOrResponse:
+    """The reply to ``request`` when handling it failed."""
+    exc = failure.value
     if isinstance(exc, DLedgerError):
-        reply = error_response(request, exc.code)
-        if exc.leader_id is not None:
-            reply.leader_id = exc.leader_id
-        return reply
-    log.error("internal error answering {req!r}: {exc!r}", req=type(request).__name__, exc=exc)
+        extra = {"leader_id": exc.leader_id} if exc.leader_id is not None else {}
+        return error_response(request, exc.code, **extra)
+    log.failure("handler failed on {req}; answering INTERNAL_ERROR", failure, req=type(request).__name__)
     return error_response(request, ResponseCode.INTERNAL_ERROR)
 
 
 def answer(handler, request: RequestOrResponse) -> Deferred:
-    """Ask ``handler`` to answer ``request``; always fires with a response, never fails."""
+    """Ask ``handler`` to answer ``request``; fires with a response (an error response if it failed)."""
     d = maybeDeferred(handler.handle_request, request)
-    d.addErrback(lambda f: failure_response(request, f.value))
+    d.addErrback(lambda f: failure_response(request, f))
     return d

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -25,6 +25,7 @@ from dledger import messages
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
 from dledger.transport import remoting
+from dledger.transport.base import answer
 from dledger.transport.remoting import (
     FLAG_RESPONSE,
     REMOTING_SUCCESS,
@@ -271,23 +272,12 @@ class RemotingProtocol(Protocol):
         if self._in_flight >= self.max_in_flight and not self._paused:
             self._paused = True
             self.transport.pauseProducing()
-        d = maybeDeferred(self.handler.handle_request, request)
-        d.addCallbacks(self._answer, self._answer_error, callbackArgs=(header,), errbackArgs=(header, request))
+        d = answer(self.handler, request)
+        d.addCallback(self._answer, header)
         d.addErrback(self._last_resort, header)
         d.addBoth(self._request_done)
 
     def _answer(self, response: Any, header: Header) -> None:
-        self._write_reply(header, remoting.encode_body(response))
-
-    def _answer_error(self, failure: Failure, header: Header, request: Any) -> None:
-        if failure.check(DLedgerError):
-            error: DLedgerError = failure.value
-            extra = {"leader_id": error.leader_id} if error.leader_id is not None else {}
-            response = messages.error_response(request, error.code, **extra)
-        else:
-            self.log.failure("handler failed on request {code} from {peer}; answering INTERNAL_ERROR",
-                             failure, code=header.code, peer=self.peer)
-            response = messages.error_response(request, ResponseCode.INTERNAL_ERROR)
         self._write_reply(header, remoting.encode_body(response))
 
     def _last_resort(self, failure: Failure, header: Header) -> None:
