@@ -101,6 +101,18 @@ def check_body_crc(entry: Entry, accept_zero_crc: bool) -> None:
                            f"{entry.body_crc & 0xFFFFFFFF:#010x} (set acceptJavaZeroCrc for Java leaders)")
 
 
+def check_reserved_fields(entry: Entry) -> None:
+    """``channel`` and ``chainCrc`` are reserved and 0 (SPEC §5); durable stores treat anything else as damage.
+
+    No CRC covers the header, so the only way to notice a flipped bit there
+    is to know what the field must hold.
+    """
+    if entry.channel or entry.chain_crc:
+        raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                           f"entry {entry.index}: reserved fields channel={entry.channel} "
+                           f"chainCrc={entry.chain_crc} must be 0")
+
+
 def check_disk_not_full(full: bool, used_ratio: float, limit: float) -> None:
     """Appends stop, with DISK_FULL, while the disk is fuller than ``diskFullRatio``; the member keeps running."""
     if full:

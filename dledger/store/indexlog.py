@@ -34,6 +34,21 @@ class IndexLog:
     def matches(self, e: Entry) -> bool:
         return self.read(e.index) == (e.magic, e.pos, e.size, e.index, e.term)
 
+    def check(self, e: Entry) -> str | None:
+        """Compare ``e`` with its record: None if they agree or the record is missing/stale (then rewrite it).
+
+        A record that agrees on index, pos and size but not on term or magic
+        is a second copy contradicting the entry's header (which no CRC
+        covers): one of them is damaged, so that is reported, not repaired.
+        """
+        rec = self.read(e.index)
+        if rec is None or rec == (e.magic, e.pos, e.size, e.index, e.term):
+            return None
+        if rec[1] == e.pos and rec[2] == e.size:
+            return (f"entry {e.index} at pos {e.pos} says term {e.term} magic {e.magic} but its index record "
+                    f"says term {rec[4]} magic {rec[0]}")
+        return None
+
     def write(self, e: Entry) -> None:
         """Write the record of ``e``, creating the index file it needs (after the last, or the first one)."""
         off = e.index * INDEX_UNIT_SIZE

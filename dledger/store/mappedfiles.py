@@ -142,9 +142,10 @@ class MappedFileList:
     def load(self, *, contiguous: bool = True) -> list[str]:
         """Open every file; StoreError on a size that does not match the configuration or a missing file.
 
-        With ``contiguous=False`` (the index, which can be rebuilt) a gap does
-        not raise: only the run of files before the first gap is opened and the
-        files after it are left for the caller (see :attr:`stragglers`).
+        With ``contiguous=False`` (the index, which can be rebuilt) neither a
+        gap nor a wrong size raises: wrong-sized files are dropped, only the run
+        of files before the first gap is opened and the files after it are
+        left for the caller (see :attr:`stragglers`).
         """
         found, notes = self.scan_names()
         # A last file of the wrong size that holds nothing is a creation a crash interrupted.
@@ -155,6 +156,15 @@ class MappedFileList:
                 self.dir_dirty = True
             notes.append(f"{'ignored' if self.readonly else 'removed'} empty {self.kind} file {path} "
                          f"of {length} bytes (interrupted creation)")
+        if not contiguous:
+            # Index files are derived data: a wrong-sized one is rebuilt from the data log, not refused.
+            for start, path, length in [x for x in found if x[2] != self.file_size or x[0] % self.file_size]:
+                found.remove((start, path, length))
+                if not self.readonly:
+                    diskio.remove_file(path)
+                    self.dir_dirty = True
+                notes.append(f"{'ignored' if self.readonly else 'removed'} {self.kind} file {path} of {length} "
+                             f"bytes (configured size {self.file_size}); it is rebuilt from the data")
         for start, path, length in found:
             if length != self.file_size:
                 raise StoreError(f"{self.kind} file {path} is {length} bytes but the configured "

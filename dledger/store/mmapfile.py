@@ -197,6 +197,7 @@ class MmapLogStore:
         rec = recover(data, index, checkpoint, accept_zero_crc=self.accept_zero_crc,
                       closer=self._close_file, full=self.full_verify)
         rec.notes[:0] = notes
+        rec.removed_index_files += len(index.stragglers)
         self.recovered = rec
         self.ledger_begin_index, self._begin_pos = rec.begin, rec.begin_pos
         self.ledger_end_index, self.ledger_end_term = rec.end, rec.end_term
@@ -367,6 +368,8 @@ class MmapLogStore:
             base.check_leader(state)
         if self._disk_full:
             self._refuse_disk_full()
+        if entry.channel or entry.chain_crc:
+            base.check_reserved_fields(entry)
         body = entry.body
         size = HEADER_SIZE + len(body)
         pos = self._write_pos
@@ -462,6 +465,7 @@ class MmapLogStore:
     def _check_placement(self, entry: Entry, write_pos: int) -> None:
         pos, _blank = base.place(write_pos, entry.size, self.data_file_size, self.max_entry_size)
         base.check_position(entry, pos)
+        base.check_reserved_fields(entry)
         base.check_body_crc(entry, self.accept_zero_crc)
         if self._disk_full:
             self._refuse_disk_full()
@@ -529,6 +533,7 @@ class MmapLogStore:
             raise DLedgerError(ResponseCode.DISK_ERROR,
                                f"entry {entry.index} at pos {entry.pos} does not fit a {self.data_file_size}-byte "
                                f"data file here (data file sizes differ between members?)")
+        base.check_reserved_fields(entry)
         base.check_body_crc(entry, self.accept_zero_crc)
         if self._disk_full:
             self._refuse_disk_full()
@@ -580,10 +585,14 @@ class MmapLogStore:
             raise DLedgerError(ResponseCode.DISK_ERROR, f"cannot locate entry {index}: {exc}") from None
         rewritten = []
 
-        def fix(e: Entry) -> None:
+        def fix(e: Entry) -> str | None:
+            conflict = self._ilog.check(e)
+            if conflict:
+                return conflict
             if not self._ilog.matches(e):
                 self._ilog.write(e)
                 rewritten.append(e.index)
+            return None
 
         result = scan_forward(self._data, anchor.pos, anchor.index, -1, accept_zero_crc=self.accept_zero_crc,
                               on_entry=fix, check_tail=False, stop_after=index)
@@ -600,8 +609,10 @@ class MmapLogStore:
         return _unpack_index(f.mm, off - f.start)
 
     def get(self, index: int) -> Entry:
+        """Entry ``index``, checked against its index record; DISK_ERROR rather than a damaged entry."""
         if index > self.ledger_end_index or index < self.ledger_begin_index or self.ledger_end_index < 0:
             raise base.index_out_of_range(index, self.ledger_begin_index, self.ledger_end_index)
+        problem = "index record and data disagree"
         for attempt in (0, 1):
             rec = self._record(index) if attempt == 0 else self._repair_index(index)
             pos = rec[1]
@@ -611,13 +622,17 @@ class MmapLogStore:
             try:
                 e = decode_entry(f.mm, pos - f.start, accept_zero_crc=self.accept_zero_crc, max_size=f.size)
             except CodecError as exc:
-                if attempt:
-                    raise DLedgerError(ResponseCode.DISK_ERROR, f"entry {index} at pos {pos} is damaged: "
-                                       f"{exc}") from None
+                problem = f"entry {index} at pos {pos} is damaged: {exc}"
                 continue
             if (e.magic, e.pos, e.size, e.index, e.term) == rec:
+                if e.channel or e.chain_crc:
+                    raise DLedgerError(ResponseCode.DISK_ERROR, f"entry {index} at pos {pos} has non-zero "
+                                       f"reserved fields (damaged header)")
                 return e
-        raise DLedgerError(ResponseCode.DISK_ERROR, f"entry {index}: index record and data disagree")
+            if (e.index, e.pos, e.size) == (index, pos, rec[2]):
+                raise DLedgerError(ResponseCode.DISK_ERROR, f"entry {index} at pos {pos} says term {e.term} "
+                                   f"magic {e.magic} but its index record says term {rec[4]} magic {rec[0]}")
+        raise DLedgerError(ResponseCode.DISK_ERROR, problem)
 
     def get_range(self, begin_index: int, max_count: int, max_bytes: int) -> list[Entry]:
         first = self.get(begin_index)

@@ -27,11 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dledger.entry import INDEX_UNIT_SIZE, CodecError, Entry
+from dledger.errors import StoreError
 from dledger.store.base import committed_after_recovery
 from dledger.store.checkpoint import Checkpoint
 from dledger.store.indexlog import IndexLog
 from dledger.store.mappedfiles import MappedFileList
-from dledger.store.scan import decode_at, first_entry, scan_forward, zero_after
+from dledger.store.scan import decode_at, first_entry, has_java_zero_crc, scan_forward, zero_after
 
 
 @dataclass
@@ -85,6 +86,8 @@ def recover(data: MappedFileList, index: MappedFileList, checkpoint: Checkpoint 
     rec = Recovered()
     ilog = IndexLog(index)
     first, why = first_entry(data, accept_zero_crc=accept_zero_crc)
+    if not accept_zero_crc:
+        _refuse_java_crc(data, first, why)
     if first is None:
         if why:
             rec.problem, rec.problem_pos = why, data.start
@@ -104,22 +107,30 @@ def recover(data: MappedFileList, index: MappedFileList, checkpoint: Checkpoint 
         rec.notes.append("no usable checkpoint")
     elif checkpoint.end_index < first.index:
         rec.notes.append(f"checkpoint endIndex {checkpoint.end_index} is before the first entry {first.index}")
-    elif not ilog.covers(first.index, checkpoint.end_index):
-        rec.notes.append(f"index files do not cover [{first.index}, {checkpoint.end_index}]")
-    elif not _spot_check(data, ilog, first.index, checkpoint.end_index, accept_zero_crc):
-        rec.notes.append("index spot check failed")
     else:
         anchor = _anchor_from_index(data, ilog, first.index, checkpoint.end_index, accept_zero_crc)
         if anchor is None:
             anchor = _anchor_from_data(data, first, checkpoint.end_index, accept_zero_crc)
+        if anchor is None:
+            rec.notes.append(f"no entry at or before checkpoint endIndex {checkpoint.end_index} verifies")
+        elif not ilog.covers(first.index, anchor.index):
+            rec.notes.append(f"index files do not cover [{first.index}, {anchor.index}]")
+            anchor = None
+        elif not _spot_check(data, ilog, first.index, anchor.index, accept_zero_crc):
+            rec.notes.append("index spot check failed")
+            anchor = None
     if anchor is None:
         anchor, rec.full_scan = first, True
     rec.anchor = anchor.index
 
-    def fix(e: Entry) -> None:
+    def fix(e: Entry) -> str | None:
+        conflict = ilog.check(e)
+        if conflict:
+            return conflict
         if not ilog.matches(e):
             ilog.write(e)
             rec.rebuilt_index += 1
+        return None
 
     result = scan_forward(data, anchor.pos, anchor.index, -1, accept_zero_crc=accept_zero_crc, on_entry=fix)
     rec.verified = result.count
@@ -196,3 +207,12 @@ def _anchor_from_data(data: MappedFileList, first: Entry, end: int, accept_zero_
         if e.index <= end:
             return e
     return None
+
+
+def _refuse_java_crc(data: MappedFileList, first: Entry | None, why: str | None) -> None:
+    """A Java-written log has bodyCrc 0 everywhere: refuse it clearly rather than cut every entry."""
+    if first is None:
+        probe, _ = first_entry(data, accept_zero_crc=True) if why else (None, None)
+        if probe is not None and has_java_zero_crc(data, probe.pos):
+            raise StoreError(f"{data.directory}: entries carry bodyCrc 0 (written by Java DLedger 0.3.2?); "
+                             f"set acceptJavaZeroCrc = true to open this store")

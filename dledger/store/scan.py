@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dledger.entry import BLANK_MAGIC, MIN_BLANK_LEN, CodecError, Entry, decode_entry, peek
+from dledger.entry import BLANK_MAGIC, MIN_BLANK_LEN, CodecError, Entry, body_crc, decode_entry, peek
 from dledger.store.mappedfiles import MappedFile, MappedFileList
 
 
@@ -86,11 +86,12 @@ def first_entry(data: MappedFileList, *, accept_zero_crc: bool) -> tuple[Entry |
 
 
 def scan_forward(data: MappedFileList, pos: int, next_index: int, prev_term: int, *,
-                 accept_zero_crc: bool, on_entry: Callable[[Entry], None] | None = None,
+                 accept_zero_crc: bool, on_entry: Callable[[Entry], str | None] | None = None,
                  check_tail: bool = True, stop_after: int | None = None) -> ScanResult:
     """Verify entries from ``pos`` (expected to hold entry ``next_index``) to the end of the log.
 
-    ``on_entry`` sees every good entry in order.  With ``check_tail`` the
+    ``on_entry`` sees every good entry in order and may return a problem
+    that stops the walk before that entry.  With ``check_tail`` the
     bytes after the end are checked too, so a damaged entry followed by more
     data is reported as a problem instead of looking like a clean end.
     ``stop_after`` ends the walk after that index (no tail check then).
@@ -128,10 +129,12 @@ def scan_forward(data: MappedFileList, pos: int, next_index: int, prev_term: int
             problem = f"entry {e.index} at {where(data, pos)} has term {e.term} after term {prev_term}"
         elif rel + e.size + MIN_BLANK_LEN > f.size:
             problem = f"entry {e.index} at {where(data, pos)} leaves no room for a blank marker"
+        elif e.channel or e.chain_crc:
+            problem = f"entry {e.index} at {where(data, pos)} has non-zero reserved fields"
+        elif on_entry is not None:
+            problem = on_entry(e)
         if problem:
             break
-        if on_entry is not None:
-            on_entry(e)
         count += 1
         last_index, last_term = e.index, e.term
         prev_term = e.term
@@ -170,3 +173,12 @@ def zero_after(data: MappedFileList, pos: int, closer) -> tuple[int, int]:
         return 0, data.remove_after(keep, closer)
     zeroed = f.zero(pos - f.start, f.size)
     return zeroed, data.remove_after(data.position_of(f) + 1, closer)
+
+
+def has_java_zero_crc(data: MappedFileList, pos: int) -> bool:
+    """Whether the entry at ``pos`` is well-formed except for a zero body CRC (as Java DLedger 0.3.2 writes)."""
+    try:
+        e = decode_at(data, pos, accept_zero_crc=True)
+    except CodecError:
+        return False
+    return e.body_crc == 0 and e.body_crc != body_crc(e.body)
