@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, FirstError, gatherResults
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -33,14 +33,15 @@ log = Logger()
 class FlushPlan:
     """One round: make everything up to ``target`` durable by running ``work`` (blocking).
 
-    ``work`` None means nothing is dirty.  ``done(result)`` runs on the
+    ``work`` None means nothing is dirty; a list of callables is run side by
+    side (on a threaded BlockingIO, independent fsyncs overlap).  ``done(result)`` runs on the
     reactor afterwards and may return False to run ``work`` again (after
     fixing something only the reactor thread may touch, like growing an
     LMDB map).  ``failed(failure)`` puts back what the round did not cover.
     """
 
     target: int
-    work: Callable[[], Any] | None
+    work: Callable[[], Any] | list[Callable[[], Any]] | None
     done: Callable[[Any], bool | None] | None = None
     failed: Callable[[Failure], None] | None = None
 
@@ -140,7 +141,12 @@ class GroupCommit:
 
     def _attempt(self, rnd: _Round) -> None:
         t = perf_counter()
-        d = self.io.run(rnd.plan.work)
+        work = rnd.plan.work
+        if isinstance(work, list):
+            d = gatherResults([self.io.run(w) for w in work], consumeErrors=True)
+            d.addErrback(lambda f: f.value.subFailure if isinstance(f.value, FirstError) else f)
+        else:
+            d = self.io.run(work)
         rnd.blocked += perf_counter() - t
         d.addCallbacks(self._work_done, self._work_failed, callbackArgs=(rnd,), errbackArgs=(rnd,))
 

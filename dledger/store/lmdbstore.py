@@ -109,8 +109,19 @@ class SharedEnv:
         return size
 
     def read_int(self, txn, name: bytes) -> int | None:
+        """A ``meta`` value (``begin``, ``end``, ``committed``), None if absent."""
         raw = txn.get(name, db=self.meta)
         return None if raw is None else _INT.unpack(raw)[0]
+
+    def read_term_vote(self, txn) -> tuple[int, str | None] | None:
+        """``(term, vote)`` from the ``termvote`` database, None if never saved; StoreError if damaged."""
+        term = txn.get(b"currTerm", db=self.termvote)
+        vote = txn.get(b"voteLeader", db=self.termvote)
+        if term is None:
+            return None
+        if len(term) != _INT.size or _INT.unpack(term)[0] < 0:
+            raise StoreError(f"{self.path}: currTerm record is damaged ({term!r})")
+        return _INT.unpack(term)[0], (vote.decode() if vote else None)
 
 
 class _Round:
@@ -494,13 +505,8 @@ class LmdbTermVoteStore:
     def load(self) -> tuple[int, str | None]:
         shared = self._env()
         with shared.env.begin() as txn:
-            term = txn.get(b"currTerm", db=shared.termvote)
-            vote = txn.get(b"voteLeader", db=shared.termvote)
-        if term is None:
-            return 0, None
-        if len(term) != _INT.size or _INT.unpack(term)[0] < 0:
-            raise StoreError(f"{self.path}: currTerm record is damaged ({term!r})")
-        return _INT.unpack(term)[0], (vote.decode() if vote else None)
+            saved = shared.read_term_vote(txn)
+        return saved or (0, None)
 
     def save(self, term: int, vote_for: str | None) -> None:
         if term < 0:

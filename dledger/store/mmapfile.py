@@ -701,9 +701,12 @@ class MmapLogStore:
             f.new = False
         for lst in dirs:
             lst.dir_dirty = False
-        data_fds = [f.fd for f in touched if f not in new]
-        work = functools.partial(diskio.flush_files, data_fds, [f.fd for f in new],
-                                 [str(lst.directory) for lst in dirs])
+        synced = [f.fd for f in touched if f not in new]
+        # One job per file so that a threaded BlockingIO syncs data and index side by side.
+        work = [functools.partial(diskio.flush_files, [fd], [], []) for fd in synced]
+        if new or dirs:
+            work.append(functools.partial(diskio.flush_files, [], [f.fd for f in new],
+                                          [str(lst.directory) for lst in dirs]))
 
         def failed(_failure) -> None:
             self._data_dirty_lo = min(self._data_dirty_lo, data_lo)
