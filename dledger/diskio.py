@@ -110,6 +110,24 @@ def create_sized_file(path: str | Path, size: int, *, preallocate: bool = True) 
     os.replace(tmp, path)
 
 
+def write_at(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    """Write ``data`` at ``offset`` of ``fd`` into the page cache (durable only after a flush).
+
+    Stores append with this rather than by storing into their memory map:
+    a page dirtied through a shared mapping has to be write-protected again
+    (and the TLBs of other CPUs flushed) before each writeback, which made
+    mmap appends and their fdatasync 2-3x slower (docs/benchmarks.md).  The
+    page cache is shared, so the mapping sees the bytes at once.
+    """
+    n = os.pwrite(fd, data, offset)
+    if n != len(data):
+        view = memoryview(data)[n:]
+        offset += n
+        while view:
+            n = os.pwrite(fd, view, offset)
+            view, offset = view[n:], offset + n
+
+
 def remove_file(path: str | Path) -> bool:
     """Unlink ``path``; False if it was already gone."""
     try:
