@@ -32,6 +32,8 @@ setup(
             "memory = dledger.store.memory",
             "mmap = dledger.store.mmapfile",
             "lmdb = dledger.store.lmdbstore",
+            "inprocess = dledger.transport.inprocess",
+            "tcp = dledger.transport.tcp",
         ],
     },
     classifiers=[

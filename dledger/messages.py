@@ -116,7 +116,9 @@ class GetEntriesResponse(RequestOrResponse):
 
 @dataclass(slots=True, kw_only=True)
 class MetadataRequest(RequestOrResponse):
-    pass
+    """``detail`` (a dledger extension) asks for role, term and log indexes in the reply."""
+
+    detail: bool | None = None
 
 
 @dataclass(slots=True, kw_only=True)

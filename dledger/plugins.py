@@ -27,6 +27,8 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "memory": "dledger.store.memory",
     "mmap": "dledger.store.mmapfile",
     "lmdb": "dledger.store.lmdbstore",
+    "inprocess": "dledger.transport.inprocess",
+    "tcp": "dledger.transport.tcp",
 }
 
 _manager: pluggy.PluginManager | None = None

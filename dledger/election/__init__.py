@@ -1,0 +1,1 @@
+"""Leader election (SPEC §2-§3): pure rules, member state, the reactor-driven elector."""

@@ -1,0 +1,391 @@
+"""The leader elector: DLedger's election (SPEC §3) on reactor timers.
+
+Java runs a state-maintainer thread that polls every 10 ms; here each role
+arms exactly one timer for its next action instead:
+
+* candidate -- the next vote round (``nextTimeToRequestVote``),
+* follower  -- the heartbeat deadline (``maxHeartBeatLeak x heartbeat``),
+* leader    -- the next heartbeat round.
+
+Decisions come from :mod:`dledger.election.rules`; this module applies
+them (persisting first, through :class:`MemberState`) and owns the timers.
+Requests to peers go through the injected transport and never block.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.logger import Logger
+
+from dledger.codes import ResponseCode, Role, VoteParseResult, VoteResult
+from dledger.election.notifier import RoleChangeNotifier
+from dledger.election.rules import (
+    Action,
+    HeartbeatOutcome,
+    HeartbeatTally,
+    NextVote,
+    VoterView,
+    VoteTally,
+    decide_heartbeat,
+    decide_vote,
+    vote_reply_term,
+)
+from dledger.errors import DLedgerError
+from dledger.messages import (
+    HeartBeatRequest,
+    HeartBeatResponse,
+    LeadershipTransferRequest,
+    LeadershipTransferResponse,
+    VoteRequest,
+    VoteResponse,
+)
+
+log = Logger()
+
+#: Timer comparisons tolerate float rounding, or a timer could re-arm itself with a zero delay forever.
+EPSILON = 1e-6
+
+
+class LeaderElector:
+    """Drives one member's role. ``observers`` are called synchronously on every role change."""
+
+    def __init__(self, config, state, store, transport, clock, rng: random.Random | None = None):
+        self.config = config
+        self.state = state
+        self.store = store
+        self.transport = transport
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.notifier = RoleChangeNotifier(state.self_id)
+        self.observers: list[Callable[[int, Role], None]] = []
+        ms = 1 / 1000.0
+        self.heartbeat = config.heart_beat_time_interval_ms * ms
+        self.leak = config.max_heart_beat_leak * self.heartbeat
+        self.min_vote = config.min_vote_interval_ms * ms
+        self.max_vote = config.max_vote_interval_ms * ms
+        self.min_take = config.min_take_leadership_vote_interval_ms * ms
+        self.max_take = config.max_take_leadership_vote_interval_ms * ms
+        self.vote_timeout = self.heartbeat + self.max_vote
+        self.last_parse_result = VoteParseResult.WAIT_TO_REVOTE
+        self.need_increase_term_immediately = False
+        self.next_time_to_request_vote = 0.0
+        self.last_leader_heartbeat = 0.0
+        self.last_succ_heartbeat = 0.0
+        self._timer = None
+        self._round = 0  # bumps on every role change and vote/heartbeat round: stale replies are ignored
+        self._busy = False  # a vote or heartbeat round is in flight
+        self._take: tuple[Deferred, object] | None = None
+        self.running = False
+
+    # -- lifecycle ------------------------------------------------------------
+    def start(self) -> None:
+        """Begin as a candidate (SPEC §2); the first vote round starts at once."""
+        self.running = True
+        if not self.config.enable_leader_elector:
+            return
+        self.next_time_to_request_vote = self.clock.seconds()
+        self._arm(0)
+
+    def stop(self) -> None:
+        """Cancel every timer; replies still in flight are ignored."""
+        self.running = False
+        self._round += 1
+        self._cancel()
+        self.notifier.stop()
+        self._finish_take(ResponseCode.TAKE_LEADERSHIP_FAILED, "member stopped")
+
+    # -- timers ----------------------------------------------------------------
+    def _cancel(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+    def _arm(self, delay: float) -> None:
+        self._cancel()
+        if self.running:
+            self._timer = self.clock.callLater(max(0.0, delay), self._wake)
+
+    def _wake(self) -> None:
+        self._timer = None
+        if not self.running or self._busy:
+            return
+        role = self.state.role
+        if role is Role.CANDIDATE:
+            self._maintain_as_candidate()
+        elif role is Role.FOLLOWER:
+            self._maintain_as_follower()
+        else:
+            self._send_heartbeats()
+
+    def _vote_interval(self) -> float:
+        if self.state.taking_leadership:
+            return self.min_take + self.rng.random() * (self.max_take - self.min_take)
+        return self.min_vote + self.rng.random() * (self.max_vote - self.min_vote)
+
+    # -- role changes ------------------------------------------------------------
+    def _role_changed(self, role: Role) -> None:
+        term = self.state.curr_term
+        self._round += 1
+        self._busy = False
+        log.info("{id}: now {role} in term {term} (leader {leader})", id=self.state.self_id, role=role.name,
+                 term=term, leader=self.state.leader_id)
+        for observer in list(self.observers):
+            observer(term, role)
+        self.notifier.notify(term, role)
+        if role is Role.LEADER:
+            self._finish_take(ResponseCode.SUCCESS)
+
+    def change_to_candidate(self, term: int) -> None:
+        """Become candidate knowing ``term`` (the elector's ``changeRoleToCandidate``)."""
+        was = self.state.role, self.state.curr_term
+        if not self.state.change_to_candidate(term):
+            return
+        if was != (Role.CANDIDATE, self.state.curr_term):
+            self._role_changed(Role.CANDIDATE)
+        self._arm(max(0.0, self.next_time_to_request_vote - self.clock.seconds()))
+
+    def _change_to_follower(self, term: int, leader_id: str) -> None:
+        self.state.change_to_follower(term, leader_id)
+        self.last_parse_result = VoteParseResult.WAIT_TO_REVOTE
+        self.last_leader_heartbeat = self.clock.seconds()
+        self._role_changed(Role.FOLLOWER)
+        self._arm(self.leak)
+
+    def _change_to_leader(self, term: int) -> None:
+        self.state.change_to_leader(term)
+        self.last_parse_result = VoteParseResult.WAIT_TO_REVOTE
+        self.last_succ_heartbeat = self.clock.seconds()
+        self._role_changed(Role.LEADER)
+        self._arm(0)
+
+    # -- follower ----------------------------------------------------------------
+    def _maintain_as_follower(self) -> None:
+        elapsed = self.clock.seconds() - self.last_leader_heartbeat
+        if elapsed >= self.leak - EPSILON:
+            log.info("{id}: no heartbeat from {leader} for {s:.3f}s: standing for election in term {term}",
+                     id=self.state.self_id, leader=self.state.leader_id, s=elapsed, term=self.state.curr_term)
+            self.next_time_to_request_vote = self.clock.seconds()
+            self.change_to_candidate(self.state.curr_term)
+        else:
+            self._arm(self.leak - elapsed)
+
+    # -- candidate ---------------------------------------------------------------
+    def _maintain_as_candidate(self) -> None:
+        now = self.clock.seconds()
+        if self.next_time_to_request_vote - now > EPSILON and not self.need_increase_term_immediately:
+            self._arm(self.next_time_to_request_vote - now)
+            return
+        st = self.state
+        if self.last_parse_result is VoteParseResult.WAIT_TO_VOTE_NEXT or self.need_increase_term_immediately:
+            prev = st.curr_term
+            term = st.next_term()
+            log.info("{id}: candidate moves from term {prev} to {term}", id=st.self_id, prev=prev, term=term)
+            self.last_parse_result = VoteParseResult.WAIT_TO_REVOTE
+        else:
+            term = st.curr_term
+        if self.need_increase_term_immediately:
+            self.need_increase_term_immediately = False
+            self.next_time_to_request_vote = now + self._vote_interval()
+            self._arm(self.next_time_to_request_vote - now)
+            return
+        self._vote_round(term)
+
+    def _vote_round(self, term: int) -> None:
+        st = self.state
+        self._busy = True
+        self._round += 1
+        round_id = self._round
+        tally = VoteTally(term=term, members=len(st.members))
+        end_term, end_index = self.store.ledger_end_term, self.store.ledger_end_index
+
+        def request(remote: str) -> VoteRequest:
+            return VoteRequest(group=st.group, term=term, ledger_end_term=end_term, ledger_end_index=end_index,
+                               leader_id=st.self_id, local_id=st.self_id, remote_id=remote)
+
+        def counted(result: VoteResult, reply_term: int) -> None:
+            if round_id != self._round:
+                return
+            tally.add(result, reply_term)
+            if tally.certain():
+                self._vote_round_done(term, tally)
+
+        for remote in st.members:
+            if remote == st.self_id:
+                continue
+            d = self.transport.send(remote, request(remote), timeout=self.vote_timeout)
+            d.addCallbacks(lambda resp: counted(resp.vote_result, resp.term),
+                           lambda _f: counted(VoteResult.UNKNOWN, -1))
+        if round_id == self._round:
+            own = self.handle_vote(request(st.self_id), is_self=True)
+            counted(own.vote_result, own.term)
+
+    def _vote_round_done(self, term: int, tally: VoteTally) -> None:
+        self._round += 1
+        self._busy = False
+        parse, when = tally.parse()
+        now = self.clock.seconds()
+        self.last_parse_result = parse
+        log.debug("{id}: vote round term {term}: {parse} (valid={v} accepted={a} notReady={n} biggerLedger={b} "
+                  "hasLeader={h} maxTerm={m})", id=self.state.self_id, term=term, parse=parse.name, v=tally.valid,
+                  a=tally.accepted, n=tally.not_ready, b=tally.bigger_ledger, h=tally.already_has_leader,
+                  m=tally.known_max_term)
+        if self.state.role is not Role.CANDIDATE or self.state.curr_term != term:
+            self._arm(0)
+            return
+        if parse is VoteParseResult.PASSED:
+            self._change_to_leader(term)
+            return
+        delay = {
+            NextVote.NOW: 0.0,
+            NextVote.RANDOM: self._vote_interval(),
+            NextVote.RANDOM_PLUS_LEAK: self._vote_interval() + self.leak,
+            NextVote.RANDOM_PLUS_MAX: self._vote_interval() + self.max_vote,
+        }[when]
+        self.next_time_to_request_vote = now + delay
+        if tally.known_max_term > term:
+            self.change_to_candidate(tally.known_max_term)
+        self._arm(delay)
+
+    # -- leader ------------------------------------------------------------------
+    def _send_heartbeats(self) -> None:
+        st = self.state
+        self._busy = True
+        self._round += 1
+        round_id = self._round
+        term = st.curr_term
+        sent_at = self.clock.seconds()
+        tally = HeartbeatTally(term=term, members=len(st.members))
+
+        def counted(peer: str, code: ResponseCode | None, reply_term: int) -> None:
+            if round_id != self._round:
+                return
+            tally.add(peer, code, reply_term)
+            if tally.certain():
+                self._heartbeats_done(term, tally, sent_at)
+
+        for peer in st.peers:
+            req = HeartBeatRequest(group=st.group, term=term, leader_id=st.self_id, local_id=st.self_id,
+                                   remote_id=peer)
+            d = self.transport.send(peer, req, timeout=self.heartbeat)
+            d.addCallbacks(lambda resp, p=peer: counted(p, resp.response_code, resp.term),
+                           lambda _f, p=peer: counted(p, None, -1))
+        if tally.certain():
+            self._heartbeats_done(term, tally, sent_at)
+
+    def _heartbeats_done(self, term: int, tally: HeartbeatTally, sent_at: float) -> None:
+        self._round += 1
+        self._busy = False
+        st = self.state
+        now = self.clock.seconds()
+        st.peers_live.update(tally.live)
+        if st.role is not Role.LEADER or st.curr_term != term:
+            return
+        outcome = tally.outcome((now - self.last_succ_heartbeat) * 1000, self.leak * 1000)
+        Out = HeartbeatOutcome
+        if outcome is Out.OK:
+            self.last_succ_heartbeat = now
+        elif outcome is Out.RESEND_NOW:
+            self._arm(0)
+            return
+        elif outcome in (Out.STEP_DOWN_NEWER_TERM, Out.STEP_DOWN_INCONSISTENT, Out.STEP_DOWN_NO_QUORUM):
+            log.info("{id}: leader of term {term} steps down: {why}", id=st.self_id, term=term, why=outcome.value)
+            self.next_time_to_request_vote = now + self._vote_interval()
+            self.change_to_candidate(max(tally.max_term, term))
+            return
+        self._arm(max(0.0, sent_at + self.heartbeat - now))
+
+    # -- request handlers ----------------------------------------------------------
+    def view(self) -> VoterView:
+        st = self.state
+        return VoterView(st.self_id, st.member_set, st.curr_term, st.vote_for, st.leader_id,
+                         self.store.ledger_end_term, self.store.ledger_end_index, st.taking_leadership)
+
+    def handle_vote(self, request: VoteRequest, is_self: bool = False) -> VoteResponse:
+        """Answer a vote (SPEC §3); a granted vote is on disk before this returns."""
+        view = self.view()
+        decision = decide_vote(view, request.leader_id, request.term, request.ledger_end_term,
+                               request.ledger_end_index, is_self)
+        if decision.action is Action.RECORD_VOTE:
+            self.state.record_vote(request.leader_id)
+        elif decision.action is Action.BECOME_CANDIDATE:
+            self.change_to_candidate(decision.term)
+            self.need_increase_term_immediately = True
+            self._arm_if_idle()
+        # Java copies the request's base fields (localId/remoteId unswapped) into the reply.
+        return request.base_reply(VoteResponse, vote_result=decision.vote_result,
+                                  term=vote_reply_term(view, decision.vote_result))
+
+    def handle_heartbeat(self, request: HeartBeatRequest) -> HeartBeatResponse:
+        """Answer a heartbeat (SPEC §3)."""
+        view = self.view()
+        decision = decide_heartbeat(view, request.leader_id, request.term)
+        if decision.action is Action.REFRESH_LEADER:
+            self.last_leader_heartbeat = self.clock.seconds()
+        elif decision.action is Action.BECOME_FOLLOWER:
+            self._change_to_follower(request.term, request.leader_id)
+        elif decision.action is Action.BECOME_CANDIDATE:
+            self.change_to_candidate(decision.term)
+            self.need_increase_term_immediately = True
+            self._arm_if_idle()
+        # Only EXPIRED_TERM tells the leader our term; Java leaves it -1 otherwise.
+        term = view.curr_term if decision.code is ResponseCode.EXPIRED_TERM else -1
+        return HeartBeatResponse(code=int(decision.code), term=term)
+
+    def _arm_if_idle(self) -> None:
+        if not self._busy:
+            self._arm(0)
+
+    # -- leadership transfer (transferee side) ---------------------------------------
+    def take_leadership(self, request: LeadershipTransferRequest) -> Deferred:
+        """Stand for election at ``term + 1`` at once because the leader asked us to (SPEC §3).
+
+        Fires with SUCCESS and the new term once this member leads, or
+        TAKE_LEADERSHIP_FAILED after ``leadershipTransferWaitTimeout``.
+        """
+        st = self.state
+        if request.term != st.curr_term:
+            raise DLedgerError(ResponseCode.INCONSISTENT_TERM, f"transfer term {request.term} != {st.curr_term}")
+        if request.transfer_id != st.leader_id:
+            raise DLedgerError(ResponseCode.INCONSISTENT_LEADER,
+                               f"transfer from {request.transfer_id} but our leader is {st.leader_id}")
+        if self.store.ledger_end_index < request.take_leadership_ledger_index:
+            raise DLedgerError(ResponseCode.FALL_BEHIND_TOO_MUCH,
+                               f"our end index {self.store.ledger_end_index} < "
+                               f"{request.take_leadership_ledger_index} required")
+        if self._take is not None:
+            raise DLedgerError(ResponseCode.LEADER_TRANSFERRING, "already taking leadership")
+        target = request.term + 1
+        d: Deferred = Deferred()
+        timeout = self.clock.callLater(self.config.leadership_transfer_wait_timeout / 1000.0,
+                                       self._finish_take, ResponseCode.TAKE_LEADERSHIP_FAILED, "timed out")
+        self._take = (d, timeout)
+        st.term_to_take_leadership = target
+        log.info("{id}: asked by {leader} to take leadership in term {term}", id=st.self_id,
+                 leader=request.transfer_id, term=target)
+        self.change_to_candidate(target)
+        self.need_increase_term_immediately = True
+        self._arm_if_idle()
+        return d
+
+    def _finish_take(self, code: ResponseCode, why: str = "") -> None:
+        if self._take is None:
+            return
+        d, timeout = self._take
+        self._take = None
+        if timeout.active():
+            timeout.cancel()
+        target = self.state.term_to_take_leadership
+        self.state.term_to_take_leadership = -1
+        if code is ResponseCode.SUCCESS and self.state.curr_term >= target:
+            d.callback(LeadershipTransferResponse(code=int(code), term=self.state.curr_term))
+        else:
+            log.info("{id}: taking leadership failed: {why}", id=self.state.self_id, why=why or code.name)
+            d.callback(LeadershipTransferResponse(code=int(ResponseCode.TAKE_LEADERSHIP_FAILED),
+                                                  term=self.state.curr_term))
+
+    def idle(self):
+        """Deferred that fires when queued role-change notifications are delivered."""
+        return self.notifier.idle() if self.notifier else succeed(None)

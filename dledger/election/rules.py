@@ -1,0 +1,233 @@
+"""Election decisions as pure functions (SPEC §3): state and a message in, a decision out.
+
+Nothing here touches a clock, a disk or a socket, so every rule row is one
+table-driven test.  :mod:`dledger.election.elector` applies the decisions:
+it persists before it answers and it owns the timers.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from dledger.codes import ResponseCode, VoteParseResult, VoteResult
+
+
+def is_quorum(n: int, members: int) -> bool:
+    """``n`` members form a majority of ``members``."""
+    return n >= members // 2 + 1
+
+
+def next_term(curr_term: int, known_max_term: int) -> int:
+    """The term a candidate moves to: the largest term seen in the group if larger, else one more."""
+    return known_max_term if known_max_term > curr_term else curr_term + 1
+
+
+@dataclass(frozen=True)
+class VoterView:
+    """What a member knows when it answers a vote or a heartbeat."""
+
+    self_id: str
+    members: frozenset[str]
+    curr_term: int
+    vote_for: str | None
+    leader_id: str | None
+    ledger_end_term: int
+    ledger_end_index: int
+    taking_leadership: bool = False
+
+
+class Action(enum.Enum):
+    """What the caller must do after a decision, before replying."""
+
+    NONE = "none"
+    RECORD_VOTE = "record_vote"  # persist vote_for = candidate, then reply
+    BECOME_CANDIDATE = "become_candidate"  # candidate at the request's term, increase term immediately
+    REFRESH_LEADER = "refresh_leader"  # heartbeat from our leader: reset the follower timer
+    BECOME_FOLLOWER = "become_follower"  # follow the heartbeat's leader in the current term
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer to a request and the state change it needs (``term`` = new candidate term)."""
+
+    action: Action
+    vote_result: VoteResult | None = None
+    code: ResponseCode = ResponseCode.SUCCESS
+    term: int = -1
+
+
+def decide_vote(view: VoterView, candidate: str, term: int, ledger_end_term: int,
+                ledger_end_index: int, is_self: bool) -> Decision:
+    """``handleVote`` in SPEC §3's exact order."""
+    R = VoteResult
+    if candidate not in view.members:
+        return Decision(Action.NONE, R.REJECT_UNKNOWN_LEADER)
+    if not is_self and candidate == view.self_id:
+        return Decision(Action.NONE, R.REJECT_UNEXPECTED_LEADER)
+    if ledger_end_term < view.ledger_end_term:
+        return Decision(Action.NONE, R.REJECT_EXPIRED_LEDGER_TERM)
+    if ledger_end_term == view.ledger_end_term and ledger_end_index < view.ledger_end_index:
+        return Decision(Action.NONE, R.REJECT_SMALL_LEDGER_END_INDEX)
+    if term < view.curr_term:
+        return Decision(Action.NONE, R.REJECT_EXPIRED_VOTE_TERM)
+    if term == view.curr_term:
+        if view.vote_for is not None and view.vote_for != candidate:
+            if view.leader_id is not None:
+                return Decision(Action.NONE, R.REJECT_ALREADY_HAS_LEADER)
+            return Decision(Action.NONE, R.REJECT_ALREADY_VOTED)
+    else:
+        return Decision(Action.BECOME_CANDIDATE, R.REJECT_TERM_NOT_READY, term=term)
+    if term < view.ledger_end_term:
+        return Decision(Action.NONE, R.REJECT_TERM_SMALL_THAN_LEDGER)
+    if (not is_self and view.taking_leadership and ledger_end_term == view.ledger_end_term
+            and view.ledger_end_index >= ledger_end_index):
+        return Decision(Action.NONE, R.REJECT_TAKING_LEADERSHIP)
+    return Decision(Action.RECORD_VOTE, R.ACCEPT)
+
+
+def vote_reply_term(view: VoterView, result: VoteResult) -> int:
+    """The term a vote reply carries: the ledger's end term for REJECT_TERM_SMALL_THAN_LEDGER, else ours."""
+    return view.ledger_end_term if result is VoteResult.REJECT_TERM_SMALL_THAN_LEDGER else view.curr_term
+
+
+def decide_heartbeat(view: VoterView, leader: str, term: int) -> Decision:
+    """``handleHeartBeat`` in SPEC §3's order."""
+    C = ResponseCode
+    if leader not in view.members:
+        return Decision(Action.NONE, code=C.UNKNOWN_MEMBER)
+    if leader == view.self_id:
+        return Decision(Action.NONE, code=C.UNEXPECTED_MEMBER)
+    if term < view.curr_term:
+        return Decision(Action.NONE, code=C.EXPIRED_TERM)
+    if term == view.curr_term:
+        if view.leader_id == leader:
+            return Decision(Action.REFRESH_LEADER)
+        if view.leader_id is None:
+            return Decision(Action.BECOME_FOLLOWER)
+        return Decision(Action.NONE, code=C.INCONSISTENT_LEADER)
+    return Decision(Action.BECOME_CANDIDATE, code=C.TERM_NOT_READY, term=term)
+
+
+class NextVote(enum.Enum):
+    """When the next vote round starts, relative to the randomized vote interval (SPEC §3 table)."""
+
+    RANDOM = "random"
+    RANDOM_PLUS_LEAK = "random + heartbeat x maxHeartBeatLeak"
+    RANDOM_PLUS_MAX = "random + maxVoteInterval"
+    NOW = "now"
+    NONE = "none"
+
+
+@dataclass
+class VoteTally:
+    """Counts one round of vote replies (the candidate's own vote included)."""
+
+    term: int
+    members: int
+    valid: int = 0
+    accepted: int = 0
+    not_ready: int = 0
+    bigger_ledger: int = 0
+    already_has_leader: bool = False
+    known_max_term: int = -1
+    replies: int = 0
+    results: list[VoteResult] = field(default_factory=list)
+
+    def add(self, result: VoteResult, reply_term: int) -> None:
+        """Count one reply; a lost or failed request counts as UNKNOWN."""
+        R = VoteResult
+        self.replies += 1
+        self.results.append(result)
+        if result is not R.UNKNOWN:
+            self.valid += 1
+        if result is R.ACCEPT:
+            self.accepted += 1
+        elif result is R.REJECT_ALREADY_HAS_LEADER:
+            self.already_has_leader = True
+        elif result in (R.REJECT_TERM_SMALL_THAN_LEDGER, R.REJECT_EXPIRED_VOTE_TERM):
+            self.known_max_term = max(self.known_max_term, reply_term)
+        elif result in (R.REJECT_EXPIRED_LEDGER_TERM, R.REJECT_SMALL_LEDGER_END_INDEX):
+            self.bigger_ledger += 1
+        elif result is R.REJECT_TERM_NOT_READY:
+            self.not_ready += 1
+
+    def certain(self) -> bool:
+        """No more replies can change the outcome: stop waiting."""
+        return (self.replies >= self.members or self.already_has_leader
+                or is_quorum(self.accepted, self.members)
+                or is_quorum(self.accepted + self.not_ready, self.members))
+
+    def parse(self) -> tuple[VoteParseResult, NextVote]:
+        """The SPEC §3 table, rows in order."""
+        P, n = VoteParseResult, self.members
+        if self.known_max_term > self.term:
+            return P.WAIT_TO_VOTE_NEXT, NextVote.RANDOM
+        if self.already_has_leader:
+            return P.WAIT_TO_REVOTE, NextVote.RANDOM_PLUS_LEAK
+        if not is_quorum(self.valid, n):
+            return P.WAIT_TO_REVOTE, NextVote.RANDOM
+        if not is_quorum(self.valid - self.bigger_ledger, n):
+            return P.WAIT_TO_REVOTE, NextVote.RANDOM_PLUS_MAX
+        if is_quorum(self.accepted, n):
+            return P.PASSED, NextVote.NONE
+        if is_quorum(self.accepted + self.not_ready, n):
+            return P.REVOTE_IMMEDIATELY, NextVote.NOW
+        return P.WAIT_TO_VOTE_NEXT, NextVote.RANDOM
+
+
+class HeartbeatOutcome(enum.Enum):
+    """What a leader does after a round of heartbeats."""
+
+    STEP_DOWN_NEWER_TERM = "a larger term was seen: candidate at that term"
+    OK = "a quorum answered SUCCESS"
+    RESEND_NOW = "a quorum answered SUCCESS or TERM_NOT_READY: heartbeat again at once"
+    STEP_DOWN_INCONSISTENT = "another leader in this term: candidate"
+    STEP_DOWN_NO_QUORUM = "no quorum for maxHeartBeatLeak heartbeats: candidate (check-quorum)"
+    KEEP = "no quorum yet, within the leak budget"
+
+
+@dataclass
+class HeartbeatTally:
+    """Counts one round of heartbeat replies; the leader counts itself as a success."""
+
+    term: int
+    members: int
+    success: int = 1
+    not_ready: int = 0
+    max_term: int = -1
+    inconsistent_leader: bool = False
+    replies: int = 1
+    live: dict[str, bool] = field(default_factory=dict)
+
+    def add(self, peer: str, code: ResponseCode | None, reply_term: int = -1) -> None:
+        """Count one reply; ``code`` None means the heartbeat failed (lost, refused, timed out)."""
+        C = ResponseCode
+        self.replies += 1
+        self.live[peer] = code is not None
+        if code is C.SUCCESS:
+            self.success += 1
+        elif code is C.EXPIRED_TERM:
+            self.max_term = max(self.max_term, reply_term)
+        elif code is C.INCONSISTENT_LEADER:
+            self.inconsistent_leader = True
+        elif code is C.TERM_NOT_READY:
+            self.not_ready += 1
+
+    def certain(self) -> bool:
+        return self.replies >= self.members
+
+    def outcome(self, elapsed_since_quorum_ms: float, leak_ms: float) -> HeartbeatOutcome:
+        """SPEC §3 "Leader", in order: a larger term first, then quorum, resend, inconsistency, check-quorum."""
+        Out, n = HeartbeatOutcome, self.members
+        if self.max_term > self.term:
+            return Out.STEP_DOWN_NEWER_TERM
+        if is_quorum(self.success, n):
+            return Out.OK
+        if is_quorum(self.success + self.not_ready, n):
+            return Out.RESEND_NOW
+        if self.inconsistent_leader:
+            return Out.STEP_DOWN_INCONSISTENT
+        if elapsed_since_quorum_ms > leak_ms:
+            return Out.STEP_DOWN_NO_QUORUM
+        return Out.KEEP

@@ -1,0 +1,225 @@
+"""The follower's entry handler (SPEC §4 "Entry handler").
+
+APPEND pushes are kept by first index and applied strictly in order at
+``ledger_end_index + 1``, whatever order they arrive in; COMPARE, TRUNCATE
+and COMMIT are handled on arrival.  A SUCCESS reply to an APPEND or TRUNCATE
+is sent only once the entries are durable.  A push that waits for a gap
+longer than ``maxPushTimeOutMs`` is answered INCONSISTENT_STATE so the
+leader re-compares (DLedger's fast-forward check).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+from dledger.codes import PushType, ResponseCode
+from dledger.errors import DLedgerError
+from dledger.messages import PushEntryRequest, PushEntryResponse
+
+log = Logger()
+
+
+class EntryHandler:
+    """Applies the leader's pushes to this member's store."""
+
+    def __init__(self, state, store, flusher, clock, *, push_timeout: float,
+                 on_commit: Callable[[], None] = lambda: None):
+        self.state = state
+        self.store = store
+        self.flusher = flusher
+        self.clock = clock
+        self.push_timeout = push_timeout
+        self.on_commit = on_commit
+        self._waiting: dict[int, tuple[PushEntryRequest, Deferred, float]] = {}
+        self._timer = None
+        # Highest index known to match the current leader's log in the current term.
+        self._matched = -1
+        self._matched_epoch: tuple[int, str | None] = (-1, None)
+
+    # -- replies -------------------------------------------------------------------
+    def _response(self, req: PushEntryRequest, code: ResponseCode) -> PushEntryResponse:
+        return PushEntryResponse(
+            group=req.group, term=req.term, code=int(code),
+            index=None if req.type is PushType.COMMIT else req.first_entry_index,
+            count=req.count, begin_index=self.store.ledger_begin_index, end_index=self.store.ledger_end_index)
+
+    def _reply(self, d: Deferred, req: PushEntryRequest, code: ResponseCode) -> None:
+        if not d.called:
+            d.callback(self._response(req, code))
+
+    def _reply_when_durable(self, d: Deferred, req: PushEntryRequest, index: int) -> None:
+        self.flusher.wait(index).addCallbacks(
+            lambda _: self._reply(d, req, ResponseCode.SUCCESS),
+            lambda f: self._reply(d, req, f.value.code if isinstance(f.value, DLedgerError)
+                                  else ResponseCode.DISK_ERROR))
+
+    # -- matched prefix and commit ----------------------------------------------------
+    def _current(self, req: PushEntryRequest) -> bool:
+        return req.term == self.state.curr_term and req.leader_id == self.state.leader_id
+
+    def _match(self, req: PushEntryRequest, index: int) -> None:
+        if not self._current(req):
+            return
+        epoch = (req.term, req.leader_id)
+        if epoch != self._matched_epoch:
+            self._matched_epoch, self._matched = epoch, -1
+        self._matched = max(self._matched, index)
+
+    def _adopt_commit(self, req: PushEntryRequest) -> None:
+        """Adopt ``min(leaderCommit, matched prefix)``: never commit entries not known to match the leader."""
+        if not self._current(req) or self._matched_epoch != (req.term, req.leader_id):
+            return
+        target = min(req.commit_index, self._matched, self.store.ledger_end_index)
+        before = self.store.committed_index
+        if target > before:
+            self.store.update_committed_index(req.term, target)
+            if self.store.committed_index > before:
+                self.on_commit()
+
+    # -- entry point -------------------------------------------------------------------
+    def handle_push(self, req: PushEntryRequest) -> Deferred:
+        d: Deferred = Deferred()
+        try:
+            if req.type is PushType.APPEND:
+                self._on_append(req, d)
+            elif req.type is PushType.COMMIT:
+                self._adopt_commit(req)
+                self._reply(d, req, ResponseCode.SUCCESS)
+            elif req.type is PushType.COMPARE:
+                self._on_compare(req, d)
+            elif req.type is PushType.TRUNCATE:
+                self._on_truncate(req, d)
+            else:  # pragma: no cover - the enum has no other members
+                raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"push type {req.type}")
+        except DLedgerError as exc:
+            self._reply(d, req, exc.code)
+        return d
+
+    def _clear_waiting(self, why: str) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for req, d, _ in waiting.values():
+            self._reply(d, req, ResponseCode.INCONSISTENT_STATE)
+        if waiting:
+            log.debug("{id}: dropped {n} waiting pushes: {why}", id=self.state.self_id, n=len(waiting), why=why)
+
+    def reset(self) -> None:
+        """The term or leader changed: answer everything still waiting."""
+        self._clear_waiting("term or leader changed")
+        self._matched, self._matched_epoch = -1, (-1, None)
+
+    def _on_compare(self, req: PushEntryRequest, d: Deferred) -> None:
+        if req.entry is None:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "COMPARE without an entry")
+        self._clear_waiting("COMPARE")
+        try:
+            same = self.store.get(req.entry.index) == req.entry
+        except DLedgerError:
+            same = False
+        if same:
+            self._match(req, req.entry.index)
+        self._reply(d, req, ResponseCode.SUCCESS if same else ResponseCode.INCONSISTENT_STATE)
+
+    def _on_truncate(self, req: PushEntryRequest, d: Deferred) -> None:
+        if req.entry is None:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "TRUNCATE without an entry")
+        self._clear_waiting("TRUNCATE")
+        index = self.store.truncate(req.entry, req.term, req.leader_id)
+        self.flusher.cancel_above(index - 1, f"truncated at {index}")
+        log.info("{id}: truncated to index {index} for leader {leader} (term {term})", id=self.state.self_id,
+                 index=index, leader=req.leader_id, term=req.term)
+        self._match(req, index)
+        self._adopt_commit(req)
+        self._reply_when_durable(d, req, index)
+
+    def _on_append(self, req: PushEntryRequest, d: Deferred) -> None:
+        entries = req.entries()
+        if not entries:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "APPEND without entries")
+        end = self.store.ledger_end_index
+        if entries[-1].index <= end:
+            self._on_duplicate(req, d, entries)
+            return
+        if entries[0].index <= end:
+            # Overlaps what we hold (a retry after a lost ack): the held part must agree.
+            held = [e for e in entries if e.index <= end]
+            if not self._holds(held):
+                self._reply(d, req, ResponseCode.INCONSISTENT_STATE)
+                return
+            req = _trimmed(req, [e for e in entries if e.index > end])
+        first = req.first_entry_index
+        if first in self._waiting:
+            self._reply(d, req, ResponseCode.REPEATED_PUSH)
+            return
+        self._waiting[first] = (req, d, self.clock.seconds())
+        self._drain()
+
+    def _holds(self, entries) -> bool:
+        try:
+            return all(self.store.get(e.index) == e for e in entries)
+        except DLedgerError:
+            return False
+
+    def _on_duplicate(self, req: PushEntryRequest, d: Deferred, entries) -> None:
+        if self._holds(entries):
+            self._match(req, entries[-1].index)
+            self._reply_when_durable(d, req, entries[-1].index)
+        else:
+            self._reply(d, req, ResponseCode.INCONSISTENT_STATE)
+
+    def _drain(self) -> None:
+        while True:
+            item = self._waiting.pop(self.store.ledger_end_index + 1, None)
+            if item is None:
+                break
+            req, d, _ = item
+            try:
+                for entry in req.entries():
+                    self.store.append_as_follower(entry, req.term, req.leader_id)
+            except DLedgerError as exc:
+                self._reply(d, req, exc.code)
+                continue
+            last = req.last_entry_index
+            self._match(req, last)
+            self._adopt_commit(req)
+            self._reply_when_durable(d, req, last)
+        self._arm_fast_forward()
+
+    # -- fast-forward check ---------------------------------------------------------------
+    def _arm_fast_forward(self) -> None:
+        if not self._waiting:
+            if self._timer is not None and self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+            return
+        if self._timer is None or not self._timer.active():
+            oldest = min(arrived for _, _, arrived in self._waiting.values())
+            delay = max(0.0, oldest + self.push_timeout - self.clock.seconds())
+            self._timer = self.clock.callLater(delay, self._fast_forward)
+
+    def _fast_forward(self) -> None:
+        """Answer the earliest push that has waited too long for a gap, so the leader re-compares."""
+        self._timer = None
+        now = self.clock.seconds()
+        stale = [first for first, (_, _, arrived) in self._waiting.items() if now - arrived >= self.push_timeout]
+        if stale:
+            req, d, _ = self._waiting.pop(min(stale))
+            log.debug("{id}: push at {first} waited for a gap after {end}: INCONSISTENT_STATE",
+                      id=self.state.self_id, first=req.first_entry_index, end=self.store.ledger_end_index)
+            self._reply(d, req, ResponseCode.INCONSISTENT_STATE)
+        self._arm_fast_forward()
+
+    def stop(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        self._clear_waiting("member stopped")
+
+
+def _trimmed(req: PushEntryRequest, entries) -> PushEntryRequest:
+    """The same push without the entries we already hold."""
+    return PushEntryRequest(group=req.group, remote_id=req.remote_id, local_id=req.local_id, code=req.code,
+                            leader_id=req.leader_id, term=req.term, commit_index=req.commit_index,
+                            type=req.type, batch_entry=list(entries), total_size=req.total_size)

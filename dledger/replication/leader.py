@@ -1,0 +1,328 @@
+"""The leader's side of replication: one dispatcher per follower and the quorum ack check (SPEC §4).
+
+A :class:`LeaderReplicator` lives for one leadership (an *epoch*: a term,
+or a second leadership of the same member in the same term).  It appends a
+NOOP first so the commit index can move at once, runs an
+:class:`EntryDispatcher` per follower, and advances the committed index to
+the majority watermark -- only to an entry of its own term.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+from dledger.codes import EntryType, PushType, ResponseCode
+from dledger.entry import Entry
+from dledger.errors import DLedgerError
+from dledger.messages import PushEntryRequest
+from dledger.replication.rules import Step, after_compare, first_compare_index, new_commit_index
+
+log = Logger()
+
+
+class EntryDispatcher:
+    """Brings one follower's log in line with the leader's: COMPARE -> TRUNCATE -> APPEND."""
+
+    def __init__(self, leader: LeaderReplicator, peer: str):
+        self.leader = leader
+        self.peer = peer
+        self.step = Step.COMPARE
+        self.compare_index = -1
+        self.write_index = -1
+        self.watermark = -1
+        self.in_flight: dict[int, int] = {}  # first index -> last index of pushes awaiting a reply
+        self.outstanding = False  # a COMPARE / TRUNCATE / COMMIT awaits a reply
+        self.told_commit = -1
+        self.gen = 0  # bumps on every state change; replies to older generations are ignored
+        self._retry = None
+        self.stopped = False
+
+    # -- state ---------------------------------------------------------------------------
+    def _change(self, step: Step, index: int) -> None:
+        self.gen += 1
+        self.step = step
+        self.in_flight.clear()
+        self.outstanding = False
+        if step is Step.COMPARE:
+            self.compare_index = index
+        elif step is Step.APPEND:
+            self.write_index = index
+
+    def _retry_later(self, why: str) -> None:
+        """Something failed: compare again after a short pause (never a tight loop)."""
+        self._change(Step.COMPARE, -1)
+        if self._retry is None and not self.stopped:
+            log.debug("{peer}: retrying in COMPARE: {why}", peer=self.peer, why=why)
+            self._retry = self.leader.clock.callLater(self.leader.retry_delay, self._retry_now)
+
+    def _retry_now(self) -> None:
+        self._retry = None
+        self.pump()
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.gen += 1
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self._retry = None
+
+    # -- sending ---------------------------------------------------------------------------
+    def _push(self, type_: PushType, *, entry=None, batch=None) -> PushEntryRequest:
+        lead = self.leader
+        return PushEntryRequest(group=lead.group, remote_id=self.peer, local_id=lead.self_id,
+                                leader_id=lead.self_id, term=lead.term, commit_index=lead.store.committed_index,
+                                type=type_, entry=entry, batch_entry=batch or [],
+                                total_size=sum(e.size for e in batch) if batch else 0)
+
+    def _send(self, req: PushEntryRequest, on_reply: Callable, on_fail: Callable) -> None:
+        gen = self.gen
+        d = self.leader.transport.send(self.peer, req, timeout=self.leader.push_timeout)
+
+        def reply(resp):
+            if gen == self.gen and not self.stopped:
+                on_reply(resp)
+
+        def failed(f):
+            if gen == self.gen and not self.stopped:
+                on_fail(f.value)
+
+        d.addCallbacks(reply, failed)
+
+    def pump(self) -> None:
+        """Send whatever the current state calls for."""
+        if self.stopped or self._retry is not None:
+            return
+        store = self.leader.store
+        if self.step is Step.COMPARE:
+            if self.outstanding or store.ledger_end_index < 0:
+                return
+            self.compare_index = first_compare_index(self.compare_index, store.ledger_begin_index,
+                                                     store.ledger_end_index)
+            self.outstanding = True
+            self._send(self._push(PushType.COMPARE, entry=store.get(self.compare_index)),
+                       self._on_compare, lambda exc: self._retry_later(f"COMPARE failed: {exc}"))
+        elif self.step is Step.APPEND:
+            self._pump_append()
+
+    def _pump_append(self) -> None:
+        lead = self.leader
+        store = lead.store
+        end = store.ledger_end_index
+        while self.write_index <= end and len(self.in_flight) < lead.max_in_flight:
+            if self.write_index < store.ledger_begin_index:
+                self._change(Step.COMPARE, -1)
+                self.pump()
+                return
+            if lead.batch_push:
+                batch = store.get_range(self.write_index, lead.max_batch_entries, lead.max_batch_bytes)
+                req = self._push(PushType.APPEND, batch=batch)
+                first, last = batch[0].index, batch[-1].index
+            else:
+                entry = store.get(self.write_index)
+                req = self._push(PushType.APPEND, entry=entry)
+                first = last = entry.index
+            self.in_flight[first] = last
+            self.write_index = last + 1
+            self._send(req, lambda resp, f=first, la=last: self._on_append(resp, f, la),
+                       lambda exc: self._retry_later(f"APPEND failed: {exc}"))
+        if not self.in_flight and not self.outstanding and store.committed_index > self.told_commit:
+            self.send_commit()
+
+    def send_commit(self) -> None:
+        """Tell an idle follower the committed index (also sent once per heartbeat interval)."""
+        if self.stopped or self.step is not Step.APPEND or self.outstanding or self.in_flight:
+            return
+        self.outstanding = True
+        self.told_commit = self.leader.store.committed_index
+        self._send(self._push(PushType.COMMIT), self._on_commit_reply, self._on_commit_fail)
+
+    # -- replies ------------------------------------------------------------------------------
+    def _on_compare(self, resp) -> None:
+        self.outstanding = False
+        store = self.leader.store
+        code = resp.response_code
+        if code not in (ResponseCode.SUCCESS, ResponseCode.INCONSISTENT_STATE):
+            self._retry_later(f"COMPARE answered {code.name}")
+            return
+        nxt = after_compare(self.compare_index, code, resp.begin_index, resp.end_index,
+                            store.ledger_begin_index, store.ledger_end_index)
+        if nxt.step is Step.APPEND:
+            self.watermark = max(self.watermark, nxt.index - 1)
+            self._change(Step.APPEND, nxt.index)
+            self.leader.watermark_changed(self)
+        elif nxt.step is Step.TRUNCATE:
+            self._truncate(nxt.index)
+            return
+        else:
+            self._change(Step.COMPARE, nxt.index)
+        self.pump()
+
+    def _truncate(self, index: int) -> None:
+        self._change(Step.TRUNCATE, index)
+        self.outstanding = True
+        log.info("{leader}: truncating {peer} at index {index}", leader=self.leader.self_id, peer=self.peer,
+                 index=index)
+        self._send(self._push(PushType.TRUNCATE, entry=self.leader.store.get(index)),
+                   lambda resp: self._on_truncate(resp, index),
+                   lambda exc: self._retry_later(f"TRUNCATE failed: {exc}"))
+
+    def _on_truncate(self, resp, index: int) -> None:
+        self.outstanding = False
+        if resp.response_code is not ResponseCode.SUCCESS:
+            self._retry_later(f"TRUNCATE answered {resp.response_code.name}")
+            return
+        self.watermark = index
+        self._change(Step.APPEND, index + 1)
+        self.leader.watermark_changed(self)
+        self.pump()
+
+    def _on_append(self, resp, first: int, last: int) -> None:
+        code = resp.response_code
+        if code is ResponseCode.SUCCESS:
+            self.in_flight.pop(first, None)
+            if last > self.watermark:
+                self.watermark = last
+                self.leader.watermark_changed(self)
+            self.pump()
+        elif code is ResponseCode.REPEATED_PUSH:
+            pass  # an earlier copy of this push is queued on the follower and will be answered
+        else:
+            self._retry_later(f"APPEND {first}-{last} answered {code.name}")
+
+    def _on_commit_reply(self, resp) -> None:
+        self.outstanding = False
+        if resp.response_code is ResponseCode.SUCCESS:
+            self.pump()
+        else:
+            self._retry_later(f"COMMIT answered {resp.response_code.name}")
+
+    def _on_commit_fail(self, exc) -> None:
+        self.outstanding = False
+        self.told_commit = -1
+
+
+class LeaderReplicator:
+    """One leadership: NOOP, dispatchers, watermarks and the committed index."""
+
+    def __init__(self, server, term: int):
+        self.server = server
+        cfg = server.config
+        self.self_id = server.state.self_id
+        self.group = cfg.group
+        self.term = term
+        self.store = server.store
+        self.transport = server.transport
+        self.clock = server.clock
+        self.members = len(server.state.members)
+        self.push_timeout = cfg.max_push_time_out_ms / 1000.0
+        self.retry_delay = min(self.push_timeout, 0.05)
+        self.heartbeat = cfg.heart_beat_time_interval_ms / 1000.0
+        self.batch_push = cfg.enable_batch_push
+        self.max_batch_bytes = cfg.max_batch_push_size
+        self.max_batch_entries = 10_000
+        self.max_in_flight = cfg.max_pending_size
+        self.dispatchers = {peer: EntryDispatcher(self, peer) for peer in server.state.peers}
+        self.term_start_index = -1
+        self.self_durable = server.store.flushed_index
+        self._waiters: list[tuple[str, int, Deferred]] = []
+        self._pump_scheduled = None
+        self._commit_timer = None
+        self.stopped = False
+
+    def start(self) -> None:
+        store = self.store
+        if self.server.config.enable_fast_advance_commit_index:
+            try:
+                noop = store.append_as_leader(Entry(body=b"", term=self.term, magic=EntryType.NOOP))
+                self.term_start_index = noop.index
+                self.entries_appended(noop.index)
+            except DLedgerError as exc:
+                log.error("{id}: could not append the NOOP of term {term}: {exc}", id=self.self_id,
+                          term=self.term, exc=exc)
+                self.term_start_index = store.ledger_end_index + 1
+        else:
+            self.term_start_index = store.ledger_end_index + 1
+        self._commit_timer = self.clock.callLater(self.heartbeat, self._periodic_commit)
+        for d in self.dispatchers.values():
+            d.pump()
+        self.check_commit()
+
+    def stop(self) -> None:
+        self.stopped = True
+        for d in self.dispatchers.values():
+            d.stop()
+        for call in (self._pump_scheduled, self._commit_timer):
+            if call is not None and call.active():
+                call.cancel()
+        self._pump_scheduled = self._commit_timer = None
+        waiters, self._waiters = self._waiters, []
+        for _, _, d in waiters:
+            d.errback(DLedgerError(ResponseCode.TERM_CHANGED, "leadership lost"))
+
+    # -- appends --------------------------------------------------------------------------
+    def entries_appended(self, last_index: int) -> None:
+        """New entries are in the leader's store: make them durable and push them (batched per reactor turn)."""
+        self.server.flusher.wait(last_index).addCallbacks(self._self_durable, lambda f: None)
+        if self._pump_scheduled is None and not self.stopped:
+            self._pump_scheduled = self.clock.callLater(0, self._pump_all)
+
+    def _pump_all(self) -> None:
+        self._pump_scheduled = None
+        for d in self.dispatchers.values():
+            d.pump()
+
+    def _self_durable(self, _index) -> None:
+        if not self.stopped:
+            self.self_durable = max(self.self_durable, self.store.flushed_index)
+            self.check_commit()
+
+    def _periodic_commit(self) -> None:
+        self._commit_timer = None
+        if self.stopped:
+            return
+        for d in self.dispatchers.values():
+            if d.step is Step.APPEND and not d.in_flight:
+                d.send_commit()
+            elif d.step is Step.COMPARE:
+                d.pump()
+        self._commit_timer = self.clock.callLater(self.heartbeat, self._periodic_commit)
+
+    # -- quorum -------------------------------------------------------------------------------
+    def watermarks(self) -> list[int]:
+        own = self.store.flushed_index if self.server.flusher.sync else self.store.ledger_end_index
+        return [own] + [d.watermark for d in self.dispatchers.values()]
+
+    def watermark_changed(self, dispatcher: EntryDispatcher) -> None:
+        self.check_commit()
+        if self._waiters:
+            ready = [w for w in self._waiters if w[0] == dispatcher.peer and dispatcher.watermark >= w[1]]
+            for w in ready:
+                self._waiters.remove(w)
+                w[2].callback(dispatcher.watermark)
+
+    def check_commit(self) -> None:
+        if self.stopped:
+            return
+        store = self.store
+        current = store.committed_index
+        target = new_commit_index(current, self.watermarks(), self.members, self.term_start_index)
+        if target > current:
+            store.update_committed_index(self.term, target)
+            if store.committed_index > current:
+                self.server.committed_advanced()
+
+    def peer_watermark(self, peer: str) -> int:
+        d = self.dispatchers.get(peer)
+        return d.watermark if d is not None else -1
+
+    def wait_peer(self, peer: str, index: int) -> Deferred:
+        """Fires once ``peer`` is known to hold ``index`` (leadership transfer waits for this)."""
+        d: Deferred = Deferred()
+        if self.peer_watermark(peer) >= index:
+            d.callback(self.peer_watermark(peer))
+        else:
+            self._waiters.append((peer, index, d))
+        return d

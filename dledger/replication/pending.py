@@ -1,0 +1,76 @@
+"""Appends waiting on the leader for their entry to commit.
+
+Deadlines are ``maxWaitAckTimeMs`` after the append, so they are ordered
+like the indexes: a deque and one timer for the oldest replace a timer per
+append.  The queue is bounded (``maxPendingRequestsNum``): past it appends
+are refused with LEADER_PENDING_FULL instead of growing without bound.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from twisted.internet.defer import Deferred
+
+from dledger.codes import ResponseCode
+
+
+class PendingAppends:
+    """Waiters keyed by the index they wait for, resolved in index order."""
+
+    def __init__(self, clock, wait_ack_timeout: float, limit: int):
+        self.clock = clock
+        self.timeout = wait_ack_timeout
+        self.limit = limit
+        self._queue: deque[tuple[int, float, Deferred, object]] = deque()
+        self._timer = None
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def full(self) -> bool:
+        return len(self._queue) >= self.limit
+
+    def add(self, index: int, response) -> Deferred:
+        """Deferred firing with ``response`` (code SUCCESS) once ``index`` commits, or with an error code."""
+        d: Deferred = Deferred()
+        deadline = self.clock.seconds() + self.timeout
+        if self._queue and index < self._queue[-1][0]:
+            raise AssertionError(f"pending index {index} after {self._queue[-1][0]}")
+        self._queue.append((index, deadline, d, response))
+        if self._timer is None:
+            self._timer = self.clock.callLater(self.timeout, self._expire)
+        return d
+
+    def resolve_upto(self, committed: int) -> int:
+        """Succeed every waiter at or below ``committed``; returns how many."""
+        n = 0
+        q = self._queue
+        while q and q[0][0] <= committed:
+            _, _, d, response = q.popleft()
+            response.code = int(ResponseCode.SUCCESS)
+            d.callback(response)
+            n += 1
+        return n
+
+    def _expire(self) -> None:
+        self._timer = None
+        now = self.clock.seconds()
+        q = self._queue
+        while q and q[0][1] <= now:
+            _, _, d, response = q.popleft()
+            response.code = int(ResponseCode.WAIT_QUORUM_ACK_TIMEOUT)
+            d.callback(response)
+        if q:
+            self._timer = self.clock.callLater(max(0.0, q[0][1] - now), self._expire)
+
+    def fail_all(self, code: ResponseCode) -> None:
+        """Answer every waiter with ``code`` (TERM_CHANGED when leadership is lost)."""
+        q, self._queue = self._queue, deque()
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        for _, _, d, response in q:
+            response.code = int(code)
+            d.callback(response)

@@ -1,0 +1,78 @@
+"""Replication decisions as pure functions (SPEC §4): the compare step and the quorum index."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from dledger.codes import ResponseCode
+
+
+class Step(enum.Enum):
+    COMPARE = "COMPARE"
+    TRUNCATE = "TRUNCATE"
+    APPEND = "APPEND"
+
+
+@dataclass(frozen=True)
+class Next:
+    """The dispatcher's next state and the index it works on (compare, truncate or first append index)."""
+
+    step: Step
+    index: int
+
+
+def first_compare_index(compare_index: int, leader_begin: int, leader_end: int) -> int:
+    """Where a COMPARE starts: the leader's end unless a previous compare index is still inside the log."""
+    if compare_index == -1 or compare_index > leader_end or compare_index < leader_begin:
+        return leader_end
+    return compare_index
+
+
+def after_compare(compare_index: int, code: ResponseCode, follower_begin: int, follower_end: int,
+                  leader_begin: int, leader_end: int) -> Next:
+    """The dispatcher's move after a COMPARE reply, in DLedger's order (SPEC §4 "COMPARE").
+
+    ``code`` is SUCCESS when the follower holds exactly the compared entry and
+    INCONSISTENT_STATE otherwise; anything else is not a compare result and
+    keeps comparing at the same index.
+    """
+    if code is ResponseCode.SUCCESS:
+        if compare_index == follower_end:
+            return Next(Step.APPEND, compare_index + 1)
+        return Next(Step.TRUNCATE, compare_index)
+    if code is not ResponseCode.INCONSISTENT_STATE:
+        return Next(Step.COMPARE, compare_index)
+    if follower_end < leader_begin or follower_begin > leader_end:
+        return Next(Step.TRUNCATE, leader_begin)  # disjoint ranges
+    if compare_index < follower_begin:
+        return Next(Step.TRUNCATE, leader_begin)
+    if compare_index > follower_end:
+        compare_index = follower_end
+    else:
+        compare_index -= 1
+    if compare_index < leader_begin:
+        return Next(Step.TRUNCATE, leader_begin)
+    return Next(Step.COMPARE, compare_index)
+
+
+def quorum_index(watermarks: list[int], members: int) -> int:
+    """The highest index stored on a majority: sort descending and take element ``members // 2``.
+
+    Members without a watermark count as -1.
+    """
+    marks = sorted(watermarks + [-1] * (members - len(watermarks)), reverse=True)
+    return marks[members // 2]
+
+
+def new_commit_index(current: int, watermarks: list[int], members: int, term_start_index: int) -> int:
+    """Committed index after counting replicas, advanced only to an entry of the current term (Raft §5.4.2).
+
+    ``term_start_index`` is the first index the leader wrote in its term
+    (every later entry is of that term too), so "the entry at the quorum index
+    belongs to the current term" is ``quorum >= term_start_index``.
+    """
+    q = quorum_index(watermarks, members)
+    if q > current and term_start_index >= 0 and q >= term_start_index:
+        return q
+    return current

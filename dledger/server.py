@@ -1,0 +1,368 @@
+"""A dledger member: store, term/vote store, transport, elector and replication wired together.
+
+:class:`DLedgerServer` takes every seam as a constructor argument (as
+hashicorp/raft does) and is the transport's :class:`IRequestHandler`.
+:meth:`DLedgerServer.build` assembles one from a config and the plugin
+manager for the common case.
+"""
+
+from __future__ import annotations
+
+import random
+
+from twisted.internet.defer import Deferred, inlineCallbacks, maybeDeferred
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from dledger import plugins
+from dledger.codes import ResponseCode, Role
+from dledger.commit_feed import CommitFeed
+from dledger.election.elector import LeaderElector
+from dledger.election.state import MemberState
+from dledger.entry import Entry
+from dledger.errors import DLedgerError
+from dledger.interfaces import IRequestHandler
+from dledger.messages import (
+    AppendEntryRequest,
+    AppendEntryResponse,
+    GetEntriesRequest,
+    GetEntriesResponse,
+    HeartBeatRequest,
+    LeadershipTransferRequest,
+    LeadershipTransferResponse,
+    MetadataRequest,
+    MetadataResponse,
+    PushEntryRequest,
+    VoteRequest,
+)
+from dledger.replication.durability import Flusher
+from dledger.replication.follower import EntryHandler
+from dledger.replication.leader import LeaderReplicator
+from dledger.replication.pending import PendingAppends
+
+log = Logger()
+
+#: Byte budget of one GET reply.
+GET_MAX_BYTES = 4 * 1024 * 1024
+
+
+@implementer(IRequestHandler)
+class DLedgerServer:
+    """One member of a group."""
+
+    def __init__(self, config, state: MemberState, store, transport, clock, *,
+                 rng: random.Random | None = None, plugin_manager=None, use_plugins: bool = True):
+        self.config = config
+        self.state = state
+        self.store = store
+        self.transport = transport
+        self.clock = clock
+        self.self_id = config.self_id
+        self.flusher = Flusher(store, clock, sync=config.flush_policy == "sync")
+        self.pending = PendingAppends(clock, config.max_wait_ack_time_ms / 1000.0, config.max_pending_requests_num)
+        self.elector = LeaderElector(config, state, store, transport, clock, rng)
+        self.entry_handler = EntryHandler(state, store, self.flusher, clock,
+                                          push_timeout=config.max_push_time_out_ms / 1000.0,
+                                          on_commit=self.committed_advanced)
+        self.commit_feed = CommitFeed(store, clock, self.self_id)
+        self.replicator: LeaderReplicator | None = None
+        self._transfer: Deferred | None = None
+        self._preferred_timer = None
+        self.elector.observers.append(self._role_changed)
+        self.running = False
+        if use_plugins:
+            ext = plugins.server_extensions(self, plugin_manager)
+            for handler in ext.role_change_handlers:
+                self.add_role_change_handler(handler)
+            for hook in ext.append_hooks:
+                store.add_append_hook(hook)
+            for listener in ext.commit_listeners:
+                self.add_commit_listener(listener)
+
+    # -- construction ------------------------------------------------------------------
+    @classmethod
+    def build(cls, config, *, clock=None, transport=None, store=None, term_store=None,
+              rng: random.Random | None = None, plugin_manager=None, **transport_kwargs) -> DLedgerServer:
+        """A server from ``config``: store and transport come from the plugins named in the config unless given."""
+        if clock is None:
+            from twisted.internet import reactor as clock
+        store_type = None
+        if store is None or term_store is None:
+            store_type = plugins.get_store_type(config.store_type, plugin_manager)
+        if term_store is None:
+            term_store = store_type.make_term_store(config)
+        state = MemberState(config.self_id, list(config.members), term_store, config.group)
+        if store is None:
+            store = store_type.make_log_store(config, state)
+        elif callable(store) and not hasattr(store, "append_as_leader"):
+            store = store(config, state)
+        if transport is None:
+            ttype = plugins.get_transport_type(config.transport_type, plugin_manager)
+            transport = ttype.make_transport(config, clock, **transport_kwargs)
+        return cls(config, state, store, transport, clock, rng=rng, plugin_manager=plugin_manager)
+
+    # -- extension points --------------------------------------------------------------
+    def add_role_change_handler(self, handler) -> None:
+        """Register an ``IRoleChangeHandler`` (called with every role change, in order)."""
+        self.elector.notifier.add(handler)
+
+    def add_commit_listener(self, listener) -> None:
+        """Register an ``ICommitListener`` (receives committed entries in order)."""
+        self.commit_feed.add(listener)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> Deferred:
+        """Recover the store, start serving and stand for election."""
+        self.store.startup()
+        if self.store.committed_index > self.store.ledger_end_index:
+            raise AssertionError("store reports committed index past its end")
+        d = maybeDeferred(self.transport.start, self)
+        d.addCallback(lambda _: self._started())
+        return d
+
+    def _started(self) -> None:
+        self.running = True
+        log.info("{id}: started in group {group} (term {term}, log {b}..{e}, committed {c})", id=self.self_id,
+                 group=self.config.group, term=self.state.curr_term, b=self.store.ledger_begin_index,
+                 e=self.store.ledger_end_index, c=self.store.committed_index)
+        self.elector.start()
+        self.commit_feed.advanced()
+        if self.config.preferred_leaders and self.self_id not in self.config.preferred_leaders:
+            self._preferred_timer = self.clock.callLater(self.elector.heartbeat, self._check_preferred_leader)
+
+    @inlineCallbacks
+    def stop(self):
+        """Stop timers, answer everything pending, stop the transport and close the store (flushed)."""
+        if not self.running:
+            return
+        self.running = False
+        self.elector.stop()
+        if self._preferred_timer is not None and self._preferred_timer.active():
+            self._preferred_timer.cancel()
+        if self.replicator is not None:
+            self.replicator.stop()
+            self.replicator = None
+        self.pending.fail_all(ResponseCode.TERM_CHANGED)
+        self.entry_handler.stop()
+        self.commit_feed.stop()
+        self.flusher.stop()
+        yield maybeDeferred(self.transport.stop)
+        yield maybeDeferred(self.store.shutdown)
+
+    def crash(self) -> None:
+        """Stop dead, as a killed process would: no flush, no goodbye (for tests and simulations)."""
+        self.running = False
+        self.elector.stop()
+        if self.replicator is not None:
+            self.replicator.stop()
+            self.replicator = None
+        self.entry_handler.stop()
+        self.commit_feed.stop()
+        self.flusher.stop()
+        self.pending.fail_all(ResponseCode.TERM_CHANGED)
+        self.transport.stop()
+
+    # -- role changes -------------------------------------------------------------------
+    def _role_changed(self, term: int, role: Role) -> None:
+        if self.replicator is not None:
+            self.replicator.stop()
+            self.replicator = None
+        self.pending.fail_all(ResponseCode.TERM_CHANGED)
+        self.entry_handler.reset()
+        if role is Role.LEADER:
+            self.replicator = LeaderReplicator(self, term)
+            self.replicator.start()
+
+    def committed_advanced(self) -> None:
+        """The committed index moved: answer appends, feed listeners, tell idle followers."""
+        self.pending.resolve_upto(self.store.committed_index)
+        self.commit_feed.advanced()
+        if self.replicator is not None:
+            self.replicator.entries_appended(self.store.ledger_end_index)
+
+    # -- request dispatch ------------------------------------------------------------------
+    def handle_request(self, request):
+        if not self.running:
+            raise DLedgerError(ResponseCode.NETWORK_ERROR, f"{self.self_id} is not running")
+        if request.remote_id is not None and request.remote_id != self.self_id:
+            raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{request.remote_id} != {self.self_id}",
+                               leader_id=self.state.leader_id)
+        if request.group != self.config.group:
+            raise DLedgerError(ResponseCode.UNKNOWN_GROUP, f"{request.group} != {self.config.group}",
+                               leader_id=self.state.leader_id)
+        handler = self._handlers.get(type(request))
+        if handler is None:
+            raise DLedgerError(ResponseCode.UNSUPPORTED, type(request).__name__)
+        return handler(self, request)
+
+    # -- client API -------------------------------------------------------------------------
+    def _not_leader(self) -> DLedgerError:
+        return DLedgerError(ResponseCode.NOT_LEADER, f"{self.self_id} is {self.state.role.name}",
+                            leader_id=self.state.leader_id)
+
+    def handle_append(self, request: AppendEntryRequest) -> Deferred:
+        """Append one body or a batch; fires when the last entry commits (SPEC §4 ``handleAppend``)."""
+        st = self.state
+        if st.role is not Role.LEADER or self.replicator is None:
+            raise self._not_leader()
+        if st.transferee is not None:
+            raise DLedgerError(ResponseCode.LEADER_TRANSFERRING, f"transferring leadership to {st.transferee}",
+                               leader_id=st.leader_id)
+        bodies = request.bodies()
+        if not bodies:
+            raise DLedgerError(ResponseCode.REQUEST_WITH_EMPTY_BODYS, "no body to append", leader_id=st.leader_id)
+        if self.pending.full:
+            raise DLedgerError(ResponseCode.LEADER_PENDING_FULL,
+                               f"{len(self.pending)} appends already wait for the quorum", leader_id=st.leader_id)
+        limit = self.config.max_entry_size - Entry().size
+        for body in bodies:
+            if len(body) > limit:
+                raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                                   f"body of {len(body)} bytes exceeds maxEntrySize {self.config.max_entry_size}",
+                                   leader_id=st.leader_id)
+        term = st.curr_term
+        last = None
+        try:
+            for body in bodies:
+                last = self.store.append_as_leader(Entry(body=body, term=term))
+        except DLedgerError as exc:
+            exc.leader_id = st.leader_id
+            if last is not None:
+                self.replicator.entries_appended(last.index)
+            raise
+        response = AppendEntryResponse(group=self.config.group, term=term, index=last.index, pos=last.pos,
+                                       leader_id=self.self_id)
+        d = self.pending.add(last.index, response)
+        self.replicator.entries_appended(last.index)
+        return d
+
+    def handle_get(self, request: GetEntriesRequest) -> GetEntriesResponse:
+        """Committed entries from ``beginIndex``: at most ``maxSize`` of them (0 means 1), NOOPs left out."""
+        if self.state.role is not Role.LEADER:
+            raise self._not_leader()
+        store = self.store
+        begin = request.begin_index
+        committed = store.committed_index
+        if begin < store.ledger_begin_index:
+            raise DLedgerError(ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN,
+                               f"index {begin} < begin index {store.ledger_begin_index}", leader_id=self.self_id)
+        if begin > committed:
+            raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, f"index {begin} > committed index {committed}",
+                               leader_id=self.self_id)
+        want = max(1, request.max_size)
+        out: list[Entry] = []
+        while begin <= committed and not out:
+            entries = store.get_range(begin, min(want, committed - begin + 1), GET_MAX_BYTES)
+            out = [e for e in entries if not e.is_noop]
+            begin = entries[-1].index + 1
+        return GetEntriesResponse(group=self.config.group, entries=out)
+
+    def handle_metadata(self, request: MetadataRequest) -> MetadataResponse:
+        """The peer map and leader (Java's shape); ``detail`` adds role, term and log indexes."""
+        resp = MetadataResponse(group=self.config.group, leader_id=self.state.leader_id,
+                                peers={p.id: p.address for p in self.config.members.values()})
+        if request.detail:
+            resp.term = self.state.curr_term
+            resp.role = self.state.role.name
+            resp.ledger_begin_index = self.store.ledger_begin_index
+            resp.ledger_end_index = self.store.ledger_end_index
+            resp.committed_index = self.store.committed_index
+        return resp
+
+    def append(self, body: bytes) -> Deferred:
+        """Embedded use: append ``body`` on this member (which must be the leader)."""
+        return maybeDeferred(self.handle_append, AppendEntryRequest(group=self.config.group, body=body))
+
+    # -- leadership transfer -------------------------------------------------------------------
+    def handle_leadership_transfer(self, request: LeadershipTransferRequest) -> Deferred:
+        """Transfer leadership (leader side) or take it (transferee side), as Java DLedger does."""
+        if request.transfer_id == self.self_id:
+            return self._transfer_from_here(request)
+        if request.transferee_id == self.self_id:
+            return self.elector.take_leadership(request)
+        raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                           f"transfer {request.transfer_id} -> {request.transferee_id} does not involve {self.self_id}")
+
+    def _transfer_from_here(self, request: LeadershipTransferRequest) -> Deferred:
+        st = self.state
+        target = request.transferee_id
+        if target not in st.member_set or target == self.self_id:
+            raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"cannot transfer leadership to {target!r}")
+        if st.role is not Role.LEADER or self.replicator is None:
+            raise self._not_leader()
+        term = st.curr_term if request.term == -1 else request.term
+        if term != st.curr_term:
+            raise DLedgerError(ResponseCode.INCONSISTENT_TERM, f"term {request.term} != {st.curr_term}")
+        if st.transferee is not None:
+            raise DLedgerError(ResponseCode.LEADER_TRANSFERRING, f"already transferring to {st.transferee}")
+        behind = self.store.ledger_end_index - self.replicator.peer_watermark(target)
+        if behind >= self.config.max_leadership_transfer_wait_index:
+            raise DLedgerError(ResponseCode.FALL_BEHIND_TOO_MUCH,
+                               f"{target} is {behind} entries behind (limit "
+                               f"{self.config.max_leadership_transfer_wait_index})")
+        st.transferee = target
+        replicator = self.replicator
+        end = self.store.ledger_end_index
+        log.info("{id}: transferring leadership to {to} (term {term}, end index {end})", id=self.self_id,
+                 to=target, term=term, end=end)
+        timeout = self.clock.callLater(self.config.leadership_transfer_wait_timeout / 1000.0,
+                                       lambda: caught.called or caught.errback(
+                                           DLedgerError(ResponseCode.TAKE_LEADERSHIP_FAILED,
+                                                        f"{target} did not catch up in time")))
+        caught = replicator.wait_peer(target, end)
+
+        def ask(_):
+            if timeout.active():
+                timeout.cancel()
+            take = LeadershipTransferRequest(group=self.config.group, term=term, leader_id=self.self_id,
+                                             local_id=self.self_id, remote_id=target, transfer_id=self.self_id,
+                                             transferee_id=target, take_leadership_ledger_index=end)
+            return self.transport.send(target, take, timeout=self.config.leadership_transfer_wait_timeout / 1000.0
+                                       + self.elector.vote_timeout)
+
+        def done(result):
+            if timeout.active():
+                timeout.cancel()
+            if isinstance(result, LeadershipTransferResponse) and result.response_code is ResponseCode.SUCCESS:
+                return result
+            if st.transferee == target and st.curr_term == term:
+                st.transferee = None
+            if isinstance(result, LeadershipTransferResponse):
+                return result
+            code = result.value.code if isinstance(result.value, DLedgerError) else ResponseCode.INTERNAL_ERROR
+            return LeadershipTransferResponse(code=int(code), term=st.curr_term)
+
+        caught.addCallback(ask)
+        caught.addBoth(done)
+        return caught
+
+    def _check_preferred_leader(self) -> None:
+        """As leader, hand leadership to a live, caught-up preferred member (Java's preferredLeaderIds)."""
+        self._preferred_timer = None
+        if not self.running:
+            return
+        st = self.state
+        if st.role is Role.LEADER and st.transferee is None and self.replicator is not None:
+            for pid in self.config.preferred_leaders:
+                if pid == self.self_id or not st.peers_live.get(pid):
+                    continue
+                behind = self.store.ledger_end_index - self.replicator.peer_watermark(pid)
+                if behind >= self.config.max_leadership_transfer_wait_index:
+                    continue
+                log.info("{id}: preferred leader {pid} is live and caught up: transferring", id=self.self_id, pid=pid)
+                req = LeadershipTransferRequest(group=self.config.group, term=st.curr_term, transfer_id=self.self_id,
+                                                transferee_id=pid)
+                maybeDeferred(self.handle_leadership_transfer, req).addErrback(lambda f: None)
+                break
+        self._preferred_timer = self.clock.callLater(self.elector.heartbeat, self._check_preferred_leader)
+
+    _handlers = {
+        VoteRequest: lambda self, r: self.elector.handle_vote(r),
+        HeartBeatRequest: lambda self, r: self.elector.handle_heartbeat(r),
+        PushEntryRequest: lambda self, r: self.entry_handler.handle_push(r),
+        AppendEntryRequest: handle_append,
+        GetEntriesRequest: handle_get,
+        MetadataRequest: handle_metadata,
+        LeadershipTransferRequest: handle_leadership_transfer,
+    }
+

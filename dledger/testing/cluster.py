@@ -1,0 +1,178 @@
+"""Whole dledger groups in one process, for testing applications built on dledger.
+
+>>> from dledger.testing import Cluster
+>>> cluster = Cluster(3, seed=1)          # 3 members, simulated clock and network
+>>> cluster.start()
+>>> leader = cluster.wait_for_leader()
+>>> client = cluster.client()
+>>> d = client.append(b"hello")
+>>> cluster.run_until(lambda: d.called)
+True
+
+Time is virtual (:class:`dledger.testing.clock.SimClock`, or any
+``IReactorTime`` you pass, e.g. ``task.Clock``); the network is an
+:class:`InProcessNetwork` that can partition, drop, delay, duplicate and
+reorder.  Each member's log lives on a :class:`SimulatedDisk` by default, so
+``crash(id)`` loses what was not flushed, like a power cut; pass
+``store_factory`` to use another store.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from dledger.codes import Role
+from dledger.config import make_config
+from dledger.server import DLedgerServer
+from dledger.store.memory import MemoryTermVoteStore
+from dledger.testing.clock import SimClock
+from dledger.testing.simdisk import SimulatedDisk
+from dledger.transport.inprocess import FaultSettings, InProcessNetwork
+
+
+class Cluster:
+    """N members on one clock and one in-process network."""
+
+    def __init__(self, n: int = 3, *, seed: int = 0, clock=None, preset: str = "fast", group: str = "g0",
+                 faults: FaultSettings | None = None, store_factory: Callable | None = None,
+                 handlers: Callable | None = None, ids: list[str] | None = None, tear_on_crash: bool = True,
+                 **options):
+        self.clock = clock if clock is not None else SimClock()
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.network = InProcessNetwork(self.clock, seed=self.rng.randrange(1 << 30), faults=faults)
+        self.ids = ids or [f"n{i}" for i in range(n)]
+        peers = ";".join(f"{mid}-127.0.0.1:{20911 + k}" for k, mid in enumerate(self.ids))
+        self.configs = {mid: make_config(preset=preset, group=group, self_id=mid, peers=peers,
+                                         store_type="memory", transport_type="inprocess", **options)
+                        for mid in self.ids}
+        self.term_stores = {mid: MemoryTermVoteStore() for mid in self.ids}
+        self.disks = {mid: SimulatedDisk(self.configs[mid].mapped_file_size_for_entry_data,
+                                         self.configs[mid].max_entry_size) for mid in self.ids}
+        self.store_factory = store_factory
+        self.handlers = handlers
+        self.tear_on_crash = tear_on_crash
+        self.servers: dict[str, DLedgerServer] = {}
+        self.down: set[str] = set()
+        self._clients = 0
+
+    # -- members -------------------------------------------------------------------------
+    def _make(self, mid: str) -> DLedgerServer:
+        config = self.configs[mid]
+        if self.store_factory is not None:
+            store = lambda cfg, state: self.store_factory(mid, cfg, state)
+        else:
+            store = lambda cfg, state: self.disks[mid].open(state)
+        server = DLedgerServer.build(config, clock=self.clock, store=store, term_store=self.term_stores[mid],
+                                     transport=self.network.transport(mid),
+                                     rng=random.Random(self.rng.randrange(1 << 30)))
+        if self.handlers is not None:
+            for handler in self.handlers(mid, server) or ():
+                server.add_role_change_handler(handler)
+        return server
+
+    def start(self, *ids: str) -> None:
+        """Start the given members (all by default)."""
+        for mid in ids or self.ids:
+            server = self._make(mid)
+            self.servers[mid] = server
+            self.down.discard(mid)
+            server.start()
+
+    def crash(self, mid: str) -> None:
+        """Kill a member as a power cut would: timers stop, unflushed data may be lost or torn."""
+        server = self.servers.pop(mid)
+        server.crash()
+        self.network.crash(mid)
+        if self.store_factory is None:
+            self.disks[mid].crash(self.rng, tear=self.tear_on_crash)
+        self.down.add(mid)
+
+    def restart(self, mid: str) -> None:
+        """Start a crashed member again from its durable state."""
+        if mid in self.servers:
+            raise ValueError(f"{mid} is running")
+        self.start(mid)
+
+    def stop(self) -> None:
+        """Stop every member cleanly (flushing)."""
+        for mid in list(self.servers):
+            self.servers.pop(mid).stop()
+
+    # -- network ---------------------------------------------------------------------------
+    def partition(self, *groups) -> None:
+        self.network.partition(*groups)
+
+    def isolate(self, mid: str) -> None:
+        self.network.isolate(mid)
+
+    def heal(self) -> None:
+        self.network.heal()
+
+    # -- observation -------------------------------------------------------------------------
+    def leaders(self) -> list[tuple[str, int]]:
+        """``(id, term)`` of every running member that believes it leads."""
+        return [(mid, s.state.curr_term) for mid, s in self.servers.items() if s.state.role is Role.LEADER]
+
+    def leader(self) -> str | None:
+        """The leader of the highest term among running members, if one leads."""
+        leaders = self.leaders()
+        if not leaders:
+            return None
+        return max(leaders, key=lambda lt: lt[1])[0]
+
+    def stable_leader(self) -> str | None:
+        """A leader that a quorum of running members follow in its term."""
+        lid = self.leader()
+        if lid is None:
+            return None
+        term = self.servers[lid].state.curr_term
+        followers = sum(1 for s in self.servers.values()
+                        if s.state.curr_term == term and s.state.leader_id == lid)
+        return lid if followers >= len(self.ids) // 2 + 1 else None
+
+    # -- time -------------------------------------------------------------------------------------
+    def run(self, seconds: float) -> None:
+        """Let virtual time pass."""
+        if isinstance(self.clock, SimClock):
+            self.clock.run_until(self.clock.seconds() + seconds)
+        else:
+            end = self.clock.seconds() + seconds
+            while self.clock.seconds() < end:
+                self.clock.advance(min(0.001, end - self.clock.seconds()))
+
+    def run_until(self, predicate: Callable[[], bool], timeout: float = 60.0) -> bool:
+        """Advance time until ``predicate()`` holds (True) or ``timeout`` virtual seconds pass (False)."""
+        end = self.clock.seconds() + timeout
+        if isinstance(self.clock, SimClock):
+            return self.clock.run_until(end, stop=predicate)
+        while not predicate():
+            if self.clock.seconds() >= end:
+                return False
+            self.clock.advance(0.001)
+        return True
+
+    def wait_for_leader(self, timeout: float = 60.0) -> str:
+        """Run until a stable leader exists and return its id; AssertionError after ``timeout``."""
+        if not self.run_until(lambda: self.stable_leader() is not None, timeout):
+            raise AssertionError(f"no leader after {timeout}s: {[repr(s.state) for s in self.servers.values()]}")
+        return self.stable_leader()
+
+    # -- clients -------------------------------------------------------------------------------
+    def client(self, name: str | None = None, **kw):
+        """A :class:`dledger.client.DLedgerClient` on this cluster's network."""
+        from dledger.client import DLedgerClient
+        self._clients += 1
+        name = name or f"client{self._clients}"
+        transport = self.network.transport(name)
+        config = self.configs[self.ids[0]]
+        return DLedgerClient(transport, config.group, list(self.ids), clock=self.clock, **kw)
+
+    def committed_entries(self, mid: str) -> list:
+        """Member ``mid``'s committed log (NOOPs included), for checks."""
+        s = self.servers[mid]
+        store = s.store
+        if store.committed_index < 0 or store.ledger_begin_index < 0:
+            return []
+        return [store.get(i) for i in range(store.ledger_begin_index, store.committed_index + 1)]

@@ -1,0 +1,176 @@
+"""Seeded election soak: random partitions, loss, duplication, delay and crash/restart, with safety checks.
+
+Checked continuously, on every member and across restarts:
+
+* election safety -- at most one leader per term;
+* terms never decrease (in memory and in the term/vote store);
+* no member grants two different votes in one term, including when it
+  crashes right after persisting a vote.
+
+Run it longer by hand: ``python -m tools.simulate election --seeds 100000``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from dledger.codes import Role
+from dledger.store.memory import MemoryTermVoteStore
+from dledger.testing.cluster import Cluster
+from dledger.transport.inprocess import FaultSettings
+
+
+class SafetyViolation(AssertionError):
+    pass
+
+
+class CheckedTermStore(MemoryTermVoteStore):
+    """A term/vote store that checks every save against what this member promised before."""
+
+    def __init__(self, member: str, checker: ElectionChecker):
+        super().__init__()
+        self.member = member
+        self.checker = checker
+
+    def save(self, term, vote_for):
+        self.checker.saved(self.member, term, vote_for)
+        super().save(term, vote_for)
+        self.checker.after_save(self.member, term, vote_for)
+
+
+@dataclass
+class ElectionChecker:
+    """Records terms, votes and leaders and raises SafetyViolation on the first breach."""
+
+    leaders: dict[int, str] = field(default_factory=dict)
+    votes: dict[tuple[str, int], str] = field(default_factory=dict)
+    last_term: dict[str, int] = field(default_factory=dict)
+    elections: int = 0
+    on_vote_saved: object = None
+    violations: list[str] = field(default_factory=list)
+
+    def fail(self, message: str) -> None:
+        """Record a violation (exceptions can be swallowed by Deferred chains) and raise."""
+        self.violations.append(message)
+        raise SafetyViolation(message)
+
+    def saved(self, member: str, term: int, vote_for) -> None:
+        last = self.last_term.get(member, 0)
+        if term < last:
+            self.fail(f"{member} persisted term {term} after term {last}")
+        self.last_term[member] = term
+        if vote_for is not None:
+            prev = self.votes.setdefault((member, term), vote_for)
+            if prev != vote_for:
+                self.fail(f"{member} voted for {prev} and then {vote_for} in term {term}")
+
+    def after_save(self, member: str, term: int, vote_for) -> None:
+        if vote_for is not None and self.on_vote_saved is not None:
+            self.on_vote_saved(member)
+
+    def role_changed(self, member: str, term: int, role: Role) -> None:
+        last = self.last_term.get(member, 0)
+        if term < last:
+            self.fail(f"{member} is in term {term} after term {last}")
+        if role is Role.LEADER:
+            self.elections += 1
+            holder = self.leaders.setdefault(term, member)
+            if holder != member:
+                self.fail(f"two leaders in term {term}: {holder} and {member}")
+
+
+@dataclass
+class RunResult:
+    seed: int
+    members: int
+    elections: int
+    faults: int
+    max_term: int
+    violation: str | None = None
+    recovered: bool = True
+
+
+def checked_cluster(n: int, seed: int, checker: ElectionChecker, **kw) -> Cluster:
+    """A cluster whose term stores and elector observers feed ``checker``."""
+    cluster = Cluster(n, seed=seed, **kw)
+    for mid in cluster.ids:
+        cluster.term_stores[mid] = CheckedTermStore(mid, checker)
+    original = cluster._make
+
+    def make(mid):
+        server = original(mid)
+        server.elector.observers.append(lambda term, role, m=mid: checker.role_changed(m, term, role))
+        return server
+
+    cluster._make = make
+    return cluster
+
+
+def run_election_seed(seed: int, duration: float = 20.0, members: int | None = None) -> RunResult:
+    """One seeded run with a random fault schedule; ``violation`` is set if a safety rule broke."""
+    rng = random.Random(seed)
+    n = members or rng.choice([3, 3, 5])
+    checker = ElectionChecker()
+    faults = FaultSettings(min_delay=0.0005, max_delay=rng.choice([0.002, 0.02, 0.08]),
+                           loss=rng.choice([0.0, 0.05, 0.2]), duplicate=rng.choice([0.0, 0.05, 0.2]))
+    cluster = checked_cluster(n, seed, checker, faults=faults)
+    crash_after_vote = rng.random() < 0.3
+    fault_count = 0
+    chaos = True
+
+    def maybe_crash_after_vote(member):
+        if chaos and crash_after_vote and member in cluster.servers and rng.random() < 0.2:
+            cluster.clock.callLater(0, crash, member)
+
+    def crash(member):
+        nonlocal fault_count
+        if member in cluster.servers and len(cluster.down) < n // 2 + 1:
+            cluster.crash(member)
+            fault_count += 1
+            cluster.clock.callLater(rng.uniform(0.1, 2.0), restart, member)
+
+    def restart(member):
+        if chaos and member in cluster.down:
+            cluster.restart(member)
+
+    def fault():
+        nonlocal fault_count
+        if not chaos:
+            return
+        fault_count += 1
+        kind = rng.random()
+        ids = list(cluster.ids)
+        if kind < 0.3:
+            rng.shuffle(ids)
+            cut = rng.randint(1, n - 1)
+            cluster.partition(ids[:cut], ids[cut:])
+        elif kind < 0.45:
+            cluster.network.block(rng.choice(ids), rng.choice(ids))
+        elif kind < 0.7:
+            cluster.heal()
+        else:
+            crash(rng.choice(ids))
+        cluster.clock.callLater(rng.expovariate(1 / 1.5), fault)
+
+    checker.on_vote_saved = maybe_crash_after_vote
+    recovered = False
+    try:
+        cluster.start()
+        cluster.clock.callLater(rng.uniform(0, 1), fault)
+        cluster.run(duration)
+        # Quiet period: heal everything; a leader must emerge again.
+        chaos = False
+        cluster.heal()
+        cluster.network.faults = FaultSettings()
+        for member in list(cluster.down):
+            cluster.restart(member)
+        recovered = cluster.run_until(lambda: cluster.stable_leader() is not None, 30)
+    except SafetyViolation:
+        pass
+    finally:
+        for s in list(cluster.servers.values()):
+            s.crash()
+    violation = checker.violations[0] if checker.violations else None
+    return RunResult(seed, n, checker.elections, fault_count, max(checker.last_term.values(), default=0),
+                     violation, recovered)

@@ -1,0 +1,323 @@
+"""One RocketMQ-remoting connection as a Twisted protocol, for both directions.
+
+A :class:`RemotingProtocol` matches replies to the requests it sent by ``opaque`` (replies may
+arrive in any order, as Java's do), and, when it has an :class:`~dledger.interfaces.IRequestHandler`,
+serves the requests it receives concurrently.  Hostile or broken input never escapes
+:meth:`~RemotingProtocol.dataReceived`: a request whose header was readable gets an error reply,
+anything worse closes the connection, and both leave a log line.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from dledger import messages
+from dledger.codes import ResponseCode
+from dledger.errors import DLedgerError
+from dledger.transport import remoting
+from dledger.transport.base import answer
+from dledger.transport.remoting import (
+    FLAG_RESPONSE,
+    REMOTING_SUCCESS,
+    BodyError,
+    Frame,
+    FrameError,
+    FrameSplitter,
+    Header,
+    UnknownRequestCodeError,
+)
+
+DEFAULT_MAX_IN_FLIGHT = 4096
+
+
+class BinaryBodyRefused(DLedgerError):
+    """The peer answered a binary PUSH with a remoting-level error: it is not a dledger member (e.g. Java)."""
+
+    def __init__(self, message: str):
+        super().__init__(ResponseCode.UNSUPPORTED, message)
+
+
+class _OpaqueCounter:
+    """Request ids: one counter per process shared by every connection, as Java's ``RemotingCommand``."""
+
+    def __init__(self) -> None:
+        self._count = itertools.count()
+
+    def __call__(self) -> int:
+        return next(self._count) & 0x7FFFFFFF
+
+
+next_opaque = _OpaqueCounter()
+
+_REMOTING_CODES = {
+    remoting.REMOTING_REQUEST_CODE_NOT_SUPPORTED: ResponseCode.UNSUPPORTED,
+    remoting.REMOTING_SYSTEM_BUSY: ResponseCode.NETWORK_ERROR,
+}
+
+
+@dataclass(slots=True, eq=False)
+class _Call:
+    """A request sent on this connection and not yet answered."""
+
+    response_cls: type
+    binary: bool
+    deferred: Deferred
+    timer: IDelayedCall | None = None
+
+
+class RemotingProtocol(Protocol):
+    """A remoting connection: pipelined requests out, concurrent request handling in.
+
+    ``clock`` schedules request timeouts; ``handler`` (optional) answers incoming requests.
+    ``on_lost(protocol, reason)`` and ``on_reply()`` let a connection pool follow the link's health.
+    """
+
+    log = Logger()
+
+    def __init__(self, clock: IReactorTime, handler: Any = None, *,
+                 max_frame_size: int = remoting.DEFAULT_MAX_FRAME_SIZE,
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT):
+        self.clock = clock
+        self.handler = handler
+        self.max_frame_size = max_frame_size
+        self.max_in_flight = max_in_flight
+        self.on_lost: Callable[[RemotingProtocol, Failure], None] | None = None
+        self.on_reply: Callable[[], None] | None = None
+        self.lost = False
+        self._lost_waiters: list[Deferred] = []
+        self._splitter = FrameSplitter(max_frame_size)
+        self._calls: dict[int, _Call] = {}
+        self._closing = False
+        self._in_flight = 0
+        self._paused = False
+
+    # -- connection ----------------------------------------------------------------
+    @property
+    def peer(self) -> str:
+        """The remote address, for log lines."""
+        try:
+            addr = self.transport.getPeer()
+        except Exception:
+            return "?"
+        host, port = getattr(addr, "host", None), getattr(addr, "port", None)
+        return f"{host}:{port}" if host is not None else str(addr)
+
+    @property
+    def is_open(self) -> bool:
+        return self.connected and not self._closing
+
+    @property
+    def pending(self) -> int:
+        """Requests sent on this connection and not answered yet."""
+        return len(self._calls)
+
+    def connectionMade(self) -> None:
+        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:
+            try:
+                set_no_delay(True)
+            except Exception:  # not a TCP socket (unix, fake transports): nothing to tune
+                pass
+
+    def when_lost(self) -> Deferred:
+        """A Deferred that fires (with None) once the connection is closed."""
+        d: Deferred = Deferred()
+        if self.lost:
+            d.callback(None)
+        else:
+            self._lost_waiters.append(d)
+        return d
+
+    def close(self) -> Deferred:
+        """Close the connection (after flushing queued writes); fires when it is closed."""
+        if not self.connected and not self.lost:
+            return succeed(None)
+        if self.connected and not self._closing:
+            self._closing = True
+            self.transport.loseConnection()
+        return self.when_lost()
+
+    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[override]
+        self._closing = True
+        self.connected = False
+        if self.on_lost is not None:
+            self.on_lost(self, reason)
+        self.fail_pending(f"connection to {self.peer} lost: {reason.getErrorMessage() if reason else 'closed'}")
+        self.lost = True
+        waiters, self._lost_waiters = self._lost_waiters, []
+        for d in waiters:
+            d.callback(None)
+
+    def fail_pending(self, message: str) -> None:
+        """Fail every request waiting for a reply on this connection with DLedgerError(NETWORK_ERROR)."""
+        calls, self._calls = self._calls, {}
+        for call in calls.values():
+            if call.timer is not None and call.timer.active():
+                call.timer.cancel()
+            call.deferred.errback(DLedgerError(ResponseCode.NETWORK_ERROR, message))
+
+    # -- bytes in ------------------------------------------------------------------
+    def dataReceived(self, data: bytes) -> None:
+        if self._closing:
+            return
+        try:
+            for frame in self._splitter.feed(data):
+                if frame.header.is_response:
+                    self._reply_received(frame)
+                else:
+                    self._request_received(frame)
+                if self._closing:
+                    return
+        except FrameError as exc:
+            self.log.warn("closing connection from {peer}: {error}", peer=self.peer, error=exc)
+            self._abandon()
+        except Exception:
+            self.log.failure("closing connection from {peer}: unexpected error while reading", peer=self.peer)
+            self._abandon()
+
+    def _abandon(self) -> None:
+        if not self._closing:
+            self._closing = True
+            self.transport.loseConnection()
+
+    # -- client side ----------------------------------------------------------------
+    def send_request(self, request: messages.RequestOrResponse, timeout: float, *,
+                     binary: bool = False) -> Deferred:
+        """Send ``request``; Deferred of the response object, DLedgerError(TIMEOUT/NETWORK_ERROR) otherwise."""
+        if not self.is_open:
+            return fail(DLedgerError(ResponseCode.NETWORK_ERROR, f"connection to {self.peer} is closed"))
+        opaque = next_opaque()
+        try:
+            data = remoting.encode_request(request, opaque, binary=binary)
+            response_cls = messages.RESPONSE_TYPES[type(request)]
+        except (TypeError, ValueError, KeyError, OverflowError, struct.error) as exc:
+            return fail(DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"cannot encode request: {exc}"))
+        if len(data) > self.max_frame_size:
+            return fail(DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                                     f"request frame of {len(data)} bytes exceeds maxFrameSize {self.max_frame_size}"))
+        call = _Call(response_cls, binary, Deferred(lambda _d: self._forget(opaque)))
+        call.timer = self.clock.callLater(timeout, self._timed_out, opaque, timeout)
+        self._calls[opaque] = call
+        self.transport.write(data)
+        return call.deferred
+
+    def _forget(self, opaque: int) -> None:
+        call = self._calls.pop(opaque, None)
+        if call is not None and call.timer is not None and call.timer.active():
+            call.timer.cancel()
+
+    def _timed_out(self, opaque: int, timeout: float) -> None:
+        call = self._calls.pop(opaque, None)
+        if call is not None:
+            call.deferred.errback(DLedgerError(
+                ResponseCode.TIMEOUT, f"no reply from {self.peer} to request {opaque} within {timeout:g}s"))
+
+    def _reply_received(self, frame: Frame) -> None:
+        header = frame.header
+        call = self._calls.pop(header.opaque, None)
+        if call is None:
+            self.log.debug("dropping reply {opaque} from {peer}: no request waits for it (timed out?)",
+                           opaque=header.opaque, peer=self.peer)
+            return
+        if call.timer is not None and call.timer.active():
+            call.timer.cancel()
+        if self.on_reply is not None:
+            self.on_reply()
+        if header.code != REMOTING_SUCCESS:
+            text = f"{self.peer} answered remoting code {header.code}: {header.remark or 'no remark'}"
+            if call.binary:
+                call.deferred.errback(BinaryBodyRefused(f"{text} (it cannot read binary PUSH bodies)"))
+            else:
+                code = _REMOTING_CODES.get(header.code, ResponseCode.INTERNAL_ERROR)
+                call.deferred.errback(DLedgerError(code, text))
+            return
+        try:
+            response = remoting.decode_response(frame, call.response_cls)
+        except BodyError as exc:
+            self.log.warn("undecodable reply {opaque} from {peer}: {error}", opaque=header.opaque,
+                          peer=self.peer, error=exc)
+            call.deferred.errback(DLedgerError(ResponseCode.NETWORK_ERROR, f"undecodable reply: {exc}"))
+            return
+        call.deferred.callback(response)
+
+    # -- server side ----------------------------------------------------------------
+    def _request_received(self, frame: Frame) -> None:
+        header = frame.header
+        try:
+            request = remoting.decode_request(frame)
+        except UnknownRequestCodeError as exc:
+            self.log.warn("request from {peer}: {error}; answering UNSUPPORTED", peer=self.peer, error=exc)
+            self._write_reply(header, remoting.error_body(header, ResponseCode.UNSUPPORTED), str(exc))
+            return
+        except BodyError as exc:
+            self.log.warn("request {code} from {peer}: {error}; answering UNEXPECTED_ARGUMENT",
+                          code=header.code, peer=self.peer, error=exc)
+            self._write_reply(header, remoting.error_body(header, ResponseCode.UNEXPECTED_ARGUMENT), str(exc)[:500])
+            return
+        if self.handler is None:
+            self._write_reply(header, remoting.error_body(header, ResponseCode.UNSUPPORTED),
+                              "this connection does not serve requests")
+            return
+        self._in_flight += 1
+        if self._in_flight >= self.max_in_flight and not self._paused:
+            self._paused = True
+            self.transport.pauseProducing()
+        d = answer(self.handler, request)
+        d.addCallback(self._answer, header)
+        d.addErrback(self._last_resort, header)
+        d.addBoth(self._request_done)
+
+    def _answer(self, response: Any, header: Header) -> None:
+        self._write_reply(header, remoting.encode_body(response))
+
+    def _last_resort(self, failure: Failure, header: Header) -> None:
+        self.log.failure("cannot encode the reply to request {code} from {peer}; answering INTERNAL_ERROR",
+                         failure, code=header.code, peer=self.peer)
+        self._write_reply(header, remoting.error_body(header, ResponseCode.INTERNAL_ERROR))
+
+    def _request_done(self, _: Any) -> None:
+        self._in_flight -= 1
+        if self._paused and self._in_flight <= self.max_in_flight // 2:
+            self._paused = False
+            if self.is_open:
+                self.transport.resumeProducing()
+
+    def _write_reply(self, header: Header, body: bytes, remark: str | None = None) -> None:
+        if header.is_oneway:
+            return
+        if not self.is_open:
+            self.log.debug("connection from {peer} closed; dropping reply {opaque}", peer=self.peer,
+                           opaque=header.opaque)
+            return
+        self.transport.write(remoting.encode_frame(Header(REMOTING_SUCCESS, header.opaque, FLAG_RESPONSE,
+                                                          remark=remark), body))
+
+
+class RemotingServerFactory(Factory):
+    """Builds serving protocols for a listening port and remembers the live ones (to close them on stop)."""
+
+    def __init__(self, clock: IReactorTime, handler: Any, *, max_frame_size: int = remoting.DEFAULT_MAX_FRAME_SIZE,
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT):
+        self.clock = clock
+        self.handler = handler
+        self.max_frame_size = max_frame_size
+        self.max_in_flight = max_in_flight
+        self.connections: set[RemotingProtocol] = set()
+
+    def buildProtocol(self, addr: Any) -> RemotingProtocol:
+        proto = RemotingProtocol(self.clock, self.handler, max_frame_size=self.max_frame_size,
+                                 max_in_flight=self.max_in_flight)
+        proto.factory = self
+        self.connections.add(proto)
+        proto.when_lost().addCallback(lambda _: self.connections.discard(proto))
+        return proto

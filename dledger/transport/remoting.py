@@ -1,0 +1,509 @@
+"""The RocketMQ-remoting frame codec: the only module that knows the wire layout of an RPC.
+
+A frame is ``int32 totalLen`` (bytes after itself) + ``int32 (serializeType << 24 | headerLen)``
++ a JSON header + a body.  Java DLedger 0.3.2 writes the header as compact JSON with sorted keys
+(``{"code":..,"flag":..,"language":"JAVA","opaque":..,"serializeTypeCurrentRPC":"JSON","version":0}``,
+null ``remark``/``extFields`` omitted) and the body as the message's fastjson object; both are
+reproduced here byte for byte (see ``tests/golden/java-dledger-0.3.2``).
+
+Decoding never returns garbage: every malformed input raises one of the :class:`FrameError`
+subclasses below with a message that says what was wrong, so a protocol can decide between
+answering with an error (the header was readable) and closing the connection (it was not).
+
+dledger peers may send PUSH requests with a *binary body* (entries in the entry codec's layout,
+no Base64, no JSON for the entries), marked by ``extFields = {"dledger.body": "bin"}`` so that it
+can never be mistaken for a JSON body.  See :func:`encode_push_binary` for the layout.
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import crc32c as _crc32c
+
+from dledger import messages
+from dledger.codes import RequestCode, ResponseCode
+from dledger.entry import HEADER_SIZE, CodecError, decode_entry, encode_entry_into
+from dledger.messages import PushEntryRequest, RequestOrResponse
+
+SERIALIZE_JSON = 0
+SERIALIZE_ROCKETMQ = 1
+FLAG_RESPONSE = 1  # bit 0
+FLAG_ONEWAY = 2  # bit 1
+#: header ``code`` of every reply: the DLedger result travels in the body's ``code``
+REMOTING_SUCCESS = 200
+#: RocketMQ remoting's own header codes a Java server may answer with
+REMOTING_SYSTEM_ERROR = 1
+REMOTING_SYSTEM_BUSY = 2
+REMOTING_REQUEST_CODE_NOT_SUPPORTED = 3
+
+BODY_ENCODING_KEY = "dledger.body"
+BODY_BINARY = "bin"
+BINARY_EXT_FIELDS = {BODY_ENCODING_KEY: BODY_BINARY}
+
+DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024  # Java remoting's FRAME_MAX_LENGTH
+_LENGTHS = struct.Struct(">iI")
+_INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+
+_dumps = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode
+
+
+def _utf8(text: str) -> bytes:
+    """UTF-8, with unpaired surrogates (only hostile JSON produces them) written as '?' like Java's encoder."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace")
+
+
+# -- errors -------------------------------------------------------------------
+
+class FrameError(ValueError):
+    """Bytes are not a valid remoting frame (or message); the message says why."""
+
+
+class FrameLengthError(FrameError):
+    """The length fields are impossible (negative, too short, header longer than the frame). Fatal to a stream."""
+
+
+class FrameTooLargeError(FrameLengthError):
+    """The frame announces more bytes than the configured ``max_frame_size``. Fatal to a stream."""
+
+
+class UnsupportedSerializeTypeError(FrameError):
+    """The header is not JSON (RocketMQ's binary header, serializeType 1, or an unknown type)."""
+
+
+class HeaderError(FrameError):
+    """The header is not UTF-8 JSON, not an object, or lacks/mistypes a required key."""
+
+
+class BodyError(FrameError):
+    """The header was fine but the body is not the message it should be. ``header`` is set, so one can reply."""
+
+    def __init__(self, message: str, header: Header | None = None):
+        super().__init__(message)
+        self.header = header
+
+
+class BinaryBodyError(BodyError):
+    """A binary PUSH body is malformed or a transported entry failed its CRC check."""
+
+
+class UnknownRequestCodeError(FrameError):
+    """A request carries a code we have no message for. ``header`` is set, so one can reply UNSUPPORTED."""
+
+    def __init__(self, message: str, header: Header):
+        super().__init__(message)
+        self.header = header
+
+
+# -- header ---------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Header:
+    """A RemotingCommand header; field names are Java's (``serializeTypeCurrentRPC`` is ``serialize_type``)."""
+
+    code: int
+    opaque: int
+    flag: int = 0
+    language: str = "JAVA"
+    version: int = 0
+    remark: str | None = None
+    ext_fields: dict[str, str] | None = None
+    serialize_type: str = "JSON"
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flag & FLAG_RESPONSE)
+
+    @property
+    def is_oneway(self) -> bool:
+        return bool(self.flag & FLAG_ONEWAY)
+
+    @property
+    def body_encoding(self) -> str | None:
+        """``"bin"`` for a dledger binary body, None for Java's JSON body."""
+        return self.ext_fields.get(BODY_ENCODING_KEY) if self.ext_fields else None
+
+    def to_json(self) -> bytes:
+        """The header exactly as Java writes it: compact, keys sorted, null fields omitted."""
+        obj: dict[str, Any] = {"code": self.code, "flag": self.flag, "language": self.language,
+                               "opaque": self.opaque, "serializeTypeCurrentRPC": self.serialize_type,
+                               "version": self.version}
+        if self.remark is not None:
+            obj["remark"] = self.remark
+        if self.ext_fields is not None:
+            obj["extFields"] = self.ext_fields
+        return _utf8(_dumps(obj))
+
+    @classmethod
+    def from_json(cls, data: bytes | bytearray | memoryview) -> Header:
+        """Parse and validate a header; :class:`HeaderError` says what is wrong."""
+        obj = _loads(data, HeaderError, "header")
+        if not isinstance(obj, dict):
+            raise HeaderError(f"header: expected a JSON object, got {type(obj).__name__}")
+        return cls(code=_int32(obj, "code", required=True), opaque=_int32(obj, "opaque", required=True),
+                   flag=_int32(obj, "flag", required=True), language=_str(obj, "language", "JAVA"),
+                   version=_int32(obj, "version", default=0), remark=_str(obj, "remark", None),
+                   ext_fields=_ext_fields(obj), serialize_type=_str(obj, "serializeTypeCurrentRPC", "JSON"))
+
+
+def _loads(data: bytes | bytearray | memoryview, error: type[FrameError], what: str) -> Any:
+    try:
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{what}: invalid UTF-8 at byte {exc.start}") from None
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise error(f"{what}: invalid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # NaN/Infinity, huge integers, absurd nesting
+        raise error(f"{what}: unacceptable JSON: {str(exc)[:120] or type(exc).__name__}") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _int32(obj: dict, key: str, *, required: bool = False, default: int = 0) -> int:
+    if key not in obj:
+        if required:
+            raise HeaderError(f"header: missing key {key!r}")
+        return default
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HeaderError(f"header: {key!r} must be an integer, got {value!r:.40}")
+    if not _INT32_MIN <= value <= _INT32_MAX:
+        raise HeaderError(f"header: {key!r} = {value} does not fit a Java int")
+    return value
+
+
+def _str(obj: dict, key: str, default: str | None) -> Any:
+    value = obj.get(key, default)
+    if value is not None and not isinstance(value, str):
+        raise HeaderError(f"header: {key!r} must be a string, got {value!r:.40}")
+    return value
+
+
+def _ext_fields(obj: dict) -> dict[str, str] | None:
+    value = obj.get("extFields")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise HeaderError(f"header: 'extFields' must be an object of strings, got {value!r:.60}")
+    return value
+
+
+# -- frames ---------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Frame:
+    """One decoded frame: its header and its raw body bytes."""
+
+    header: Header
+    body: bytes
+
+
+def encode_frame(header: Header, body: bytes = b"") -> bytes:
+    """Length prefix + header word + header + body."""
+    head = header.to_json()
+    return b"".join((_LENGTHS.pack(4 + len(head) + len(body), len(head)), head, body))
+
+
+def frame_size(data: bytes | bytearray | memoryview) -> int:
+    """Total size of the frame at the start of ``data`` (length field included)."""
+    return 4 + struct.unpack_from(">i", data)[0]
+
+
+class FrameSplitter:
+    """Cuts a byte stream that arrives in arbitrary chunks into frames.
+
+    :meth:`feed` buffers the chunk and returns an iterator over the frames now complete.
+    A length error (negative, too small, over ``max_frame_size``, header longer than the
+    frame) desynchronises the stream for good: it raises and so does every later call.
+    A frame whose header cannot be parsed raises after the frame was consumed, so the
+    stream itself stays usable (a protocol closes the connection anyway: it cannot reply
+    without an ``opaque``).
+    """
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE):
+        if max_frame_size < 8:
+            raise ValueError(f"max_frame_size must be at least 8, got {max_frame_size}")
+        self.max_frame_size = max_frame_size
+        self._buf = bytearray()
+        self._broken: FrameError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet part of a complete frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> Iterator[Frame]:
+        """Add ``data`` and iterate over the complete frames (consume the iterator before feeding again)."""
+        if self._broken is not None:
+            raise self._broken
+        self._buf += data
+        return self._frames()
+
+    def _frames(self) -> Iterator[Frame]:
+        buf = self._buf
+        while len(buf) >= 4:
+            total_len = int.from_bytes(buf[:4], "big", signed=True)
+            if total_len < 4:
+                self._fail(FrameLengthError(f"frame length field {total_len} is below the minimum 4"))
+            if total_len + 4 > self.max_frame_size:
+                self._fail(FrameTooLargeError(f"frame of {total_len + 4} bytes exceeds the limit of "
+                                              f"{self.max_frame_size} bytes (maxFrameSize)"))
+            if len(buf) < 8:
+                return
+            word = int.from_bytes(buf[4:8], "big")
+            serialize_type, header_len = word >> 24, word & 0xFFFFFF
+            if header_len > total_len - 4:
+                self._fail(FrameLengthError(f"header length {header_len} exceeds the {total_len - 4} bytes "
+                                            f"the frame has after its header-length word"))
+            if len(buf) < total_len + 4:
+                return
+            with memoryview(buf) as view:
+                header_bytes = bytes(view[8:8 + header_len])
+                body = bytes(view[8 + header_len:4 + total_len])
+            del buf[:4 + total_len]
+            if serialize_type != SERIALIZE_JSON:
+                kind = "ROCKETMQ binary headers" if serialize_type == SERIALIZE_ROCKETMQ else "it"
+                raise UnsupportedSerializeTypeError(f"serializeType {serialize_type} is not supported "
+                                                    f"(only 0, JSON; {kind} cannot be decoded)")
+            yield Frame(Header.from_json(header_bytes), body)
+
+    def _fail(self, error: FrameError):
+        self._broken = error
+        raise error
+
+
+def split_frames(data: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> list[Frame]:
+    """All frames of a complete byte string; :class:`FrameLengthError` if bytes are left over."""
+    splitter = FrameSplitter(max_frame_size)
+    frames = list(splitter.feed(data))
+    if splitter.buffered:
+        raise FrameLengthError(f"{splitter.buffered} trailing bytes do not form a complete frame")
+    return frames
+
+
+def decode_frame(data: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> Frame:
+    """Exactly one frame."""
+    frames = split_frames(data, max_frame_size)
+    if len(frames) != 1:
+        raise FrameLengthError(f"expected one frame, found {len(frames)}")
+    return frames[0]
+
+
+# -- JSON bodies ------------------------------------------------------------------
+
+def encode_body(msg: RequestOrResponse) -> bytes:
+    """A message as Java's fastjson writes it (compact, keys sorted, nulls omitted, bytes as Base64)."""
+    return _utf8(_dumps(messages.to_wire(msg)))
+
+
+def decode_body(cls: type[RequestOrResponse], body: bytes, header: Header | None = None) -> RequestOrResponse:
+    """Parse a JSON body into ``cls``; :class:`BodyError` if it is not one."""
+    try:
+        obj = _loads(body, BodyError, f"{cls.__name__} body")
+    except BodyError as exc:
+        exc.header = header
+        raise
+    try:
+        return messages.from_wire(cls, obj)
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError, binascii.Error) as exc:
+        raise BodyError(f"{cls.__name__} body: {str(exc)[:200]}", header) from None
+
+
+# -- binary PUSH bodies -------------------------------------------------------------
+
+BINARY_VERSION = 1
+_FLAG_BATCH = 1
+_BIN_PREFIX = struct.Struct(">BBIII")  # version, flags, metaLen, count, crc32c(entries)
+
+
+def encode_push_binary(request: PushEntryRequest) -> bytes:
+    """The dledger binary body of a PUSH request.
+
+    Layout (big-endian): ``u8 version=1 | u8 flags (bit 0: entries are batchEntry) | u32 metaLen
+    | u32 count | u32 crc32c(entries section) | meta | entries``; ``meta`` is the JSON body without
+    ``entry``/``batchEntry``; the entries section is ``count`` entries in the entry codec's layout,
+    back to back.  The section CRC covers entry headers as well as bodies, so any corruption in
+    transit is detected even for entries whose own ``bodyCrc`` is 0 (written by Java).
+    """
+    body = _PushBody(request)
+    buf = bytearray(body.size)
+    body.write_into(buf, 0)
+    return bytes(buf)
+
+
+class _PushBody:
+    """A binary PUSH body measured first, then written straight into the frame buffer (no extra copies)."""
+
+    __slots__ = ("entries", "meta", "batch", "size")
+
+    def __init__(self, request: PushEntryRequest):
+        if request.entry is not None and request.batch_entry:
+            raise ValueError("a PUSH request carries either entry or batch_entry, not both")
+        self.entries = request.batch_entry or ([request.entry] if request.entry is not None else [])
+        self.batch = bool(request.batch_entry)
+        meta_obj = messages.to_wire(replace(request, entry=None, batch_entry=[]))
+        for key in ("batchEntry", "batch", "count", "firstEntryIndex", "lastEntryIndex"):
+            meta_obj.pop(key, None)
+        self.meta = _utf8(_dumps(meta_obj))
+        self.size = (_BIN_PREFIX.size + len(self.meta) + sum([len(e.body) for e in self.entries])
+                     + HEADER_SIZE * len(self.entries))
+
+    def write_into(self, buf: bytearray, offset: int) -> None:
+        start = offset + _BIN_PREFIX.size + len(self.meta)
+        buf[offset + _BIN_PREFIX.size:start] = self.meta
+        off = start
+        for e in self.entries:
+            off += encode_entry_into(buf, off, e)
+        with memoryview(buf) as view:
+            crc = _crc32c.crc32c(view[start:off])
+        _BIN_PREFIX.pack_into(buf, offset, BINARY_VERSION, _FLAG_BATCH if self.batch else 0,
+                              len(self.meta), len(self.entries), crc)
+
+
+def _encode_push_frame(header: Header, request: PushEntryRequest) -> bytes:
+    body = _PushBody(request)
+    head = header.to_json()
+    buf = bytearray(8 + len(head) + body.size)
+    _LENGTHS.pack_into(buf, 0, 4 + len(head) + body.size, len(head))
+    buf[8:8 + len(head)] = head
+    body.write_into(buf, 8 + len(head))
+    return bytes(buf)  # Twisted transports take bytes only
+
+
+def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRequest:
+    """Inverse of :func:`encode_push_binary`; every entry is CRC-checked (:class:`BinaryBodyError`)."""
+    if len(body) < _BIN_PREFIX.size:
+        raise BinaryBodyError(f"binary PUSH body of {len(body)} bytes is shorter than its "
+                              f"{_BIN_PREFIX.size}-byte prefix", header)
+    version, flags, meta_len, count, crc = _BIN_PREFIX.unpack_from(body)
+    if version != BINARY_VERSION:
+        raise BinaryBodyError(f"binary PUSH body version {version} is not supported (only {BINARY_VERSION})", header)
+    if flags & ~_FLAG_BATCH:
+        raise BinaryBodyError(f"binary PUSH body has unknown flags {flags:#x}", header)
+    start = _BIN_PREFIX.size + meta_len
+    if start > len(body):
+        raise BinaryBodyError(f"binary PUSH meta length {meta_len} runs past the {len(body)}-byte body", header)
+    section = memoryview(body)[start:]
+    if count * 48 > len(section):
+        raise BinaryBodyError(f"binary PUSH announces {count} entries but has only {len(section)} bytes", header)
+    actual = _crc32c.crc32c(section)
+    if actual != crc:
+        raise BinaryBodyError(f"binary PUSH entries failed their crc32c check (sent {crc:#010x}, "
+                              f"received {actual:#010x}): corrupted in transit", header)
+    try:
+        meta = _loads(memoryview(body)[_BIN_PREFIX.size:start], BinaryBodyError, "binary PUSH meta")
+    except BinaryBodyError as exc:
+        exc.header = header
+        raise
+    if isinstance(meta, dict) and ("entry" in meta or "batchEntry" in meta):
+        raise BinaryBodyError("binary PUSH meta must not carry entries", header)
+    try:
+        request = messages.from_wire(PushEntryRequest, meta)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise BinaryBodyError(f"binary PUSH meta: {str(exc)[:200]}", header) from None
+    entries = []
+    off, end = start, len(body)
+    try:
+        for _ in range(count):
+            entry = decode_entry(body, off, accept_zero_crc=True, max_size=end - off)
+            off += entry.size
+            entries.append(entry)
+    except CodecError as exc:
+        raise BinaryBodyError(f"binary PUSH entry #{len(entries)}: {exc}", header) from None
+    if off != end:
+        raise BinaryBodyError(f"binary PUSH body has {end - off} bytes after its {count} entries", header)
+    if flags & _FLAG_BATCH:
+        if not entries:
+            raise BinaryBodyError("binary PUSH marked batch but carries no entries", header)
+        request.batch_entry = entries
+    elif count > 1:
+        raise BinaryBodyError(f"binary PUSH carries {count} entries but is not marked batch", header)
+    elif entries:
+        request.entry = entries[0]
+    return request
+
+
+# -- messages <-> frames ---------------------------------------------------------------
+
+def encode_request(request: RequestOrResponse, opaque: int, *, binary: bool = False, oneway: bool = False) -> bytes:
+    """A request frame as Java writes it; ``binary`` selects the dledger binary body (PUSH only)."""
+    code = int(messages.request_code(request))
+    flag = FLAG_ONEWAY if oneway else 0
+    if binary:
+        if not isinstance(request, PushEntryRequest):
+            raise TypeError(f"only PUSH requests have a binary body, not {type(request).__name__}")
+        return _encode_push_frame(Header(code, opaque, flag, ext_fields=dict(BINARY_EXT_FIELDS)), request)
+    return encode_frame(Header(code, opaque, flag), encode_body(request))
+
+
+def encode_response(response: RequestOrResponse, opaque: int, *, remark: str | None = None) -> bytes:
+    """A reply frame: flag 1, header code 200, the DLedger result in the body's ``code``."""
+    return encode_frame(Header(REMOTING_SUCCESS, opaque, FLAG_RESPONSE, remark=remark), encode_body(response))
+
+
+def request_class(header: Header) -> type[RequestOrResponse]:
+    """The request class of a request header; :class:`UnknownRequestCodeError` if there is none."""
+    try:
+        return messages.RPCS[RequestCode(header.code)][0]
+    except (ValueError, KeyError):
+        raise UnknownRequestCodeError(f"request code {header.code} is not supported", header) from None
+
+
+def decode_request(frame: Frame) -> RequestOrResponse:
+    """The request object a request frame carries (JSON or dledger binary body)."""
+    header = frame.header
+    if header.is_response:
+        raise BodyError("expected a request, got a response frame", header)
+    cls = request_class(header)
+    encoding = header.body_encoding
+    if encoding is None:
+        return decode_body(cls, frame.body, header)
+    if encoding != BODY_BINARY:
+        raise BodyError(f"body encoding {encoding!r} is not supported", header)
+    if cls is not PushEntryRequest:
+        raise BodyError(f"a binary body is only defined for PUSH, not request code {header.code}", header)
+    return decode_push_binary(frame.body, header)
+
+
+def decode_response(frame: Frame, cls: type[RequestOrResponse]) -> RequestOrResponse:
+    """The response object a reply frame carries, as ``cls`` (known from the request with the same opaque)."""
+    header = frame.header
+    if not header.is_response:
+        raise BodyError("expected a response, got a request frame", header)
+    if header.code != REMOTING_SUCCESS:
+        raise BodyError(f"remoting error {header.code}: {header.remark or 'no remark'}", header)
+    if header.body_encoding is not None:
+        raise BodyError(f"body encoding {header.body_encoding!r} is not supported in replies", header)
+    return decode_body(cls, frame.body, header)
+
+
+def error_body(header: Header, code: ResponseCode) -> bytes:
+    """A reply body for a request we could not even decode: the response class's defaults with ``code``."""
+    try:
+        cls = messages.RPCS[RequestCode(header.code)][1]
+    except (ValueError, KeyError):
+        cls = RequestOrResponse
+    return encode_body(cls(code=int(code)))
+
+
+__all__ = [
+    "BINARY_EXT_FIELDS", "BODY_BINARY", "BODY_ENCODING_KEY", "DEFAULT_MAX_FRAME_SIZE", "FLAG_ONEWAY",
+    "FLAG_RESPONSE", "REMOTING_SUCCESS", "SERIALIZE_JSON", "SERIALIZE_ROCKETMQ",
+    "BinaryBodyError", "BodyError", "Frame", "FrameError", "FrameLengthError", "FrameSplitter",
+    "FrameTooLargeError", "Header", "HeaderError", "UnknownRequestCodeError", "UnsupportedSerializeTypeError",
+    "decode_body", "decode_frame", "decode_push_binary", "decode_request", "decode_response", "encode_body",
+    "encode_frame", "encode_push_binary", "encode_request", "encode_response", "error_body", "frame_size",
+    "request_class", "split_frames",
+]

@@ -1,0 +1,192 @@
+"""The election rules of SPEC §3, one table row per rule, each test named after its rule."""
+
+import pytest
+
+from dledger.codes import ResponseCode, VoteParseResult, VoteResult
+from dledger.election.rules import (
+    Action,
+    HeartbeatOutcome,
+    HeartbeatTally,
+    NextVote,
+    VoterView,
+    VoteTally,
+    decide_heartbeat,
+    decide_vote,
+    is_quorum,
+    next_term,
+)
+
+R = VoteResult
+MEMBERS = frozenset({"n0", "n1", "n2"})
+
+
+def view(**kw):
+    base = dict(self_id="n0", members=MEMBERS, curr_term=5, vote_for=None, leader_id=None,
+                ledger_end_term=4, ledger_end_index=10, taking_leadership=False)
+    base.update(kw)
+    return VoterView(**base)
+
+
+def vote(v, candidate="n1", term=5, end_term=4, end_index=10, is_self=False):
+    return decide_vote(v, candidate, term, end_term, end_index, is_self)
+
+
+# -- handleVote, in SPEC order ----------------------------------------------------
+
+VOTE_RULES = [
+    # (rule name, view changes, request changes, expected result, expected action)
+    ("unknown_candidate_is_rejected", {}, {"candidate": "n9"}, R.REJECT_UNKNOWN_LEADER, Action.NONE),
+    ("remote_claiming_my_id_is_rejected", {}, {"candidate": "n0"}, R.REJECT_UNEXPECTED_LEADER, Action.NONE),
+    ("my_own_vote_is_not_unexpected", {}, {"candidate": "n0", "is_self": True}, R.ACCEPT, Action.RECORD_VOTE),
+    ("smaller_ledger_end_term_is_rejected", {}, {"end_term": 3, "end_index": 99}, R.REJECT_EXPIRED_LEDGER_TERM,
+     Action.NONE),
+    ("equal_ledger_term_smaller_index_is_rejected", {}, {"end_index": 9}, R.REJECT_SMALL_LEDGER_END_INDEX,
+     Action.NONE),
+    ("ledger_check_comes_before_term_check", {}, {"term": 9, "end_term": 3}, R.REJECT_EXPIRED_LEDGER_TERM,
+     Action.NONE),
+    ("smaller_request_term_is_rejected", {}, {"term": 4}, R.REJECT_EXPIRED_VOTE_TERM, Action.NONE),
+    ("already_voted_with_known_leader", {"vote_for": "n2", "leader_id": "n2"}, {}, R.REJECT_ALREADY_HAS_LEADER,
+     Action.NONE),
+    ("already_voted_without_leader", {"vote_for": "n2"}, {}, R.REJECT_ALREADY_VOTED, Action.NONE),
+    ("repeated_vote_for_same_candidate_is_granted", {"vote_for": "n1"}, {}, R.ACCEPT, Action.RECORD_VOTE),
+    ("larger_request_term_makes_me_candidate_not_ready", {"vote_for": "n2", "leader_id": "n2"}, {"term": 7},
+     R.REJECT_TERM_NOT_READY, Action.BECOME_CANDIDATE),
+    ("request_term_below_my_ledger_term_is_rejected", {"curr_term": 3, "ledger_end_term": 4},
+     {"term": 3, "end_term": 4}, R.REJECT_TERM_SMALL_THAN_LEDGER, Action.NONE),
+    ("taking_leadership_rejects_logs_not_newer", {"taking_leadership": True}, {}, R.REJECT_TAKING_LEADERSHIP,
+     Action.NONE),
+    ("taking_leadership_accepts_a_newer_log", {"taking_leadership": True}, {"end_index": 11}, R.ACCEPT,
+     Action.RECORD_VOTE),
+    ("otherwise_accept_and_record", {}, {}, R.ACCEPT, Action.RECORD_VOTE),
+    ("newer_ledger_term_is_accepted", {}, {"end_term": 5, "end_index": 0}, R.ACCEPT, Action.RECORD_VOTE),
+]
+
+
+@pytest.mark.parametrize("name, vchanges, rchanges, result, action", VOTE_RULES, ids=[r[0] for r in VOTE_RULES])
+def test_handle_vote_rule(name, vchanges, rchanges, result, action):
+    """Each handleVote rule of SPEC §3 gives its result and state change."""
+    decision = vote(view(**vchanges), **rchanges)
+    assert (decision.vote_result, decision.action) == (result, action)
+    if action is Action.BECOME_CANDIDATE:
+        assert decision.term == rchanges["term"]
+
+
+# -- vote tally (SPEC §3 table, rows in order) -----------------------------------------
+
+def tally(results, term=5, members=3, known=None):
+    t = VoteTally(term=term, members=members)
+    for r in results:
+        t.add(r, known if known is not None else term)
+    return t
+
+
+TALLY_RULES = [
+    ("known_max_term_bigger_waits_to_vote_next", [R.ACCEPT, R.REJECT_EXPIRED_VOTE_TERM, R.ACCEPT], 9,
+     VoteParseResult.WAIT_TO_VOTE_NEXT, NextVote.RANDOM),
+    ("already_has_leader_waits_long", [R.ACCEPT, R.REJECT_ALREADY_HAS_LEADER, R.ACCEPT], None,
+     VoteParseResult.WAIT_TO_REVOTE, NextVote.RANDOM_PLUS_LEAK),
+    ("no_quorum_of_valid_replies_revotes_same_term", [R.ACCEPT, R.UNKNOWN, R.UNKNOWN], None,
+     VoteParseResult.WAIT_TO_REVOTE, NextVote.RANDOM),
+    ("bigger_ledgers_make_a_quorum_impossible", [R.ACCEPT, R.REJECT_EXPIRED_LEDGER_TERM,
+                                                 R.REJECT_SMALL_LEDGER_END_INDEX], None,
+     VoteParseResult.WAIT_TO_REVOTE, NextVote.RANDOM_PLUS_MAX),
+    ("quorum_of_accepts_passes", [R.ACCEPT, R.ACCEPT, R.REJECT_ALREADY_VOTED], None,
+     VoteParseResult.PASSED, NextVote.NONE),
+    ("quorum_with_not_ready_revotes_now", [R.ACCEPT, R.REJECT_TERM_NOT_READY, R.UNKNOWN], None,
+     VoteParseResult.REVOTE_IMMEDIATELY, NextVote.NOW),
+    ("otherwise_wait_to_vote_next_term", [R.REJECT_ALREADY_VOTED, R.REJECT_ALREADY_VOTED, R.ACCEPT], None,
+     VoteParseResult.WAIT_TO_VOTE_NEXT, NextVote.RANDOM),
+]
+
+
+@pytest.mark.parametrize("name, results, known, parse, when", TALLY_RULES, ids=[r[0] for r in TALLY_RULES])
+def test_vote_tally_rule(name, results, known, parse, when):
+    """Each row of the vote-parse table maps the counts to its result and next-vote time."""
+    assert tally(results, known=known).parse() == (parse, when)
+
+
+def test_tally_rows_are_checked_in_order():
+    """A bigger known term wins over a quorum of accepts (row 1 before row 5)."""
+    t = tally([R.ACCEPT, R.ACCEPT, R.REJECT_TERM_SMALL_THAN_LEDGER], known=8)
+    assert t.parse()[0] is VoteParseResult.WAIT_TO_VOTE_NEXT
+
+
+def test_tally_is_certain_early():
+    """Waiting stops once a quorum accepted, a leader is known or everyone replied."""
+    t = VoteTally(term=1, members=5)
+    for _ in range(3):
+        assert not t.certain()
+        t.add(R.ACCEPT, 1)
+    assert t.certain()
+    t = VoteTally(term=1, members=5)
+    t.add(R.REJECT_ALREADY_HAS_LEADER, 1)
+    assert t.certain()
+
+
+# -- heartbeats -------------------------------------------------------------------------
+
+C = ResponseCode
+HEARTBEAT_RULES = [
+    ("unknown_leader_is_unknown_member", {}, "n9", 5, C.UNKNOWN_MEMBER, Action.NONE),
+    ("remote_claiming_my_id_is_unexpected", {}, "n0", 5, C.UNEXPECTED_MEMBER, Action.NONE),
+    ("smaller_term_is_expired", {}, "n1", 4, C.EXPIRED_TERM, Action.NONE),
+    ("same_term_same_leader_refreshes", {"leader_id": "n1"}, "n1", 5, C.SUCCESS, Action.REFRESH_LEADER),
+    ("same_term_no_leader_becomes_follower", {}, "n1", 5, C.SUCCESS, Action.BECOME_FOLLOWER),
+    ("same_term_other_leader_is_inconsistent", {"leader_id": "n2"}, "n1", 5, C.INCONSISTENT_LEADER, Action.NONE),
+    ("larger_term_makes_me_candidate_not_ready", {"leader_id": "n2"}, "n1", 6, C.TERM_NOT_READY,
+     Action.BECOME_CANDIDATE),
+]
+
+
+@pytest.mark.parametrize("name, vchanges, leader, term, code, action", HEARTBEAT_RULES,
+                         ids=[r[0] for r in HEARTBEAT_RULES])
+def test_handle_heartbeat_rule(name, vchanges, leader, term, code, action):
+    """Each handleHeartBeat rule of SPEC §3 gives its code and state change."""
+    d = decide_heartbeat(view(**vchanges), leader, term)
+    assert (d.code, d.action) == (code, action)
+
+
+def hb(codes, term=5, members=3):
+    t = HeartbeatTally(term=term, members=members)
+    for i, (code, rterm) in enumerate(codes):
+        t.add(f"n{i + 1}", code, rterm)
+    return t
+
+
+HB_OUTCOMES = [
+    ("larger_term_steps_down_first", [(C.SUCCESS, -1), (C.EXPIRED_TERM, 9)], 0, HeartbeatOutcome.STEP_DOWN_NEWER_TERM),
+    ("quorum_of_success_is_ok", [(C.SUCCESS, -1), (None, -1)], 0, HeartbeatOutcome.OK),
+    ("success_plus_not_ready_resends_now", [(C.TERM_NOT_READY, -1), (None, -1)], 0, HeartbeatOutcome.RESEND_NOW),
+    ("inconsistent_leader_steps_down", [(C.INCONSISTENT_LEADER, -1), (None, -1)], 0,
+     HeartbeatOutcome.STEP_DOWN_INCONSISTENT),
+    ("no_quorum_past_leak_steps_down", [(None, -1), (None, -1)], 6001, HeartbeatOutcome.STEP_DOWN_NO_QUORUM),
+    ("no_quorum_within_leak_keeps_leading", [(None, -1), (None, -1)], 5999, HeartbeatOutcome.KEEP),
+]
+
+
+@pytest.mark.parametrize("name, codes, elapsed, outcome", HB_OUTCOMES, ids=[r[0] for r in HB_OUTCOMES])
+def test_heartbeat_outcome_rule(name, codes, elapsed, outcome):
+    """Each leader rule after a heartbeat round (SPEC §3 "Leader") in order, with check-quorum."""
+    t = hb(codes)
+    assert t.outcome(elapsed, 6000) is outcome
+
+
+def test_heartbeat_tally_marks_live_peers():
+    """Peers that answered are live, failed ones are not."""
+    t = hb([(C.SUCCESS, -1), (None, -1)])
+    assert t.live == {"n1": True, "n2": False}
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n, members, expected", [(1, 1, True), (1, 2, False), (2, 3, True), (1, 3, False),
+                                                   (3, 5, True), (2, 5, False), (2, 4, False), (3, 4, True)])
+def test_is_quorum(n, members, expected):
+    """isQuorum(n) is n >= members // 2 + 1."""
+    assert is_quorum(n, members) is expected
+
+
+@pytest.mark.parametrize("curr, known, expected", [(3, 3, 4), (3, 1, 4), (3, 7, 7)])
+def test_next_term(curr, known, expected):
+    """nextTerm jumps to the largest known term if larger, else adds one."""
+    assert next_term(curr, known) == expected

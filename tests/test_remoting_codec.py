@@ -1,0 +1,261 @@
+"""The frame codec's validation rules and the binary PUSH body."""
+
+import json
+import struct
+
+import pytest
+
+from dledger import messages
+from dledger.codes import PushType, RequestCode, ResponseCode
+from dledger.entry import HEADER_SIZE, Entry, body_crc
+from dledger.transport import remoting
+from dledger.transport.remoting import (
+    BinaryBodyError,
+    BodyError,
+    FrameLengthError,
+    FrameSplitter,
+    FrameTooLargeError,
+    Header,
+    HeaderError,
+    UnknownRequestCodeError,
+    UnsupportedSerializeTypeError,
+)
+
+GOOD_HEADER = b'{"code":51002,"flag":0,"language":"JAVA","opaque":7,"serializeTypeCurrentRPC":"JSON","version":0}'
+
+
+def frame(header: bytes, body: bytes = b"{}", serialize_type: int = 0, total_delta: int = 0) -> bytes:
+    """A frame assembled by hand, so that tests do not rely on the encoder under test."""
+    word = (serialize_type << 24) | len(header)
+    return struct.pack(">iI", 4 + len(header) + len(body) + total_delta, word) + header + body
+
+
+def entries(n: int, size: int = 1024, start: int = 0, term: int = 3) -> list[Entry]:
+    out, pos = [], 0
+    for i in range(n):
+        body = bytes([(start + i) % 251]) * size
+        out.append(Entry(body, start + i, term, pos).sealed())
+        pos += HEADER_SIZE + size
+    return out
+
+
+def push(batch: list[Entry], **kw) -> messages.PushEntryRequest:
+    return messages.PushEntryRequest(group="g0", remote_id="n1", local_id="n0", leader_id="n0", term=3,
+                                     commit_index=5, type=PushType.APPEND, batch_entry=batch,
+                                     total_size=sum(e.size for e in batch), **kw)
+
+
+# -- framing -------------------------------------------------------------------------
+
+def test_several_frames_in_one_chunk_and_one_frame_in_many():
+    """The splitter yields every complete frame of a chunk and waits for the rest of a partial one."""
+    a, b = frame(GOOD_HEADER, b'{"term":1}'), frame(GOOD_HEADER, b'{"term":2}')
+    splitter = FrameSplitter()
+    got = list(splitter.feed(a + b[:5]))
+    assert [f.body for f in got] == [b'{"term":1}']
+    assert splitter.buffered == 5
+    got = [f for byte in b[5:] for f in splitter.feed(bytes([byte]))]
+    assert [f.body for f in got] == [b'{"term":2}'] and splitter.buffered == 0
+
+
+def test_frame_over_the_size_limit_is_refused_from_its_length_field():
+    """A frame announcing more than max_frame_size is refused before its bytes are buffered."""
+    splitter = FrameSplitter(max_frame_size=1000)
+    with pytest.raises(FrameTooLargeError, match="exceeds the limit of 1000 bytes"):
+        list(splitter.feed(struct.pack(">i", 997)))
+    with pytest.raises(FrameTooLargeError):  # the stream stays refused
+        list(splitter.feed(b"more"))
+
+
+def test_frame_exactly_at_the_size_limit_is_accepted():
+    """max_frame_size counts the whole frame, length field included."""
+    data = frame(GOOD_HEADER)
+    assert len(list(FrameSplitter(max_frame_size=len(data)).feed(data))) == 1
+
+
+@pytest.mark.parametrize("total", [-1, 0, 3, -(2 ** 31)])
+def test_impossible_total_length_is_a_length_error(total):
+    """A length field below 4 (negative included) cannot be a frame."""
+    with pytest.raises(FrameLengthError, match="below the minimum 4"):
+        list(FrameSplitter().feed(struct.pack(">i", total) + b"\0" * 8))
+
+
+def test_header_longer_than_frame_is_a_length_error():
+    """headerLen must fit in totalLen - 4."""
+    data = struct.pack(">iI", 10, 7)
+    with pytest.raises(FrameLengthError, match="header length 7 exceeds the 6 bytes"):
+        list(FrameSplitter().feed(data))
+
+
+def test_rocketmq_serialize_type_is_refused_clearly():
+    """serializeType 1 (ROCKETMQ binary header) raises its own error, naming the type."""
+    with pytest.raises(UnsupportedSerializeTypeError, match="serializeType 1 .*ROCKETMQ"):
+        list(FrameSplitter().feed(frame(GOOD_HEADER, serialize_type=1)))
+
+
+def test_header_error_consumes_the_frame_and_keeps_the_stream_in_sync():
+    """After a frame with an unreadable header, the next frame still decodes."""
+    splitter = FrameSplitter()
+    it = splitter.feed(frame(b"not json") + frame(GOOD_HEADER))
+    with pytest.raises(HeaderError):
+        next(it)
+    assert [f.header.opaque for f in splitter.feed(b"")] == [7]
+
+
+@pytest.mark.parametrize("raw,message", [
+    (b"\xff\xfe{}", "invalid UTF-8"),
+    (b"{", "invalid JSON"),
+    (b"[1,2]", "expected a JSON object"),
+    (b'{"code":1,"flag":0,"opaque":NaN}', "unacceptable JSON"),
+    (b'{"flag":0,"opaque":1}', "missing key 'code'"),
+    (b'{"code":51002,"flag":0}', "missing key 'opaque'"),
+    (b'{"code":51002,"opaque":1}', "missing key 'flag'"),
+    (b'{"code":"51002","flag":0,"opaque":1}', "'code' must be an integer"),
+    (b'{"code":51002,"flag":true,"opaque":1}', "'flag' must be an integer"),
+    (b'{"code":51002,"flag":0,"opaque":4294967296}', "does not fit a Java int"),
+    (b'{"code":51002,"flag":0,"opaque":1,"language":5}', "'language' must be a string"),
+    (b'{"code":51002,"flag":0,"opaque":1,"extFields":{"a":1}}', "'extFields' must be an object of strings"),
+    (b"[" * 100000 + b"]" * 100000, "unacceptable JSON|expected a JSON object"),
+])
+def test_bad_headers_raise_header_error(raw, message):
+    """Invalid UTF-8/JSON and missing or mistyped header keys raise HeaderError with a clear message."""
+    with pytest.raises(HeaderError, match=message):
+        list(FrameSplitter().feed(frame(raw)))
+
+
+def test_header_keeps_remark_and_ext_fields_in_java_key_order():
+    """remark and extFields are written only when set, in sorted-key position."""
+    header = Header(51004, 5, ext_fields={"dledger.body": "bin"}, remark="r")
+    text = header.to_json()
+    assert list(json.loads(text)) == sorted(json.loads(text))
+    assert Header.from_json(text) == header
+
+
+# -- messages ---------------------------------------------------------------------------
+
+def test_unknown_request_code_is_reported_with_the_header():
+    """A request code with no message class raises UnknownRequestCodeError that carries the header (to reply)."""
+    f = remoting.decode_frame(frame(b'{"code":12345,"flag":0,"opaque":9}'))
+    with pytest.raises(UnknownRequestCodeError) as info:
+        remoting.decode_request(f)
+    assert info.value.header.opaque == 9
+
+
+@pytest.mark.parametrize("body,message", [
+    (b"\xc3\x28", "invalid UTF-8"),
+    (b'{"term":', "invalid JSON"),
+    (b'"just a string"', "expected a JSON object"),
+    (b'{"term":"one"}', "term"),
+    (b'{"group":["g0"]}', "group"),
+])
+def test_bad_bodies_raise_body_error_with_the_header(body, message):
+    """A body that is not the message raises BodyError carrying the header, so a reply is possible."""
+    f = remoting.decode_frame(frame(GOOD_HEADER, body))
+    with pytest.raises(BodyError, match=message) as info:
+        remoting.decode_request(f)
+    assert info.value.header.opaque == 7
+
+
+def test_reply_with_remoting_error_code_is_not_decoded_as_a_message():
+    """A reply whose header code is not 200 (Java remoting SYSTEM_ERROR etc.) is a BodyError, not a message."""
+    f = remoting.decode_frame(frame(b'{"code":1,"flag":1,"opaque":3,"remark":"boom"}', b""))
+    with pytest.raises(BodyError, match="remoting error 1: boom"):
+        remoting.decode_response(f, messages.HeartBeatResponse)
+
+
+def test_error_body_uses_the_response_class_defaults():
+    """An error reply to an undecodable request is that request's response type with only the code set."""
+    push_header = Header(int(RequestCode.PUSH), 1)
+    body = json.loads(remoting.error_body(push_header, ResponseCode.UNEXPECTED_ARGUMENT))
+    assert body["code"] == 411 and body["beginIndex"] == -1
+    assert json.loads(remoting.error_body(Header(99, 1), ResponseCode.UNSUPPORTED)) == {"code": 303, "term": -1}
+
+
+# -- binary PUSH --------------------------------------------------------------------------
+
+def test_binary_push_round_trip_256_entries():
+    """A 256 x 1 KiB batch survives the binary body unchanged, entries and every other field."""
+    request = push(entries(256))
+    data = remoting.encode_request(request, 42, binary=True)
+    decoded = remoting.decode_request(remoting.decode_frame(data))
+    assert decoded == request
+    assert decoded.batch and decoded.count == 256
+    json_size = len(remoting.encode_request(request, 42))
+    assert len(data) < 0.8 * json_size  # no Base64 inflation
+
+
+@pytest.mark.parametrize("kind", ["commit", "single", "compare", "batch-of-one"])
+def test_binary_push_keeps_entry_versus_batch_entry(kind):
+    """COMMIT (no entries), a single ``entry`` and a one-entry batch keep their exact shape."""
+    one = entries(1)[0]
+    request = {
+        "commit": messages.PushEntryRequest(group="g0", type=PushType.COMMIT, commit_index=4),
+        "single": messages.PushEntryRequest(group="g0", type=PushType.APPEND, entry=one),
+        "compare": messages.PushEntryRequest(group="g0", type=PushType.COMPARE, entry=one),
+        "batch-of-one": push([one]),
+    }[kind]
+    decoded = remoting.decode_push_binary(remoting.encode_push_binary(request))
+    assert decoded == request
+    assert messages.to_wire(decoded) == messages.to_wire(request)
+
+
+def test_binary_push_accepts_java_entries_with_zero_crc():
+    """Entries written by Java carry bodyCrc 0; the section CRC still guards them in transit."""
+    e = Entry(b"golden-00", 0, 1, 0)
+    assert remoting.decode_push_binary(remoting.encode_push_binary(push([e]))).batch_entry == [e]
+
+
+def test_corrupted_entry_in_transit_is_detected():
+    """Flipping any byte of the entries section (body or header) is caught by the crc32c check."""
+    data = bytearray(remoting.encode_push_binary(push(entries(3, size=10))))
+    start = len(data) - 3 * (HEADER_SIZE + 10)
+    for offset in (start + 8, start + HEADER_SIZE + 2, len(data) - 1):
+        bad = bytearray(data)
+        bad[offset] ^= 0x01
+        with pytest.raises(BinaryBodyError, match="crc32c"):
+            remoting.decode_push_binary(bytes(bad))
+
+
+def test_entry_with_wrong_body_crc_is_detected_even_with_a_valid_section_crc():
+    """An entry whose own bodyCrc does not match its body is refused (a sender bug, not only transit)."""
+    e = entries(1)[0]
+    e.body_crc = body_crc(b"something else")
+    with pytest.raises(BinaryBodyError, match="entry #0: body crc32c mismatch"):
+        remoting.decode_push_binary(remoting.encode_push_binary(push([e])))
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda b: b[:5], "shorter than its"),
+    (lambda b: b"\x02" + b[1:], "version 2"),
+    (lambda b: b[:1] + b"\x80" + b[2:], "unknown flags"),
+    (lambda b: b[:2] + struct.pack(">I", 10 ** 6) + b[6:], "runs past"),
+    (lambda b: b[:6] + struct.pack(">I", 10 ** 6) + b[10:], "announces 1000000 entries"),
+    (lambda b: b + b"x", "crc32c"),
+])
+def test_malformed_binary_bodies_are_refused(mutate, message):
+    """Truncation, unknown versions/flags and impossible lengths raise BinaryBodyError."""
+    good = remoting.encode_push_binary(push(entries(2, size=8)))
+    with pytest.raises(BinaryBodyError, match=message):
+        remoting.decode_push_binary(mutate(good))
+
+
+def test_binary_body_only_for_push():
+    """The binary marker on another request code is a BodyError; encoding one is a TypeError."""
+    with pytest.raises(TypeError):
+        remoting.encode_request(messages.HeartBeatRequest(group="g0"), 1, binary=True)
+    f = remoting.decode_frame(frame(b'{"code":51002,"extFields":{"dledger.body":"bin"},"flag":0,"opaque":1}'))
+    with pytest.raises(BodyError, match="only defined for PUSH"):
+        remoting.decode_request(f)
+    f = remoting.decode_frame(frame(b'{"code":51004,"extFields":{"dledger.body":"zstd"},"flag":0,"opaque":1}'))
+    with pytest.raises(BodyError, match="'zstd' is not supported"):
+        remoting.decode_request(f)
+
+
+def test_java_peer_sees_a_marked_binary_body():
+    """The binary form is flagged in the header's extFields, so it can never pass for a JSON body."""
+    data = remoting.encode_request(push(entries(1)), 3, binary=True)
+    _, header_len = struct.unpack_from(">iI", data)
+    header = json.loads(data[8:8 + header_len])
+    assert header["extFields"] == {"dledger.body": "bin"} and header["code"] == 51004
+    with pytest.raises(ValueError):
+        json.loads(data[8 + header_len:])
