@@ -585,3 +585,23 @@ def test_data_file_gap_is_refused(original, copy):
         open_store(member_dir)
     assert sorted(p.name for p in (member_dir / "data").iterdir()) == before
     assert os.path.exists(member_dir / "checkpoint")
+
+
+def test_recovery_logs_one_line_with_what_it_cut(original, copy):
+    """Start-up logs one warning naming the cut position, the entries kept and what was zeroed or removed."""
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    member_dir = copy()
+    damage_cut(member_dir, original, original.entries[200].pos + 60, "truncate")
+    events = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        store = open_store(member_dir)
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    mine = [e for e in events if "mmap store" in formatEvent(e)]
+    assert len(mine) == 1 and mine[0]["log_level"].name == "warn"
+    text = formatEvent(mine[0])
+    assert "entries [0, 199]" in text and f"CUT at {original.entries[200].pos}" in text
+    assert "removed" in text and "data files" in text
+    fired(store.shutdown())
