@@ -18,6 +18,8 @@ from dledger.errors import ConfigError, DLedgerError, StoreError
 COMMAND_MODULES = [
     "dledger.commands.demo",
     "dledger.commands.info",
+    "dledger.commands.store",
+    "dledger.commands.bench",
 ]
 
 
