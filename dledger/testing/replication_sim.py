@@ -17,9 +17,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
-from dledger.testing.checker import CommittedLog, History, lost_appends, linearizability_violations
+from dledger.testing.checker import CommittedLog, History, linearizability_violations, lost_appends
 from dledger.testing.election_sim import ElectionChecker, checked_cluster
 from dledger.transport.inprocess import FaultSettings
 
