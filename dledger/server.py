@@ -17,6 +17,7 @@ from zope.interface import implementer
 from dledger import plugins
 from dledger.codes import ResponseCode, Role
 from dledger.commit_feed import CommitFeed
+from dledger.diskio import INLINE
 from dledger.election.elector import LeaderElector
 from dledger.election.state import MemberState
 from dledger.entry import Entry
@@ -82,8 +83,14 @@ class DLedgerServer:
     # -- construction ------------------------------------------------------------------
     @classmethod
     def build(cls, config, *, clock=None, transport=None, store=None, term_store=None,
-              rng: random.Random | None = None, plugin_manager=None, **transport_kwargs) -> DLedgerServer:
-        """A server from ``config``: store and transport come from the plugins named in the config unless given."""
+              rng: random.Random | None = None, plugin_manager=None, blocking_io=None,
+              **transport_kwargs) -> DLedgerServer:
+        """A server from ``config``: store and transport come from the plugins named in the config unless given.
+
+        ``blocking_io`` (a :class:`dledger.diskio.BlockingIO`) says where the
+        store's fsyncs run: inline by default (tests, tools), on the reactor's
+        thread pool for a running member (``BlockingIO(reactor, threaded=True)``).
+        """
         if clock is None:
             from twisted.internet import reactor as clock
         store_type = None
@@ -93,7 +100,7 @@ class DLedgerServer:
             term_store = store_type.make_term_store(config)
         state = MemberState(config.self_id, list(config.members), term_store, config.group)
         if store is None:
-            store = store_type.make_log_store(config, state)
+            store = store_type.make_log_store(config, state, clock=clock, blocking_io=blocking_io or INLINE)
         elif callable(store) and not hasattr(store, "append_as_leader"):
             store = store(config, state)
         if transport is None:
