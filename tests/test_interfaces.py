@@ -4,7 +4,12 @@ from zope.interface.verify import verifyObject
 
 from dledger.election.state import MemberState
 from dledger.interfaces import (
-    ILogStore, IMemberState, IRequestHandler, IRetainingLogStore, ITermVoteStore, ITransport,
+    ILogStore,
+    IMemberState,
+    IRequestHandler,
+    IRetainingLogStore,
+    ITermVoteStore,
+    ITransport,
 )
 from dledger.store.lmdbstore import LmdbLogStore
 from dledger.store.memory import MemoryLogStore, MemoryTermVoteStore
