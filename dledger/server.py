@@ -185,7 +185,7 @@ class DLedgerServer:
         self.pending.resolve_upto(self.store.committed_index)
         self.commit_feed.advanced()
         if self.replicator is not None:
-            self.replicator.entries_appended(self.store.ledger_end_index)
+            self.replicator.schedule_pump()
 
     # -- request dispatch ------------------------------------------------------------------
     def handle_request(self, request):

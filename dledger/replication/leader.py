@@ -277,6 +277,10 @@ class LeaderReplicator:
     def entries_appended(self, last_index: int) -> None:
         """New entries are in the leader's store: make them durable and push them (batched per reactor turn)."""
         self.server.flusher.wait(last_index).addCallbacks(self._self_durable, lambda f: None)
+        self.schedule_pump()
+
+    def schedule_pump(self) -> None:
+        """Let every dispatcher send what it can, once per reactor turn (so appends of one turn share a push)."""
         if self._pump_scheduled is None and not self.stopped:
             self._pump_scheduled = self.clock.callLater(0, self._pump_all)
 
