@@ -8,7 +8,9 @@ manager for the common case.
 
 from __future__ import annotations
 
+import inspect
 import random
+from typing import Any
 
 from twisted.internet.defer import Deferred, inlineCallbacks, maybeDeferred
 from twisted.logger import Logger
@@ -39,6 +41,7 @@ from dledger.replication.durability import Flusher
 from dledger.replication.follower import EntryHandler
 from dledger.replication.leader import LeaderReplicator
 from dledger.replication.pending import PendingAppends
+from dledger.stats import ServerStats
 
 log = Logger()
 
@@ -66,6 +69,8 @@ class DLedgerServer:
                                           on_commit=self.committed_advanced)
         self.commit_feed = CommitFeed(store, clock, self.self_id)
         self.replicator: LeaderReplicator | None = None
+        #: Monitoring counters; None (nothing recorded) until :meth:`enable_stats`.
+        self.stats: ServerStats | None = None
         self._transfer: Deferred | None = None
         self._preferred_timer = None
         self.elector.observers.append(self._role_changed)
@@ -82,8 +87,15 @@ class DLedgerServer:
     # -- construction ------------------------------------------------------------------
     @classmethod
     def build(cls, config, *, clock=None, transport=None, store=None, term_store=None,
-              rng: random.Random | None = None, plugin_manager=None, **transport_kwargs) -> DLedgerServer:
-        """A server from ``config``: store and transport come from the plugins named in the config unless given."""
+              rng: random.Random | None = None, plugin_manager=None, store_options: dict[str, Any] | None = None,
+              **transport_kwargs) -> DLedgerServer:
+        """A server from ``config``: store and transport come from the plugins named in the config unless given.
+
+        ``store_options`` (e.g. ``clock``, ``blocking_io``) are passed to the store type's
+        ``make_log_store`` as keyword arguments, each only if that factory accepts it, so a
+        running member can hand a threaded :class:`~dledger.diskio.BlockingIO` to a durable store
+        while stores that have no use for it (memory) are built as before.
+        """
         if clock is None:
             from twisted.internet import reactor as clock
         store_type = None
@@ -93,7 +105,8 @@ class DLedgerServer:
             term_store = store_type.make_term_store(config)
         state = MemberState(config.self_id, list(config.members), term_store, config.group)
         if store is None:
-            store = store_type.make_log_store(config, state)
+            store = store_type.make_log_store(config, state,
+                                              **_accepted_kwargs(store_type.make_log_store, store_options or {}))
         elif callable(store) and not hasattr(store, "append_as_leader"):
             store = store(config, state)
         if transport is None:
@@ -102,6 +115,13 @@ class DLedgerServer:
         return cls(config, state, store, transport, clock, rng=rng, plugin_manager=plugin_manager)
 
     # -- extension points --------------------------------------------------------------
+    def enable_stats(self) -> ServerStats:
+        """Start counting appends, reads and replication round trips (for :mod:`dledger.metrics`)."""
+        if self.stats is None:
+            self.stats = ServerStats(self.clock)
+            self.elector.observers.append(self.stats.role_changed)
+        return self.stats
+
     def add_role_change_handler(self, handler) -> None:
         """Register an ``IRoleChangeHandler`` (called with every role change, in order)."""
         self.elector.notifier.add(handler)
@@ -221,6 +241,7 @@ class DLedgerServer:
                                    f"body of {len(body)} bytes exceeds maxEntrySize {self.config.max_entry_size}",
                                    leader_id=st.leader_id)
         term = st.curr_term
+        started = self.clock.seconds() if self.stats is not None else 0.0
         last = None
         try:
             for body in bodies:
@@ -233,6 +254,8 @@ class DLedgerServer:
         response = AppendEntryResponse(group=self.config.group, term=term, index=last.index, pos=last.pos,
                                        leader_id=self.self_id)
         d = self.pending.add(last.index, response)
+        if self.stats is not None:
+            self.stats.append_accepted(d, len(bodies), sum(map(len, bodies)), started)
         self.replicator.entries_appended(last.index)
         return d
 
@@ -249,12 +272,15 @@ class DLedgerServer:
         if begin > committed:
             raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, f"index {begin} > committed index {committed}",
                                leader_id=self.self_id)
+        started = self.clock.seconds() if self.stats is not None else 0.0
         want = max(1, request.max_size)
         out: list[Entry] = []
         while begin <= committed and not out:
             entries = store.get_range(begin, min(want, committed - begin + 1), GET_MAX_BYTES)
             out = [e for e in entries if not e.is_noop]
             begin = entries[-1].index + 1
+        if self.stats is not None:
+            self.stats.read_done(started)
         return GetEntriesResponse(group=self.config.group, entries=out)
 
     def handle_metadata(self, request: MetadataRequest) -> MetadataResponse:
@@ -366,3 +392,18 @@ class DLedgerServer:
         LeadershipTransferRequest: handle_leadership_transfer,
     }
 
+
+
+def _accepted_kwargs(factory, options: dict[str, Any]) -> dict[str, Any]:
+    """The subset of ``options`` that ``factory`` takes as keyword arguments (all of them with ``**kwargs``)."""
+    if not options:
+        return {}
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return dict(options)
+    named = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = {p.name for p in params if p.kind in named}
+    return {k: v for k, v in options.items() if k in names}

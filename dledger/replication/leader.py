@@ -126,8 +126,12 @@ class EntryDispatcher:
                 first = last = entry.index
             self.in_flight[first] = last
             self.write_index = last + 1
-            self._send(req, lambda resp, f=first, la=last: self._on_append(resp, f, la),
-                       lambda exc: self._retry_later(f"APPEND failed: {exc}"))
+            on_reply = lambda resp, f=first, la=last: self._on_append(resp, f, la)
+            if lead.server.stats is not None:
+                entries = batch if lead.batch_push else [entry]
+                on_reply = lead.server.stats.timed_push(self.peer, len(entries), sum(e.size for e in entries),
+                                                        on_reply)
+            self._send(req, on_reply, lambda exc: self._retry_later(f"APPEND failed: {exc}"))
         if not self.in_flight and not self.outstanding and store.committed_index > self.told_commit:
             self.send_commit()
 
