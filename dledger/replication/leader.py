@@ -231,6 +231,8 @@ class LeaderReplicator:
         self.dispatchers = {peer: EntryDispatcher(self, peer) for peer in server.state.peers}
         self.term_start_index = -1
         self.self_durable = server.store.flushed_index
+        self._durable_wanted = -1  # highest index whose durability was asked for
+        self._durable_waiting = False
         self._waiters: list[tuple[str, int, Deferred]] = []
         self._pump_scheduled = None
         self._commit_timer = None
@@ -268,10 +270,21 @@ class LeaderReplicator:
 
     # -- appends --------------------------------------------------------------------------
     def entries_appended(self, last_index: int) -> None:
-        """New entries are in the leader's store: make them durable and push them (batched per reactor turn)."""
-        self.server.flusher.wait(last_index).addCallbacks(self._self_durable, lambda f: None)
+        """New entries are in the leader's store: make them durable and push them (batched per reactor turn).
+
+        One durability wait at a time: when it fires, a new one covers whatever was appended meanwhile,
+        so a burst of appends costs one Deferred per flush round, not one per append.
+        """
+        if last_index > self._durable_wanted:
+            self._durable_wanted = last_index
+            if not self._durable_waiting:
+                self._wait_durable()
         if self._pump_scheduled is None and not self.stopped:
             self._pump_scheduled = self.clock.callLater(0, self._pump_all)
+
+    def _wait_durable(self) -> None:
+        self._durable_waiting = True
+        self.server.flusher.wait(self._durable_wanted).addCallbacks(self._self_durable, self._durable_failed)
 
     def _pump_all(self) -> None:
         self._pump_scheduled = None
@@ -279,9 +292,18 @@ class LeaderReplicator:
             d.pump()
 
     def _self_durable(self, _index) -> None:
-        if not self.stopped:
-            self.self_durable = max(self.self_durable, self.store.flushed_index)
-            self.check_commit()
+        self._durable_waiting = False
+        if self.stopped:
+            return
+        self.self_durable = max(self.self_durable, self.store.flushed_index)
+        if self.server.flusher.sync and self._durable_wanted > self.store.flushed_index:
+            self._wait_durable()
+        self.check_commit()
+
+    def _durable_failed(self, _failure) -> None:
+        # The flusher logged it; ask again with the next append (or commit-index move).
+        self._durable_waiting = False
+        self._durable_wanted = self.store.flushed_index
 
     def _periodic_commit(self) -> None:
         self._commit_timer = None
