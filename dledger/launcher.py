@@ -241,12 +241,19 @@ class LocalGroup:
         return await self.wait_for(lambda: self.metadata(client, mid), timeout, f"{mid} to serve")
 
     def rss_bytes(self, mid: str) -> int:
-        """Resident set size of member ``mid`` (from /proc), 0 if unknown."""
+        """Resident set size of member ``mid`` now (from /proc), 0 if unknown."""
+        return self._proc_status(mid, "VmRSS:")
+
+    def peak_rss_bytes(self, mid: str) -> int:
+        """Peak resident set size of member ``mid`` since it started (VmHWM), 0 if unknown."""
+        return self._proc_status(mid, "VmHWM:")
+
+    def _proc_status(self, mid: str, key: str) -> int:
         pid = self.members[mid].pid
         try:
             with open(f"/proc/{pid}/status", encoding="ascii") as fh:
                 for line in fh:
-                    if line.startswith("VmRSS:"):
+                    if line.startswith(key):
                         return int(line.split()[1]) * 1024
         except (OSError, ValueError, TypeError):
             pass

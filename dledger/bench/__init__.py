@@ -1,0 +1,1 @@
+"""Benchmarks run by ``dledger bench``: one module per subject (``store``, ``cluster``)."""
