@@ -243,9 +243,11 @@ class DLedgerServer:
         term = st.curr_term
         started = self.clock.seconds() if self.stats is not None else 0.0
         last = None
+        store, remember = self.store, self.replicator.recent.add
         try:
             for body in bodies:
-                last = self.store.append_as_leader(Entry(body=body, term=term))
+                last = store.append_as_leader(Entry(body=body, term=term))
+                remember(last)
         except DLedgerError as exc:
             exc.leader_id = st.leader_id
             if last is not None:

@@ -72,3 +72,40 @@ def test_to_wire_and_from_wire_round_trip_batches():
     wire = to_wire(req)
     assert "body" not in wire and wire["batchMsgs"][1] == ""
     assert from_wire(AppendEntryRequest, wire) == req
+
+
+def test_recent_entries_serve_ranges_like_the_store():
+    """The leader's recent-entries cache answers get_range exactly as the store does, for the entries it holds."""
+    from dledger.codes import Role
+    from dledger.entry import Entry
+    from dledger.replication.leader import RecentEntries
+    from dledger.store.memory import MemoryLogStore
+    from dledger.testing.store_contract import FakeMemberState
+
+    store = MemoryLogStore(FakeMemberState(role=Role.LEADER, curr_term=1, leader_id="n0"), data_file_size=4096)
+    recent = RecentEntries(max_bytes=3000)
+    rng = random.Random(4)
+    for _ in range(200):
+        recent.add(store.append_as_leader(Entry(body=bytes(rng.randrange(0, 300)), term=1)))
+    assert recent.first > 0  # older entries were evicted to stay within max_bytes
+    for begin in range(store.ledger_end_index + 1):
+        for count, limit in ((1, 10), (5, 10_000), (50, 1000), (1000, 1 << 20)):
+            got = recent.get_range(begin, count, limit)
+            if begin < recent.first:
+                assert got is None
+            else:
+                assert got == store.get_range(begin, count, limit)
+    assert recent.get_range(store.ledger_end_index + 1, 1, 100) is None
+
+
+def test_recent_entries_start_over_after_a_gap():
+    """An entry that does not follow the last one held (a new leadership) replaces what was held."""
+    from dledger.entry import Entry
+    from dledger.replication.leader import RecentEntries
+
+    recent = RecentEntries()
+    for i in range(5):
+        recent.add(Entry(body=b"x", index=i, term=1))
+    recent.add(Entry(body=b"y", index=9, term=2))
+    assert recent.first == 9 and recent.get_range(3, 10, 1 << 20) is None
+    assert [e.index for e in recent.get_range(9, 10, 1 << 20)] == [9]

@@ -23,6 +23,56 @@ from dledger.replication.rules import Step, after_compare, first_compare_index, 
 log = Logger()
 
 
+class RecentEntries:
+    """The entries this leader appended lately, as the store returned them, so pushes need not read them back.
+
+    Reading an entry back from a file store means decoding (and checking) it again; a follower that keeps
+    up only ever asks for the newest entries, which are here.  Bounded by ``max_bytes``; anything older,
+    or any gap, is read from the store as before.
+    """
+
+    def __init__(self, max_bytes: int = 16 << 20):
+        self.max_bytes = max_bytes
+        self._entries: list[Entry] = []
+        self._start = 0  # self._entries[self._start] has index self.first
+        self.first = -1
+        self._bytes = 0
+
+    def add(self, entry: Entry) -> None:
+        entries = self._entries
+        if len(entries) == self._start or entry.index != self.first + len(entries) - self._start:
+            entries.clear()
+            self._start, self.first, self._bytes = 0, entry.index, 0
+        entries.append(entry)
+        self._bytes += entry.size
+        while self._bytes > self.max_bytes and len(entries) - self._start > 1:
+            self._bytes -= entries[self._start].size
+            self._start += 1
+            self.first += 1
+        if self._start > 4096 and self._start * 2 > len(entries):
+            del entries[:self._start]
+            self._start = 0
+
+    def get_range(self, begin: int, max_count: int, max_bytes: int) -> list[Entry] | None:
+        """Like ``ILogStore.get_range`` for entries held here; None if ``begin`` is not held."""
+        offset = begin - self.first
+        held = len(self._entries) - self._start
+        if offset < 0 or offset >= held or self.first < 0:
+            return None
+        i = self._start + offset
+        entries = self._entries
+        out = [entries[i]]
+        total = out[0].size
+        stop = min(len(entries), i + max_count)
+        for j in range(i + 1, stop):
+            e = entries[j]
+            total += e.size
+            if total > max_bytes:
+                break
+            out.append(e)
+        return out
+
+
 class EntryDispatcher:
     """Brings one follower's log in line with the leader's: COMPARE -> TRUNCATE -> APPEND."""
 
@@ -117,7 +167,8 @@ class EntryDispatcher:
                 self.pump()
                 return
             if lead.batch_push:
-                batch = store.get_range(self.write_index, lead.max_batch_entries, lead.max_batch_bytes)
+                batch = lead.recent.get_range(self.write_index, lead.max_batch_entries, lead.max_batch_bytes) \
+                    or store.get_range(self.write_index, lead.max_batch_entries, lead.max_batch_bytes)
                 req = self._push(PushType.APPEND, batch=batch)
                 first, last = batch[0].index, batch[-1].index
             else:
@@ -231,6 +282,7 @@ class LeaderReplicator:
         self.dispatchers = {peer: EntryDispatcher(self, peer) for peer in server.state.peers}
         self.term_start_index = -1
         self.self_durable = server.store.flushed_index
+        self.recent = RecentEntries()
         self._durable_wanted = -1  # highest index whose durability was asked for
         self._durable_waiting = False
         self._waiters: list[tuple[str, int, Deferred]] = []
@@ -243,6 +295,7 @@ class LeaderReplicator:
         if self.server.config.enable_fast_advance_commit_index:
             try:
                 noop = store.append_as_leader(Entry(body=b"", term=self.term, magic=EntryType.NOOP))
+                self.recent.add(noop)
                 self.term_start_index = noop.index
                 self.entries_appended(noop.index)
             except DLedgerError as exc:
