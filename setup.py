@@ -31,6 +31,8 @@ setup(
         # Built-ins register through the same group a third-party plugin uses.
         "dledger": [
             "memory = dledger.store.memory",
+            "mmap = dledger.store.mmapfile",
+            "lmdb = dledger.store.lmdbstore",
             "inprocess = dledger.transport.inprocess",
             "tcp = dledger.transport.tcp",
         ],

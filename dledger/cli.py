@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "dledger.commands.demo",
     "dledger.commands.client",
     "dledger.commands.info",
+    "dledger.commands.store",
     "dledger.commands.bench",
 ]
 

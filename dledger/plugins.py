@@ -25,6 +25,8 @@ DISABLE_AUTOLOAD_ENV = "DLEDGER_DISABLE_PLUGIN_AUTOLOAD"
 #: entry-point name -> module, for every plugin shipped with dledger.
 BUILTIN_PLUGINS: dict[str, str] = {
     "memory": "dledger.store.memory",
+    "mmap": "dledger.store.mmapfile",
+    "lmdb": "dledger.store.lmdbstore",
     "inprocess": "dledger.transport.inprocess",
     "tcp": "dledger.transport.tcp",
 }

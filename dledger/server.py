@@ -261,21 +261,44 @@ class DLedgerServer:
         self.replicator.entries_appended(last.index)
         return d
 
-    def handle_get(self, request: GetEntriesRequest) -> GetEntriesResponse:
-        """Committed entries from ``beginIndex``: at most ``maxSize`` of them (0 means 1), NOOPs left out."""
-        if self.state.role is not Role.LEADER:
+    def handle_get(self, request: GetEntriesRequest):
+        """Committed entries from ``beginIndex``: at most ``maxSize`` of them (0 means 1), NOOPs left out.
+
+        Entries at or below the committed index never change, so they are
+        served at once.  Before saying an index is *not* committed yet the
+        leader confirms it still leads and that its own term's first entry is
+        committed (Raft's ReadIndex), so a deposed leader never answers a
+        stale INDEX_OUT_OF_RANGE.
+        """
+        if self.state.role is not Role.LEADER or self.replicator is None:
             raise self._not_leader()
         store = self.store
         begin = request.begin_index
-        committed = store.committed_index
         if begin < store.ledger_begin_index:
             raise DLedgerError(ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN,
                                f"index {begin} < begin index {store.ledger_begin_index}", leader_id=self.self_id)
-        if begin > committed:
-            raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, f"index {begin} > committed index {committed}",
-                               leader_id=self.self_id)
+        if begin <= store.committed_index:
+            return self._read(begin, max(1, request.max_size))
+        replicator = self.replicator
+        d = self.elector.confirm_leadership()
+
+        def confirmed(ok: bool):
+            if not ok or self.replicator is not replicator:
+                raise self._not_leader()
+            if store.committed_index < replicator.term_start_index:
+                raise DLedgerError(ResponseCode.LEADER_NOT_READY, "this term's first entry is not committed yet",
+                                   leader_id=self.self_id)
+            if begin <= store.committed_index:
+                return self._read(begin, max(1, request.max_size))
+            raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE,
+                               f"index {begin} > committed index {store.committed_index}", leader_id=self.self_id)
+
+        return d.addCallback(confirmed)
+
+    def _read(self, begin: int, want: int) -> GetEntriesResponse:
+        store = self.store
+        committed = store.committed_index
         started = self.clock.seconds() if self.stats is not None else 0.0
-        want = max(1, request.max_size)
         out: list[Entry] = []
         while begin <= committed and not out:
             entries = store.get_range(begin, min(want, committed - begin + 1), GET_MAX_BYTES)

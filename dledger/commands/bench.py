@@ -1,12 +1,69 @@
-"""``dledger bench``: benchmarks, one sub-command per subject (``cluster`` here; ``store`` on the stores branch)."""
+"""``dledger bench``: benchmarks, one sub-command per subject (``store``, ``cluster``)."""
 
 from __future__ import annotations
 
+import json
+
 from dledger.bench import cluster as cluster_bench
+from dledger.bench import store as store_bench
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="run a benchmark", description="Benchmarks; see docs/benchmarks.md.")
     sub = p.add_subparsers(dest="bench_command", metavar="SUBJECT")
+    _register_store(sub)
     cluster_bench.register(sub)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def _register_store(sub) -> None:
+    s = sub.add_parser("store", help="append and flush entries on one store",
+                       description="Append COUNT entries of SIZE bytes as a leader, in batches of BATCH, flushing "
+                                   "each batch (sync) or on the store's timer (async); print entries/s, MB/s, flush "
+                                   "latency and reactor-blocked percentiles and RSS.")
+    s.add_argument("--store", choices=store_bench.STORES, default="mmap")
+    s.add_argument("--size", type=int, default=1024, help="body bytes per entry (default 1024)")
+    s.add_argument("--count", type=int, default=100_000, help="entries (default 100000)")
+    s.add_argument("--batch", type=int, default=256, help="entries per flush (default 256)")
+    s.add_argument("--flush", choices=("sync", "async"), default="sync", help="flush policy (default sync)")
+    s.add_argument("--io", choices=("inline", "thread"), default="inline",
+                   help="run fsync inline or on the reactor thread pool (default inline)")
+    s.add_argument("--pipeline", action="store_true",
+                   help="with --io thread: append the next batch while the previous one is being flushed")
+    s.add_argument("--dir", dest="directory", default=None, help="empty directory for the store (default: temp)")
+    s.add_argument("--keep", action="store_true", help="keep the store files afterwards")
+    s.add_argument("--data-file-size", type=int, default=1 << 30, metavar="BYTES")
+    s.add_argument("--index-file-size", type=int, default=160 << 20, metavar="BYTES")
+    s.add_argument("--json", action="store_true", help="print the result as JSON")
+    s.set_defaults(func=cmd_bench_store)
+
+
+def cmd_bench_store(args) -> int:
+    opts = store_bench.StoreBenchOptions(
+        store=args.store, size=args.size, count=args.count, batch=args.batch, flush=args.flush, io=args.io,
+        pipeline=args.pipeline, directory=args.directory, keep=args.keep, data_file_size=args.data_file_size,
+        index_file_size=args.index_file_size)
+    if opts.io == "thread":
+        result = _run_under_reactor(opts)
+    else:
+        result = store_bench.run_inline(opts)
+    print(json.dumps(result.as_dict(), sort_keys=True) if args.json else store_bench.format_result(result))
+    return 0
+
+
+def _run_under_reactor(opts):
+    from twisted.internet import reactor
+    from twisted.internet.defer import Deferred
+
+    outcome = []
+
+    def start():
+        d = Deferred.fromCoroutine(store_bench.run_threaded(reactor, opts))
+        d.addBoth(outcome.append)
+        d.addBoth(lambda _: reactor.stop())
+
+    reactor.callWhenRunning(start)
+    reactor.run(installSignalHandlers=False)
+    if hasattr(outcome[0], "raiseException"):
+        outcome[0].raiseException()
+    return outcome[0]

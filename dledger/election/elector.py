@@ -386,6 +386,40 @@ class LeaderElector:
             d.callback(LeadershipTransferResponse(code=int(ResponseCode.TAKE_LEADERSHIP_FAILED),
                                                   term=self.state.curr_term))
 
+    def confirm_leadership(self) -> Deferred:
+        """Fires True once a quorum answers a heartbeat of our current term (Raft's ReadIndex check).
+
+        A leader answering "not committed yet" must first make sure no newer
+        leader exists, or a deposed leader would serve stale reads.  Fires
+        False if leadership or the term changes, or no quorum answers within
+        a heartbeat interval.
+        """
+        st = self.state
+        if st.role is not Role.LEADER:
+            return succeed(False)
+        term = st.curr_term
+        tally = HeartbeatTally(term=term, members=len(st.members))
+        d: Deferred = Deferred()
+
+        def settle():
+            if d.called:
+                return
+            if st.role is not Role.LEADER or st.curr_term != term:
+                d.callback(False)
+            elif tally.success >= st.quorum:
+                d.callback(True)
+            elif tally.certain():
+                d.callback(False)
+
+        for peer in st.peers:
+            req = HeartBeatRequest(group=st.group, term=term, leader_id=st.self_id, local_id=st.self_id,
+                                   remote_id=peer)
+            sent = self.transport.send(peer, req, timeout=self.heartbeat)
+            sent.addCallbacks(lambda resp, p=peer: (tally.add(p, resp.response_code, resp.term), settle()),
+                              lambda _f, p=peer: (tally.add(p, None, -1), settle()))
+        settle()
+        return d
+
     def idle(self):
         """Deferred that fires when queued role-change notifications are delivered."""
         return self.notifier.idle() if self.notifier else succeed(None)

@@ -51,8 +51,12 @@ class EntryHandler:
             d.callback(self._response(req, code))
 
     def _reply_when_durable(self, d: Deferred, req: PushEntryRequest, index: int) -> None:
+        def durable(_):
+            self._adopt_commit(req)
+            self._reply(d, req, ResponseCode.SUCCESS)
+
         self.flusher.wait(index).addCallbacks(
-            lambda _: self._reply(d, req, ResponseCode.SUCCESS),
+            durable,
             lambda f: self._reply(d, req, f.value.code if isinstance(f.value, DLedgerError)
                                   else ResponseCode.DISK_ERROR))
 
@@ -72,7 +76,8 @@ class EntryHandler:
         """Adopt ``min(leaderCommit, matched prefix)``: never commit entries not known to match the leader."""
         if not self._current(req) or self._matched_epoch != (req.term, req.leader_id):
             return
-        target = min(req.commit_index, self._matched, self.store.ledger_end_index)
+        durable = self.store.flushed_index if self.flusher.sync else self.store.ledger_end_index
+        target = min(req.commit_index, self._matched, durable)
         before = self.store.committed_index
         if target > before:
             self.store.update_committed_index(req.term, target)
@@ -86,8 +91,7 @@ class EntryHandler:
             if req.type is PushType.APPEND:
                 self._on_append(req, d)
             elif req.type is PushType.COMMIT:
-                self._adopt_commit(req)
-                self._reply(d, req, ResponseCode.SUCCESS)
+                self._on_commit(req, d)
             elif req.type is PushType.COMPARE:
                 self._on_compare(req, d)
             elif req.type is PushType.TRUNCATE:
@@ -109,6 +113,20 @@ class EntryHandler:
         """The term or leader changed: answer everything still waiting."""
         self._clear_waiting("term or leader changed")
         self._matched, self._matched_epoch = -1, (-1, None)
+
+    def _on_commit(self, req: PushEntryRequest, d: Deferred) -> None:
+        """Adopt the leader's commit index; if we hold entries not yet matched in this term, ask for a COMPARE.
+
+        After a restart (or any gap in what we know) our tail may hold entries
+        that were truncated before the crash but never flushed; committing
+        them by position alone could commit the wrong entries.
+        """
+        matched = self._matched if self._matched_epoch == (req.term, req.leader_id) else -1
+        if self._current(req) and matched < self.store.ledger_end_index and req.commit_index > matched:
+            self._reply(d, req, ResponseCode.INCONSISTENT_STATE)
+            return
+        self._adopt_commit(req)
+        self._reply(d, req, ResponseCode.SUCCESS)
 
     def _on_compare(self, req: PushEntryRequest, d: Deferred) -> None:
         if req.entry is None:

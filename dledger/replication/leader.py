@@ -387,7 +387,9 @@ class LeaderReplicator:
             return
         store = self.store
         current = store.committed_index
-        target = new_commit_index(current, self.watermarks(), self.members, self.term_start_index)
+        marks = self.watermarks()
+        # Never claim committed what this member does not hold durably itself (marks[0]).
+        target = min(new_commit_index(current, marks, self.members, self.term_start_index), marks[0])
         if target > current:
             store.update_committed_index(self.term, target)
             if store.committed_index > current:

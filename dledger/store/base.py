@@ -7,8 +7,11 @@ and live here, once.
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Callable
+
 from dledger.codes import ResponseCode, Role
-from dledger.entry import Entry, OversizedEntryError, place_entry
+from dledger.entry import Entry, OversizedEntryError, body_crc, place_entry
 from dledger.errors import DLedgerError
 
 
@@ -81,3 +84,76 @@ def place(write_pos: int, size: int, file_size: int, max_size: int) -> tuple[int
         return place_entry(write_pos, size, file_size)
     except OversizedEntryError as exc:
         raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, str(exc)) from None
+
+
+def check_body_crc(entry: Entry, accept_zero_crc: bool) -> None:
+    """A follower stores the leader's bytes as they are, so it refuses a body whose CRC does not match.
+
+    Storing it would only make recovery cut the log there later.  A zero CRC
+    (Java DLedger 0.3.2 leaders) passes when ``acceptJavaZeroCrc`` is set.
+    """
+    if entry.body_crc == 0 and accept_zero_crc:
+        return
+    actual = body_crc(entry.body)
+    if actual != entry.body_crc:
+        raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                           f"entry {entry.index}: body crc32c is {actual & 0xFFFFFFFF:#010x} but the entry says "
+                           f"{entry.body_crc & 0xFFFFFFFF:#010x} (set acceptJavaZeroCrc for Java leaders)")
+
+
+def check_reserved_fields(entry: Entry) -> None:
+    """``channel`` and ``chainCrc`` are reserved and 0 (SPEC §5); durable stores treat anything else as damage.
+
+    No CRC covers the header, so the only way to notice a flipped bit there
+    is to know what the field must hold.
+    """
+    if entry.channel or entry.chain_crc:
+        raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                           f"entry {entry.index}: reserved fields channel={entry.channel} "
+                           f"chainCrc={entry.chain_crc} must be 0")
+
+
+def check_disk_not_full(full: bool, used_ratio: float, limit: float) -> None:
+    """Appends stop, with DISK_FULL, while the disk is fuller than ``diskFullRatio``; the member keeps running."""
+    if full:
+        raise DLedgerError(ResponseCode.DISK_FULL,
+                           f"disk {used_ratio:.1%} used, over diskFullRatio {limit:.0%}; appends resume once "
+                           f"space is freed")
+
+
+class TruncateAction(enum.Enum):
+    """What ``truncate(entry)`` does to a log (see :func:`plan_truncate`)."""
+
+    DROP_AFTER = "drop_after"  # we hold the same entry: drop everything after it
+    REPLACE = "replace"  # ours differs: drop from entry.index on and store the entry there
+    APPEND = "append"  # entry.index == end + 1
+    RESET = "reset"  # outside [begin, end + 1] (or replacing the first entry): start over at the entry
+
+
+def plan_truncate(entry: Entry, begin: int, end: int, committed: int,
+                  stored_at: Callable[[int], Entry]) -> TruncateAction:
+    """Decide what ``truncate(entry)`` does, refusing (INCONSISTENT_STATE) to drop a committed entry.
+
+    ``stored_at(i)`` returns our entry ``i``; one we cannot read counts as different.
+    """
+    if end >= 0 and begin <= entry.index <= end:
+        try:
+            ours = stored_at(entry.index)
+        except DLedgerError:
+            ours = None
+        if ours == entry:
+            if entry.index < end:
+                check_truncate_keeps_committed(entry.index + 1, committed)
+            return TruncateAction.DROP_AFTER
+        check_truncate_keeps_committed(entry.index, committed)
+        return TruncateAction.REPLACE if entry.index > begin else TruncateAction.RESET
+    if end >= 0 and entry.index == end + 1:
+        return TruncateAction.APPEND
+    return TruncateAction.RESET
+
+
+def committed_after_recovery(saved_committed: int, begin: int, end: int) -> int:
+    """What a reopened store claims committed: the saved value, at least what is below the log, never past its end."""
+    if end < 0:
+        return -1
+    return min(max(saved_committed, begin - 1), end)

@@ -32,7 +32,8 @@ class MemoryLogStore:
         self._write_pos = 0
 
     @classmethod
-    def from_config(cls, config, member_state) -> MemoryLogStore:
+    def from_config(cls, config, member_state, **_ignored) -> MemoryLogStore:
+        """``clock``/``blocking_io`` keywords, which a member passes to every store factory, are not needed here."""
         return cls(member_state, data_file_size=config.mapped_file_size_for_entry_data,
                    max_entry_size=config.max_entry_size)
 

@@ -360,3 +360,58 @@ class LogStoreContract:
         assert again.ledger_end_index == 11
         assert again.get(11) == entries[11]
         fired(again.shutdown())
+
+    def test_flushed_index_never_passes_end_after_truncate(self, store, state):
+        """After a truncate, flushed_index does not claim dropped entries, and a flush covers the new tail."""
+        entries = self._follower_with(store, state, 20)
+        fired(store.flush())
+        store.truncate(entries[7], 1, "n1")
+        assert store.flushed_index <= 7
+        nxt = self._leader_entries(20)[8]
+        store.append_as_follower(nxt, 1, "n1")
+        assert fired(store.flush()) == 8 and store.flushed_index == 8
+
+    def test_reopen_empty(self, open_store, store, state):
+        """A persistent store reopened without any entry is empty and accepts index 0."""
+        if not self.persistent:
+            pytest.skip("store is not persistent")
+        fired(store.shutdown())
+        again = open_store(state)
+        assert (again.ledger_begin_index, again.ledger_end_index, again.committed_index) == (-1, -1, -1)
+        assert self.leader_append(again, state, [b"first"])[0].index == 0
+        fired(again.shutdown())
+
+    def test_reopen_after_replace(self, open_store, store, state):
+        """A replaced entry survives a reopen; the entries after it stay dropped."""
+        if not self.persistent:
+            pytest.skip("store is not persistent")
+        entries = self._follower_with(store, state, 20, term=1)
+        state.follow(3)
+        other = Entry(body=b"new-term", index=12, term=3, pos=entries[12].pos).sealed()
+        store.truncate(other, 3, "n1")
+        fired(store.flush())
+        fired(store.shutdown())
+        again = open_store(state)
+        assert (again.ledger_end_index, again.ledger_end_term) == (12, 3)
+        assert again.get(12) == other and again.get(11) == entries[11]
+        fired(again.shutdown())
+
+    @pytest.mark.parametrize("where", ["beyond_end", "empty"])
+    def test_reopen_after_reset(self, open_store, store, state, where):
+        """A log reset to start at a leader's entry reopens with that begin index, entry and position."""
+        if not self.persistent:
+            pytest.skip("store is not persistent")
+        self._follower_with(store, state, 0 if where == "empty" else 10)
+        entry = Entry(body=b"restart", index=500, term=1, pos=40 * self.data_file_size + 100).sealed()
+        store.truncate(entry, 1, "n1")
+        nxt = Entry(body=b"next", index=501, term=1, pos=entry.pos + entry.size).sealed()
+        store.append_as_follower(nxt, 1, "n1")
+        store.update_committed_index(1, 500)
+        fired(store.flush())
+        fired(store.shutdown())
+        again = open_store(state)
+        assert (again.ledger_begin_index, again.ledger_end_index) == (500, 501)
+        assert again.get(500) == entry and again.get(501) == nxt
+        assert again.committed_index == 500
+        expect_code(ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN, again.get, 499)
+        fired(again.shutdown())

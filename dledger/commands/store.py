@@ -1,0 +1,120 @@
+"""``dledger store verify`` and ``dledger store dump``: look inside a store without changing it.
+
+Both take a member directory (``dledger-<id>``), its ``lmdb/`` directory or
+a ``storeBaseDir`` holding one member, and work out whether it is an mmap
+or an LMDB store.  Files are opened read-only; nothing is repaired.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+
+from dledger.errors import StoreError
+from dledger.store import offline
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("store", help="verify or dump a store on disk (read-only)",
+                              description="Inspect a member's store without modifying it.")
+    sub = p.add_subparsers(dest="store_command", metavar="ACTION")
+
+    v = sub.add_parser("verify", help="check every entry, index record and file; exit 1 on corruption",
+                       description="Walk a whole store (mmap or LMDB) and report entries, begin/end/committed "
+                                   "index, files and the first problem found. Exit status 0 if sound, 1 if "
+                                   "anything is damaged or torn, 2 if the store cannot be read at all.")
+    _common(v)
+    v.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    v.set_defaults(func=cmd_verify)
+
+    d = sub.add_parser("dump", help="print entries",
+                       description="Print entries (verified as they are read), one per line, or as JSON lines "
+                                   "with the body in base64 and as text when it is printable.")
+    _common(d)
+    d.add_argument("--from", dest="start", type=int, default=None, metavar="I", help="first index (default: begin)")
+    d.add_argument("--to", dest="stop", type=int, default=None, metavar="J", help="last index (default: end)")
+    d.add_argument("--json", action="store_true", help="JSON lines")
+    d.set_defaults(func=cmd_dump)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def _common(p) -> None:
+    p.add_argument("dir", help="member dir (dledger-<id>), its lmdb/ dir, or the storeBaseDir holding one member")
+    p.add_argument("--type", choices=offline.KINDS, default=None, help="store type (default: detected)")
+    p.add_argument("--data-file-size", type=int, default=None, metavar="BYTES",
+                   help="mmap data file size (default: the size of the files found)")
+    p.add_argument("--index-file-size", type=int, default=None, metavar="BYTES",
+                   help="mmap index file size (default: the size of the files found)")
+    p.add_argument("--java-compat", action="store_true",
+                   help="accept bodyCrc 0 (stores written by Java DLedger 0.3.2)")
+
+
+def cmd_verify(args) -> int:
+    kind, path = offline.locate(args.dir, args.type)
+    if kind == "lmdb":
+        report = offline.verify_lmdb(path, accept_zero_crc=args.java_compat)
+    else:
+        report = offline.verify_mmap(path, data_file_size=args.data_file_size,
+                                     index_file_size=args.index_file_size, accept_zero_crc=args.java_compat)
+    if args.json:
+        print(json.dumps(report.as_dict(), sort_keys=True))
+        return 0 if report.ok else 1
+    print(f"store:     {report.kind} at {report.path}")
+    if report.end >= 0:
+        print(f"entries:   {report.entries} (begin {report.begin}, end {report.end}, end term {report.end_term})")
+    else:
+        print("entries:   0 (empty)")
+    committed = "unknown" if report.committed is None else f"{report.committed} ({report.committed_source})"
+    print(f"committed: {committed}")
+    for line in report.files:
+        print(f"files:     {line}")
+    for note in report.notes:
+        print(f"note:      {note}")
+    if report.ok:
+        print("status:    OK")
+        return 0
+    at = f" [{report.problem_at}]" if report.problem_at else ""
+    print(f"status:    CORRUPT: {report.problems[0]}{at}")
+    if len(report.problems) > 1:
+        print(f"           (+{len(report.problems) - 1} more problems)")
+    return 1
+
+
+def _text(body: bytes) -> str | None:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return text if all(c.isprintable() or c in "\t\r\n" for c in text) else None
+
+
+def cmd_dump(args) -> int:
+    kind, path = offline.locate(args.dir, args.type)
+    if kind == "lmdb":
+        entries = offline.iter_lmdb(path, args.start, args.stop, accept_zero_crc=args.java_compat)
+    else:
+        entries = offline.iter_mmap(path, args.start, args.stop, data_file_size=args.data_file_size,
+                                    index_file_size=args.index_file_size, accept_zero_crc=args.java_compat)
+    try:
+        _dump(entries, args.json)
+    except StoreError as exc:
+        print(f"dledger: damaged store: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _dump(entries, as_json: bool) -> None:
+    out = sys.stdout
+    for e in entries:
+        text = _text(e.body)
+        if as_json:
+            record = {"index": e.index, "term": e.term, "pos": e.pos, "magic": e.magic, "size": e.size,
+                      "body_crc": e.body_crc & 0xFFFFFFFF, "body": base64.b64encode(e.body).decode("ascii")}
+            if text is not None:
+                record["text"] = text
+            out.write(json.dumps(record, sort_keys=True) + "\n")
+        else:
+            shown = repr(text) if text is not None else f"<{len(e.body)} bytes> {e.body[:24].hex()}"
+            out.write(f"{e.index:>8} term={e.term} pos={e.pos} magic={e.magic} size={e.size} "
+                      f"crc={e.body_crc & 0xFFFFFFFF:08x} {shown}\n")

@@ -1,0 +1,198 @@
+"""Group commit: one flush round at a time; every flush asked for meanwhile shares the next round.
+
+A round snapshots what is dirty *now* (``prepare``, on the reactor), makes
+it durable through a :class:`dledger.diskio.BlockingIO` (inline, or on the
+thread pool while the reactor keeps appending), then reports the index it
+covered.  Appends made while a round runs are not covered by it, and a
+truncate while it runs lowers what it may report (:meth:`GroupCommit.cap`),
+so :attr:`GroupCommit.flushed_index` never claims an entry that is not on
+disk.  Each round's latency and the time it kept the reactor busy are
+recorded in :class:`FlushStats`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any
+
+from twisted.internet.defer import Deferred, FirstError, gatherResults
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from dledger.codes import ResponseCode
+from dledger.diskio import BlockingIO
+from dledger.errors import DLedgerError
+
+log = Logger()
+
+
+@dataclass
+class FlushPlan:
+    """One round: make everything up to ``target`` durable by running ``work`` (blocking).
+
+    ``work`` None means nothing is dirty; a list of callables is run side by
+    side (on a threaded BlockingIO, independent fsyncs overlap).  ``done(result)`` runs on the
+    reactor afterwards and may return False to run ``work`` again (after
+    fixing something only the reactor thread may touch, like growing an
+    LMDB map).  ``failed(failure)`` puts back what the round did not cover.
+    """
+
+    target: int
+    work: Callable[[], Any] | list[Callable[[], Any]] | None
+    done: Callable[[Any], bool | None] | None = None
+    failed: Callable[[Failure], None] | None = None
+
+
+def percentile(values, q: float) -> float:
+    """The ``q``-quantile (0..1) of ``values`` by nearest rank; 0.0 when empty."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
+
+
+class FlushStats:
+    """Per-round latency (request to durable) and reactor-blocked time, in seconds, for the last rounds."""
+
+    def __init__(self, history: int = 65536):
+        self.rounds = 0
+        self.failures = 0
+        self.latencies: deque[float] = deque(maxlen=history)
+        self.blocked: deque[float] = deque(maxlen=history)
+        self.total_blocked = 0.0
+        self.max_blocked = 0.0
+
+    def record(self, latency: float, blocked: float) -> None:
+        self.rounds += 1
+        self.latencies.append(latency)
+        self.blocked.append(blocked)
+        self.total_blocked += blocked
+        self.max_blocked = max(self.max_blocked, blocked)
+
+    def summary(self) -> dict[str, float]:
+        """Milliseconds: latency and reactor-blocked p50/p99/max over the recorded rounds."""
+        ms = 1000.0
+        return {
+            "rounds": self.rounds,
+            "latency_p50_ms": percentile(self.latencies, 0.50) * ms,
+            "latency_p99_ms": percentile(self.latencies, 0.99) * ms,
+            "latency_max_ms": max(self.latencies, default=0.0) * ms,
+            "blocked_p50_ms": percentile(self.blocked, 0.50) * ms,
+            "blocked_p99_ms": percentile(self.blocked, 0.99) * ms,
+            "blocked_max_ms": self.max_blocked * ms,
+        }
+
+
+class _Round:
+    __slots__ = ("plan", "waiters", "t0", "blocked")
+
+    def __init__(self, plan: FlushPlan, waiters: list[Deferred], t0: float):
+        self.plan, self.waiters, self.t0, self.blocked = plan, waiters, t0, 0.0
+
+
+class GroupCommit:
+    """Runs flush rounds one at a time; see the module docstring."""
+
+    def __init__(self, io: BlockingIO, prepare: Callable[[], FlushPlan], *,
+                 after_round: Callable[[], None] | None = None, flushed_index: int = -1):
+        self.io = io
+        self._prepare = prepare
+        self._after_round = after_round
+        self.flushed_index = flushed_index
+        self.stats = FlushStats()
+        self.busy = False
+        self._target = -1
+        self._next: list[Deferred] = []
+
+    def request(self) -> Deferred:
+        """A Deferred firing with :attr:`flushed_index` once everything appended so far is durable."""
+        d: Deferred = Deferred()
+        self._next.append(d)
+        if not self.busy:
+            self._run_round()
+        return d
+
+    def cap(self, index: int) -> None:
+        """Entries after ``index`` were removed or replaced: neither the past nor a running round covers them."""
+        self.flushed_index = min(self.flushed_index, index)
+        if self.busy:
+            self._target = min(self._target, index)
+
+    def _run_round(self) -> None:
+        waiters, self._next = self._next, []
+        t0 = perf_counter()
+        try:
+            plan = self._prepare()
+        except Exception:
+            self._fail_waiters(waiters, Failure())
+            return
+        rnd = _Round(plan, waiters, t0)
+        self._target = plan.target
+        if plan.work is None:
+            rnd.blocked = perf_counter() - t0
+            self._complete(rnd)
+            return
+        self.busy = True
+        rnd.blocked = perf_counter() - t0
+        self._attempt(rnd)
+
+    def _attempt(self, rnd: _Round) -> None:
+        t = perf_counter()
+        work = rnd.plan.work
+        if isinstance(work, list):
+            d = gatherResults([self.io.run(w) for w in work], consumeErrors=True)
+            d.addErrback(lambda f: f.value.subFailure if isinstance(f.value, FirstError) else f)
+        else:
+            d = self.io.run(work)
+        rnd.blocked += perf_counter() - t
+        d.addCallbacks(self._work_done, self._work_failed, callbackArgs=(rnd,), errbackArgs=(rnd,))
+
+    def _work_done(self, result: Any, rnd: _Round) -> None:
+        t = perf_counter()
+        try:
+            again = rnd.plan.done is not None and rnd.plan.done(result) is False
+        except Exception:
+            rnd.blocked += perf_counter() - t
+            self._work_failed(Failure(), rnd)
+            return
+        rnd.blocked += perf_counter() - t
+        if again:
+            self._attempt(rnd)
+            return
+        self._complete(rnd)
+
+    def _complete(self, rnd: _Round) -> None:
+        self.flushed_index = max(self.flushed_index, self._target)
+        self.busy = False
+        self.stats.record(perf_counter() - rnd.t0, rnd.blocked)
+        self._after()
+        for w in rnd.waiters:
+            w.callback(self.flushed_index)
+        if self._next and not self.busy:
+            self._run_round()
+
+    def _work_failed(self, failure: Failure, rnd: _Round) -> None:
+        self.busy = False
+        self.stats.failures += 1
+        log.failure("flush round failed", failure)
+        if rnd.plan.failed is not None:
+            rnd.plan.failed(failure)
+        self._after()
+        self._fail_waiters(rnd.waiters, failure)
+        if self._next and not self.busy:
+            self._run_round()
+
+    def _after(self) -> None:
+        if self._after_round is not None:
+            self._after_round()
+
+    @staticmethod
+    def _fail_waiters(waiters: list[Deferred], failure: Failure) -> None:
+        err = failure.value
+        if not isinstance(err, DLedgerError):
+            err = DLedgerError(ResponseCode.DISK_ERROR, f"flush failed: {failure.getErrorMessage()}")
+        for w in waiters:
+            w.errback(err)

@@ -1,0 +1,541 @@
+"""The LMDB store (``storeType = "lmdb"``): entries keyed by big-endian index, metadata in the same transaction.
+
+One LMDB environment under ``<storeBaseDir>/dledger-<selfId>/lmdb/`` holds
+three named databases: ``entries`` (8-byte big-endian index -> the entry
+encoded by :mod:`dledger.entry`), ``meta`` (``begin``, ``end``,
+``committed``) and ``termvote`` (the term store of this store type).
+
+Appends are buffered in memory (reads see them) and written by
+:meth:`LmdbLogStore.flush` in one write transaction together with the
+metadata and any pending truncation, so a crash loses exactly the
+appends of the rounds that had not committed, never half of one.  Rounds
+go through :class:`dledger.store.groupcommit.GroupCommit`, on the thread pool
+when the member gives us a threaded :class:`dledger.diskio.BlockingIO`.  A
+full map is grown (doubled) on the reactor thread, when no transaction is
+open, and the round retried.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import lmdb
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from dledger import diskio
+from dledger.codes import ResponseCode, Role
+from dledger.config import FLUSH_POLICIES, GiB, MiB
+from dledger.entry import (
+    BODY_OFFSET,
+    CodecError,
+    Entry,
+    body_crc,
+    decode_entry,
+    encode_entry,
+    encode_entry_into,
+    seal_crc_in_place,
+)
+from dledger.errors import DLedgerError, StoreError
+from dledger.hookspecs import hookimpl
+from dledger.interfaces import ILogStore, ITermVoteStore
+from dledger.plugin_types import StoreType
+from dledger.store import base
+from dledger.store.base import TruncateAction
+from dledger.store.groupcommit import FlushPlan, GroupCommit
+
+log = Logger()
+
+ENTRIES, META, TERMVOTE = b"entries", b"meta", b"termvote"
+_KEY = struct.Struct(">Q")
+_INT = struct.Struct(">q")
+_MAP_FULL = object()
+ENV_DIR = "lmdb"
+
+
+def key(index: int) -> bytes:
+    """The key of entry ``index``: 8 bytes big-endian, so LMDB's byte order is index order."""
+    return _KEY.pack(index)
+
+
+class SharedEnv:
+    """One open LMDB environment per directory, shared by the log store and the term store of a member.
+
+    LMDB must not be opened twice in one process, so both stores acquire the
+    same handle; it is closed when the last one releases it.
+    """
+
+    _open: dict[str, SharedEnv] = {}
+
+    def __init__(self, path: Path, map_size: int, readonly: bool):
+        self.path = path
+        self.readonly = readonly
+        self.refs = 0
+        try:
+            self.env = lmdb.open(str(path), map_size=map_size, max_dbs=4, subdir=True, readonly=readonly,
+                                 lock=not readonly, sync=True, metasync=True, readahead=False, create=not readonly)
+            self.entries = self.env.open_db(ENTRIES, create=not readonly)
+            self.meta = self.env.open_db(META, create=not readonly)
+            self.termvote = self.env.open_db(TERMVOTE, create=not readonly)
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot open LMDB store {path}: {exc}") from None
+
+    @classmethod
+    def acquire(cls, path: str | Path, map_size: int = 1 * GiB, *, readonly: bool = False) -> SharedEnv:
+        path = Path(path)
+        if not readonly:
+            path.mkdir(parents=True, exist_ok=True)
+        name = str(path.resolve())
+        shared = cls._open.get(name)
+        if shared is None:
+            shared = cls._open[name] = cls(path, map_size, readonly)
+        shared.refs += 1
+        return shared
+
+    def release(self) -> None:
+        self.refs -= 1
+        if self.refs <= 0:
+            self._open.pop(str(self.path.resolve()), None)
+            self.env.close()
+
+    def grow(self) -> int:
+        """Double the map size (call only when no transaction of this process is open)."""
+        size = self.env.info()["map_size"] * 2
+        self.env.set_mapsize(size)
+        log.info("LMDB store {path}: map grown to {size} bytes", path=str(self.path), size=size)
+        return size
+
+    def read_int(self, txn, name: bytes) -> int | None:
+        """A ``meta`` value (``begin``, ``end``, ``committed``), None if absent."""
+        raw = txn.get(name, db=self.meta)
+        return None if raw is None else _INT.unpack(raw)[0]
+
+    def read_term_vote(self, txn) -> tuple[int, str | None] | None:
+        """``(term, vote)`` from the ``termvote`` database, None if never saved; StoreError if damaged."""
+        term = txn.get(b"currTerm", db=self.termvote)
+        vote = txn.get(b"voteLeader", db=self.termvote)
+        if term is None:
+            return None
+        if len(term) != _INT.size or _INT.unpack(term)[0] < 0:
+            raise StoreError(f"{self.path}: currTerm record is damaged ({term!r})")
+        return _INT.unpack(term)[0], (vote.decode() if vote else None)
+
+
+class _Round:
+    """What one write transaction applies: truncation, the entries, deletion below begin, the metadata."""
+
+    __slots__ = ("drop_all", "delete_from", "delete_below", "entries", "begin", "end", "committed", "epoch")
+
+    def __init__(self, drop_all, delete_from, delete_below, entries, begin, end, committed, epoch):
+        self.drop_all, self.delete_from, self.delete_below = drop_all, delete_from, delete_below
+        self.entries, self.begin, self.end, self.committed, self.epoch = entries, begin, end, committed, epoch
+
+
+def _write_round(shared: SharedEnv, rnd: _Round):
+    """Blocking: apply a round in one write transaction (durable when it returns). _MAP_FULL if it did not fit."""
+    db = shared.entries
+    try:
+        with shared.env.begin(write=True) as txn:
+            cursor = txn.cursor(db=db)
+            if rnd.drop_all:
+                txn.drop(db, delete=False)
+            else:
+                if rnd.delete_from is not None and cursor.set_range(key(rnd.delete_from)):
+                    while cursor.delete():
+                        pass
+            if rnd.entries:
+                cursor.putmulti([(key(e.index), encode_entry(e)) for e in rnd.entries], append=True)
+            if rnd.delete_below is not None and cursor.first():
+                while cursor.key() < key(rnd.delete_below) and cursor.delete():
+                    pass
+            for name, value in ((b"begin", rnd.begin), (b"end", rnd.end), (b"committed", rnd.committed)):
+                txn.put(name, _INT.pack(value), db=shared.meta)
+    except lmdb.MapFullError:
+        return _MAP_FULL
+    return None
+
+
+@implementer(ILogStore)
+class LmdbLogStore:
+    """Entries in LMDB; see the module docstring."""
+
+    def __init__(self, path: str | Path, member_state, *, data_file_size: int = 1 * GiB,
+                 max_entry_size: int = 4 * MiB, map_size: int = 1 * GiB, flush_policy: str = "sync",
+                 flush_interval_ms: int = 10, accept_zero_crc: bool = False, clock=None,
+                 blocking_io: diskio.BlockingIO = diskio.INLINE):
+        if flush_policy not in FLUSH_POLICIES:
+            raise ValueError(f"flush policy {flush_policy!r} is not one of {FLUSH_POLICIES}")
+        self.path = Path(path)
+        self.member_state = member_state
+        self.data_file_size = data_file_size
+        self.max_entry_size = max_entry_size
+        self.map_size = map_size
+        self.flush_policy = flush_policy
+        self.flush_interval_ms = flush_interval_ms
+        self.accept_zero_crc = accept_zero_crc
+        self.clock = clock
+        self.io = blocking_io
+        self.ledger_begin_index = -1
+        self.ledger_end_index = -1
+        self.ledger_end_term = -1
+        self.committed_index = -1
+        self._write_pos = 0
+        self._hooks: list = []
+        self._shared: SharedEnv | None = None
+        self._pending: list[Entry] = []
+        self._pending_start = 0
+        self._inflight: list[Entry] = []
+        self._inflight_start = 0
+        self._drop_all = False
+        self._delete_from: int | None = None
+        self._delete_below: int | None = None
+        self._epoch = 0
+        self._gc = GroupCommit(blocking_io, self._prepare_flush)
+        self._timer: LoopingCall | None = None
+
+    @classmethod
+    def from_config(cls, config, member_state, *, clock=None, blocking_io=None, **_unused) -> LmdbLogStore:
+        if clock is None and config.flush_policy == "async":
+            from twisted.internet import reactor as clock
+        return cls(Path(config.member_dir) / ENV_DIR, member_state,
+                   data_file_size=config.mapped_file_size_for_entry_data, max_entry_size=config.max_entry_size,
+                   map_size=config.lmdb_map_size, flush_policy=config.flush_policy,
+                   flush_interval_ms=config.flush_file_interval, accept_zero_crc=config.accept_java_zero_crc,
+                   clock=clock, blocking_io=blocking_io or diskio.INLINE)
+
+    # -- life cycle ------------------------------------------------------------
+    @property
+    def flushed_index(self) -> int:
+        return min(self._gc.flushed_index, self.ledger_end_index)
+
+    @property
+    def flush_stats(self):
+        return self._gc.stats
+
+    def add_append_hook(self, hook) -> None:
+        self._hooks.append(hook)
+
+    def startup(self) -> None:
+        """Open the environment and load begin/end/committed; the last entry must decode."""
+        if self._shared is not None:
+            return
+        self._shared = SharedEnv.acquire(self.path, self.map_size)
+        shared = self._shared
+        with shared.env.begin() as txn:
+            cursor = txn.cursor(db=shared.entries)
+            if cursor.first():
+                begin = _KEY.unpack(cursor.key())[0]
+                try:
+                    self._decode(cursor.value(), begin)
+                    cursor.last()
+                    end = _KEY.unpack(cursor.key())[0]
+                    last = self._decode(cursor.value(), end)
+                except DLedgerError as exc:
+                    shared.release()
+                    self._shared = None
+                    raise StoreError(f"LMDB store {self.path}: {exc.message}") from None
+                committed = shared.read_int(txn, b"committed")
+                self.ledger_begin_index, self.ledger_end_index = begin, end
+                self.ledger_end_term, self._write_pos = last.term, last.pos + last.size
+                self.committed_index = base.committed_after_recovery(
+                    -1 if committed is None else committed, begin, end)
+                meta_end = shared.read_int(txn, b"end")
+                if meta_end != end:
+                    log.warn("LMDB store {path}: metadata end {meta} differs from the last key {end}",
+                             path=str(self.path), meta=meta_end, end=end)
+        self._pending_start = self.ledger_end_index + 1
+        self._gc.flushed_index = self.ledger_end_index
+        log.info("LMDB store {path}: entries [{begin}, {end}], committed {committed}", path=str(self.path),
+                 begin=self.ledger_begin_index, end=self.ledger_end_index, committed=self.committed_index)
+        if self.clock is not None and self.flush_policy == "async":
+            self._timer = LoopingCall(self._periodic_flush)
+            self._timer.clock = self.clock
+            self._timer.start(self.flush_interval_ms / 1000.0, now=False).addErrback(
+                lambda f: log.failure("LMDB flush timer stopped", f))
+
+    def _periodic_flush(self):
+        if self._gc.busy or not self._dirty():
+            return None
+        return self._gc.request().addErrback(lambda f: log.failure("periodic flush failed", f))
+
+    def shutdown(self) -> Deferred:
+        if self._shared is None:
+            return succeed(None)
+        if self._timer is not None and self._timer.running:
+            self._timer.stop()
+        d = self._gc.request()
+
+        def close(result):
+            if self._shared is not None:
+                self._shared.release()
+                self._shared = None
+            return result
+
+        d.addBoth(close)
+        d.addCallback(lambda _: None)
+        return d
+
+    # -- appends ---------------------------------------------------------------
+    def _place(self, size: int) -> int:
+        return base.place(self._write_pos, size, self.data_file_size, self.max_entry_size)[0]
+
+    def _push(self, e: Entry) -> Entry:
+        if self.ledger_end_index < 0:
+            self.ledger_begin_index = e.index
+        self._pending.append(e)
+        self.ledger_end_index, self.ledger_end_term = e.index, e.term
+        self._write_pos = e.pos + e.size
+        return e
+
+    def append_as_leader(self, entry: Entry) -> Entry:
+        state = self.member_state
+        if state.role is not Role.LEADER:
+            base.check_leader(state)
+        if entry.channel or entry.chain_crc:
+            base.check_reserved_fields(entry)
+        pos = self._place(entry.size)
+        index = self.ledger_end_index + 1
+        if self._hooks:
+            stored = Entry(entry.body, index, entry.term, pos, entry.magic, 0, 0, 0)
+            buf = bytearray(stored.size)
+            encode_entry_into(buf, 0, stored)
+            for hook in self._hooks:
+                hook.before_append(stored, buf, BODY_OFFSET)
+            stored.body_crc = seal_crc_in_place(buf, 0, stored.size)
+            stored.body = bytes(buf[BODY_OFFSET:])
+        else:
+            stored = Entry(entry.body, index, entry.term, pos, entry.magic, 0, 0, body_crc(entry.body))
+        return self._push(stored)
+
+    def _check_follower_entry(self, entry: Entry, write_pos: int) -> None:
+        pos = base.place(write_pos, entry.size, self.data_file_size, self.max_entry_size)[0]
+        base.check_position(entry, pos)
+        base.check_reserved_fields(entry)
+        base.check_body_crc(entry, self.accept_zero_crc)
+
+    def append_as_follower(self, entry: Entry, leader_term: int, leader_id: str) -> Entry:
+        base.check_follower(self.member_state, leader_term, leader_id)
+        base.check_next_index(entry, self.ledger_end_index)
+        self._check_follower_entry(entry, self._write_pos)
+        return self._push(entry)
+
+    def truncate(self, entry: Entry, leader_term: int, leader_id: str) -> int:
+        base.check_follower(self.member_state, leader_term, leader_id)
+        action = base.plan_truncate(entry, self.ledger_begin_index, self.ledger_end_index,
+                                    self.committed_index, self.get)
+        if action is TruncateAction.DROP_AFTER:
+            self._drop_after(entry.index)
+        elif action is TruncateAction.REPLACE:
+            prev = self.get(entry.index - 1)
+            self._check_follower_entry(entry, prev.pos + prev.size)
+            self._drop_after(entry.index - 1)
+            self._push(entry)
+        elif action is TruncateAction.APPEND:
+            self._check_follower_entry(entry, self._write_pos)
+            self._push(entry)
+        else:
+            base.check_entry_size(entry.size, self.max_entry_size)
+            base.check_reserved_fields(entry)
+            base.check_body_crc(entry, self.accept_zero_crc)
+            self._drop_all, self._delete_from, self._delete_below = True, None, None
+            self._pending, self._pending_start = [], entry.index
+            self._epoch += 1
+            self.ledger_begin_index = self.ledger_end_index = -1
+            self._push(entry)
+            self.committed_index = entry.index - 1
+            self._gc.cap(entry.index - 1)
+        self.committed_index = min(self.committed_index, self.ledger_end_index)
+        return entry.index
+
+    def _drop_after(self, keep: int) -> None:
+        if keep >= self.ledger_end_index:
+            return
+        last = self.get(keep)
+        if keep + 1 < self._pending_start:
+            self._pending, self._pending_start = [], keep + 1
+            self._delete_from = keep + 1 if self._delete_from is None else min(self._delete_from, keep + 1)
+        else:
+            del self._pending[keep + 1 - self._pending_start:]
+        self.ledger_end_index, self.ledger_end_term = keep, last.term
+        self._write_pos = last.pos + last.size
+        self._gc.cap(keep)
+
+    def delete_before(self, index: int) -> int:
+        """Drop entries below ``index`` (never a non-committed one); the next flush deletes them. Returns the count."""
+        if index <= self.ledger_begin_index:
+            return 0
+        if index > self.committed_index + 1 or index > self.ledger_end_index:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                               f"cannot delete below {index}: committed index is {self.committed_index}")
+        removed = index - self.ledger_begin_index
+        self._delete_below = index
+        self.ledger_begin_index = index
+        if index > self._pending_start:
+            del self._pending[:index - self._pending_start]
+            self._pending_start = index
+        return removed
+
+    # -- reads -----------------------------------------------------------------
+    def _decode(self, raw: bytes, index: int) -> Entry:
+        try:
+            e = decode_entry(raw, accept_zero_crc=self.accept_zero_crc, max_size=self.data_file_size, exact=True)
+        except CodecError as exc:
+            raise DLedgerError(ResponseCode.DISK_ERROR, f"entry {index} in {self.path} is damaged: {exc}") from None
+        if e.index != index or e.channel or e.chain_crc:
+            raise DLedgerError(ResponseCode.DISK_ERROR, f"entry stored under key {index} is entry {e.index} "
+                               f"(or has non-zero reserved fields)")
+        return e
+
+    def get(self, index: int) -> Entry:
+        begin, end = self.ledger_begin_index, self.ledger_end_index
+        if end < 0 or index < begin or index > end:
+            raise base.index_out_of_range(index, begin, end)
+        if index >= self._pending_start:
+            return self._pending[index - self._pending_start]
+        k = index - self._inflight_start
+        if 0 <= k < len(self._inflight):
+            return self._inflight[k]
+        with self._shared.env.begin() as txn:
+            raw = txn.get(key(index), db=self._shared.entries)
+        if raw is None:
+            raise DLedgerError(ResponseCode.DISK_ERROR, f"entry {index} is missing from {self.path}")
+        return self._decode(raw, index)
+
+    def get_range(self, begin_index: int, max_count: int, max_bytes: int) -> list[Entry]:
+        first = self.get(begin_index)
+        out = [first]
+        total = first.size
+        for index in range(begin_index + 1, min(self.ledger_end_index, begin_index + max_count - 1) + 1):
+            e = self.get(index)
+            total += e.size
+            if total > max_bytes:
+                break
+            out.append(e)
+        return out
+
+    def get_first_log_of_target_term(self, term: int, end_index: int) -> int:
+        lo, hi = self.ledger_begin_index, min(end_index, self.ledger_end_index)
+        if self.ledger_end_index < 0 or hi < lo:
+            return -1
+        first, last = lo, hi
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.get(mid).term < term:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo if first <= lo <= last and self.get(lo).term == term else -1
+
+    def update_committed_index(self, term: int, index: int) -> None:
+        self.committed_index = base.next_committed_index(
+            self.committed_index, term, self.member_state.curr_term, index,
+            self.ledger_begin_index, self.ledger_end_index)
+
+    # -- durability ------------------------------------------------------------
+    def flush(self) -> Deferred:
+        """Write the buffered appends and truncations in one durable transaction (group commit)."""
+        if self._shared is None:
+            return succeed(self.flushed_index)
+        return self._gc.request()
+
+    def _dirty(self) -> bool:
+        return bool(self._pending or self._drop_all or self._delete_from is not None
+                    or self._delete_below is not None or self._gc.flushed_index < self.ledger_end_index)
+
+    def _prepare_flush(self) -> FlushPlan:
+        target = self.ledger_end_index
+        if not self._dirty():
+            return FlushPlan(target, None)
+        rnd = _Round(self._drop_all, self._delete_from, self._delete_below, self._pending,
+                     self.ledger_begin_index, target, min(self.committed_index, target), self._epoch)
+        self._inflight, self._inflight_start = self._pending, self._pending_start
+        self._pending, self._pending_start = [], target + 1
+        self._drop_all, self._delete_from, self._delete_below = False, None, None
+        shared = self._shared
+
+        def work():
+            return _write_round(shared, rnd)
+
+        def done(result) -> bool:
+            if result is _MAP_FULL:
+                shared.grow()
+                return False
+            self._inflight = []
+            return True
+
+        def failed(_failure) -> None:
+            self._inflight = []
+            if rnd.epoch != self._epoch:
+                return  # the log was reset meanwhile; the failed round's state is gone anyway
+            self._drop_all = self._drop_all or rnd.drop_all
+            self._delete_from = _lowest(self._delete_from, rnd.delete_from)
+            self._delete_below = max(x for x in (self._delete_below, rnd.delete_below, -1) if x is not None)
+            if self._delete_below < 0:
+                self._delete_below = None
+            keep = [e for e in rnd.entries if e.index < self._pending_start and e.index <= self.ledger_end_index]
+            if keep:
+                self._pending = keep + self._pending
+                self._pending_start = keep[0].index
+
+        return FlushPlan(target, work, done=done, failed=failed)
+
+
+def _lowest(a: int | None, b: int | None) -> int | None:
+    values = [x for x in (a, b) if x is not None]
+    return min(values) if values else None
+
+
+@implementer(ITermVoteStore)
+class LmdbTermVoteStore:
+    """``currTerm``/``voteLeader`` in the ``termvote`` database of the member's environment; durable per save."""
+
+    def __init__(self, path: str | Path, map_size: int = 1 * GiB):
+        self.path = Path(path)
+        self.map_size = map_size
+        self._shared: SharedEnv | None = None
+
+    def _env(self) -> SharedEnv:
+        if self._shared is None:
+            self._shared = SharedEnv.acquire(self.path, self.map_size)
+        return self._shared
+
+    def load(self) -> tuple[int, str | None]:
+        shared = self._env()
+        with shared.env.begin() as txn:
+            saved = shared.read_term_vote(txn)
+        return saved or (0, None)
+
+    def save(self, term: int, vote_for: str | None) -> None:
+        if term < 0:
+            raise ValueError(f"term must be >= 0, got {term}")
+        shared = self._env()
+        while True:
+            try:
+                with shared.env.begin(write=True) as txn:
+                    txn.put(b"currTerm", _INT.pack(term), db=shared.termvote)
+                    txn.put(b"voteLeader", (vote_for or "").encode(), db=shared.termvote)
+                return
+            except lmdb.MapFullError:
+                shared.grow()
+
+    def close(self) -> None:
+        if self._shared is not None:
+            self._shared.release()
+            self._shared = None
+
+
+def _term_store(config) -> LmdbTermVoteStore:
+    return LmdbTermVoteStore(Path(config.member_dir) / ENV_DIR, config.lmdb_map_size)
+
+
+@hookimpl
+def dledger_store_types():
+    return [StoreType(
+        name="lmdb",
+        make_log_store=LmdbLogStore.from_config,
+        make_term_store=_term_store,
+        description="LMDB: entries keyed by big-endian index, metadata and term/vote in the same environment",
+    )]

@@ -1,0 +1,823 @@
+"""The mmap file store (``storeType = "mmap"``): DLedger's data and index files, byte for byte.
+
+Layout under ``<storeBaseDir>/dledger-<selfId>/``: ``data/`` and ``index/``
+(fixed-size files named by their start offset, see
+:mod:`dledger.store.mappedfiles`), ``checkpoint`` (:mod:`.checkpoint`) and
+``currterm`` (:mod:`.termvote`).  Entries are encoded with the codec of
+:mod:`dledger.entry` and written into the page cache at their position
+(``pwrite``), index record ``i`` is stored at ``i * 32`` of the mapped index
+files, and reads, recovery and verification go through the mappings; a Java
+DLedger 0.3.2 store opens as it is, and ours have the same layout.  (Storing
+entries into the data mapping instead made appends and fdatasync 2-3x slower:
+see ``docs/benchmarks.md``.)
+
+Nothing per entry is kept in Python: the index files *are* the index, so
+memory stays flat however long the log grows.  Appends only touch memory;
+:meth:`MmapLogStore.flush` makes them durable, many per fsync (group
+commit), on the reactor thread pool when the member gives us a threaded
+:class:`dledger.diskio.BlockingIO`.  Start-up recovery is in
+:mod:`.recovery`, retention rules in :mod:`.retention`.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import mmap
+from pathlib import Path
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from dledger import diskio
+from dledger.codes import ResponseCode, Role
+from dledger.config import FLUSH_POLICIES, GiB, MiB
+from dledger.entry import (
+    BODY_OFFSET,
+    HEADER_SIZE,
+    INDEX_RECORD,
+    INDEX_UNIT_SIZE,
+    MIN_BLANK_LEN,
+    VALID_MAGICS,
+    CodecError,
+    Entry,
+    body_crc,
+    decode_entry,
+    encode_blank,
+    encode_entry,
+    encode_entry_into,
+    seal_crc_in_place,
+)
+from dledger.errors import DLedgerError, StoreError
+from dledger.hookspecs import hookimpl
+from dledger.interfaces import IRetainingLogStore
+from dledger.plugin_types import StoreType
+from dledger.store import base
+from dledger.store.base import TruncateAction
+from dledger.store.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from dledger.store.groupcommit import FlushPlan, GroupCommit
+from dledger.store.indexlog import IndexLog
+from dledger.store.mappedfiles import MappedFile, MappedFileList
+from dledger.store.recovery import Recovered, recover, verified_entry
+from dledger.store.retention import CleanMode, RetentionPolicy
+from dledger.store.scan import decode_at, scan_forward
+from dledger.store.termvote import FileTermVoteStore
+
+log = Logger()
+
+_write_at = diskio.write_at
+_pack_index = INDEX_RECORD.pack_into
+_unpack_index = INDEX_RECORD.unpack_from
+_REPAIR_LOOKBACK = 64
+
+
+@implementer(IRetainingLogStore)
+class MmapLogStore:
+    """Data and index files under ``member_dir``; see the module docstring.
+
+    ``clock`` (an ``IReactorTime``) drives the periodic checkpoint, the
+    ``async`` flush and retention/disk checks; without one nothing runs by
+    itself (offline tools).  ``disk_usage()`` returns the used fraction of
+    the disk (tests patch it).  ``full_verify`` makes start-up verify every
+    entry instead of starting at the checkpoint.
+    """
+
+    def __init__(self, member_dir: str | Path, member_state, *,
+                 data_file_size: int = 1 * GiB, index_file_size: int = 160 * MiB,
+                 max_entry_size: int = 4 * MiB, flush_policy: str = "sync", flush_interval_ms: int = 10,
+                 checkpoint_interval_ms: int = 3000, clean_interval_ms: int = 1000,
+                 retention: RetentionPolicy | None = None, accept_zero_crc: bool = False,
+                 clock=None, blocking_io: diskio.BlockingIO = diskio.INLINE, disk_usage=None,
+                 full_verify: bool = False, release_flushed_pages: bool = True):
+        if index_file_size <= 0 or index_file_size % INDEX_UNIT_SIZE:
+            raise ValueError(f"index file size {index_file_size} is not a positive multiple of {INDEX_UNIT_SIZE}")
+        if data_file_size < HEADER_SIZE + MIN_BLANK_LEN:
+            raise ValueError(f"data file size {data_file_size} cannot hold an entry")
+        if flush_policy not in FLUSH_POLICIES:
+            raise ValueError(f"flush policy {flush_policy!r} is not one of {FLUSH_POLICIES}")
+        self.member_dir = Path(member_dir)
+        self.member_state = member_state
+        self.data_file_size = data_file_size
+        self.index_file_size = index_file_size
+        self.max_entry_size = max_entry_size
+        self.flush_policy = flush_policy
+        self.flush_interval_ms = flush_interval_ms
+        self.checkpoint_interval_ms = checkpoint_interval_ms
+        self.clean_interval_ms = clean_interval_ms
+        self.retention = retention or RetentionPolicy()
+        self.accept_zero_crc = accept_zero_crc
+        self.clock = clock
+        self.io = blocking_io
+        self.full_verify = full_verify
+        self.release_flushed_pages = release_flushed_pages
+        self._disk_usage = disk_usage or (lambda: diskio.disk_used_ratio(self.member_dir))
+        self.ledger_begin_index = -1
+        self.ledger_end_index = -1
+        self.ledger_end_term = -1
+        self.committed_index = -1
+        self.recovered: Recovered | None = None
+        self._begin_pos = -1
+        self._write_pos = 0
+        self._hooks: list = []
+        self._data: MappedFileList | None = None
+        self._index: MappedFileList | None = None
+        self._ilog: IndexLog | None = None
+        self._graveyard: list[MappedFile] = []
+        self._gc = GroupCommit(blocking_io, self._prepare_flush, after_round=self._bury)
+        self._data_dirty_lo = 0
+        self._index_dirty_lo = 0
+        self._released_to = 0
+        self._index_released_to = 0
+        self._disk_full = False
+        self._used_ratio = 0.0
+        self._timers: list[LoopingCall] = []
+        self._checkpoint_written: Checkpoint | None = None
+        self._checkpoint_running: Deferred | None = None
+        self._open = False
+        self._set_data_tail(None)
+        self._set_index_tail(None)
+
+    @classmethod
+    def from_config(cls, config, member_state, *, clock=None, blocking_io=None, disk_usage=None) -> MmapLogStore:
+        """The store a member runs: options from ``config``; timers on ``clock`` (default: the global reactor)."""
+        if clock is None:
+            from twisted.internet import reactor as clock
+        return cls(config.member_dir, member_state,
+                   data_file_size=config.mapped_file_size_for_entry_data,
+                   index_file_size=config.mapped_file_size_for_entry_index,
+                   max_entry_size=config.max_entry_size, flush_policy=config.flush_policy,
+                   flush_interval_ms=config.flush_file_interval, checkpoint_interval_ms=config.check_point_interval,
+                   retention=RetentionPolicy.from_config(config), accept_zero_crc=config.accept_java_zero_crc,
+                   clock=clock, blocking_io=blocking_io or diskio.INLINE, disk_usage=disk_usage)
+
+    # -- state -----------------------------------------------------------------
+    @property
+    def flushed_index(self) -> int:
+        return min(self._gc.flushed_index, self.ledger_end_index)
+
+    @property
+    def flush_stats(self):
+        """Latency and reactor-blocked time of recent flush rounds (:class:`.groupcommit.FlushStats`)."""
+        return self._gc.stats
+
+    @property
+    def disk_full(self) -> bool:
+        return self._disk_full
+
+    @property
+    def data_files(self) -> list[Path]:
+        return [f.path for f in self._data.files] if self._data else []
+
+    @property
+    def index_files(self) -> list[Path]:
+        return [f.path for f in self._index.files] if self._index else []
+
+    def add_append_hook(self, hook) -> None:
+        self._hooks.append(hook)
+
+    # -- life cycle ------------------------------------------------------------
+    def startup(self) -> None:
+        """Open the files, recover (see :mod:`.recovery`), make the repairs durable, start the timers."""
+        if self._open:
+            return
+        self.member_dir.mkdir(parents=True, exist_ok=True)
+        data = MappedFileList(self.member_dir / "data", self.data_file_size, kind="data")
+        index = MappedFileList(self.member_dir / "index", self.index_file_size, kind="index")
+        notes = data.load()
+        try:
+            notes += index.load(contiguous=False)
+        except BaseException:
+            data.close()
+            raise
+        for path in index.stragglers:
+            diskio.remove_file(path)
+            index.dir_dirty = True
+            notes.append(f"removed index file {path.name} (after a gap; rebuilt from the data)")
+        checkpoint, ck_note = read_checkpoint(self.member_dir)
+        if ck_note and (checkpoint is not None or data.files):
+            notes.append(f"checkpoint: {ck_note}")
+        self._data, self._index, self._ilog = data, index, IndexLog(index)
+        rec = recover(data, index, checkpoint, accept_zero_crc=self.accept_zero_crc,
+                      closer=self._close_file, full=self.full_verify)
+        rec.notes[:0] = notes
+        rec.removed_index_files += len(index.stragglers)
+        self.recovered = rec
+        self.ledger_begin_index, self._begin_pos = rec.begin, rec.begin_pos
+        self.ledger_end_index, self.ledger_end_term = rec.end, rec.end_term
+        self._write_pos = rec.write_pos if rec.end >= 0 else 0
+        self.committed_index = rec.committed
+        self._refresh_tails()
+        self._make_recovery_durable(rec, checkpoint)
+        self._gc.flushed_index = rec.end
+        self._data_dirty_lo = self._write_pos
+        self._index_dirty_lo = rec.end + 1
+        self._released_to = data.start if data.files else 0
+        self._index_released_to = index.start if index.files else 0
+        self._checkpoint_written = checkpoint
+        self._open = True
+        msg = "mmap store {dir}: {summary}"
+        if rec.cut:
+            log.warn(msg, dir=str(self.member_dir), summary=rec.summary())
+        else:
+            log.info(msg, dir=str(self.member_dir), summary=rec.summary())
+        self.check_disk()
+        if self.clock is not None:
+            self._start_timers()
+
+    def _make_recovery_durable(self, rec: Recovered, checkpoint: Checkpoint | None) -> None:
+        """Fsync what recovery verified past the checkpoint or repaired, before anything is acknowledged."""
+        anchor_pos = self._begin_pos
+        if not rec.full_scan and rec.anchor >= 0:
+            r = self._ilog.read(rec.anchor)
+            anchor_pos = r[1] if r else anchor_pos
+        data_fds = [f.fd for f in self._data.files if f.end > anchor_pos]
+        index_fds = [f.fd for f in self._index.files if f.end > max(rec.anchor, 0) * INDEX_UNIT_SIZE]
+        if rec.full_scan or rec.rebuilt_index:
+            index_fds = [f.fd for f in self._index.files]
+        dirs = [str(lst.directory) for lst in (self._data, self._index) if lst.dir_dirty or any(
+            f.new for f in lst.files)]
+        for lst in (self._data, self._index):
+            lst.dir_dirty = False
+            for f in lst.files:
+                f.new = False
+        diskio.flush_files(data_fds + index_fds, [], [d for d in dirs if Path(d).is_dir()])
+
+    def shutdown(self) -> Deferred:
+        """Stop the timers, flush, write the checkpoint, close the files."""
+        if not self._open:
+            return succeed(None)
+        for lc in self._timers:
+            if lc.running:
+                lc.stop()
+        self._timers = []
+        d = self._gc.request()
+
+        def after_flush(_):
+            prev = self._checkpoint_running
+            if prev is not None:
+                wait: Deferred = Deferred()
+                prev.addBoth(lambda r: wait.callback(None))
+                return wait.addCallback(lambda _: self._write_checkpoint(force=True))
+            return self._write_checkpoint(force=True)
+
+        def close(result):
+            self._close_all()
+            return result
+
+        d.addCallback(after_flush)
+        d.addBoth(close)
+        d.addCallback(lambda _: None)
+        return d
+
+    def _close_all(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        for lst in (self._data, self._index):
+            if lst is not None:
+                lst.close()
+        for f in self._graveyard:
+            f.close()
+        self._graveyard = []
+        self._set_data_tail(None)
+        self._set_index_tail(None)
+
+    def _close_file(self, f: MappedFile) -> None:
+        """Close a removed file now, or after the running flush round (it may be syncing its descriptor)."""
+        if self._gc.busy:
+            self._graveyard.append(f)
+        else:
+            f.close()
+
+    def _bury(self) -> None:
+        if not self._gc.busy:
+            for f in self._graveyard:
+                f.close()
+            self._graveyard = []
+
+    # -- timers ----------------------------------------------------------------
+    def _start_timers(self) -> None:
+        def every(ms: int, fn) -> None:
+            lc = LoopingCall(fn)
+            lc.clock = self.clock
+            lc.start(ms / 1000.0, now=False).addErrback(
+                lambda f: log.failure("mmap store timer {fn} stopped", f, fn=fn.__name__))
+            self._timers.append(lc)
+
+        every(self.checkpoint_interval_ms, self._periodic_checkpoint)
+        if self.flush_policy == "async":
+            every(self.flush_interval_ms, self._periodic_flush)
+        every(self.clean_interval_ms, self._periodic_clean)
+
+    def _periodic_flush(self):
+        if self._gc.busy or not self._dirty():
+            return None
+        return self._gc.request().addErrback(lambda f: log.failure("periodic flush failed", f))
+
+    def _periodic_checkpoint(self) -> None:
+        if self._checkpoint_running is None:
+            self._write_checkpoint(force=False).addErrback(lambda f: log.failure("checkpoint write failed", f))
+
+    def _periodic_clean(self) -> None:
+        try:
+            self.clean_expired(self.clock.seconds())
+        except Exception:
+            log.failure("retention check failed")
+
+    def _current_checkpoint(self) -> Checkpoint:
+        flushed = self.flushed_index
+        return Checkpoint(end_index=flushed, committed_index=min(self.committed_index, flushed))
+
+    def _write_checkpoint(self, *, force: bool) -> Deferred:
+        ck = self._current_checkpoint()
+        if not force and ck == self._checkpoint_written:
+            return succeed(None)
+        d = self.io.run(write_checkpoint, self.member_dir, ck)
+        self._checkpoint_running = d
+
+        def written(result):
+            self._checkpoint_running = None
+            self._checkpoint_written = ck
+            return result
+
+        def failed(failure):
+            self._checkpoint_running = None
+            return failure
+
+        d.addCallbacks(written, failed)
+        return d
+
+    # -- appends ---------------------------------------------------------------
+    def _set_data_tail(self, f: MappedFile | None) -> None:
+        """Cache the last data file for the append path (``_dlimit``: last byte an entry may end at)."""
+        if f is None:
+            self._dfd, self._dstart, self._dlimit = -1, 0, -1
+        else:
+            self._dfd, self._dstart, self._dlimit = f.fd, f.start, f.end - MIN_BLANK_LEN
+
+    def _set_index_tail(self, f: MappedFile | None) -> None:
+        if f is None:
+            self._imm, self._istart, self._isize = None, 0, 0
+        else:
+            self._imm, self._istart, self._isize = f.mm, f.start, f.size
+
+    def _refresh_tails(self) -> None:
+        self._set_data_tail(self._data.files[-1] if self._data and self._data.files else None)
+        self._set_index_tail(self._index.files[-1] if self._index and self._index.files else None)
+
+    def append_as_leader(self, entry: Entry) -> Entry:
+        state = self.member_state
+        if state.role is not Role.LEADER:
+            base.check_leader(state)
+        if self._disk_full:
+            self._refuse_disk_full()
+        if entry.channel or entry.chain_crc:
+            base.check_reserved_fields(entry)
+        body = entry.body
+        size = HEADER_SIZE + len(body)
+        pos = self._write_pos
+        if pos + size > self._dlimit or size > self.max_entry_size:
+            pos = self._make_room(size)
+        index = self.ledger_end_index + 1
+        if self._hooks:
+            stored = self._write_hooked(entry, index, pos, size)
+        else:
+            stored = Entry(body, index, entry.term, pos, entry.magic, entry.channel, entry.chain_crc,
+                           body_crc(body))
+            buf = bytearray(size)
+            encode_entry_into(buf, 0, stored)
+            try:
+                _write_at(self._dfd, buf, pos - self._dstart)
+            except OSError as exc:
+                raise _disk_error(exc, index) from None
+        ioff = index * INDEX_UNIT_SIZE - self._istart
+        if not 0 <= ioff < self._isize:
+            ioff = self._index_room(index)
+        _pack_index(self._imm, ioff, stored.magic, pos, size, index, stored.term)
+        self.ledger_end_index = index
+        self.ledger_end_term = stored.term
+        self._write_pos = pos + size
+        if self.ledger_begin_index < 0:
+            self.ledger_begin_index, self._begin_pos = index, pos
+        return stored
+
+    def _write_hooked(self, entry: Entry, index: int, pos: int, size: int) -> Entry:
+        """Encode, let the hooks rewrite the body, seal the CRC, then write (a failing hook writes nothing)."""
+        stored = Entry(entry.body, index, entry.term, pos, entry.magic, entry.channel, entry.chain_crc, 0)
+        buf = bytearray(size)
+        encode_entry_into(buf, 0, stored)
+        for hook in self._hooks:
+            hook.before_append(stored, buf, BODY_OFFSET)
+        stored.body_crc = seal_crc_in_place(buf, 0, size)
+        stored.body = bytes(buf[BODY_OFFSET:])
+        try:
+            _write_at(self._dfd, buf, pos - self._dstart)
+        except OSError as exc:
+            raise _disk_error(exc, index) from None
+        return stored
+
+    def _make_room(self, size: int) -> int:
+        """Place an entry that does not fit the current file: checks first, then the blank marker and a new file."""
+        wp = self._write_pos
+        pos, blank = base.place(wp, size, self.data_file_size, self.max_entry_size)
+        if self._data.file_for(pos) is None:
+            self.check_disk()
+            if self._disk_full:
+                self._refuse_disk_full()
+        if blank:
+            f = self._data.file_for(wp)
+            if f is not None:
+                _write_at(f.fd, encode_blank(blank), wp - f.start)
+                self._data_dirty_lo = min(self._data_dirty_lo, wp)
+        f = self._data.file_for(pos)
+        if f is None:
+            try:
+                f = self._data.create(pos - pos % self.data_file_size)
+            except OSError as exc:
+                raise _disk_error(exc, self.ledger_end_index + 1) from None
+        self._set_data_tail(f)
+        self._write_pos = pos
+        return pos
+
+    def _index_room(self, index: int) -> int:
+        off = index * INDEX_UNIT_SIZE
+        f = self._index.file_for(off)
+        if f is None:
+            start = off - off % self.index_file_size
+            if self._index.files and start != self._index.end:
+                raise StoreError(f"index record {index} does not follow the index files in {self._index.directory}")
+            f = self._index.create(start)
+        self._set_index_tail(f)
+        return off - f.start
+
+    def _put(self, e: Entry) -> None:
+        """Store ``e`` (index and pos already checked) at the end of the log."""
+        pos = e.pos
+        if pos + e.size > self._dlimit or pos < self._dstart:
+            if self._make_room(e.size) != pos:
+                raise DLedgerError(ResponseCode.DISK_ERROR, f"entry {e.index}: placement changed under us")
+        try:
+            _write_at(self._dfd, encode_entry(e), pos - self._dstart)
+        except OSError as exc:
+            raise _disk_error(exc, e.index) from None
+        ioff = e.index * INDEX_UNIT_SIZE - self._istart
+        if not 0 <= ioff < self._isize:
+            ioff = self._index_room(e.index)
+        _pack_index(self._imm, ioff, e.magic, pos, e.size, e.index, e.term)
+        self.ledger_end_index = e.index
+        self.ledger_end_term = e.term
+        self._write_pos = pos + e.size
+        if self.ledger_begin_index < 0:
+            self.ledger_begin_index, self._begin_pos = e.index, pos
+
+    def _check_placement(self, entry: Entry, write_pos: int) -> None:
+        pos, _blank = base.place(write_pos, entry.size, self.data_file_size, self.max_entry_size)
+        base.check_position(entry, pos)
+        base.check_reserved_fields(entry)
+        base.check_body_crc(entry, self.accept_zero_crc)
+        if self._disk_full:
+            self._refuse_disk_full()
+
+    def append_as_follower(self, entry: Entry, leader_term: int, leader_id: str) -> Entry:
+        base.check_follower(self.member_state, leader_term, leader_id)
+        base.check_next_index(entry, self.ledger_end_index)
+        self._check_placement(entry, self._write_pos)
+        self._put(entry)
+        return entry
+
+    def _refuse_disk_full(self):
+        base.check_disk_not_full(True, self._used_ratio, self.retention.disk_full_ratio)
+
+    # -- truncate --------------------------------------------------------------
+    def truncate(self, entry: Entry, leader_term: int, leader_id: str) -> int:
+        base.check_follower(self.member_state, leader_term, leader_id)
+        action = base.plan_truncate(entry, self.ledger_begin_index, self.ledger_end_index,
+                                    self.committed_index, self.get)
+        if action is TruncateAction.DROP_AFTER:
+            self._drop_after(entry.index)
+        elif action is TruncateAction.REPLACE:
+            prev = self._record(entry.index - 1)
+            self._check_placement(entry, prev[1] + prev[2])
+            self._drop_after(entry.index - 1)
+            self._put(entry)
+        elif action is TruncateAction.APPEND:
+            self._check_placement(entry, self._write_pos)
+            self._put(entry)
+        else:
+            self._reset(entry)
+        self.committed_index = min(self.committed_index, self.ledger_end_index)
+        return entry.index
+
+    def _drop_after(self, keep: int) -> None:
+        """Drop entries after ``keep`` (which stays): zero their bytes and index records, remove later files."""
+        old_end, old_wp = self.ledger_end_index, self._write_pos
+        if keep >= old_end:
+            return
+        rec = self._record(keep)
+        new_wp = rec[1] + rec[2]
+        f = self._data.file_for(new_wp)
+        f.mm[new_wp - f.start:min(old_wp, f.end) - f.start] = bytes(min(old_wp, f.end) - new_wp)
+        self._data.remove_after(self._data.position_of(f) + 1, self._close_file)
+        ioff = (keep + 1) * INDEX_UNIT_SIZE
+        kept = [g for g in self._index.files if g.start < ioff]
+        if kept:
+            g = kept[-1]
+            hi = min((old_end + 1) * INDEX_UNIT_SIZE, g.end)
+            if hi > ioff:
+                g.mm[ioff - g.start:hi - g.start] = bytes(hi - ioff)
+        self._index.remove_after(len(kept), self._close_file)
+        self.ledger_end_index, self.ledger_end_term = keep, rec[4]
+        self._write_pos = new_wp
+        self._data_dirty_lo = min(self._data_dirty_lo, new_wp)
+        self._index_dirty_lo = min(self._index_dirty_lo, keep + 1)
+        self._gc.cap(keep)
+        self._refresh_tails()
+
+    def _reset(self, entry: Entry) -> None:
+        """Start the log over at ``entry`` (a follower behind the leader's begin, or an empty one)."""
+        base.check_entry_size(entry.size, self.max_entry_size)
+        rel = entry.pos % self.data_file_size
+        if rel + entry.size + MIN_BLANK_LEN > self.data_file_size:
+            raise DLedgerError(ResponseCode.DISK_ERROR,
+                               f"entry {entry.index} at pos {entry.pos} does not fit a {self.data_file_size}-byte "
+                               f"data file here (data file sizes differ between members?)")
+        base.check_reserved_fields(entry)
+        base.check_body_crc(entry, self.accept_zero_crc)
+        if self._disk_full:
+            self._refuse_disk_full()
+        self._data.remove_after(0, self._close_file)
+        self._index.remove_after(0, self._close_file)
+        # The old files must be gone for good before new ones appear, or a crash could mix the two logs.
+        for lst in (self._data, self._index):
+            if lst.directory.is_dir():
+                diskio.fsync_dir(lst.directory)
+        self._set_data_tail(None)
+        self._set_index_tail(None)
+        self.ledger_begin_index = self.ledger_end_index = self.ledger_end_term = -1
+        self._write_pos = entry.pos - rel
+        self._data.create(self._write_pos)
+        self._refresh_tails()
+        self._write_pos = entry.pos
+        self._put(entry)
+        self._begin_pos = entry.pos
+        self.committed_index = entry.index - 1
+        self._gc.cap(entry.index - 1)
+        self._data_dirty_lo = entry.pos
+        self._index_dirty_lo = entry.index
+        self._released_to = self._data.start
+        self._index_released_to = self._index.start
+
+    # -- reads -----------------------------------------------------------------
+    def _record(self, index: int) -> tuple[int, int, int, int, int]:
+        """Index record ``index`` (magic, pos, size, index, term), repaired from the data if it is damaged."""
+        off = index * INDEX_UNIT_SIZE
+        f = self._index.file_for(off)
+        if f is not None:
+            rec = _unpack_index(f.mm, off - f.start)
+            if rec[3] == index and rec[0] in VALID_MAGICS and rec[2] >= HEADER_SIZE:
+                return rec
+        return self._repair_index(index)
+
+    def _repair_index(self, index: int) -> tuple[int, int, int, int, int]:
+        """Rewrite index records up to ``index`` from the data, starting at the newest record that checks out."""
+        anchor = None
+        for k in range(index - 1, max(self.ledger_begin_index, index - _REPAIR_LOOKBACK) - 1, -1):
+            anchor = verified_entry(self._data, self._ilog, k, self.accept_zero_crc, verify_crc=False)
+            if anchor is not None:
+                break
+        try:
+            if anchor is None:
+                anchor = decode_at(self._data, self._begin_pos, accept_zero_crc=self.accept_zero_crc,
+                                   verify_crc=False)
+        except CodecError as exc:
+            raise DLedgerError(ResponseCode.DISK_ERROR, f"cannot locate entry {index}: {exc}") from None
+        rewritten = []
+
+        def fix(e: Entry) -> str | None:
+            conflict = self._ilog.check(e)
+            if conflict:
+                return conflict
+            if not self._ilog.matches(e):
+                self._ilog.write(e)
+                rewritten.append(e.index)
+            return None
+
+        result = scan_forward(self._data, anchor.pos, anchor.index, -1, accept_zero_crc=self.accept_zero_crc,
+                              on_entry=fix, check_tail=False, stop_after=index)
+        if result.last_index != index:
+            raise DLedgerError(ResponseCode.DISK_ERROR,
+                               f"cannot read entry {index}: {result.problem or 'the data log ends before it'}")
+        if rewritten:
+            log.warn("mmap store {dir}: rewrote {n} damaged index records ({first}..{last}) from the data",
+                     dir=str(self.member_dir), n=len(rewritten), first=rewritten[0], last=rewritten[-1])
+            self._index_dirty_lo = min(self._index_dirty_lo, rewritten[0])
+        self._refresh_tails()
+        off = index * INDEX_UNIT_SIZE
+        f = self._index.file_for(off)
+        return _unpack_index(f.mm, off - f.start)
+
+    def get(self, index: int) -> Entry:
+        """Entry ``index``, checked against its index record; DISK_ERROR rather than a damaged entry."""
+        if index > self.ledger_end_index or index < self.ledger_begin_index or self.ledger_end_index < 0:
+            raise base.index_out_of_range(index, self.ledger_begin_index, self.ledger_end_index)
+        problem = "index record and data disagree"
+        for attempt in (0, 1):
+            rec = self._record(index) if attempt == 0 else self._repair_index(index)
+            pos = rec[1]
+            f = self._data.file_for(pos)
+            if f is None:
+                continue
+            try:
+                e = decode_entry(f.mm, pos - f.start, accept_zero_crc=self.accept_zero_crc, max_size=f.size)
+            except CodecError as exc:
+                problem = f"entry {index} at pos {pos} is damaged: {exc}"
+                continue
+            if (e.magic, e.pos, e.size, e.index, e.term) == rec:
+                if e.channel or e.chain_crc:
+                    raise DLedgerError(ResponseCode.DISK_ERROR, f"entry {index} at pos {pos} has non-zero "
+                                       f"reserved fields (damaged header)")
+                return e
+            if (e.index, e.pos, e.size) == (index, pos, rec[2]):
+                raise DLedgerError(ResponseCode.DISK_ERROR, f"entry {index} at pos {pos} says term {e.term} "
+                                   f"magic {e.magic} but its index record says term {rec[4]} magic {rec[0]}")
+        raise DLedgerError(ResponseCode.DISK_ERROR, problem)
+
+    def get_range(self, begin_index: int, max_count: int, max_bytes: int) -> list[Entry]:
+        first = self.get(begin_index)
+        out = [first]
+        total = first.size
+        last = min(self.ledger_end_index, begin_index + max_count - 1)
+        for index in range(begin_index + 1, last + 1):
+            e = self.get(index)
+            total += e.size
+            if total > max_bytes:
+                break
+            out.append(e)
+        return out
+
+    def get_first_log_of_target_term(self, term: int, end_index: int) -> int:
+        lo, hi = self.ledger_begin_index, min(end_index, self.ledger_end_index)
+        if self.ledger_end_index < 0 or hi < lo:
+            return -1
+        first, last = lo, hi
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._record(mid)[4] < term:
+                lo = mid + 1
+            else:
+                hi = mid
+        if first <= lo <= last and self._record(lo)[4] == term:
+            return lo
+        return -1
+
+    def update_committed_index(self, term: int, index: int) -> None:
+        self.committed_index = base.next_committed_index(
+            self.committed_index, term, self.member_state.curr_term, index,
+            self.ledger_begin_index, self.ledger_end_index)
+
+    # -- durability ------------------------------------------------------------
+    def flush(self) -> Deferred:
+        """Make everything appended so far durable; fires with :attr:`flushed_index` (group commit)."""
+        if not self._open:
+            return succeed(self.flushed_index)
+        return self._gc.request()
+
+    def _dirty(self) -> bool:
+        return (self._data_dirty_lo < self._write_pos or self._index_dirty_lo <= self.ledger_end_index
+                or self._data.dir_dirty or self._index.dir_dirty)
+
+    def _files_between(self, lst: MappedFileList, lo: int, hi: int) -> list[MappedFile]:
+        files = lst.files
+        if not files or hi <= lo:
+            return []
+        size = lst.file_size
+        a = max(0, (lo - files[0].start) // size)
+        b = min(len(files), (hi - 1 - files[0].start) // size + 1)
+        return files[a:b]
+
+    def _prepare_flush(self) -> FlushPlan:
+        target = self.ledger_end_index
+        data_lo, index_lo = self._data_dirty_lo, self._index_dirty_lo
+        touched = self._files_between(self._data, data_lo, self._write_pos) + self._files_between(
+            self._index, index_lo * INDEX_UNIT_SIZE, (target + 1) * INDEX_UNIT_SIZE)
+        new = [f for lst in (self._data, self._index) for f in lst.files if f.new]
+        dirs = [lst for lst in (self._data, self._index) if lst.dir_dirty or any(f.new for f in lst.files)]
+        if not touched and not new and not dirs:
+            return FlushPlan(target, None)
+        self._data_dirty_lo, self._index_dirty_lo = self._write_pos, target + 1
+        for f in new:
+            f.new = False
+        for lst in dirs:
+            lst.dir_dirty = False
+        synced = [f.fd for f in touched if f not in new]
+        # One job per file so that a threaded BlockingIO syncs data and index side by side.
+        work = [functools.partial(diskio.flush_files, [fd], [], []) for fd in synced]
+        if new or dirs:
+            work.append(functools.partial(diskio.flush_files, [], [f.fd for f in new],
+                                          [str(lst.directory) for lst in dirs]))
+
+        def failed(_failure) -> None:
+            self._data_dirty_lo = min(self._data_dirty_lo, data_lo)
+            self._index_dirty_lo = min(self._index_dirty_lo, index_lo)
+            for f in new:
+                f.new = True
+            for lst in dirs:
+                lst.dir_dirty = True
+
+        return FlushPlan(target, work, done=self._flushed, failed=failed)
+
+    def _flushed(self, _result) -> None:
+        """After a round: drop our mapping of flushed, full pages so RSS does not grow with the log."""
+        if not self.release_flushed_pages:
+            return
+        self._released_to = self._release(self._data, self._released_to, min(self._data_dirty_lo, self._write_pos))
+        self._index_released_to = self._release(self._index, self._index_released_to,
+                                                self._index_dirty_lo * INDEX_UNIT_SIZE)
+
+    def _release(self, lst: MappedFileList, lo: int, upto: int) -> int:
+        if not lst.files:
+            return lo
+        lo = max(lo, lst.start)
+        for f in self._files_between(lst, lo, upto):
+            f.release(max(lo, f.start) - f.start, min(upto, f.end) - f.start)
+        return max(lo, upto - upto % mmap.PAGESIZE)
+
+    # -- retention and disk space ----------------------------------------------
+    def check_disk(self) -> float:
+        """Measure disk usage and set or clear the disk-full state; returns the used fraction."""
+        ratio = self._disk_usage()
+        full = self.retention.disk_full(ratio)
+        if full != self._disk_full:
+            if full:
+                log.error("mmap store {dir}: disk {ratio:.1%} used, over diskFullRatio; refusing appends",
+                          dir=str(self.member_dir), ratio=ratio)
+            else:
+                log.info("mmap store {dir}: disk {ratio:.1%} used; appends resume", dir=str(self.member_dir),
+                         ratio=ratio)
+        self._disk_full, self._used_ratio = full, ratio
+        return ratio
+
+    def _first_index_from(self, k: int) -> int | None:
+        """Index of the first entry in data file ``k`` or a later one (blank-only files skipped)."""
+        for f in self._data.files[k:]:
+            pos = self._begin_pos if f.start <= self._begin_pos < f.end else f.start
+            try:
+                return decode_at(self._data, pos, accept_zero_crc=self.accept_zero_crc, verify_crc=False).index
+            except CodecError:
+                continue
+        return None
+
+    def clean_expired(self, now: float) -> int:
+        """Delete whole data files past retention (see :mod:`.retention`); returns how many entries went."""
+        if not self._open:
+            return 0
+        used = self.check_disk()
+        mode = self.retention.mode(now, used)
+        if mode is CleanMode.NONE:
+            return 0
+        old_begin = self.ledger_begin_index
+        files = 0
+        while len(self._data.files) > 1:
+            next_first = self._first_index_from(1)
+            if next_first is None or next_first - 1 > self.committed_index:
+                break
+            expired = self.retention.expired(now, diskio.file_mtime(self._data.files[0].path))
+            if not expired and not (mode is CleanMode.FORCE and self.retention.keep_forcing(used)):
+                break
+            self._data.remove_first(1, self._close_file)
+            self.ledger_begin_index = next_first
+            self._begin_pos = self._record(next_first)[1]
+            files += 1
+            if mode is CleanMode.FORCE:
+                used = self._disk_usage()
+        if not files:
+            return 0
+        self._released_to = max(self._released_to, self._data.start)
+        self._ilog.drop_below(self.ledger_begin_index, self._close_file)
+        self._refresh_tails()
+        log.info("mmap store {dir}: retention ({mode}) removed {files} data files, entries [{a}, {b}]",
+                 dir=str(self.member_dir), mode=mode.value, files=files, a=old_begin, b=self.ledger_begin_index - 1)
+        self.check_disk()
+        return self.ledger_begin_index - old_begin
+
+
+def _disk_error(exc: OSError, index: int) -> DLedgerError:
+    """A failed write as the error a leader or peer sees: DISK_FULL for ENOSPC, else DISK_ERROR."""
+    code = ResponseCode.DISK_FULL if exc.errno == errno.ENOSPC else ResponseCode.DISK_ERROR
+    return DLedgerError(code, f"cannot write entry {index}: {exc}")
+
+
+def _term_store(config) -> FileTermVoteStore:
+    return FileTermVoteStore(config.member_dir)
+
+
+@hookimpl
+def dledger_store_types():
+    return [StoreType(
+        name="mmap",
+        make_log_store=MmapLogStore.from_config,
+        make_term_store=_term_store,
+        description="DLedger's memory-mapped data/index files (Java-compatible); currterm file",
+    )]

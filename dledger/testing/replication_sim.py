@@ -1,0 +1,222 @@
+"""Seeded replication simulation: clients append and read while the network and disks misbehave.
+
+Each schedule runs a group on a :class:`SimClock` with an
+:class:`InProcessNetwork` (partitions, one-way blocks, loss, duplication,
+delay and reordering) and :class:`SimulatedDisk` stores (crashes lose or tear
+unflushed writes).  Clients record every invocation and completion.  After a
+quiet period in which everything heals, the run is checked for lost and
+divergent entries, two leaders in a term and non-linearizable histories (see
+:mod:`dledger.testing.checker`).
+
+``python -m tools.simulate replication --seeds 10000`` runs many schedules;
+a failing seed replays exactly with ``--seed N``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from dledger.errors import DLedgerError
+from dledger.testing.checker import CommittedLog, History, linearizability_violations, lost_appends
+from dledger.testing.election_sim import ElectionChecker, checked_cluster
+from dledger.transport.inprocess import FaultSettings
+
+
+@dataclass
+class SimResult:
+    seed: int
+    members: int
+    faults: int = 0
+    appends: int = 0
+    acked: int = 0
+    gets: int = 0
+    lost: list[str] = field(default_factory=list)
+    divergent: list[str] = field(default_factory=list)
+    nonlinearizable: list[str] = field(default_factory=list)
+    leaders: list[str] = field(default_factory=list)
+    stuck: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.divergent or self.nonlinearizable or self.leaders or self.stuck)
+
+    def problems(self) -> list[str]:
+        out = [f"lost: {x}" for x in self.lost] + [f"divergent: {x}" for x in self.divergent]
+        out += [f"nonlinearizable: {x}" for x in self.nonlinearizable] + [f"leaders: {x}" for x in self.leaders]
+        if self.stuck:
+            out.append(f"stuck: {self.stuck}")
+        return out
+
+
+def _watch_commits(cluster, committed: CommittedLog, held: dict[str, int], problems: list[str]) -> None:
+    """Record every entry each member commits; check a member still holds what it committed before."""
+    original = cluster._make
+
+    def make(mid):
+        server = original(mid)
+        store = server.store
+        floor = held.get(mid, -1)
+        if store.ledger_end_index < floor:
+            problems.append(f"{mid} restarted with log end {store.ledger_end_index} but had committed {floor}")
+        for i in range(max(store.ledger_begin_index, 0), min(floor, store.ledger_end_index) + 1):
+            e = store.get(i)
+            committed.observe(mid, i, e.term, e.body)
+        update = store.update_committed_index
+
+        def watched(term, index, store=store, mid=mid, update=update):
+            before = store.committed_index
+            update(term, index)
+            for i in range(max(before + 1, store.ledger_begin_index), store.committed_index + 1):
+                e = store.get(i)
+                committed.observe(mid, i, e.term, e.body)
+            held[mid] = max(held.get(mid, -1), store.committed_index)
+
+        store.update_committed_index = watched
+        return server
+
+    cluster._make = make
+
+
+def run_replication_seed(seed: int, duration: float = 8.0, members: int | None = None,
+                         clients: int = 3) -> SimResult:
+    """One seeded schedule; the result lists every safety problem found (empty lists when safe)."""
+    rng = random.Random(seed)
+    n = members or rng.choice([3, 3, 5])
+    result = SimResult(seed, n)
+    checker = ElectionChecker()
+    faults = FaultSettings(min_delay=0.0002, max_delay=rng.choice([0.001, 0.005, 0.03]),
+                           loss=rng.choice([0.0, 0.01, 0.05]), duplicate=rng.choice([0.0, 0.02, 0.1]))
+    cluster = checked_cluster(n, seed, checker, faults=faults, max_pending_requests_num=200,
+                              max_batch_push_size=rng.choice([512, 4096, 65536]),
+                              enable_batch_push=rng.random() < 0.8)
+    committed = CommittedLog()
+    held: dict[str, int] = {}
+    restart_problems: list[str] = []
+    _watch_commits(cluster, committed, held, restart_problems)
+    history = History()
+    clock = cluster.clock
+    chaos = True
+
+    # -- faults -------------------------------------------------------------------
+    def crash(mid):
+        if chaos and mid in cluster.servers and len(cluster.down) < (n - 1) // 2 + 1:
+            cluster.crash(mid)
+            result.faults += 1
+            clock.callLater(rng.uniform(0.05, 1.5), restart, mid)
+
+    def restart(mid):
+        if chaos and mid in cluster.down:
+            cluster.restart(mid)
+
+    def fault():
+        if not chaos:
+            return
+        result.faults += 1
+        ids = list(cluster.ids)
+        kind = rng.random()
+        if kind < 0.25:
+            rng.shuffle(ids)
+            cut = rng.randint(1, n - 1)
+            cluster.partition(ids[:cut], ids[cut:])
+        elif kind < 0.35:
+            cluster.network.block(rng.choice(ids), rng.choice(ids))
+        elif kind < 0.6:
+            cluster.heal()
+        elif kind < 0.7:
+            leader = cluster.leader()
+            if leader:
+                crash(leader)
+        else:
+            crash(rng.choice(ids))
+        clock.callLater(rng.expovariate(1 / 0.8), fault)
+
+    # -- clients ------------------------------------------------------------------
+    counter = [0]
+
+    def client_loop(name, client):
+        if not chaos:
+            return
+        if rng.random() < 0.75:
+            counter[0] += 1
+            body = f"{seed}:{name}:{counter[0]}".encode()
+            op = history.invoke("append", name, clock.seconds(), body=body)
+            result.appends += 1
+            d = client.append(body)
+            d.addCallbacks(lambda resp, op=op: History.complete(op, clock.seconds(), ok=True, index=resp.index),
+                           lambda f, op=op: History.complete(op, clock.seconds(), ok=False, error=_code(f)))
+        else:
+            top = max(committed.entries, default=0)
+            index = rng.randint(max(0, top - 5), top + 3)
+            op = history.invoke("get", name, clock.seconds(), index=index)
+            result.gets += 1
+            d = client.get(index, 1)
+
+            def got(entries, op=op, index=index):
+                hit = [e for e in entries if e.index == index]
+                if hit:
+                    History.complete(op, clock.seconds(), ok=True, result=hit[0].body)
+                else:
+                    History.complete(op, clock.seconds(), ok=False, error="NOOP_OR_SKIPPED")
+
+            d.addCallbacks(got, lambda f, op=op: History.complete(op, clock.seconds(), ok=False, error=_code(f)))
+        d.addBoth(lambda _r: clock.callLater(rng.expovariate(1 / 0.02), client_loop, name, client))
+
+    try:
+        cluster.start()
+        for k in range(clients):
+            client = cluster.client(f"c{k}", at_least_once=rng.random() < 0.5, request_timeout=0.5, max_attempts=5)
+            clock.callLater(rng.uniform(0, 0.3), client_loop, f"c{k}", client)
+        clock.callLater(rng.uniform(0.2, 1.0), fault)
+        cluster.run(duration)
+        chaos = False
+        cluster.heal()
+        cluster.network.faults = FaultSettings()
+        for mid in list(cluster.down):
+            cluster.restart(mid)
+        pending = [op for op in history.ops if op.completed is None]
+        if not cluster.run_until(lambda: all(op.completed is not None for op in pending)
+                                 and _converged(cluster), 60):
+            result.stuck = _describe(cluster, history)
+    finally:
+        for s in list(cluster.servers.values()):
+            s.crash()
+
+    # -- checks ---------------------------------------------------------------------
+    result.acked = len(history.acked)
+    result.leaders = list(checker.violations)
+    result.divergent = committed.divergences + restart_problems
+    logs = {mid: cluster.committed_entries(mid) for mid in cluster.ids}
+    result.lost = lost_appends(history, logs)
+    final = {}
+    for entries in logs.values():
+        for e in entries:
+            prev = final.setdefault(e.index, e.body)
+            if prev != e.body:
+                result.divergent.append(f"final logs differ at {e.index}")
+    result.nonlinearizable = linearizability_violations(history, final)
+    return result
+
+
+def _code(failure) -> str:
+    exc = failure.value
+    return exc.code.name if isinstance(exc, DLedgerError) else type(exc).__name__
+
+
+def _converged(cluster) -> bool:
+    leader = cluster.stable_leader()
+    if leader is None:
+        return False
+    target = cluster.servers[leader].store
+    if target.committed_index < target.ledger_end_index:
+        return False
+    return all(s.store.committed_index == target.committed_index for s in cluster.servers.values())
+
+
+def _describe(cluster, history) -> str:
+    states = ", ".join(f"{mid}: {s.state.role.name} t{s.state.curr_term} end={s.store.ledger_end_index} "
+                       f"commit={s.store.committed_index}" for mid, s in sorted(cluster.servers.items()))
+    pending = sum(1 for op in history.ops if op.completed is None)
+    return f"no convergence after healing ({states}; {pending} ops pending)"
+
+
