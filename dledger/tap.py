@@ -133,6 +133,7 @@ class MemberService(service.Service):
         self.server = None
         self.exit_status = 0
         self.stopped_cleanly = False
+        self._exit_trigger = None
         #: Fires once the member serves (after the summary line), or fails if it could not start.
         self.ready: Deferred = Deferred()
 
@@ -140,7 +141,7 @@ class MemberService(service.Service):
         from dledger.server import DLedgerServer
 
         super().startService()
-        self.reactor.addSystemEventTrigger("after", "shutdown", self._set_exit_status)
+        self._exit_trigger = self.reactor.addSystemEventTrigger("after", "shutdown", self._set_exit_status)
         cfg = self.config
         bio = BlockingIO(self.reactor, threaded=self.threaded_io)
         log.info("dledger {id}: starting (group {group}, store {store}, flush {flush})", id=cfg.self_id,

@@ -173,6 +173,31 @@ async def test_twistd_member_that_cannot_listen_exits_1(tmp_path, reactor):
         group.close()
 
 
+@pytest.mark.network
+@pytest_twisted.ensureDeferred
+async def test_member_service_gives_a_durable_store_a_threaded_blocking_io(tmp_path, reactor):
+    """The member service builds its store with the reactor's thread pool for fsyncs when the store takes one."""
+    from dledger.launcher import durable_store
+
+    store = durable_store()
+    if store is None:
+        pytest.skip("no durable store installed")
+    [port] = free_ports(1)
+    options = parse("--id", "n0", "--peers", f"n0-127.0.0.1:{port}", "--store", store, "--store-dir", str(tmp_path),
+                    "--preset", "fast")
+    member = tap.MemberService(options.config, reactor)
+    member.startService()
+    try:
+        await member.ready
+        assert member.server.running and member.server.store.io.threaded
+        assert "dledger member n0 of group default serving on 127.0.0.1:" in member.summary()
+        assert f"store {store} in {tmp_path}/dledger-n0 (flush sync)" in member.summary()
+    finally:
+        await member.stopService()
+        reactor.removeSystemEventTrigger(member._exit_trigger)
+    assert member.stopped_cleanly and not member.server.running
+
+
 def test_free_ports_are_distinct():
     """free_ports hands out distinct ports."""
     ports = free_ports(8)
