@@ -11,7 +11,10 @@ from typing import Any
 class StoreType:
     """A named store implementation.
 
-    ``make_log_store(config, member_state)`` returns an ``ILogStore``;
+    ``make_log_store(config, member_state, *, clock, blocking_io)`` returns an
+    ``ILogStore`` (``clock`` is the member's ``IReactorTime`` for the store's
+    timers, ``blocking_io`` the :class:`dledger.diskio.BlockingIO` its fsyncs
+    must go through; accept and ignore what you do not need);
     ``make_term_store(config)`` returns the ``ITermVoteStore`` that goes with
     it (a file store keeps ``currterm`` next to its data, LMDB in the same
     environment, memory in memory).

@@ -8,9 +8,7 @@ manager for the common case.
 
 from __future__ import annotations
 
-import inspect
 import random
-from typing import Any
 
 from twisted.internet.defer import Deferred, inlineCallbacks, maybeDeferred
 from twisted.logger import Logger
@@ -19,6 +17,7 @@ from zope.interface import implementer
 from dledger import plugins
 from dledger.codes import ResponseCode, Role
 from dledger.commit_feed import CommitFeed
+from dledger.diskio import INLINE
 from dledger.election.elector import LeaderElector
 from dledger.election.state import MemberState
 from dledger.entry import Entry
@@ -87,14 +86,13 @@ class DLedgerServer:
     # -- construction ------------------------------------------------------------------
     @classmethod
     def build(cls, config, *, clock=None, transport=None, store=None, term_store=None,
-              rng: random.Random | None = None, plugin_manager=None, store_options: dict[str, Any] | None = None,
+              rng: random.Random | None = None, plugin_manager=None, blocking_io=None,
               **transport_kwargs) -> DLedgerServer:
         """A server from ``config``: store and transport come from the plugins named in the config unless given.
 
-        ``store_options`` (e.g. ``clock``, ``blocking_io``) are passed to the store type's
-        ``make_log_store`` as keyword arguments, each only if that factory accepts it, so a
-        running member can hand a threaded :class:`~dledger.diskio.BlockingIO` to a durable store
-        while stores that have no use for it (memory) are built as before.
+        ``blocking_io`` (a :class:`dledger.diskio.BlockingIO`) says where the
+        store's fsyncs run: inline by default (tests, tools), on the reactor's
+        thread pool for a running member (``BlockingIO(reactor, threaded=True)``).
         """
         if clock is None:
             from twisted.internet import reactor as clock
@@ -105,8 +103,7 @@ class DLedgerServer:
             term_store = store_type.make_term_store(config)
         state = MemberState(config.self_id, list(config.members), term_store, config.group)
         if store is None:
-            store = store_type.make_log_store(config, state,
-                                              **_accepted_kwargs(store_type.make_log_store, store_options or {}))
+            store = store_type.make_log_store(config, state, clock=clock, blocking_io=blocking_io or INLINE)
         elif callable(store) and not hasattr(store, "append_as_leader"):
             store = store(config, state)
         if transport is None:
@@ -418,17 +415,3 @@ class DLedgerServer:
     }
 
 
-
-def _accepted_kwargs(factory, options: dict[str, Any]) -> dict[str, Any]:
-    """The subset of ``options`` that ``factory`` takes as keyword arguments (all of them with ``**kwargs``)."""
-    if not options:
-        return {}
-    try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
-        return {}
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return dict(options)
-    named = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    names = {p.name for p in params if p.kind in named}
-    return {k: v for k, v in options.items() if k in names}

@@ -147,8 +147,7 @@ class MemberService(service.Service):
         log.info("dledger {id}: starting (group {group}, store {store}, flush {flush})", id=cfg.self_id,
                  group=cfg.group, store=cfg.store_type, flush=cfg.flush_policy)
         try:
-            self.server = DLedgerServer.build(cfg, clock=self.reactor,
-                                              store_options={"clock": self.reactor, "blocking_io": bio})
+            self.server = DLedgerServer.build(cfg, clock=self.reactor, blocking_io=bio)
             if self.metrics is not None:
                 self.server.enable_stats()
             started = maybeDeferred(self.server.start)

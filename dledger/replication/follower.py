@@ -221,7 +221,9 @@ class EntryHandler:
         """Answer the earliest push that has waited too long for a gap, so the leader re-compares."""
         self._timer = None
         now = self.clock.seconds()
-        stale = [first for first, (_, _, arrived) in self._waiting.items() if now - arrived >= self.push_timeout]
+        # (a tolerance for float rounding: the timer fires at ``oldest + timeout`` give or take an ulp)
+        stale = [first for first, (_, _, arrived) in self._waiting.items()
+                 if now - arrived >= self.push_timeout - 1e-6]
         if stale:
             req, d, _ = self._waiting.pop(min(stale))
             log.debug("{id}: push at {first} waited for a gap after {end}: INCONSISTENT_STATE",

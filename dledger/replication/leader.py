@@ -243,9 +243,20 @@ class EntryDispatcher:
                 self.leader.watermark_changed(self)
             self.pump()
         elif code is ResponseCode.REPEATED_PUSH:
-            pass  # an earlier copy of this push is queued on the follower and will be answered
+            # Another copy of this push waits on the follower; its answer may have been the one we lost.
+            gen = self.gen
+            self.leader.clock.callLater(self.leader.push_timeout, self._check_repeated, gen, first, last)
         else:
             self._retry_later(f"APPEND {first}-{last} answered {code.name}")
+
+    def _check_repeated(self, gen: int, first: int, last: int) -> None:
+        if gen != self.gen or self.stopped or first not in self.in_flight:
+            return
+        if self.watermark >= last:
+            self.in_flight.pop(first, None)
+            self.pump()
+        else:
+            self._retry_later(f"APPEND {first}-{last} still unanswered after REPEATED_PUSH")
 
     def _on_commit_reply(self, resp) -> None:
         self.outstanding = False

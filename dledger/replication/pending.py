@@ -58,7 +58,7 @@ class PendingAppends:
         self._timer = None
         now = self.clock.seconds()
         q = self._queue
-        while q and q[0][1] <= now:
+        while q and q[0][1] <= now + 1e-6:  # tolerate float rounding of the timer's time
             _, _, d, response = q.popleft()
             response.code = int(ResponseCode.WAIT_QUORUM_ACK_TIMEOUT)
             d.callback(response)

@@ -11,7 +11,15 @@ import enum
 from collections.abc import Callable
 
 from dledger.codes import ResponseCode, Role
-from dledger.entry import Entry, OversizedEntryError, body_crc, place_entry
+from dledger.entry import (
+    BODY_OFFSET,
+    Entry,
+    OversizedEntryError,
+    body_crc,
+    encode_entry_into,
+    place_entry,
+    seal_crc_in_place,
+)
 from dledger.errors import DLedgerError
 
 
@@ -157,3 +165,48 @@ def committed_after_recovery(saved_committed: int, begin: int, end: int) -> int:
     if end < 0:
         return -1
     return min(max(saved_committed, begin - 1), end)
+
+
+def read_range(get: Callable[[int], Entry], begin_index: int, end_index: int, max_count: int,
+               max_bytes: int) -> list[Entry]:
+    """``get_range`` on top of a store's ``get``: at least one entry, then up to the count and byte budget."""
+    first = get(begin_index)
+    out = [first]
+    total = first.size
+    for index in range(begin_index + 1, min(end_index, begin_index + max_count - 1) + 1):
+        e = get(index)
+        total += e.size
+        if total > max_bytes:
+            break
+        out.append(e)
+    return out
+
+
+def first_index_of_term(term_of: Callable[[int], int], term: int, begin: int, end: int, end_index: int) -> int:
+    """``getFirstLogOfTargetTerm`` by binary search (terms never decrease along the log); -1 if absent."""
+    lo, hi = begin, min(end_index, end)
+    if end < 0 or hi < lo:
+        return -1
+    first, last = lo, hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if term_of(mid) < term:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo if first <= lo <= last and term_of(lo) == term else -1
+
+
+def seal_leader_entry(entry: Entry, index: int, pos: int, hooks: list) -> Entry:
+    """The entry a leader stores: placed at ``index``/``pos``, rewritten by append hooks, CRC sealed last."""
+    stored = Entry(entry.body, index, entry.term, pos, entry.magic, 0, 0, 0)
+    if not hooks:
+        stored.body_crc = body_crc(entry.body)
+        return stored
+    buf = bytearray(stored.size)
+    encode_entry_into(buf, 0, stored)
+    for hook in hooks:
+        hook.before_append(stored, buf, BODY_OFFSET)
+    stored.body_crc = seal_crc_in_place(buf, 0, stored.size)
+    stored.body = bytes(buf[BODY_OFFSET:])
+    return stored

@@ -30,14 +30,10 @@ from dledger import diskio
 from dledger.codes import ResponseCode, Role
 from dledger.config import FLUSH_POLICIES, GiB, MiB
 from dledger.entry import (
-    BODY_OFFSET,
     CodecError,
     Entry,
-    body_crc,
     decode_entry,
     encode_entry,
-    encode_entry_into,
-    seal_crc_in_place,
 )
 from dledger.errors import DLedgerError, StoreError
 from dledger.hookspecs import hookimpl
@@ -297,18 +293,7 @@ class LmdbLogStore:
         if entry.channel or entry.chain_crc:
             base.check_reserved_fields(entry)
         pos = self._place(entry.size)
-        index = self.ledger_end_index + 1
-        if self._hooks:
-            stored = Entry(entry.body, index, entry.term, pos, entry.magic, 0, 0, 0)
-            buf = bytearray(stored.size)
-            encode_entry_into(buf, 0, stored)
-            for hook in self._hooks:
-                hook.before_append(stored, buf, BODY_OFFSET)
-            stored.body_crc = seal_crc_in_place(buf, 0, stored.size)
-            stored.body = bytes(buf[BODY_OFFSET:])
-        else:
-            stored = Entry(entry.body, index, entry.term, pos, entry.magic, 0, 0, body_crc(entry.body))
-        return self._push(stored)
+        return self._push(base.seal_leader_entry(entry, self.ledger_end_index + 1, pos, self._hooks))
 
     def _check_follower_entry(self, entry: Entry, write_pos: int) -> None:
         pos = base.place(write_pos, entry.size, self.data_file_size, self.max_entry_size)[0]
@@ -405,29 +390,11 @@ class LmdbLogStore:
         return self._decode(raw, index)
 
     def get_range(self, begin_index: int, max_count: int, max_bytes: int) -> list[Entry]:
-        first = self.get(begin_index)
-        out = [first]
-        total = first.size
-        for index in range(begin_index + 1, min(self.ledger_end_index, begin_index + max_count - 1) + 1):
-            e = self.get(index)
-            total += e.size
-            if total > max_bytes:
-                break
-            out.append(e)
-        return out
+        return base.read_range(self.get, begin_index, self.ledger_end_index, max_count, max_bytes)
 
     def get_first_log_of_target_term(self, term: int, end_index: int) -> int:
-        lo, hi = self.ledger_begin_index, min(end_index, self.ledger_end_index)
-        if self.ledger_end_index < 0 or hi < lo:
-            return -1
-        first, last = lo, hi
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.get(mid).term < term:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo if first <= lo <= last and self.get(lo).term == term else -1
+        return base.first_index_of_term(lambda i: self.get(i).term, term, self.ledger_begin_index,
+                                        self.ledger_end_index, end_index)
 
     def update_committed_index(self, term: int, index: int) -> None:
         self.committed_index = base.next_committed_index(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from twisted.internet.defer import succeed
 from zope.interface import implementer
 
-from dledger.entry import BODY_OFFSET, Entry, encode_entry_into, seal_crc_in_place
+from dledger.entry import Entry
 from dledger.hookspecs import hookimpl
 from dledger.interfaces import ILogStore, ITermVoteStore
 from dledger.plugin_types import StoreType
@@ -76,18 +76,7 @@ class MemoryLogStore:
     def append_as_leader(self, entry: Entry) -> Entry:
         base.check_leader(self.member_state)
         pos = self._place(entry.size)
-        stored = Entry(entry.body, self.ledger_end_index + 1, entry.term, pos, entry.magic,
-                       entry.channel, entry.chain_crc, 0)
-        if self._hooks:
-            buf = bytearray(stored.size)
-            encode_entry_into(buf, 0, stored)
-            for hook in self._hooks:
-                hook.before_append(stored, buf, BODY_OFFSET)
-            stored.body_crc = seal_crc_in_place(buf, 0, stored.size)
-            stored.body = bytes(buf[BODY_OFFSET:])
-        else:
-            stored = stored.sealed()
-        return self._push(stored)
+        return self._push(base.seal_leader_entry(entry, self.ledger_end_index + 1, pos, self._hooks))
 
     def append_as_follower(self, entry: Entry, leader_term: int, leader_id: str) -> Entry:
         base.check_follower(self.member_state, leader_term, leader_id)
@@ -136,27 +125,11 @@ class MemoryLogStore:
         return self._entries[index - begin]
 
     def get_range(self, begin_index: int, max_count: int, max_bytes: int) -> list[Entry]:
-        first = self.get(begin_index)
-        out = [first]
-        total = first.size
-        offset = begin_index - self.ledger_begin_index + 1
-        for entry in self._entries[offset:offset + max_count - 1]:
-            total += entry.size
-            if total > max_bytes:
-                break
-            out.append(entry)
-        return out
+        return base.read_range(self.get, begin_index, self.ledger_end_index, max_count, max_bytes)
 
     def get_first_log_of_target_term(self, term: int, end_index: int) -> int:
-        found = -1
-        hi = min(end_index, self.ledger_end_index)
-        for index in range(hi, self.ledger_begin_index - 1, -1):
-            t = self._entries[index - self.ledger_begin_index].term
-            if t == term:
-                found = index
-            elif t < term:
-                break
-        return found
+        return base.first_index_of_term(lambda i: self._entries[i - self.ledger_begin_index].term, term,
+                                        self.ledger_begin_index, self.ledger_end_index, end_index)
 
     def update_committed_index(self, term: int, index: int) -> None:
         self.committed_index = base.next_committed_index(

@@ -645,32 +645,11 @@ class MmapLogStore:
         raise DLedgerError(ResponseCode.DISK_ERROR, problem)
 
     def get_range(self, begin_index: int, max_count: int, max_bytes: int) -> list[Entry]:
-        first = self.get(begin_index)
-        out = [first]
-        total = first.size
-        last = min(self.ledger_end_index, begin_index + max_count - 1)
-        for index in range(begin_index + 1, last + 1):
-            e = self.get(index)
-            total += e.size
-            if total > max_bytes:
-                break
-            out.append(e)
-        return out
+        return base.read_range(self.get, begin_index, self.ledger_end_index, max_count, max_bytes)
 
     def get_first_log_of_target_term(self, term: int, end_index: int) -> int:
-        lo, hi = self.ledger_begin_index, min(end_index, self.ledger_end_index)
-        if self.ledger_end_index < 0 or hi < lo:
-            return -1
-        first, last = lo, hi
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._record(mid)[4] < term:
-                lo = mid + 1
-            else:
-                hi = mid
-        if first <= lo <= last and self._record(lo)[4] == term:
-            return lo
-        return -1
+        return base.first_index_of_term(lambda i: self._record(i)[4], term, self.ledger_begin_index,
+                                        self.ledger_end_index, end_index)
 
     def update_committed_index(self, term: int, index: int) -> None:
         self.committed_index = base.next_committed_index(

@@ -10,7 +10,9 @@
 True
 
 Time is virtual (:class:`dledger.testing.clock.SimClock`, or any
-``IReactorTime`` you pass, e.g. ``task.Clock``); the network is an
+``IReactorTime`` you pass, e.g. ``task.Clock``) -- or real: pass
+``clock=reactor`` and wait with the Deferred-returning :meth:`Cluster.when`
+and :meth:`Cluster.leader_elected`.  The network is an
 :class:`InProcessNetwork` that can partition, drop, delay, duplicate and
 reorder.  Each member's log lives on a :class:`SimulatedDisk` by default, so
 ``crash(id)`` loses what was not flushed, like a power cut; pass
@@ -95,10 +97,13 @@ class Cluster:
             raise ValueError(f"{mid} is running")
         self.start(mid)
 
-    def stop(self) -> None:
-        """Stop every member cleanly (flushing)."""
-        for mid in list(self.servers):
-            self.servers.pop(mid).stop()
+    def stop(self):
+        """Stop every member cleanly (flushing); returns a Deferred that fires when all have stopped."""
+        from twisted.internet.defer import gatherResults
+        stopping = [self.servers.pop(mid).stop() for mid in list(self.servers)]
+        d = gatherResults(stopping, consumeErrors=True)
+        d.addBoth(lambda r: (self.network.close(), r)[1])
+        return d
 
     # -- network ---------------------------------------------------------------------------
     def partition(self, *groups) -> None:
@@ -158,6 +163,36 @@ class Cluster:
         if not self.run_until(lambda: self.stable_leader() is not None, timeout):
             raise AssertionError(f"no leader after {timeout}s: {[repr(s.state) for s in self.servers.values()]}")
         return self.stable_leader()
+
+    def when(self, predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.01):
+        """A Deferred that fires once ``predicate()`` holds, for clusters on the real reactor.
+
+        Fails with ``TimeoutError`` after ``timeout`` seconds.  (On a virtual
+        clock use :meth:`run_until`, which advances time itself.)
+        """
+        from twisted.internet.defer import Deferred
+        from twisted.internet.task import LoopingCall
+
+        d: Deferred = Deferred()
+        deadline = self.clock.seconds() + timeout
+
+        def check():
+            if predicate():
+                loop.stop()
+                d.callback(True)
+            elif self.clock.seconds() >= deadline:
+                loop.stop()
+                d.errback(TimeoutError(f"condition not met within {timeout}s"))
+
+        loop = LoopingCall(check)
+        loop.clock = self.clock
+        loop.start(interval, now=True)
+        return d
+
+    def leader_elected(self, timeout: float = 30.0):
+        """Deferred firing with the stable leader's id (real reactor)."""
+        return self.when(lambda: self.stable_leader() is not None, timeout).addCallback(
+            lambda _: self.stable_leader())
 
     # -- clients -------------------------------------------------------------------------------
     def client(self, name: str | None = None, **kw):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from dledger.codes import Role
 from dledger.store.memory import MemoryTermVoteStore
+from dledger.testing.chaos import Chaos, ChaosMix
 from dledger.testing.cluster import Cluster
 from dledger.transport.inprocess import FaultSettings
 
@@ -116,55 +117,19 @@ def run_election_seed(seed: int, duration: float = 20.0, members: int | None = N
                            loss=rng.choice([0.0, 0.05, 0.2]), duplicate=rng.choice([0.0, 0.05, 0.2]))
     cluster = checked_cluster(n, seed, checker, faults=faults)
     crash_after_vote = rng.random() < 0.3
-    fault_count = 0
-    chaos = True
+    chaos = Chaos(cluster, rng, ChaosMix())
 
     def maybe_crash_after_vote(member):
-        if chaos and crash_after_vote and member in cluster.servers and rng.random() < 0.2:
-            cluster.clock.callLater(0, crash, member)
-
-    def crash(member):
-        nonlocal fault_count
-        if member in cluster.servers and len(cluster.down) < n // 2 + 1:
-            cluster.crash(member)
-            fault_count += 1
-            cluster.clock.callLater(rng.uniform(0.1, 2.0), restart, member)
-
-    def restart(member):
-        if chaos and member in cluster.down:
-            cluster.restart(member)
-
-    def fault():
-        nonlocal fault_count
-        if not chaos:
-            return
-        fault_count += 1
-        kind = rng.random()
-        ids = list(cluster.ids)
-        if kind < 0.3:
-            rng.shuffle(ids)
-            cut = rng.randint(1, n - 1)
-            cluster.partition(ids[:cut], ids[cut:])
-        elif kind < 0.45:
-            cluster.network.block(rng.choice(ids), rng.choice(ids))
-        elif kind < 0.7:
-            cluster.heal()
-        else:
-            crash(rng.choice(ids))
-        cluster.clock.callLater(rng.expovariate(1 / 1.5), fault)
+        if chaos.active and crash_after_vote and rng.random() < 0.2:
+            cluster.clock.callLater(0, chaos.crash, member)
 
     checker.on_vote_saved = maybe_crash_after_vote
     recovered = False
     try:
         cluster.start()
-        cluster.clock.callLater(rng.uniform(0, 1), fault)
+        chaos.start(rng.uniform(0, 1))
         cluster.run(duration)
-        # Quiet period: heal everything; a leader must emerge again.
-        chaos = False
-        cluster.heal()
-        cluster.network.faults = FaultSettings()
-        for member in list(cluster.down):
-            cluster.restart(member)
+        chaos.calm()  # a leader must emerge again once everything heals
         recovered = cluster.run_until(lambda: cluster.stable_leader() is not None, 30)
     except SafetyViolation:
         pass
@@ -172,5 +137,5 @@ def run_election_seed(seed: int, duration: float = 20.0, members: int | None = N
         for s in list(cluster.servers.values()):
             s.crash()
     violation = checker.violations[0] if checker.violations else None
-    return RunResult(seed, n, checker.elections, fault_count, max(checker.last_term.values(), default=0),
+    return RunResult(seed, n, checker.elections, chaos.faults, max(checker.last_term.values(), default=0),
                      violation, recovered)

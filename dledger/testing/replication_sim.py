@@ -18,6 +18,7 @@ import random
 from dataclasses import dataclass, field
 
 from dledger.errors import DLedgerError
+from dledger.testing.chaos import Chaos, ChaosMix
 from dledger.testing.checker import CommittedLog, History, linearizability_violations, lost_appends
 from dledger.testing.election_sim import ElectionChecker, checked_cluster
 from dledger.transport.inprocess import FaultSettings
@@ -96,46 +97,14 @@ def run_replication_seed(seed: int, duration: float = 8.0, members: int | None =
     _watch_commits(cluster, committed, held, restart_problems)
     history = History()
     clock = cluster.clock
-    chaos = True
-
-    # -- faults -------------------------------------------------------------------
-    def crash(mid):
-        if chaos and mid in cluster.servers and len(cluster.down) < (n - 1) // 2 + 1:
-            cluster.crash(mid)
-            result.faults += 1
-            clock.callLater(rng.uniform(0.05, 1.5), restart, mid)
-
-    def restart(mid):
-        if chaos and mid in cluster.down:
-            cluster.restart(mid)
-
-    def fault():
-        if not chaos:
-            return
-        result.faults += 1
-        ids = list(cluster.ids)
-        kind = rng.random()
-        if kind < 0.25:
-            rng.shuffle(ids)
-            cut = rng.randint(1, n - 1)
-            cluster.partition(ids[:cut], ids[cut:])
-        elif kind < 0.35:
-            cluster.network.block(rng.choice(ids), rng.choice(ids))
-        elif kind < 0.6:
-            cluster.heal()
-        elif kind < 0.7:
-            leader = cluster.leader()
-            if leader:
-                crash(leader)
-        else:
-            crash(rng.choice(ids))
-        clock.callLater(rng.expovariate(1 / 0.8), fault)
+    chaos = Chaos(cluster, rng, ChaosMix(partition=0.25, block=0.1, heal=0.25, crash_leader=0.1, crash=0.3,
+                                         mean_interval=0.8, restart_after=(0.05, 1.5)))
 
     # -- clients ------------------------------------------------------------------
     counter = [0]
 
     def client_loop(name, client):
-        if not chaos:
+        if not chaos.active:
             return
         if rng.random() < 0.75:
             counter[0] += 1
@@ -167,13 +136,9 @@ def run_replication_seed(seed: int, duration: float = 8.0, members: int | None =
         for k in range(clients):
             client = cluster.client(f"c{k}", at_least_once=rng.random() < 0.5, request_timeout=0.5, max_attempts=5)
             clock.callLater(rng.uniform(0, 0.3), client_loop, f"c{k}", client)
-        clock.callLater(rng.uniform(0.2, 1.0), fault)
+        chaos.start(rng.uniform(0.2, 1.0))
         cluster.run(duration)
-        chaos = False
-        cluster.heal()
-        cluster.network.faults = FaultSettings()
-        for mid in list(cluster.down):
-            cluster.restart(mid)
+        chaos.calm()
         pending = [op for op in history.ops if op.completed is None]
         if not cluster.run_until(lambda: all(op.completed is not None for op in pending)
                                  and _converged(cluster), 60):
@@ -183,6 +148,7 @@ def run_replication_seed(seed: int, duration: float = 8.0, members: int | None =
             s.crash()
 
     # -- checks ---------------------------------------------------------------------
+    result.faults = chaos.faults
     result.acked = len(history.acked)
     result.leaders = list(checker.violations)
     result.divergent = committed.divergences + restart_problems

@@ -110,3 +110,28 @@ class SimulatedDiskStore(MemoryLogStore):
         d = self.flush()
         self.closed = True
         return d
+
+
+def make_entries(terms: list[int], *, start_index: int = 0, start_pos: int = 0, prefix: bytes = b"e",
+                 data_file_size: int = 1 << 30) -> list:
+    """Entries with the given terms, consecutive indexes and the positions a leader would give them.
+
+    For setting up scenarios: ``disk.entries = make_entries([1, 1, 2])``.
+    """
+    from dledger.entry import Entry, place_entry
+    out, write = [], start_pos
+    for k, term in enumerate(terms):
+        index = start_index + k
+        body = prefix + f"-{index}-t{term}".encode()
+        size = 48 + len(body)
+        pos, _ = place_entry(write, size, data_file_size)
+        out.append(Entry(body=body, index=index, term=term, pos=pos).sealed())
+        write = pos + size
+    return out
+
+
+def preload(disk: SimulatedDisk, entries: list, committed: int = -1) -> None:
+    """Put ``entries`` on a disk as if a member had written and flushed them."""
+    disk.entries = list(entries)
+    disk.begin = entries[0].index if entries else -1
+    disk.committed = committed

@@ -58,6 +58,7 @@ class InProcessNetwork:
         self._handlers: dict[str, object] = {}
         self._incarnation: dict[str, int] = {}
         self._blocked: set[tuple[str, str]] = set()
+        self._timers: set = set()  # request timeouts still armed, cancelled by close()
 
     # -- membership -------------------------------------------------------------
     def transport(self, member_id: str) -> InProcessTransport:
@@ -127,6 +128,8 @@ class InProcessNetwork:
         d: Deferred = Deferred()
         timeout = self.default_timeout if timeout is None else timeout
         timer = self.clock.callLater(timeout, self._expire, d, src, dst)
+        self._timers.add(timer)
+        d.addBoth(self._settled, timer)
         epoch = (self._incarnation.get(src, 0), self._incarnation[dst])
         if dst not in self._handlers:
             # Connection refused: fail fast, like a closed port.
@@ -142,6 +145,17 @@ class InProcessNetwork:
                 continue
             self.clock.callLater(self._delay(), self._deliver, d, timer, src, dst, request, epoch)
         return d
+
+    def _settled(self, result, timer):
+        self._timers.discard(timer)
+        return result
+
+    def close(self) -> None:
+        """Cancel every pending request timeout (the network is being thrown away)."""
+        for timer in list(self._timers):
+            if timer.active():
+                timer.cancel()
+        self._timers.clear()
 
     def _current(self, src: str, dst: str, epoch: tuple[int, int]) -> bool:
         return (self._incarnation.get(src, 0), self._incarnation.get(dst, 0)) == epoch

@@ -1,0 +1,91 @@
+"""A seeded schedule of faults for a :class:`~dledger.testing.cluster.Cluster`: partitions, one-way
+blocks, heals and crashes with restarts, at exponentially distributed intervals."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from dledger.transport.inprocess import FaultSettings
+
+
+@dataclass(frozen=True)
+class ChaosMix:
+    """Relative weights of fault kinds and the timing of the schedule (seconds)."""
+
+    partition: float = 0.3
+    block: float = 0.15
+    heal: float = 0.25
+    crash_leader: float = 0.0
+    crash: float = 0.3
+    mean_interval: float = 1.5
+    restart_after: tuple[float, float] = (0.1, 2.0)
+
+
+class Chaos:
+    """Injects faults into a running cluster until :meth:`calm` is called."""
+
+    def __init__(self, cluster, rng: random.Random, mix: ChaosMix = ChaosMix()):
+        self.cluster = cluster
+        self.rng = rng
+        self.mix = mix
+        self.active = False
+        self.faults = 0
+        self.max_down = len(cluster.ids) // 2 + 1
+        kinds = [(self._partition, mix.partition), (self._block, mix.block), (self._heal, mix.heal),
+                 (self._crash_leader, mix.crash_leader), (self._crash_any, mix.crash)]
+        self._kinds = [k for k, w in kinds if w > 0]
+        self._weights = [w for _, w in kinds if w > 0]
+
+    def start(self, first_after: float) -> None:
+        self.active = True
+        self.cluster.clock.callLater(first_after, self._fault)
+
+    def _fault(self) -> None:
+        if not self.active:
+            return
+        self.faults += 1
+        self.rng.choices(self._kinds, self._weights)[0]()
+        self.cluster.clock.callLater(self.rng.expovariate(1 / self.mix.mean_interval), self._fault)
+
+    def _partition(self) -> None:
+        ids = list(self.cluster.ids)
+        self.rng.shuffle(ids)
+        cut = self.rng.randint(1, len(ids) - 1)
+        self.cluster.partition(ids[:cut], ids[cut:])
+
+    def _block(self) -> None:
+        ids = self.cluster.ids
+        self.cluster.network.block(self.rng.choice(ids), self.rng.choice(ids))
+
+    def _heal(self) -> None:
+        self.cluster.heal()
+
+    def _crash_leader(self) -> None:
+        leader = self.cluster.leader()
+        if leader is not None:
+            self.crash(leader)
+
+    def _crash_any(self) -> None:
+        self.crash(self.rng.choice(self.cluster.ids))
+
+    def crash(self, member: str) -> None:
+        """Crash ``member`` now (if up and the schedule allows another member down) and restart it later."""
+        cluster = self.cluster
+        if self.active and member in cluster.servers and len(cluster.down) < self.max_down:
+            cluster.crash(member)
+            self.faults += 1
+            cluster.clock.callLater(self.rng.uniform(*self.mix.restart_after), self._restart, member)
+
+    def _restart(self, member: str) -> None:
+        if self.active and member in self.cluster.down:
+            self.cluster.restart(member)
+
+    def calm(self) -> None:
+        """Stop injecting faults, heal the network, clear message faults and restart every crashed member."""
+        self.active = False
+        cluster = self.cluster
+        cluster.heal()
+        cluster.network.faults = FaultSettings()
+        for member in list(cluster.down):
+            cluster.restart(member)
