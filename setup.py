@@ -20,6 +20,7 @@ setup(
         "pluggy>=1.5",
         "crc32c>=2.4",
         "lmdb>=1.4",
+        "prometheus_client>=0.20",
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-twisted>=1.14", "hypothesis>=6.100", "ruff>=0.6"],

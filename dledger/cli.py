@@ -17,6 +17,7 @@ from dledger.errors import ConfigError, DLedgerError, StoreError
 #: Sub-command modules, in the order ``--help`` lists them.
 COMMAND_MODULES = [
     "dledger.commands.demo",
+    "dledger.commands.client",
     "dledger.commands.info",
     "dledger.commands.store",
     "dledger.commands.bench",

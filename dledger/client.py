@@ -12,13 +12,15 @@ connection) are always retried.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.defer import Deferred, fail, inlineCallbacks, succeed
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from dledger.codes import ResponseCode
+from dledger.config import parse_peers
 from dledger.errors import DLedgerError
 from dledger.messages import (
     AppendEntryRequest,
@@ -40,10 +42,12 @@ class DLedgerClient:
     """Talks to a group through any ``ITransport`` (in-process or TCP)."""
 
     def __init__(self, transport, group: str, members: list[str], *, clock, request_timeout: float = 3.0,
-                 max_attempts: int = 30, retry_delay: float = 0.05, at_least_once: bool = True):
+                 max_attempts: int = 30, retry_delay: float = 0.05, at_least_once: bool = True,
+                 owns_transport: bool = False):
         if not members:
             raise ValueError("a client needs at least one member id")
         self.transport = transport
+        self.owns_transport = owns_transport
         self.group = group
         self.members = list(members)
         self.clock = clock
@@ -86,6 +90,12 @@ class DLedgerClient:
         raise last_error or DLedgerError(ResponseCode.TIMEOUT, "no attempt made")
 
     # -- API ---------------------------------------------------------------------------------
+    def close(self) -> Deferred:
+        """Close the connections if this client owns its transport (clients made by :func:`connect` do)."""
+        if self.owns_transport:
+            return self.transport.close()
+        return succeed(None)
+
     def append(self, body: bytes) -> Deferred:
         """Append one body; fires with the AppendEntryResponse (``index``, ``pos``) once committed."""
         return self._call(lambda m: AppendEntryRequest(group=self.group, remote_id=m, body=body),
@@ -126,6 +136,10 @@ class DLedgerClient:
         self.leader = to
         return resp
 
+    def find_leader(self) -> Deferred:
+        """The leader's detailed metadata (asks around until a member says it is the leader)."""
+        return self._find_leader()
+
     @inlineCallbacks
     def _find_leader(self):
         for attempt in range(self.max_attempts):
@@ -145,3 +159,46 @@ class DLedgerClient:
             self.leader = None
             yield deferLater(self.clock, self.retry_delay * min(attempt + 1, 10), lambda: None)
         raise DLedgerError(ResponseCode.NOT_LEADER, "no leader found")
+
+
+class RemoteTransport:
+    """The send side of a transport, for clients: member id -> ``host:port``, one pooled connection each.
+
+    Requests use Java's JSON remoting form, so any DLedger member (Java or dledger) understands them.
+    """
+
+    def __init__(self, reactor: Any, members: Mapping[str, str], *, timeout: float = 3.0,
+                 connect_timeout: float = 3.0):
+        from dledger.transport.client import RemotingClient
+
+        self.members = dict(members)
+        self.remoting = RemotingClient(reactor, timeout=timeout, connect_timeout=connect_timeout)
+
+    def send(self, peer_id: str, request, timeout: float | None = None) -> Deferred:
+        address = self.members.get(peer_id)
+        if address is None:
+            return fail(DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{peer_id!r} is not a member "
+                                                                  f"(members: {', '.join(self.members)})"))
+        return self.remoting.send(address, request, timeout)
+
+    def close(self) -> Deferred:
+        return self.remoting.close()
+
+
+def connect(peers: str, group: str, *, reactor: Any = None, request_timeout: float = 3.0,
+            connect_timeout: float = 3.0, **client_options: Any) -> DLedgerClient:
+    """A client of the group whose members are ``peers`` (``n0-host:port;n1-host:port``), over TCP.
+
+    ``client_options`` go to :class:`DLedgerClient` (``max_attempts``, ``retry_delay``,
+    ``at_least_once``, ``members`` to restrict which members are tried).  Call ``close()`` when done.
+    """
+    if reactor is None:
+        from twisted.internet import reactor
+    addresses = {pid: p.address for pid, p in parse_peers(peers).items()}
+    members = client_options.pop("members", None) or list(addresses)
+    unknown = [m for m in members if m not in addresses]
+    if unknown:
+        raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{', '.join(unknown)} not in peers {peers!r}")
+    transport = RemoteTransport(reactor, addresses, timeout=request_timeout, connect_timeout=connect_timeout)
+    return DLedgerClient(transport, group, members, clock=reactor, request_timeout=request_timeout,
+                         owns_transport=True, **client_options)

@@ -11,8 +11,10 @@ all the same.
 from __future__ import annotations
 
 import base64
+import binascii
 import dataclasses
 import enum
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -220,14 +222,19 @@ def entry_to_wire(entry: Entry) -> dict[str, Any]:
 
 
 def entry_from_wire(obj: dict[str, Any]) -> Entry:
-    body = base64.b64decode(obj.get("body") or "", validate=True)
+    body = binascii.a2b_base64(obj.get("body") or "", strict_mode=True)
     return Entry(body=body, index=int(obj.get("index", -1)), term=int(obj.get("term", -1)),
                  pos=int(obj.get("pos", -1)), magic=int(obj.get("magic", 1)),
                  channel=int(obj.get("channel", 0)), chain_crc=int(obj.get("chainCrc", 0)),
                  body_crc=int(obj.get("bodyCrc", 0)))
 
 
+_PLAIN = frozenset({int, str, bool, float})
+
+
 def _value_to_wire(value: Any) -> Any:
+    if type(value) in _PLAIN:
+        return value
     if isinstance(value, enum.Enum) and not isinstance(value, int):
         return value.name
     if isinstance(value, ResponseCode):
@@ -243,65 +250,106 @@ def _value_to_wire(value: Any) -> Any:
     return value
 
 
+#: class -> ((attribute, wire key) of its fields, (attribute, wire key) of its WIRE_EXTRA properties)
+_WIRE_NAMES: dict[type, tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]] = {}
+
+
+def _wire_names(cls: type) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
+    names = _WIRE_NAMES.get(cls)
+    if names is None:
+        names = _WIRE_NAMES[cls] = (tuple((f.name, camel(f.name)) for f in dataclasses.fields(cls)),
+                                    tuple((n, camel(n)) for n in cls.WIRE_EXTRA))
+    return names
+
+
 def to_wire(msg: RequestOrResponse) -> dict[str, Any]:
     """The JSON object Java DLedger would write for ``msg`` (None fields omitted)."""
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(msg):
-        value = getattr(msg, f.name)
+    plain = _PLAIN
+    fields, extra = _wire_names(type(msg))
+    for name, key in fields:
+        value = getattr(msg, name)
         if value is not None:
-            out[camel(f.name)] = _value_to_wire(value)
-    for name in msg.WIRE_EXTRA:
-        out[camel(name)] = _value_to_wire(getattr(msg, name))
+            out[key] = value if type(value) in plain else _value_to_wire(value)
+    for name, key in extra:
+        out[key] = _value_to_wire(getattr(msg, name))
     return out
 
 
-_HINTS: dict[type, dict[str, tuple[str, Any]]] = {}
+_Converter = typing.Callable[[Any, str], Any]
+#: class -> {wire key: (attribute, converter)}; converters are built once per field type.
+_READERS: dict[type, dict[str, tuple[str, _Converter]]] = {}
 
 
-def _hints(cls: type) -> dict[str, tuple[str, Any]]:
-    hints = _HINTS.get(cls)
-    if hints is None:
-        types = typing.get_type_hints(cls)
-        hints = {camel(f.name): (f.name, types[f.name]) for f in dataclasses.fields(cls)}
-        _HINTS[cls] = hints
-    return hints
+def _b64(value: Any, key: str) -> bytes:
+    if not isinstance(value, str):
+        raise ValueError(f"{key}: expected base64 text")
+    return binascii.a2b_base64(value, strict_mode=True)
 
 
-def _value_from_wire(kind: Any, value: Any, key: str) -> Any:
-    if value is None:
-        return None
-    origin = typing.get_origin(kind)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        inner = [a for a in typing.get_args(kind) if a is not type(None)]
-        return _value_from_wire(inner[0], value, key)
-    if kind is bytes:
-        if not isinstance(value, str):
-            raise ValueError(f"{key}: expected base64 text")
-        return base64.b64decode(value, validate=True)
-    if kind is Entry:
-        if not isinstance(value, dict):
-            raise ValueError(f"{key}: expected an entry object")
-        return entry_from_wire(value)
-    if isinstance(kind, type) and issubclass(kind, enum.Enum) and not issubclass(kind, int):
-        return kind[value]
-    if origin is list:
-        (item,) = typing.get_args(kind)
-        if not isinstance(value, list):
-            raise ValueError(f"{key}: expected a list")
-        return [_value_from_wire(item, v, key) for v in value]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ValueError(f"{key}: expected an object")
-        return {str(k): str(v) for k, v in value.items()}
-    if kind is int:
+def _entry(value: Any, key: str) -> Entry:
+    if not isinstance(value, dict):
+        raise ValueError(f"{key}: expected an entry object")
+    return entry_from_wire(value)
+
+
+def _int(value: Any, key: str) -> int:
+    if type(value) is not int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if kind is str:
-        if not isinstance(value, str):
-            raise ValueError(f"{key}: expected a string, got {value!r}")
-        return value
     return value
+
+
+def _str(value: Any, key: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{key}: expected a string, got {value!r}")
+    return value
+
+
+def _str_dict(value: Any, key: str) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{key}: expected an object")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def _converter(kind: Any) -> _Converter:
+    """The function that reads a JSON value of type ``kind`` (None is handled by the caller)."""
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(kind) if a is not type(None)]
+        return _converter(inner[0])
+    if kind is bytes:
+        return _b64
+    if kind is Entry:
+        return _entry
+    if isinstance(kind, type) and issubclass(kind, enum.Enum) and not issubclass(kind, int):
+        return lambda value, key, kind=kind: kind[value]
+    if origin is list:
+        (item,) = typing.get_args(kind)
+        read_item = _converter(item)
+
+        def read_list(value: Any, key: str) -> list:
+            if not isinstance(value, list):
+                raise ValueError(f"{key}: expected a list")
+            return [None if v is None else read_item(v, key) for v in value]
+
+        return read_list
+    if origin is dict:
+        return _str_dict
+    if kind is int:
+        return _int
+    if kind is str:
+        return _str
+    return lambda value, key: value
+
+
+def _readers(cls: type) -> dict[str, tuple[str, _Converter]]:
+    readers = _READERS.get(cls)
+    if readers is None:
+        hints = typing.get_type_hints(cls)
+        readers = _READERS[cls] = {camel(f.name): (f.name, _converter(hints[f.name]))
+                                   for f in dataclasses.fields(cls)}
+    return readers
 
 
 def from_wire(cls: type[RequestOrResponse], obj: dict[str, Any]) -> RequestOrResponse:
@@ -311,15 +359,18 @@ def from_wire(cls: type[RequestOrResponse], obj: dict[str, Any]) -> RequestOrRes
     """
     if not isinstance(obj, dict):
         raise ValueError(f"{cls.__name__}: expected a JSON object")
-    hints = _hints(cls)
+    readers = _readers(cls)
     kwargs = {}
     for key, value in obj.items():
-        spec = hints.get(key)
+        spec = readers.get(key)
         if spec is None:
             continue
-        name, kind = spec
+        name, read = spec
+        if value is None:
+            kwargs[name] = None
+            continue
         try:
-            kwargs[name] = _value_from_wire(kind, value, key)
-        except (KeyError, TypeError, ValueError, base64.binascii.Error) as exc:
+            kwargs[name] = read(value, key)
+        except (KeyError, TypeError, ValueError, binascii.Error) as exc:
             raise ValueError(f"{cls.__name__}.{key}: bad value {value!r:.80}: {exc}") from None
     return cls(**kwargs)

@@ -40,6 +40,7 @@ from dledger.replication.durability import Flusher
 from dledger.replication.follower import EntryHandler
 from dledger.replication.leader import LeaderReplicator
 from dledger.replication.pending import PendingAppends
+from dledger.stats import ServerStats
 
 log = Logger()
 
@@ -67,6 +68,8 @@ class DLedgerServer:
                                           on_commit=self.committed_advanced)
         self.commit_feed = CommitFeed(store, clock, self.self_id)
         self.replicator: LeaderReplicator | None = None
+        #: Monitoring counters; None (nothing recorded) until :meth:`enable_stats`.
+        self.stats: ServerStats | None = None
         self._transfer: Deferred | None = None
         self._preferred_timer = None
         self.elector.observers.append(self._role_changed)
@@ -109,6 +112,13 @@ class DLedgerServer:
         return cls(config, state, store, transport, clock, rng=rng, plugin_manager=plugin_manager)
 
     # -- extension points --------------------------------------------------------------
+    def enable_stats(self) -> ServerStats:
+        """Start counting appends, reads and replication round trips (for :mod:`dledger.metrics`)."""
+        if self.stats is None:
+            self.stats = ServerStats(self.clock)
+            self.elector.observers.append(self.stats.role_changed)
+        return self.stats
+
     def add_role_change_handler(self, handler) -> None:
         """Register an ``IRoleChangeHandler`` (called with every role change, in order)."""
         self.elector.notifier.add(handler)
@@ -228,10 +238,13 @@ class DLedgerServer:
                                    f"body of {len(body)} bytes exceeds maxEntrySize {self.config.max_entry_size}",
                                    leader_id=st.leader_id)
         term = st.curr_term
+        started = self.clock.seconds() if self.stats is not None else 0.0
         last = None
+        store, remember = self.store, self.replicator.recent.add
         try:
             for body in bodies:
-                last = self.store.append_as_leader(Entry(body=body, term=term))
+                last = store.append_as_leader(Entry(body=body, term=term))
+                remember(last)
         except DLedgerError as exc:
             exc.leader_id = st.leader_id
             if last is not None:
@@ -240,6 +253,8 @@ class DLedgerServer:
         response = AppendEntryResponse(group=self.config.group, term=term, index=last.index, pos=last.pos,
                                        leader_id=self.self_id)
         d = self.pending.add(last.index, response)
+        if self.stats is not None:
+            self.stats.append_accepted(d, len(bodies), sum(map(len, bodies)), started)
         self.replicator.entries_appended(last.index)
         return d
 
@@ -280,11 +295,14 @@ class DLedgerServer:
     def _read(self, begin: int, want: int) -> GetEntriesResponse:
         store = self.store
         committed = store.committed_index
+        started = self.clock.seconds() if self.stats is not None else 0.0
         out: list[Entry] = []
         while begin <= committed and not out:
             entries = store.get_range(begin, min(want, committed - begin + 1), GET_MAX_BYTES)
             out = [e for e in entries if not e.is_noop]
             begin = entries[-1].index + 1
+        if self.stats is not None:
+            self.stats.read_done(started)
         return GetEntriesResponse(group=self.config.group, entries=out)
 
     def handle_metadata(self, request: MetadataRequest) -> MetadataResponse:
@@ -395,4 +413,5 @@ class DLedgerServer:
         MetadataRequest: handle_metadata,
         LeadershipTransferRequest: handle_leadership_transfer,
     }
+
 

@@ -1,1 +1,1 @@
-"""Benchmarks run by ``dledger bench``: one module per subject (``store`` now, ``cluster`` later)."""
+"""Benchmarks run by ``dledger bench``: one module per subject (``store``, ``cluster``)."""

@@ -1,9 +1,10 @@
-"""``dledger bench``: benchmarks, one sub-command per subject (``store``; ``cluster`` comes with replication)."""
+"""``dledger bench``: benchmarks, one sub-command per subject (``store``, ``cluster``)."""
 
 from __future__ import annotations
 
 import json
 
+from dledger.bench import cluster as cluster_bench
 from dledger.bench import store as store_bench
 
 
@@ -11,6 +12,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="run a benchmark", description="Benchmarks; see docs/benchmarks.md.")
     sub = p.add_subparsers(dest="bench_command", metavar="SUBJECT")
     _register_store(sub)
+    cluster_bench.register(sub)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 

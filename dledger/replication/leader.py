@@ -23,6 +23,56 @@ from dledger.replication.rules import Step, after_compare, first_compare_index, 
 log = Logger()
 
 
+class RecentEntries:
+    """The entries this leader appended lately, as the store returned them, so pushes need not read them back.
+
+    Reading an entry back from a file store means decoding (and checking) it again; a follower that keeps
+    up only ever asks for the newest entries, which are here.  Bounded by ``max_bytes``; anything older,
+    or any gap, is read from the store as before.
+    """
+
+    def __init__(self, max_bytes: int = 16 << 20):
+        self.max_bytes = max_bytes
+        self._entries: list[Entry] = []
+        self._start = 0  # self._entries[self._start] has index self.first
+        self.first = -1
+        self._bytes = 0
+
+    def add(self, entry: Entry) -> None:
+        entries = self._entries
+        if len(entries) == self._start or entry.index != self.first + len(entries) - self._start:
+            entries.clear()
+            self._start, self.first, self._bytes = 0, entry.index, 0
+        entries.append(entry)
+        self._bytes += entry.size
+        while self._bytes > self.max_bytes and len(entries) - self._start > 1:
+            self._bytes -= entries[self._start].size
+            self._start += 1
+            self.first += 1
+        if self._start > 4096 and self._start * 2 > len(entries):
+            del entries[:self._start]
+            self._start = 0
+
+    def get_range(self, begin: int, max_count: int, max_bytes: int) -> list[Entry] | None:
+        """Like ``ILogStore.get_range`` for entries held here; None if ``begin`` is not held."""
+        offset = begin - self.first
+        held = len(self._entries) - self._start
+        if offset < 0 or offset >= held or self.first < 0:
+            return None
+        i = self._start + offset
+        entries = self._entries
+        out = [entries[i]]
+        total = out[0].size
+        stop = min(len(entries), i + max_count)
+        for j in range(i + 1, stop):
+            e = entries[j]
+            total += e.size
+            if total > max_bytes:
+                break
+            out.append(e)
+        return out
+
+
 class EntryDispatcher:
     """Brings one follower's log in line with the leader's: COMPARE -> TRUNCATE -> APPEND."""
 
@@ -117,7 +167,8 @@ class EntryDispatcher:
                 self.pump()
                 return
             if lead.batch_push:
-                batch = store.get_range(self.write_index, lead.max_batch_entries, lead.max_batch_bytes)
+                batch = lead.recent.get_range(self.write_index, lead.max_batch_entries, lead.max_batch_bytes) \
+                    or store.get_range(self.write_index, lead.max_batch_entries, lead.max_batch_bytes)
                 req = self._push(PushType.APPEND, batch=batch)
                 first, last = batch[0].index, batch[-1].index
             else:
@@ -126,8 +177,12 @@ class EntryDispatcher:
                 first = last = entry.index
             self.in_flight[first] = last
             self.write_index = last + 1
-            self._send(req, lambda resp, f=first, la=last: self._on_append(resp, f, la),
-                       lambda exc: self._retry_later(f"APPEND failed: {exc}"))
+            on_reply = lambda resp, f=first, la=last: self._on_append(resp, f, la)
+            if lead.server.stats is not None:
+                entries = batch if lead.batch_push else [entry]
+                on_reply = lead.server.stats.timed_push(self.peer, len(entries), sum(e.size for e in entries),
+                                                        on_reply)
+            self._send(req, on_reply, lambda exc: self._retry_later(f"APPEND failed: {exc}"))
         if not self.in_flight and not self.outstanding and store.committed_index > self.told_commit:
             self.send_commit()
 
@@ -238,6 +293,9 @@ class LeaderReplicator:
         self.dispatchers = {peer: EntryDispatcher(self, peer) for peer in server.state.peers}
         self.term_start_index = -1
         self.self_durable = server.store.flushed_index
+        self.recent = RecentEntries()
+        self._durable_wanted = -1  # highest index whose durability was asked for
+        self._durable_waiting = False
         self._waiters: list[tuple[str, int, Deferred]] = []
         self._pump_scheduled = None
         self._commit_timer = None
@@ -248,6 +306,7 @@ class LeaderReplicator:
         if self.server.config.enable_fast_advance_commit_index:
             try:
                 noop = store.append_as_leader(Entry(body=b"", term=self.term, magic=EntryType.NOOP))
+                self.recent.add(noop)
                 self.term_start_index = noop.index
                 self.entries_appended(noop.index)
             except DLedgerError as exc:
@@ -275,8 +334,15 @@ class LeaderReplicator:
 
     # -- appends --------------------------------------------------------------------------
     def entries_appended(self, last_index: int) -> None:
-        """New entries are in the leader's store: make them durable and push them (batched per reactor turn)."""
-        self.server.flusher.wait(last_index).addCallbacks(self._self_durable, lambda f: None)
+        """New entries are in the leader's store: make them durable and push them (batched per reactor turn).
+
+        One durability wait at a time: when it fires, a new one covers whatever was appended meanwhile,
+        so a burst of appends costs one Deferred per flush round, not one per append.
+        """
+        if last_index > self._durable_wanted:
+            self._durable_wanted = last_index
+            if not self._durable_waiting:
+                self._wait_durable()
         self.schedule_pump()
 
     def schedule_pump(self) -> None:
@@ -284,15 +350,28 @@ class LeaderReplicator:
         if self._pump_scheduled is None and not self.stopped:
             self._pump_scheduled = self.clock.callLater(0, self._pump_all)
 
+    def _wait_durable(self) -> None:
+        self._durable_waiting = True
+        self.server.flusher.wait(self._durable_wanted).addCallbacks(self._self_durable, self._durable_failed)
+
     def _pump_all(self) -> None:
         self._pump_scheduled = None
         for d in self.dispatchers.values():
             d.pump()
 
     def _self_durable(self, _index) -> None:
-        if not self.stopped:
-            self.self_durable = max(self.self_durable, self.store.flushed_index)
-            self.check_commit()
+        self._durable_waiting = False
+        if self.stopped:
+            return
+        self.self_durable = max(self.self_durable, self.store.flushed_index)
+        if self.server.flusher.sync and self._durable_wanted > self.store.flushed_index:
+            self._wait_durable()
+        self.check_commit()
+
+    def _durable_failed(self, _failure) -> None:
+        # The flusher logged it; ask again with the next append (or commit-index move).
+        self._durable_waiting = False
+        self._durable_wanted = self.store.flushed_index
 
     def _periodic_commit(self) -> None:
         self._commit_timer = None

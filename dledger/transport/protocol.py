@@ -25,7 +25,7 @@ from dledger import messages
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
 from dledger.transport import remoting
-from dledger.transport.base import answer
+from dledger.transport.base import failure_response
 from dledger.transport.remoting import (
     FLAG_RESPONSE,
     REMOTING_SUCCESS,
@@ -272,18 +272,27 @@ class RemotingProtocol(Protocol):
         if self._in_flight >= self.max_in_flight and not self._paused:
             self._paused = True
             self.transport.pauseProducing()
-        d = answer(self.handler, request)
-        d.addCallback(self._answer, header)
-        d.addErrback(self._last_resort, header)
-        d.addBoth(self._request_done)
+        try:
+            result = self.handler.handle_request(request)
+        except Exception:
+            result = Failure()
+        if isinstance(result, Deferred):
+            result.addBoth(self._respond, header, request)
+        else:
+            self._respond(result, header, request)
 
-    def _answer(self, response: Any, header: Header) -> None:
-        self._write_reply(header, remoting.encode_body(response))
-
-    def _last_resort(self, failure: Failure, header: Header) -> None:
-        self.log.failure("cannot encode the reply to request {code} from {peer}; answering INTERNAL_ERROR",
-                         failure, code=header.code, peer=self.peer)
-        self._write_reply(header, remoting.error_body(header, ResponseCode.INTERNAL_ERROR))
+    def _respond(self, result: Any, header: Header, request: Any) -> None:
+        """Write the reply to ``request`` (a failure becomes its error reply, as :func:`base.answer` does)."""
+        try:
+            if isinstance(result, Failure):
+                result = failure_response(request, result)
+            body = remoting.encode_body(result)
+        except Exception:
+            self.log.failure("cannot encode the reply to request {code} from {peer}; answering INTERNAL_ERROR",
+                             code=header.code, peer=self.peer)
+            body = remoting.error_body(header, ResponseCode.INTERNAL_ERROR)
+        self._write_reply(header, body)
+        self._request_done(None)
 
     def _request_done(self, _: Any) -> None:
         self._in_flight -= 1

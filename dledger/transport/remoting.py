@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import binascii
 import json
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -133,6 +134,9 @@ class Header:
 
     def to_json(self) -> bytes:
         """The header exactly as Java writes it: compact, keys sorted, null fields omitted."""
+        if self.remark is None and self.ext_fields is None and self.language == "JAVA" \
+                and self.serialize_type == "JSON":
+            return _PLAIN_HEADER % (self.code, self.flag, self.opaque, self.version)  # what _dumps writes
         obj: dict[str, Any] = {"code": self.code, "flag": self.flag, "language": self.language,
                                "opaque": self.opaque, "serializeTypeCurrentRPC": self.serialize_type,
                                "version": self.version}
@@ -145,6 +149,11 @@ class Header:
     @classmethod
     def from_json(cls, data: bytes | bytearray | memoryview) -> Header:
         """Parse and validate a header; :class:`HeaderError` says what is wrong."""
+        m = _PLAIN_HEADER_RE.fullmatch(data)
+        if m is not None:  # the shape every dledger and Java member writes; anything else takes the long way
+            code, flag, opaque, version = values = tuple(int(g) for g in m.groups())
+            if all(_INT32_MIN <= v <= _INT32_MAX for v in values):
+                return cls(code, opaque, flag, "JAVA", version, None, None, "JSON")
         obj = _loads(data, HeaderError, "header")
         if not isinstance(obj, dict):
             raise HeaderError(f"header: expected a JSON object, got {type(obj).__name__}")
@@ -152,6 +161,13 @@ class Header:
                    flag=_int32(obj, "flag", required=True), language=_str(obj, "language", "JAVA"),
                    version=_int32(obj, "version", default=0), remark=_str(obj, "remark", None),
                    ext_fields=_ext_fields(obj), serialize_type=_str(obj, "serializeTypeCurrentRPC", "JSON"))
+
+
+#: A header with no remark and no extFields, as ``Header.to_json`` (and Java) writes it.
+_PLAIN_HEADER = b'{"code":%d,"flag":%d,"language":"JAVA","opaque":%d,"serializeTypeCurrentRPC":"JSON","version":%d}'
+_JSON_INT = rb"(-?(?:0|[1-9][0-9]*))"
+_PLAIN_HEADER_RE = re.compile(rb'\{"code":' + _JSON_INT + rb',"flag":' + _JSON_INT + rb',"language":"JAVA","opaque":'
+                              + _JSON_INT + rb',"serializeTypeCurrentRPC":"JSON","version":' + _JSON_INT + rb"\}")
 
 
 def _loads(data: bytes | bytearray | memoryview, error: type[FrameError], what: str) -> Any:
@@ -237,42 +253,49 @@ class FrameSplitter:
             raise ValueError(f"max_frame_size must be at least 8, got {max_frame_size}")
         self.max_frame_size = max_frame_size
         self._buf = bytearray()
+        self._pos = 0  # frames before this offset are consumed; trimmed on the next feed (one memmove per read)
         self._broken: FrameError | None = None
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet part of a complete frame."""
-        return len(self._buf)
+        return len(self._buf) - self._pos
 
     def feed(self, data: bytes) -> Iterator[Frame]:
         """Add ``data`` and iterate over the complete frames (consume the iterator before feeding again)."""
         if self._broken is not None:
             raise self._broken
+        if self._pos:
+            del self._buf[:self._pos]
+            self._pos = 0
         self._buf += data
         return self._frames()
 
     def _frames(self) -> Iterator[Frame]:
         buf = self._buf
-        while len(buf) >= 4:
-            total_len = int.from_bytes(buf[:4], "big", signed=True)
+        size = len(buf)
+        while size - self._pos >= 4:
+            pos = self._pos
+            total_len = int.from_bytes(buf[pos:pos + 4], "big", signed=True)
             if total_len < 4:
                 self._fail(FrameLengthError(f"frame length field {total_len} is below the minimum 4"))
             if total_len + 4 > self.max_frame_size:
                 self._fail(FrameTooLargeError(f"frame of {total_len + 4} bytes exceeds the limit of "
                                               f"{self.max_frame_size} bytes (maxFrameSize)"))
-            if len(buf) < 8:
+            if size - pos < 8:
                 return
-            word = int.from_bytes(buf[4:8], "big")
+            word = int.from_bytes(buf[pos + 4:pos + 8], "big")
             serialize_type, header_len = word >> 24, word & 0xFFFFFF
             if header_len > total_len - 4:
                 self._fail(FrameLengthError(f"header length {header_len} exceeds the {total_len - 4} bytes "
                                             f"the frame has after its header-length word"))
-            if len(buf) < total_len + 4:
+            end = pos + 4 + total_len
+            if size < end:
                 return
             with memoryview(buf) as view:
-                header_bytes = bytes(view[8:8 + header_len])
-                body = bytes(view[8 + header_len:4 + total_len])
-            del buf[:4 + total_len]
+                header_bytes = bytes(view[pos + 8:pos + 8 + header_len])
+                body = bytes(view[pos + 8 + header_len:end])
+            self._pos = end
             if serialize_type != SERIALIZE_JSON:
                 kind = "ROCKETMQ binary headers" if serialize_type == SERIALIZE_ROCKETMQ else "it"
                 raise UnsupportedSerializeTypeError(f"serializeType {serialize_type} is not supported "

@@ -1,0 +1,119 @@
+"""A blocking client for scripts and non-Twisted programs: ``BlockingClient(peers, group).append(b"x")``.
+
+It owns a private reactor running in one background thread -- the only
+thread dledger itself starts.  Each call hands the request to that reactor
+and waits for the answer, so any number of threads may share one client.
+The reactor is not the global one (it does not register itself as
+Twisted's I/O thread), so the program may run its own reactor too.
+
+    with BlockingClient("n0-127.0.0.1:20911;n1-127.0.0.1:20912;n2-127.0.0.1:20913", "g0") as c:
+        r = c.append(b"hello")          # AppendEntryResponse: r.index, r.term, r.pos
+        [e] = c.get(r.index)            # Entry: e.body == b"hello"
+        c.metadata()                    # leader's view; c.metadata("n1") for one member
+        c.transfer("n1")
+
+Errors are :class:`dledger.errors.DLedgerError` (``.code``: NOT_LEADER, TIMEOUT, ...).
+Appends are at least once, as with :class:`dledger.client.DLedgerClient`.
+"""
+
+from __future__ import annotations
+
+import threading  # allowed: the blocking client's single reactor thread (see module docstring)
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import TimeoutError as DeferredTimeout
+from twisted.internet.threads import blockingCallFromThread
+
+from dledger.codes import ResponseCode
+from dledger.errors import DLedgerError
+
+
+def _private_reactor() -> Any:
+    """A reactor instance of our own (epoll where available), not installed as the global one."""
+    try:
+        from twisted.internet.epollreactor import EPollReactor as Reactor
+    except ImportError:  # pragma: no cover - not Linux
+        from twisted.internet.selectreactor import SelectReactor as Reactor
+    reactor = Reactor()
+    reactor._registerAsIOThread = False  # leave twisted.python.threadable's I/O thread alone
+    return reactor
+
+
+class BlockingClient:
+    """Blocking calls to a group over TCP; ``close()`` (or a ``with`` block) stops the background reactor."""
+
+    def __init__(self, peers: str, group: str, *, timeout: float = 10.0, request_timeout: float = 3.0,
+                 **client_options: Any):
+        from dledger.client import connect
+
+        self.timeout = timeout
+        self._reactor = _private_reactor()
+        self._closed = False
+        # Built before the thread starts: nothing else touches the reactor yet.
+        self._client = connect(peers, group, reactor=self._reactor, request_timeout=request_timeout,
+                               **client_options)
+        self._thread = threading.Thread(target=self._reactor.run, kwargs={"installSignalHandlers": False},
+                                        name="dledger-blocking-client", daemon=True)
+        self._thread.start()
+
+    def _call(self, fn: Callable[[], Deferred], timeout: float | None = None) -> Any:
+        if self._closed:
+            raise DLedgerError(ResponseCode.NETWORK_ERROR, "client is closed")
+        limit = self.timeout if timeout is None else timeout
+
+        def run() -> Deferred:
+            d = maybeDeferred(fn)
+            d.addTimeout(limit, self._reactor)
+            return d
+
+        try:
+            return blockingCallFromThread(self._reactor, run)
+        except DeferredTimeout:
+            raise DLedgerError(ResponseCode.TIMEOUT, f"no answer within {limit:g}s") from None
+
+    # -- API ---------------------------------------------------------------------------------
+    def append(self, body: bytes, timeout: float | None = None) -> Any:
+        """Append one body; the AppendEntryResponse (``index``, ``term``, ``pos``) once it is committed."""
+        return self._checked(self._call(lambda: self._client.append(body), timeout))
+
+    def append_batch(self, bodies: list[bytes], timeout: float | None = None) -> Any:
+        """Append several bodies as consecutive entries; the response carries the last one's index."""
+        return self._checked(self._call(lambda: self._client.append_batch(list(bodies)), timeout))
+
+    def get(self, index: int, count: int = 1, timeout: float | None = None) -> list:
+        """Committed entries from ``index`` (at most ``count``; NOOPs skipped)."""
+        return self._call(lambda: self._client.get(index, count), timeout)
+
+    def metadata(self, member: str | None = None, timeout: float | None = None) -> Any:
+        """Detailed metadata (role, term, indexes) of ``member``, or of whichever member answers first."""
+        return self._checked(self._call(lambda: self._client.metadata(member), timeout))
+
+    def transfer(self, to: str, timeout: float | None = None) -> Any:
+        """Move leadership to member ``to``; the LeadershipTransferResponse."""
+        return self._call(lambda: self._client.transfer(to), timeout)
+
+    def close(self) -> None:
+        """Close the connections and stop the reactor thread (idempotent)."""
+        if self._closed:
+            return
+        try:
+            self._call(self._client.close, timeout=5.0)
+        except DLedgerError:
+            pass
+        self._closed = True
+        self._reactor.callFromThread(self._reactor.stop)
+        self._thread.join(10)
+
+    def __enter__(self) -> BlockingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def _checked(resp: Any) -> Any:
+        if resp.response_code is not ResponseCode.SUCCESS:
+            raise DLedgerError(resp.response_code, "", leader_id=resp.leader_id)
+        return resp

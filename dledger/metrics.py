@@ -1,0 +1,259 @@
+"""Prometheus metrics of one member: a collector that reads the member when scraped, served by twisted.web.
+
+Metric names are Java DLedger's where it has one (``DLedgerMetricsConstant``):
+``dledger_append_entry_latency``, ``dledger_append_entry_batch_count``,
+``dledger_append_entry_batch_bytes``, ``dledger_replicate_entry_latency``,
+``dledger_replica_entry_batch_count``, ``dledger_replica_entry_batch_bytes``,
+``dledger_read_latency``, ``dledger_lag_entries_count``,
+``dledger_entry_store_size``; every series carries Java's ``group`` and
+``self_id`` labels (and ``remote_id`` per peer).  Latencies are in
+microseconds with Java's buckets, because that is what Java records.
+dledger adds the member's role, term, indexes, pending appends and a few
+counters (see docs/operations.md for the full list).
+
+Cost: the hot path only updates :class:`dledger.stats.ServerStats`; gauges
+are read and histograms copied when Prometheus scrapes.  ``prometheus_client``
+renders on the reactor's thread pool, so the collector takes its snapshot on
+the reactor thread (``blockingCallFromThread``) and the member's state is
+only ever touched by the reactor thread.  Each member has its own
+:class:`CollectorRegistry`; nothing goes into the global one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
+from twisted.application import service
+from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.threads import blockingCallFromThread
+from twisted.logger import Logger
+from twisted.python.threadable import isInIOThread
+
+from dledger.codes import Role
+from dledger.stats import Histogram
+
+log = Logger()
+
+
+@dataclass
+class Snapshot:
+    """Everything one scrape reports, copied on the reactor thread."""
+
+    group: str
+    self_id: str
+    running: bool = False
+    role: str = "CANDIDATE"
+    term: int = -1
+    leader_id: str | None = None
+    begin: int = -1
+    end: int = -1
+    end_term: int = -1
+    committed: int = -1
+    store_bytes: int = 0
+    pending: int = 0
+    flushes: int = 0
+    lag: dict[str, int] = field(default_factory=dict)
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    peer_histograms: dict[str, dict[str, Histogram]] = field(default_factory=dict)
+    appends: dict[str, int] = field(default_factory=dict)
+    entries_appended: int = 0
+    role_changes: int = 0
+
+
+def take_snapshot(server: Any) -> Snapshot:
+    """Read ``server`` (a :class:`~dledger.server.DLedgerServer`); call on the reactor thread."""
+    cfg = server.config
+    snap = Snapshot(cfg.group, cfg.self_id)
+    state, store = server.state, server.store
+    snap.running = bool(server.running)
+    snap.role = state.role.name
+    snap.term = state.curr_term
+    snap.leader_id = state.leader_id
+    snap.begin, snap.end = store.ledger_begin_index, store.ledger_end_index
+    snap.end_term = store.ledger_end_term
+    snap.committed = store.committed_index
+    snap.store_bytes = _store_bytes(store)
+    snap.pending = len(server.pending)
+    snap.flushes = server.flusher.flushes
+    replicator = server.replicator
+    if replicator is not None and state.role is Role.LEADER:
+        for peer in state.peers:
+            snap.lag[peer] = max(0, snap.end - replicator.peer_watermark(peer))
+    stats = server.stats
+    if stats is not None:
+        snap.histograms = {
+            "dledger_append_entry_latency": stats.append_latency.copy(),
+            "dledger_append_entry_batch_count": stats.append_batch_count.copy(),
+            "dledger_append_entry_batch_bytes": stats.append_batch_bytes.copy(),
+            "dledger_read_latency": stats.read_latency.copy(),
+        }
+        snap.peer_histograms = {
+            "dledger_replicate_entry_latency": {p: h.copy() for p, h in stats.replicate_latency.items()},
+            "dledger_replica_entry_batch_count": {p: h.copy() for p, h in stats.replicate_batch_count.items()},
+            "dledger_replica_entry_batch_bytes": {p: h.copy() for p, h in stats.replicate_batch_bytes.items()},
+        }
+        snap.appends = dict(stats.appends)
+        snap.entries_appended = stats.entries_appended
+        snap.role_changes = stats.role_changes
+    return snap
+
+
+def _store_bytes(store: Any) -> int:
+    """Bytes of the data log from the first entry's position to the end of the last one."""
+    if store.ledger_end_index < 0 or store.ledger_begin_index < 0:
+        return 0
+    try:
+        first, last = store.get(store.ledger_begin_index), store.get(store.ledger_end_index)
+    except Exception:  # a store mid-truncation; report nothing rather than fail the scrape
+        return 0
+    return last.pos + last.size - first.pos
+
+
+_HELP = {
+    "dledger_append_entry_latency": "Append request received on the leader until committed, in microseconds",
+    "dledger_append_entry_batch_count": "Entries per append request",
+    "dledger_append_entry_batch_bytes": "Body bytes per append request",
+    "dledger_read_latency": "GET request handling time on the leader, in microseconds",
+    "dledger_replicate_entry_latency": "APPEND push sent to a follower until its SUCCESS reply, in microseconds",
+    "dledger_replica_entry_batch_count": "Entries per APPEND push to a follower",
+    "dledger_replica_entry_batch_bytes": "Bytes per APPEND push to a follower",
+}
+
+
+class MemberCollector:
+    """A ``prometheus_client`` collector for one member; ``get_server()`` may return None before start."""
+
+    def __init__(self, get_server: Callable[[], Any], reactor: Any, group: str, self_id: str):
+        self.get_server = get_server
+        self.reactor = reactor
+        self.group = group
+        self.self_id = self_id
+
+    def describe(self) -> list:
+        return []  # do not collect at registration time (the reactor may not run yet)
+
+    def _snapshot(self) -> Snapshot | None:
+        server = self.get_server()
+        return take_snapshot(server) if server is not None else None
+
+    def snapshot(self) -> Snapshot | None:
+        if isInIOThread():
+            return self._snapshot()
+        return blockingCallFromThread(self.reactor, self._snapshot)
+
+    def collect(self) -> Iterator:
+        snap = self.snapshot()
+        base = ["group", "self_id"]
+        ids = [self.group, self.self_id]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=base)
+            g.add_metric(ids, value)
+            return g
+
+        yield gauge("dledger_up", "1 while the member is started and serving", 1 if snap and snap.running else 0)
+        if snap is None:
+            return
+        roles = GaugeMetricFamily("dledger_role", "1 for the member's current role", labels=[*base, "role"])
+        for role in Role:
+            roles.add_metric([*ids, role.name], 1 if role.name == snap.role else 0)
+        yield roles
+        yield gauge("dledger_term", "Current term", snap.term)
+        yield gauge("dledger_is_leader", "1 on the leader", 1 if snap.role == "LEADER" else 0)
+        yield gauge("dledger_ledger_begin_index", "Index of the first entry in the log (-1 when empty)", snap.begin)
+        yield gauge("dledger_ledger_end_index", "Index of the last entry in the log (-1 when empty)", snap.end)
+        yield gauge("dledger_ledger_end_term", "Term of the last entry in the log", snap.end_term)
+        yield gauge("dledger_committed_index", "Highest index known committed here", snap.committed)
+        yield gauge("dledger_entries_count", "Entries in the log (end - begin + 1)",
+                    snap.end - snap.begin + 1 if snap.end >= 0 <= snap.begin else 0)
+        yield gauge("dledger_entry_store_size", "Bytes of the data log from the first to the last entry",
+                    snap.store_bytes)
+        yield gauge("dledger_pending_appends", "Appends waiting on the leader for their quorum", snap.pending)
+        lag = GaugeMetricFamily("dledger_lag_entries_count", "Entries the leader has that a follower does not "
+                                "(leader only)", labels=[*base, "remote_id"])
+        for peer, value in sorted(snap.lag.items()):
+            lag.add_metric([*ids, peer], value)
+        yield lag
+        flushes = CounterMetricFamily("dledger_store_flushes", "Group-commit store flushes", labels=base)
+        flushes.add_metric(ids, snap.flushes)
+        yield flushes
+        if not snap.histograms:
+            return
+        appends = CounterMetricFamily("dledger_appends", "Append requests answered by the leader, by result code",
+                                      labels=[*base, "code"])
+        for code, n in sorted(snap.appends.items()):
+            appends.add_metric([*ids, code], n)
+        yield appends
+        entries = CounterMetricFamily("dledger_entries_appended", "Entries appended as leader", labels=base)
+        entries.add_metric(ids, snap.entries_appended)
+        yield entries
+        changes = CounterMetricFamily("dledger_role_changes", "Role changes since start", labels=base)
+        changes.add_metric(ids, snap.role_changes)
+        yield changes
+        for name, h in snap.histograms.items():
+            fam = HistogramMetricFamily(name, _HELP[name], labels=base)
+            fam.add_metric(ids, _buckets(h), h.sum)
+            yield fam
+        for name, per_peer in snap.peer_histograms.items():
+            fam = HistogramMetricFamily(name, _HELP[name], labels=[*base, "remote_id"])
+            for peer, h in sorted(per_peer.items()):
+                fam.add_metric([*ids, peer], _buckets(h), h.sum)
+            yield fam
+
+
+def _buckets(h: Histogram) -> list[tuple[str, int]]:
+    return [(floatToGoString(bound), n) for bound, n in h.cumulative()]
+
+
+def make_registry(get_server: Callable[[], Any], reactor: Any, group: str, self_id: str) -> CollectorRegistry:
+    """A registry of its own for one member (never the process-global one)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(MemberCollector(get_server, reactor, group, self_id))
+    return registry
+
+
+class MetricsService(service.Service):
+    """Serves ``registry`` as Prometheus text on a server endpoint string (``tcp:9108:interface=127.0.0.1``)."""
+
+    name = "dledger-metrics"
+
+    def __init__(self, endpoint: str, registry: CollectorRegistry, reactor: Any):
+        self.endpoint = endpoint
+        self.registry = registry
+        self.reactor = reactor
+        self.port = None
+        #: Fires with the listening port once bound, or fails (the member service waits on it).
+        self.listening: Deferred = Deferred()
+
+    def startService(self) -> None:
+        from prometheus_client.twisted import MetricsResource
+        from twisted.web.server import Site
+
+        super().startService()
+        site = Site(MetricsResource(registry=self.registry))
+        site.noisy = False
+        d = maybeDeferred(lambda: serverFromString(self.reactor, self.endpoint).listen(site))
+
+        def bound(port: Any) -> Any:
+            self.port = port
+            log.info("serving Prometheus metrics on http://{host}:{port}/metrics", host=port.getHost().host,
+                     port=port.getHost().port)
+            self.listening.callback(port)
+
+        def failed(f: Any) -> None:
+            log.failure("cannot serve metrics on {endpoint}", f, endpoint=self.endpoint)
+            self.listening.errback(f)
+
+        d.addCallbacks(bound, failed)
+
+    def stopService(self) -> Deferred | None:
+        super().stopService()
+        port, self.port = self.port, None
+        if port is not None:
+            return maybeDeferred(port.stopListening)
+        return None

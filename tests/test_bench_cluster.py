@@ -1,0 +1,42 @@
+"""``dledger bench cluster`` keeps working: a tiny run of every phase (figures are printed, never asserted)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dledger.bench.cluster import PHASES, format_results
+from dledger.launcher import child_env, durable_store
+
+ROOT = Path(__file__).resolve().parent.parent
+STORE = durable_store()
+
+
+@pytest.mark.process
+def test_quick_cluster_benchmark_reports_every_phase(tmp_path):
+    """A --quick run starts its group, runs each phase and prints one JSON object with a figure per phase."""
+    phases = ["batch", "pipeline", "latency", "rss", "pysyncobj"] + (["failover"] if STORE else [])
+    out = subprocess.run([sys.executable, "-m", "dledger.cli", "bench", "cluster", "--quick", "--json",
+                          "--store", STORE or "memory", "--phases", ",".join(phases), "--dir", str(tmp_path)],
+                         cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert result["batch"]["entries_per_s"] > 0 and result["pipeline"]["entries_per_s"] > 0
+    assert result["latency"]["samples"] > 0 and result["latency"]["p99_ms"] > 0
+    assert set(result["rss_mb"]) == {"n0", "n1", "n2"} and all(v > 0 for v in result["rss_mb"].values())
+    assert "entries_per_s" in result["pysyncobj"] or "skipped" in result["pysyncobj"]
+    if STORE:
+        [fast] = result["failover"]
+        assert fast["preset"] == "fast" and len(fast["trials_s"]) == 1 and fast["median_s"] > 0
+    assert ".. " in out.stderr  # progress lines while it runs
+    text = format_results(result)
+    assert "entries/s" in text and "latency at" in text
+
+
+def test_unknown_phase_is_refused():
+    """Asking for a phase that does not exist fails with the list of known phases."""
+    out = subprocess.run([sys.executable, "-m", "dledger.cli", "bench", "cluster", "--phases", "warp"], cwd=ROOT,
+                         env=child_env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "unknown phases" in out.stderr and all(p in out.stderr for p in PHASES)

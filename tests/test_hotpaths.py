@@ -1,0 +1,111 @@
+"""Behaviour kept by the hot-path optimizations: coalesced durability waits, fast header and base64 paths."""
+
+import base64
+import binascii
+import random
+
+import pytest
+
+from dledger.messages import AppendEntryRequest, from_wire, to_wire
+from dledger.testing.cluster import Cluster
+from dledger.transport.remoting import Header, HeaderError, _dumps, _utf8
+
+
+@pytest.mark.parametrize("policy", ["sync", "async"])
+def test_every_append_commits_with_one_durability_wait_per_flush_round(policy):
+    """A burst of appends all commit, with sync (one leader durability wait per flush round) and async flushing."""
+    c = Cluster(3, seed=5, flush_policy=policy)
+    c.start()
+    leader = c.servers[c.wait_for_leader()]
+    client = c.client()
+    ds = [client.append(b"burst %d" % i) for i in range(300)]
+    assert c.run_until(lambda: all(d.called for d in ds))
+    results = [d.result for d in ds]
+    assert all(r.code == 200 for r in results)
+    assert len({r.index for r in results}) == 300
+    assert leader.store.committed_index == max(r.index for r in results)
+    if policy == "sync":
+        assert leader.flusher.flushes <= 301
+    c.stop()
+
+
+def test_plain_header_fast_paths_match_json():
+    """Headers without remark/extFields are written and read exactly as the JSON encoder and parser do."""
+    rng = random.Random(3)
+    for _ in range(2000):
+        h = Header(rng.choice([200, 50001, 51004, -1, 2**31 - 1, -2**31]), rng.randrange(-2**31, 2**31),
+                   rng.choice([0, 1, 2, 3]), version=rng.choice([0, 1, -5]))
+        slow = _utf8(_dumps({"code": h.code, "flag": h.flag, "language": "JAVA", "opaque": h.opaque,
+                             "serializeTypeCurrentRPC": "JSON", "version": h.version}))
+        assert h.to_json() == slow
+        assert Header.from_json(slow) == h
+
+
+@pytest.mark.parametrize("raw, message", [
+    (b'{"code":007,"flag":0,"language":"JAVA","opaque":1,"serializeTypeCurrentRPC":"JSON","version":0}', "JSON"),
+    (b'{"code":1,"flag":0,"language":"JAVA","opaque":2147483648,"serializeTypeCurrentRPC":"JSON","version":0}',
+     "does not fit a Java int"),
+])
+def test_header_fast_path_still_rejects_what_json_rejects(raw, message):
+    """A header the fast path cannot vouch for goes through full validation and is refused with its reason."""
+    with pytest.raises(HeaderError, match=message):
+        Header.from_json(raw)
+
+
+def test_base64_bodies_are_validated_like_b64decode():
+    """Bodies decode as base64.b64decode(validate=True) would, and malformed ones are refused."""
+    rng = random.Random(1)
+    for _ in range(2000):
+        body = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 50)))
+        msg = from_wire(AppendEntryRequest, {"body": base64.b64encode(body).decode(), "group": "g"})
+        assert msg.body == body
+    for bad in ("abc", "ab=c", "====", "a\nbc", "éé==", "QQ==QQ=="):
+        with pytest.raises(ValueError):
+            from_wire(AppendEntryRequest, {"body": bad})
+        with pytest.raises((ValueError, binascii.Error)):
+            base64.b64decode(bad, validate=True)
+
+
+def test_to_wire_and_from_wire_round_trip_batches():
+    """A batch append survives to_wire/from_wire unchanged, None fields omitted."""
+    req = AppendEntryRequest(group="g0", remote_id="n1", batch_msgs=[b"a", b"", bytes(range(256))])
+    wire = to_wire(req)
+    assert "body" not in wire and wire["batchMsgs"][1] == ""
+    assert from_wire(AppendEntryRequest, wire) == req
+
+
+def test_recent_entries_serve_ranges_like_the_store():
+    """The leader's recent-entries cache answers get_range exactly as the store does, for the entries it holds."""
+    from dledger.codes import Role
+    from dledger.entry import Entry
+    from dledger.replication.leader import RecentEntries
+    from dledger.store.memory import MemoryLogStore
+    from dledger.testing.store_contract import FakeMemberState
+
+    store = MemoryLogStore(FakeMemberState(role=Role.LEADER, curr_term=1, leader_id="n0"), data_file_size=4096)
+    recent = RecentEntries(max_bytes=3000)
+    rng = random.Random(4)
+    for _ in range(200):
+        recent.add(store.append_as_leader(Entry(body=bytes(rng.randrange(0, 300)), term=1)))
+    assert recent.first > 0  # older entries were evicted to stay within max_bytes
+    for begin in range(store.ledger_end_index + 1):
+        for count, limit in ((1, 10), (5, 10_000), (50, 1000), (1000, 1 << 20)):
+            got = recent.get_range(begin, count, limit)
+            if begin < recent.first:
+                assert got is None
+            else:
+                assert got == store.get_range(begin, count, limit)
+    assert recent.get_range(store.ledger_end_index + 1, 1, 100) is None
+
+
+def test_recent_entries_start_over_after_a_gap():
+    """An entry that does not follow the last one held (a new leadership) replaces what was held."""
+    from dledger.entry import Entry
+    from dledger.replication.leader import RecentEntries
+
+    recent = RecentEntries()
+    for i in range(5):
+        recent.add(Entry(body=b"x", index=i, term=1))
+    recent.add(Entry(body=b"y", index=9, term=2))
+    assert recent.first == 9 and recent.get_range(3, 10, 1 << 20) is None
+    assert [e.index for e in recent.get_range(9, 10, 1 << 20)] == [9]
