@@ -26,6 +26,8 @@ test: $(STAMP)
 
 soak: $(STAMP)
 	$(PY) -m pytest -m slow
+	$(PY) -m tools.simulate election --seeds 100000
+	$(PY) -m tools.simulate replication --seeds 10000
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
