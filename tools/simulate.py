@@ -3,6 +3,7 @@
     python -m tools.simulate election --seeds 100000
     python -m tools.simulate replication --seeds 10000
     python -m tools.simulate replication --seed 1234 --verbose   # replay one schedule
+    python -m tools.simulate replication --seeds 500 --store mmap  # members on real mmap stores
 
 Each schedule is deterministic in its seed: a failing seed replays exactly.
 The summary line is
@@ -52,7 +53,7 @@ def run_replication(args) -> int:
     seeds = _seeds(args)
     started = time.monotonic()
     for k, seed in enumerate(seeds, 1):
-        r = run_replication_seed(seed, duration=args.duration)
+        r = run_replication_seed(seed, duration=args.duration, store=args.store)
         totals["faults"] += r.faults
         totals["acked"] += r.acked
         for key in ("lost", "divergent", "nonlinearizable", "leaders"):
@@ -63,7 +64,8 @@ def run_replication(args) -> int:
             print(f"seed {seed} ({r.members} members):", flush=True)
             for problem in r.problems()[:10]:
                 print(f"  {problem}")
-            print(f"  replay: python -m tools.simulate replication --seed {seed}", flush=True)
+            store = "" if args.store == "simdisk" else f" --store {args.store}"
+            print(f"  replay: python -m tools.simulate replication --seed {seed}{store}", flush=True)
         elif args.verbose:
             print(f"seed {seed}: members={r.members} faults={r.faults} appends={r.appends} acked={r.acked} "
                   f"gets={r.gets}", flush=True)
@@ -91,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--duration", type=float, default=duration,
                        help=f"virtual seconds of faults per schedule (default {duration})")
         p.add_argument("--verbose", action="store_true", help="one line per seed")
+        if name == "replication":
+            p.add_argument("--store", choices=("simdisk", "mmap", "lmdb"), default="simdisk",
+                           help="member stores: simdisk (crashes lose unflushed writes; default) or real "
+                                "mmap/lmdb stores with tiny files in a temp directory")
         p.set_defaults(func=func)
     args = parser.parse_args(argv)
     return args.func(args)

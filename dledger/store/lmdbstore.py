@@ -274,6 +274,14 @@ class LmdbLogStore:
         d.addCallback(lambda _: None)
         return d
 
+    def abandon(self) -> None:
+        """Drop the store as a killed process would: buffered (unflushed) appends are lost, nothing is written."""
+        if self._timer is not None and self._timer.running:
+            self._timer.stop()
+        if self._shared is not None:
+            self._shared.release()
+            self._shared = None
+
     # -- appends ---------------------------------------------------------------
     def _place(self, size: int) -> int:
         return base.place(self._write_pos, size, self.data_file_size, self.max_entry_size)[0]

@@ -271,6 +271,18 @@ class MmapLogStore:
         d.addCallback(lambda _: None)
         return d
 
+    def abandon(self) -> None:
+        """Drop the store as a killed process would: timers stop and files close, nothing more is written.
+
+        What was already written stays in the page cache, exactly as after a
+        SIGKILL; in-process tests use this to restart a member from its files.
+        """
+        for lc in self._timers:
+            if lc.running:
+                lc.stop()
+        self._timers = []
+        self._close_all()
+
     def _close_all(self) -> None:
         if not self._open:
             return

@@ -89,6 +89,8 @@ class Cluster:
         self.network.crash(mid)
         if self.store_factory is None:
             self.disks[mid].crash(self.rng, tear=self.tear_on_crash)
+        elif hasattr(server.store, "abandon"):
+            server.store.abandon()  # a file store keeps what reached the page cache, like a killed process
         self.down.add(mid)
 
     def restart(self, mid: str) -> None:

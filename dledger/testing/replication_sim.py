@@ -15,11 +15,15 @@ a failing seed replays exactly with ``--seed N``.
 from __future__ import annotations
 
 import random
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dledger.errors import DLedgerError
 from dledger.testing.chaos import Chaos, ChaosMix
 from dledger.testing.checker import CommittedLog, History, linearizability_violations, lost_appends
+from dledger.testing.clock import SimClock
 from dledger.testing.election_sim import ElectionChecker, checked_cluster
 from dledger.transport.inprocess import FaultSettings
 
@@ -57,12 +61,18 @@ def _watch_commits(cluster, committed: CommittedLog, held: dict[str, int], probl
     def make(mid):
         server = original(mid)
         store = server.store
-        floor = held.get(mid, -1)
-        if store.ledger_end_index < floor:
-            problems.append(f"{mid} restarted with log end {store.ledger_end_index} but had committed {floor}")
-        for i in range(max(store.ledger_begin_index, 0), min(floor, store.ledger_end_index) + 1):
-            e = store.get(i)
-            committed.observe(mid, i, e.term, e.body)
+        startup = store.startup
+
+        def started(store=store, mid=mid, startup=startup):
+            startup()
+            floor = held.get(mid, -1)
+            if store.ledger_end_index < floor:
+                problems.append(f"{mid} restarted with log end {store.ledger_end_index} but had committed {floor}")
+            for i in range(max(store.ledger_begin_index, 0), min(floor, store.ledger_end_index) + 1):
+                e = store.get(i)
+                committed.observe(mid, i, e.term, e.body)
+
+        store.startup = started
         update = store.update_committed_index
 
         def watched(term, index, store=store, mid=mid, update=update):
@@ -79,24 +89,58 @@ def _watch_commits(cluster, committed: CommittedLog, held: dict[str, int], probl
     cluster._make = make
 
 
+STORES = ("simdisk", "mmap", "lmdb")
+
+
+def file_store_factory(kind: str, root: Path, clock) -> Callable:
+    """Members on real mmap or LMDB stores in ``root`` with tiny files, so files roll and reset constantly.
+
+    A crash abandons the store (what reached the page cache survives, as after a SIGKILL).
+    """
+    from dledger.store.lmdbstore import LmdbLogStore
+    from dledger.store.mmapfile import MmapLogStore
+
+    def factory(mid, config, state):
+        if kind == "mmap":
+            return MmapLogStore(root / f"dledger-{mid}", state, data_file_size=4096, index_file_size=1024,
+                                clock=clock, disk_usage=lambda: 0.1)
+        return LmdbLogStore(root / f"dledger-{mid}" / "lmdb", state, data_file_size=4096, map_size=1 << 20,
+                            clock=clock)
+    return factory
+
+
 def run_replication_seed(seed: int, duration: float = 8.0, members: int | None = None,
-                         clients: int = 3) -> SimResult:
-    """One seeded schedule; the result lists every safety problem found (empty lists when safe)."""
+                         clients: int = 3, store: str = "simdisk") -> SimResult:
+    """One seeded schedule; the result lists every safety problem found (empty lists when safe).
+
+    ``store`` is ``simdisk`` (crashes lose or tear unflushed writes) or a real
+    ``mmap``/``lmdb`` store in a temporary directory.
+    """
+    if store not in STORES:
+        raise ValueError(f"store must be one of {STORES}")
+    if store != "simdisk":
+        with tempfile.TemporaryDirectory(prefix=f"dledger-sim-{seed}-") as root:
+            return _run(seed, duration, members, clients, Path(root), store)
+    return _run(seed, duration, members, clients, None, store)
+
+
+def _run(seed, duration, members, clients, root, store) -> SimResult:
     rng = random.Random(seed)
     n = members or rng.choice([3, 3, 5])
     result = SimResult(seed, n)
     checker = ElectionChecker()
     faults = FaultSettings(min_delay=0.0002, max_delay=rng.choice([0.001, 0.005, 0.03]),
                            loss=rng.choice([0.0, 0.01, 0.05]), duplicate=rng.choice([0.0, 0.02, 0.1]))
+    clock = SimClock()
+    factory = file_store_factory(store, root, clock) if root is not None else None
     cluster = checked_cluster(n, seed, checker, faults=faults, max_pending_requests_num=200,
                               max_batch_push_size=rng.choice([512, 4096, 65536]),
-                              enable_batch_push=rng.random() < 0.8)
+                              enable_batch_push=rng.random() < 0.8, clock=clock, store_factory=factory)
     committed = CommittedLog()
     held: dict[str, int] = {}
     restart_problems: list[str] = []
     _watch_commits(cluster, committed, held, restart_problems)
     history = History()
-    clock = cluster.clock
     chaos = Chaos(cluster, rng, ChaosMix(partition=0.25, block=0.1, heal=0.25, crash_leader=0.1, crash=0.3,
                                          mean_interval=0.8, restart_after=(0.05, 1.5)))
 
@@ -144,15 +188,15 @@ def run_replication_seed(seed: int, duration: float = 8.0, members: int | None =
                                  and _converged(cluster), 60):
             result.stuck = _describe(cluster, history)
     finally:
-        for s in list(cluster.servers.values()):
-            s.crash()
+        logs = {mid: cluster.committed_entries(mid) for mid in cluster.ids if mid in cluster.servers}
+        for mid in list(cluster.servers):
+            cluster.crash(mid)
 
     # -- checks ---------------------------------------------------------------------
     result.faults = chaos.faults
     result.acked = len(history.acked)
     result.leaders = list(checker.violations)
     result.divergent = committed.divergences + restart_problems
-    logs = {mid: cluster.committed_entries(mid) for mid in cluster.ids}
     result.lost = lost_appends(history, logs)
     final = {}
     for entries in logs.values():
