@@ -22,8 +22,8 @@ def test_failing_seed_prints_replay_command(capsys, monkeypatch):
     from dledger.testing import replication_sim
     real = replication_sim.run_replication_seed
 
-    def broken(seed, duration=8.0):
-        result = real(seed, duration=1.0)
+    def broken(seed, duration=8.0, store="simdisk"):
+        result = real(seed, duration=1.0, store=store)
         result.lost.append("synthetic")
         return result
 
