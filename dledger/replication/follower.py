@@ -141,8 +141,21 @@ class EntryHandler:
         self._reply(d, req, ResponseCode.SUCCESS if same else ResponseCode.INCONSISTENT_STATE)
 
     def _on_truncate(self, req: PushEntryRequest, d: Deferred) -> None:
+        """Drop our tail after the leader's entry -- unless the request is stale.
+
+        Within one term a leader's log only grows, so a TRUNCATE below the
+        prefix we already verified against this leader can only be an old or
+        duplicated message (the network reordered it behind later appends);
+        obeying it would drop entries we have acknowledged and the leader may
+        have counted toward a commit.
+        """
         if req.entry is None:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "TRUNCATE without an entry")
+        if self._matched_epoch == (req.term, req.leader_id) and req.entry.index < self._matched:
+            log.debug("{id}: ignoring a stale TRUNCATE at {i} (verified up to {m})", id=self.state.self_id,
+                      i=req.entry.index, m=self._matched)
+            self._reply(d, req, ResponseCode.INCONSISTENT_STATE)
+            return
         self._clear_waiting("TRUNCATE")
         index = self.store.truncate(req.entry, req.term, req.leader_id)
         self.flusher.cancel_above(index - 1, f"truncated at {index}")
