@@ -21,7 +21,7 @@ from dledger.diskio import INLINE
 from dledger.election.elector import LeaderElector
 from dledger.election.state import MemberState
 from dledger.entry import Entry
-from dledger.errors import DLedgerError
+from dledger.errors import BatchAppendError, DLedgerError
 from dledger.interfaces import IRequestHandler
 from dledger.messages import (
     AppendEntryRequest,
@@ -41,6 +41,7 @@ from dledger.replication.follower import EntryHandler
 from dledger.replication.leader import LeaderReplicator
 from dledger.replication.pending import PendingAppends
 from dledger.stats import ServerStats
+from dledger.store import base
 
 log = Logger()
 
@@ -61,6 +62,7 @@ class DLedgerServer:
         self.clock = clock
         self.self_id = config.self_id
         self.flusher = Flusher(store, clock, sync=config.flush_policy == "sync")
+        self._append_batch = base.leader_batch_append(store)
         self.pending = PendingAppends(clock, config.max_wait_ack_time_ms / 1000.0, config.max_pending_requests_num)
         self.elector = LeaderElector(config, state, store, transport, clock, rng)
         self.entry_handler = EntryHandler(state, store, self.flusher, clock,
@@ -239,23 +241,24 @@ class DLedgerServer:
                                    leader_id=st.leader_id)
         term = st.curr_term
         started = self.clock.seconds() if self.stats is not None else 0.0
-        last = None
-        store, remember = self.store, self.replicator.recent.add
+        replicator = self.replicator
         try:
-            for body in bodies:
-                last = store.append_as_leader(Entry(body=body, term=term))
-                remember(last)
-        except DLedgerError as exc:
-            exc.leader_id = st.leader_id
-            if last is not None:
-                self.replicator.entries_appended(last.index)
-            raise
+            stored = self._append_batch([Entry(body=body, term=term) for body in bodies])
+        except BatchAppendError as exc:
+            if exc.stored:
+                replicator.recent.extend(exc.stored)
+                replicator.entries_appended(exc.stored[-1].index)
+            error = exc.cause
+            error.leader_id = st.leader_id
+            raise error from None
+        replicator.recent.extend(stored)
+        last = stored[-1]
         response = AppendEntryResponse(group=self.config.group, term=term, index=last.index, pos=last.pos,
                                        leader_id=self.self_id)
         d = self.pending.add(last.index, response)
         if self.stats is not None:
             self.stats.append_accepted(d, len(bodies), sum(map(len, bodies)), started)
-        self.replicator.entries_appended(last.index)
+        replicator.entries_appended(last.index)
         return d
 
     def handle_get(self, request: GetEntriesRequest):

@@ -357,6 +357,94 @@ def test_failing_append_hook_leaves_nothing_behind(member_dir, state):
     fired(again.shutdown())
 
 
+def test_batch_is_one_write_per_data_file(member_dir, state, monkeypatch):
+    """A batch costs one pwrite per data file it touches (plus the blank markers), not one per entry."""
+    from dledger.store import mmapfile
+
+    writes = []
+    real = mmapfile._write_at
+    monkeypatch.setattr(mmapfile, "_write_at", lambda fd, data, off: (writes.append(len(data)), real(fd, data, off)))
+    store = open_mmap(member_dir, state)
+    stored = store.append_batch_as_leader([Entry(body=b, term=1) for b in bodies(10, size=200)])
+    files = {e.pos // 1024 for e in stored}
+    assert len(files) == 4
+    assert [n for n in writes if n > 8] == [sum(e.size for e in stored if e.pos // 1024 == f) for f in sorted(files)]
+    state.follow(1)
+    follower = open_mmap(member_dir.parent / "follower", state)
+    writes.clear()
+    assert follower.append_batch_as_follower(stored, 1, "n1") == stored
+    assert len([n for n in writes if n > 8]) == 4
+    fired(store.shutdown())
+    fired(follower.shutdown())
+
+
+def test_batch_write_failure_keeps_the_runs_written_before(member_dir, state, monkeypatch):
+    """ENOSPC on the second data file of a batch: the first file's entries stay, the caller learns which."""
+    from dledger.errors import BatchAppendError
+    from dledger.store import mmapfile
+
+    store = open_mmap(member_dir, state)
+    real, calls = mmapfile._write_at, []
+
+    def write_at(fd, data, off):
+        calls.append(len(data))
+        if len([n for n in calls if n > 8]) == 2:
+            raise OSError(28, "No space left on device")
+        real(fd, data, off)
+
+    monkeypatch.setattr(mmapfile, "_write_at", write_at)
+    with pytest.raises(BatchAppendError) as info:
+        store.append_batch_as_leader([Entry(body=b, term=1) for b in bodies(6, size=200)])
+    assert info.value.code == ResponseCode.DISK_FULL
+    assert [e.index for e in info.value.stored] == [0, 1, 2] and store.ledger_end_index == 2
+    monkeypatch.setattr(mmapfile, "_write_at", real)
+    assert store.append_as_leader(Entry(body=b"after", term=1)).index == 3
+    fired(store.flush())
+    fired(store.shutdown())
+    again = open_mmap(member_dir, state)
+    assert again.ledger_end_index == 3 and again.get(3).body == b"after" and not again.recovered.cut
+    fired(again.shutdown())
+
+
+def test_batch_follower_bad_crc_keeps_the_entries_before_it(member_dir, state):
+    """A follower batch with a damaged body stores the entries before it and refuses the rest."""
+    from dledger.errors import BatchAppendError
+
+    leader = open_mmap(member_dir, state)
+    entries = leader.append_batch_as_leader([Entry(body=b, term=1) for b in bodies(6)])
+    state.follow(1)
+    follower = open_mmap(member_dir.parent / "follower", state)
+    bad = entries[4]
+    bad = Entry(body=bad.body[:-1] + b"?", index=bad.index, term=1, pos=bad.pos, body_crc=bad.body_crc)
+    with pytest.raises(BatchAppendError) as info:
+        follower.append_batch_as_follower(entries[:4] + [bad, entries[5]], 1, "n1")
+    assert info.value.code == ResponseCode.UNEXPECTED_ARGUMENT and info.value.stored == entries[:4]
+    assert follower.ledger_end_index == 3
+    fired(leader.shutdown())
+    fired(follower.shutdown())
+
+
+def test_failing_hook_in_a_batch_keeps_the_entries_before_it(member_dir, state):
+    """A hook that raises on the third entry of a batch: the first two are stored, the hook's error propagates."""
+    store = open_mmap(member_dir, state)
+
+    class BoomOnThird:
+        def before_append(self, entry, buffer, body_offset):
+            if entry.index == 2:
+                raise RuntimeError("boom")
+
+    store.add_append_hook(BoomOnThird())
+    with pytest.raises(RuntimeError):
+        store.append_batch_as_leader([Entry(body=b, term=1) for b in bodies(4)])
+    assert store.ledger_end_index == 1 and store.get(1).body == bodies(2)[1]
+    store._hooks.clear()
+    fired(store.flush())
+    fired(store.shutdown())
+    again = open_mmap(member_dir, state)
+    assert again.ledger_end_index == 1 and not again.recovered.cut
+    fired(again.shutdown())
+
+
 def test_reserved_fields_and_bad_crc_are_refused(member_dir, state):
     """Durable stores refuse non-zero reserved fields and a follower entry whose body CRC does not match."""
     store = open_mmap(member_dir, state)

@@ -9,13 +9,13 @@ the majority watermark -- only to an entry of its own term.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from dledger.codes import EntryType, PushType, ResponseCode
-from dledger.entry import Entry
+from dledger.entry import HEADER_SIZE, Entry
 from dledger.errors import DLedgerError
 from dledger.messages import PushEntryRequest
 from dledger.replication.rules import Step, after_compare, first_compare_index, new_commit_index
@@ -39,12 +39,18 @@ class RecentEntries:
         self._bytes = 0
 
     def add(self, entry: Entry) -> None:
+        self.extend((entry,))
+
+    def extend(self, stored: Sequence[Entry]) -> None:
+        """Remember consecutive entries just appended (a gap before them forgets everything held)."""
+        if not stored:
+            return
         entries = self._entries
-        if len(entries) == self._start or entry.index != self.first + len(entries) - self._start:
+        if len(entries) == self._start or stored[0].index != self.first + len(entries) - self._start:
             entries.clear()
-            self._start, self.first, self._bytes = 0, entry.index, 0
-        entries.append(entry)
-        self._bytes += entry.size
+            self._start, self.first, self._bytes = 0, stored[0].index, 0
+        entries.extend(stored)
+        self._bytes += sum([len(e.body) for e in stored]) + HEADER_SIZE * len(stored)
         while self._bytes > self.max_bytes and len(entries) - self._start > 1:
             self._bytes -= entries[self._start].size
             self._start += 1
