@@ -239,12 +239,79 @@ def test_malformed_binary_bodies_are_refused(mutate, message):
         remoting.decode_push_binary(mutate(good))
 
 
-def test_binary_body_only_for_push():
+# -- binary APPEND --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["single", "batch", "batch-of-one", "empty-body"])
+def test_binary_append_round_trip(kind):
+    """APPEND bodies travel raw and come back as the same request: body versus batchMsgs kept, bytes exact."""
+    raw = bytes(range(256)) * 4
+    request = {
+        "single": messages.AppendEntryRequest(group="g0", remote_id="n1", body=raw),
+        "batch": messages.AppendEntryRequest(group="g0", remote_id="n1", batch_msgs=[raw, b"", b"\xff" * 7] * 50),
+        "batch-of-one": messages.AppendEntryRequest(group="g0", batch_msgs=[raw]),
+        "empty-body": messages.AppendEntryRequest(group="g0", remote_id="n1", term=3, body=b""),
+    }[kind]
+    data = remoting.encode_request(request, 9, binary=True)
+    frame_ = remoting.decode_frame(data)
+    assert frame_.header.body_encoding == "bin" and frame_.header.code == RequestCode.APPEND
+    assert remoting.decode_request(frame_) == request
+    assert remoting.decode_request(remoting.decode_frame(data)) == request, "a second decode (cached meta) too"
+    assert len(data) < 0.9 * len(remoting.encode_request(request, 9)) or kind == "empty-body", "no Base64"
+
+
+def test_binary_append_damage_is_detected():
+    """Any flipped byte among the bodies fails the section CRC; a cut or padded body is refused."""
+    good = remoting.encode_append_binary(messages.AppendEntryRequest(group="g0", batch_msgs=[b"abc", b"defgh"]))
+    for offset in (len(good) - 1, len(good) - 9, len(good) - 12):
+        bad = bytearray(good)
+        bad[offset] ^= 0x01
+        with pytest.raises(BinaryBodyError, match="crc32c"):
+            remoting.decode_append_binary(bytes(bad))
+    with pytest.raises(BinaryBodyError, match="crc32c"):
+        remoting.decode_append_binary(good[:-1])
+
+
+@pytest.mark.parametrize("request_,message", [
+    (messages.AppendEntryRequest(group="g0", batch_msgs=[b"a", b"b"]), "not marked batch"),
+    (messages.AppendEntryRequest(group="g0", body=b"a"), "runs past the frame"),
+    (messages.AppendEntryRequest(group="g0", body=b"a"), "after its 1 bodies"),
+])
+def test_malformed_binary_appends_are_refused(request_, message):
+    """Counts and lengths that disagree with the bodies raise BinaryBodyError (with a valid section CRC)."""
+    import crc32c
+
+    good = remoting.encode_append_binary(request_)
+    version, flags, meta_len, count, _ = struct.unpack_from(">BBIII", good)
+    start = 14 + meta_len
+    section = good[start:]
+    if message == "not marked batch":
+        flags = 0
+    elif message == "runs past the frame":
+        section = struct.pack(">I", 99) + section[4:]
+    else:
+        section += b"extra"
+    prefix = struct.pack(">BBIII", version, flags, meta_len, count, crc32c.crc32c(section))
+    with pytest.raises(BinaryBodyError, match=message):
+        remoting.decode_append_binary(prefix + good[14:start] + section)
+
+
+def test_binary_append_meta_cannot_carry_bodies():
+    """A binary APPEND whose JSON meta also holds a body is refused rather than guessed at."""
+    import crc32c
+
+    meta = b'{"body":"AAAA","group":"g0"}'
+    section = struct.pack(">I", 1) + b"x"
+    data = struct.pack(">BBIII", 1, 0, len(meta), 1, crc32c.crc32c(section)) + meta + section
+    with pytest.raises(BinaryBodyError, match="without bodies"):
+        remoting.decode_append_binary(data)
+
+
+def test_binary_body_only_for_push_and_append():
     """The binary marker on another request code is a BodyError; encoding one is a TypeError."""
     with pytest.raises(TypeError):
         remoting.encode_request(messages.HeartBeatRequest(group="g0"), 1, binary=True)
     f = remoting.decode_frame(frame(b'{"code":51002,"extFields":{"dledger.body":"bin"},"flag":0,"opaque":1}'))
-    with pytest.raises(BodyError, match="only defined for PUSH"):
+    with pytest.raises(BodyError, match="only defined for PUSH and APPEND"):
         remoting.decode_request(f)
     f = remoting.decode_frame(frame(b'{"code":51004,"extFields":{"dledger.body":"zstd"},"flag":0,"opaque":1}'))
     with pytest.raises(BodyError, match="'zstd' is not supported"):

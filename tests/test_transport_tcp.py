@@ -574,6 +574,39 @@ def test_peer_that_cannot_read_binary_gets_json_afterwards():
     assert remoting.decode_frame(pump.clientIO.getOutBuffer()).header.ext_fields is None
 
 
+def test_client_appends_travel_binary_and_fall_back_to_json_for_java():
+    """RemoteTransport sends APPENDs raw; a remoting error (Java) gets the request again in JSON, then JSON only."""
+    from dledger.client import RemoteTransport
+
+    net = Net(Echo())  # n0 listens; its answers never get out (the pump is not flushed), a Java error does
+    client = RemoteTransport(net.reactor, {"n0": "127.0.0.1:20911"})
+    completer = net.completer
+    request = messages.AppendEntryRequest(group="g0", remote_id="n0", body=b"\x00raw\xff")
+    d = client.send("n0", request)
+    pump = completer.succeedOnce(greet=False)
+    sent = remoting.decode_frame(pump.clientIO.getOutBuffer())
+    assert sent.header.body_encoding == "bin" and remoting.decode_request(sent) == request
+    pump.clientIO.bufferReceived(remoting.encode_frame(remoting.Header(1, sent.header.opaque, 1,
+                                                                       remark="JSONException: syntax error")))
+    again = remoting.decode_frame(pump.clientIO.getOutBuffer())
+    assert again.header.ext_fields is None and remoting.decode_request(again) == request
+    pump.clientIO.bufferReceived(remoting.encode_response(messages.AppendEntryResponse(index=7), again.header.opaque))
+    assert result_of(d).index == 7 and client.binary_refused == {"127.0.0.1:20911"}
+    client.send("n0", request)
+    assert remoting.decode_frame(pump.clientIO.getOutBuffer()).header.ext_fields is None
+
+
+def test_server_answers_a_binary_append():
+    """A member's transport decodes a binary APPEND and hands the handler the same request as the JSON form would."""
+    handler = Echo()
+    proto, transport = serving(handler)
+    request = messages.AppendEntryRequest(group="g0", remote_id="n0", batch_msgs=[b"a", b"\x00" * 3])
+    proto.dataReceived(remoting.encode_request(request, 5, binary=True))
+    (header, body), = replies(transport)
+    assert header.opaque == 5 and remoting.decode_body(messages.AppendEntryResponse, body).code == ResponseCode.SUCCESS
+    assert handler.seen == [request]
+
+
 # -- stop ------------------------------------------------------------------------------------------------
 
 def test_stop_fails_outstanding_requests_and_closes_connections():

@@ -41,7 +41,7 @@ DEFAULT_MAX_IN_FLIGHT = 4096
 
 
 class BinaryBodyRefused(DLedgerError):
-    """The peer answered a binary PUSH with a remoting-level error: it is not a dledger member (e.g. Java)."""
+    """The peer answered a binary body (PUSH or APPEND) with a remoting-level error: it is not dledger (e.g. Java)."""
 
     def __init__(self, message: str):
         super().__init__(ResponseCode.UNSUPPORTED, message)
@@ -236,7 +236,7 @@ class RemotingProtocol(Protocol):
         if header.code != REMOTING_SUCCESS:
             text = f"{self.peer} answered remoting code {header.code}: {header.remark or 'no remark'}"
             if call.binary:
-                call.deferred.errback(BinaryBodyRefused(f"{text} (it cannot read binary PUSH bodies)"))
+                call.deferred.errback(BinaryBodyRefused(f"{text} (it cannot read binary bodies)"))
             else:
                 code = _REMOTING_CODES.get(header.code, ResponseCode.INTERNAL_ERROR)
                 call.deferred.errback(DLedgerError(code, text))

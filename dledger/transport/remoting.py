@@ -30,7 +30,7 @@ import crc32c as _crc32c
 from dledger import messages
 from dledger.codes import RequestCode, ResponseCode
 from dledger.entry import HEADER_SIZE, CodecError, decode_entry, encode_entry_into
-from dledger.messages import PushEntryRequest, RequestOrResponse
+from dledger.messages import AppendEntryRequest, PushEntryRequest, RequestOrResponse
 
 SERIALIZE_JSON = 0
 SERIALIZE_ROCKETMQ = 1
@@ -407,26 +407,11 @@ def _encode_push_frame(header: Header, request: PushEntryRequest) -> bytes:
 
 def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRequest:
     """Inverse of :func:`encode_push_binary`; every entry is CRC-checked (:class:`BinaryBodyError`)."""
-    if len(body) < _BIN_PREFIX.size:
-        raise BinaryBodyError(f"binary PUSH body of {len(body)} bytes is shorter than its "
-                              f"{_BIN_PREFIX.size}-byte prefix", header)
-    version, flags, meta_len, count, crc = _BIN_PREFIX.unpack_from(body)
-    if version != BINARY_VERSION:
-        raise BinaryBodyError(f"binary PUSH body version {version} is not supported (only {BINARY_VERSION})", header)
-    if flags & ~_FLAG_BATCH:
-        raise BinaryBodyError(f"binary PUSH body has unknown flags {flags:#x}", header)
-    start = _BIN_PREFIX.size + meta_len
-    if start > len(body):
-        raise BinaryBodyError(f"binary PUSH meta length {meta_len} runs past the {len(body)}-byte body", header)
-    section = memoryview(body)[start:]
+    flags, meta_bytes, section, count = _binary_parts(body, "PUSH", header)
     if count * 48 > len(section):
         raise BinaryBodyError(f"binary PUSH announces {count} entries but has only {len(section)} bytes", header)
-    actual = _crc32c.crc32c(section)
-    if actual != crc:
-        raise BinaryBodyError(f"binary PUSH entries failed their crc32c check (sent {crc:#010x}, "
-                              f"received {actual:#010x}): corrupted in transit", header)
     try:
-        meta = _loads(memoryview(body)[_BIN_PREFIX.size:start], BinaryBodyError, "binary PUSH meta")
+        meta = _loads(meta_bytes, BinaryBodyError, "binary PUSH meta")
     except BinaryBodyError as exc:
         exc.header = header
         raise
@@ -437,7 +422,7 @@ def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRe
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise BinaryBodyError(f"binary PUSH meta: {str(exc)[:200]}", header) from None
     entries = []
-    off, end = start, len(body)
+    off, end = len(body) - len(section), len(body)
     try:
         for _ in range(count):
             entry = decode_entry(body, off, accept_zero_crc=True, max_size=end - off)
@@ -458,16 +443,117 @@ def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRe
     return request
 
 
+# -- binary APPEND bodies -------------------------------------------------------------
+
+_LEN = struct.Struct(">I")
+_unpack_len = _LEN.unpack_from
+#: Parsed meta of recent binary APPENDs: a client sends the same meta with every append (its group and
+#: target), so the JSON is parsed once.  Bounded: cleared when full.
+_APPEND_META: dict[bytes, dict[str, Any]] = {}
+_APPEND_META_MAX = 256
+
+
+def encode_append_binary(request: AppendEntryRequest) -> bytes:
+    """The dledger binary body of an APPEND request (dledger clients to dledger members).
+
+    Layout (big-endian), the PUSH body's prefix: ``u8 version=1 | u8 flags (bit 0: batchMsgs) | u32 metaLen
+    | u32 count | u32 crc32c(bodies section) | meta | bodies``; ``meta`` is the JSON body without ``body`` /
+    ``batchMsgs``; the bodies section is ``count`` times ``u32 length + the body's bytes``.  No Base64, no
+    JSON for the payload; the section CRC catches damage in transit before anything is appended.
+    """
+    batch = request.batch_msgs is not None
+    payloads = request.bodies()
+    meta = _utf8(_dumps(messages.to_wire(replace(request, body=None, batch_msgs=None))))
+    parts = [b""]
+    for body in payloads:
+        parts.append(_LEN.pack(len(body)))
+        parts.append(body)
+    section = b"".join(parts)
+    prefix = _BIN_PREFIX.pack(BINARY_VERSION, _FLAG_BATCH if batch else 0, len(meta), len(payloads),
+                              _crc32c.crc32c(section))
+    return b"".join((prefix, meta, section))
+
+
+def decode_append_binary(body: bytes, header: Header | None = None) -> AppendEntryRequest:
+    """Inverse of :func:`encode_append_binary` (:class:`BinaryBodyError` for anything malformed or damaged)."""
+    flags, meta, section, count = _binary_parts(body, "APPEND", header)
+    kwargs = _APPEND_META.get(meta)
+    if kwargs is None:
+        try:
+            obj = _loads(meta, BinaryBodyError, "binary APPEND meta")
+        except BinaryBodyError as exc:
+            exc.header = header
+            raise
+        if not isinstance(obj, dict) or "body" in obj or "batchMsgs" in obj:
+            raise BinaryBodyError("binary APPEND meta must be an object without bodies", header)
+        try:
+            kwargs = _kwargs(messages.from_wire(AppendEntryRequest, obj))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise BinaryBodyError(f"binary APPEND meta: {str(exc)[:200]}", header) from None
+        if len(_APPEND_META) >= _APPEND_META_MAX:
+            _APPEND_META.clear()
+        _APPEND_META[meta] = kwargs
+    payloads = []
+    off, end = 0, len(section)
+    for _ in range(count):
+        if end - off < 4:
+            raise BinaryBodyError(f"binary APPEND body #{len(payloads)} is cut short", header)
+        n = _unpack_len(section, off)[0]
+        off += 4
+        if n > end - off:
+            raise BinaryBodyError(f"binary APPEND body #{len(payloads)} of {n} bytes runs past the frame", header)
+        payloads.append(bytes(section[off:off + n]))
+        off += n
+    if off != end:
+        raise BinaryBodyError(f"binary APPEND body has {end - off} bytes after its {count} bodies", header)
+    if flags & _FLAG_BATCH:
+        return AppendEntryRequest(**kwargs, batch_msgs=payloads)
+    if count != 1:
+        raise BinaryBodyError(f"binary APPEND carries {count} bodies but is not marked batch", header)
+    return AppendEntryRequest(**kwargs, body=payloads[0])
+
+
+def _kwargs(request: AppendEntryRequest) -> dict[str, Any]:
+    """The constructor arguments that rebuild ``request`` (its base fields)."""
+    return {"group": request.group, "remote_id": request.remote_id, "local_id": request.local_id,
+            "code": request.code, "leader_id": request.leader_id, "term": request.term}
+
+
+def _binary_parts(body: bytes, what: str, header: Header | None) -> tuple[int, bytes, memoryview, int]:
+    """``(flags, meta, section, count)`` of a binary body, its prefix checked and its section CRC verified."""
+    if len(body) < _BIN_PREFIX.size:
+        raise BinaryBodyError(f"binary {what} body of {len(body)} bytes is shorter than its "
+                              f"{_BIN_PREFIX.size}-byte prefix", header)
+    version, flags, meta_len, count, crc = _BIN_PREFIX.unpack_from(body)
+    if version != BINARY_VERSION:
+        raise BinaryBodyError(f"binary {what} body version {version} is not supported (only {BINARY_VERSION})",
+                              header)
+    if flags & ~_FLAG_BATCH:
+        raise BinaryBodyError(f"binary {what} body has unknown flags {flags:#x}", header)
+    start = _BIN_PREFIX.size + meta_len
+    if start > len(body):
+        raise BinaryBodyError(f"binary {what} meta length {meta_len} runs past the {len(body)}-byte body", header)
+    section = memoryview(body)[start:]
+    actual = _crc32c.crc32c(section)
+    if actual != crc:
+        raise BinaryBodyError(f"binary {what} body failed its crc32c check (sent {crc:#010x}, "
+                              f"received {actual:#010x}): corrupted in transit", header)
+    return flags, body[_BIN_PREFIX.size:start], section, count
+
+
 # -- messages <-> frames ---------------------------------------------------------------
 
 def encode_request(request: RequestOrResponse, opaque: int, *, binary: bool = False, oneway: bool = False) -> bytes:
-    """A request frame as Java writes it; ``binary`` selects the dledger binary body (PUSH only)."""
+    """A request frame as Java writes it; ``binary`` selects the dledger binary body (PUSH and APPEND only)."""
     code = int(messages.request_code(request))
     flag = FLAG_ONEWAY if oneway else 0
     if binary:
-        if not isinstance(request, PushEntryRequest):
-            raise TypeError(f"only PUSH requests have a binary body, not {type(request).__name__}")
-        return _encode_push_frame(Header(code, opaque, flag, ext_fields=dict(BINARY_EXT_FIELDS)), request)
+        header = Header(code, opaque, flag, ext_fields=dict(BINARY_EXT_FIELDS))
+        if isinstance(request, PushEntryRequest):
+            return _encode_push_frame(header, request)
+        if isinstance(request, AppendEntryRequest):
+            return encode_frame(header, encode_append_binary(request))
+        raise TypeError(f"only PUSH and APPEND requests have a binary body, not {type(request).__name__}")
     return encode_frame(Header(code, opaque, flag), encode_body(request))
 
 
@@ -495,9 +581,11 @@ def decode_request(frame: Frame) -> RequestOrResponse:
         return decode_body(cls, frame.body, header)
     if encoding != BODY_BINARY:
         raise BodyError(f"body encoding {encoding!r} is not supported", header)
-    if cls is not PushEntryRequest:
-        raise BodyError(f"a binary body is only defined for PUSH, not request code {header.code}", header)
-    return decode_push_binary(frame.body, header)
+    if cls is PushEntryRequest:
+        return decode_push_binary(frame.body, header)
+    if cls is AppendEntryRequest:
+        return decode_append_binary(frame.body, header)
+    raise BodyError(f"a binary body is only defined for PUSH and APPEND, not request code {header.code}", header)
 
 
 def decode_response(frame: Frame, cls: type[RequestOrResponse]) -> RequestOrResponse:
@@ -526,7 +614,7 @@ __all__ = [
     "FLAG_RESPONSE", "REMOTING_SUCCESS", "SERIALIZE_JSON", "SERIALIZE_ROCKETMQ",
     "BinaryBodyError", "BodyError", "Frame", "FrameError", "FrameLengthError", "FrameSplitter",
     "FrameTooLargeError", "Header", "HeaderError", "UnknownRequestCodeError", "UnsupportedSerializeTypeError",
-    "decode_body", "decode_frame", "decode_push_binary", "decode_request", "decode_response", "encode_body",
-    "encode_frame", "encode_push_binary", "encode_request", "encode_response", "error_body", "frame_size",
-    "request_class", "split_frames",
+    "decode_append_binary", "decode_body", "decode_frame", "decode_push_binary", "decode_request",
+    "decode_response", "encode_append_binary", "encode_body", "encode_frame", "encode_push_binary",
+    "encode_request", "encode_response", "error_body", "frame_size", "request_class", "split_frames",
 ]
