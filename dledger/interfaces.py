@@ -152,6 +152,17 @@ class IRequestHandler(Interface):
         """Answer ``request`` (a :mod:`dledger.messages` request). Returns a Deferred of the response."""
 
 
+class IBatchRequestHandler(IRequestHandler):
+    """A handler that answers the requests of one read together (the leader appends their bodies in one batch)."""
+
+    def handle_requests(requests: list) -> list:
+        """Answer ``requests`` (arrived together, in this order).
+
+        Returns one result per request, in order: what :meth:`handle_request`
+        would return for it, or a ``Failure`` where it would raise.
+        """
+
+
 class ITransport(Interface):
     """Moves requests between members and from clients.
 

@@ -171,6 +171,36 @@ def test_error_body_uses_the_response_class_defaults():
     assert json.loads(remoting.error_body(Header(99, 1), ResponseCode.UNSUPPORTED)) == {"code": 303, "term": -1}
 
 
+@pytest.mark.parametrize("msg", [
+    messages.AppendEntryResponse(group="g0", term=3, index=12, pos=2 ** 40, leader_id="n0", code=200),
+    messages.AppendEntryResponse(group='g"0\\', remote_id="ñ-✓", local_id="\x01\n", term=-1, code=-5),
+    messages.AppendEntryResponse(code=ResponseCode.NOT_LEADER, leader_id="n2"),  # an enum: the general path
+    messages.PushEntryResponse(group="g0", term=2, index=None, begin_index=0, end_index=99, count=3, code=200),
+    messages.PushEntryResponse(group="g0", index=7, count=True),  # a bool: the general path
+    messages.HeartBeatRequest(group="g0", remote_id="n1", local_id="n0", leader_id="n0", term=4),
+    messages.VoteRequest(group="g0", ledger_end_index=10, ledger_end_term=2, term=3),
+    messages.LeadershipTransferResponse(),
+])
+def test_flat_messages_are_written_exactly_as_the_generic_encoder_writes_them(msg):
+    """The fast writer of int/str-only messages produces the generic encoder's bytes, escapes included."""
+    generic = json.dumps(messages.to_wire(msg), separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
+    assert remoting.encode_body(msg) == generic
+    assert remoting.encode_body(msg) == generic, "again, from the caches"
+
+
+def test_binary_marked_headers_take_the_fast_path_both_ways():
+    """A header with the binary marker is written and read by the templates exactly as the generic JSON path does."""
+    header = Header(51004, 2 ** 31 - 1, 2, ext_fields={"dledger.body": "bin"})
+    generic = json.dumps({"code": 51004, "extFields": {"dledger.body": "bin"}, "flag": 2, "language": "JAVA",
+                          "opaque": 2 ** 31 - 1, "serializeTypeCurrentRPC": "JSON", "version": 0},
+                         separators=(",", ":"), sort_keys=True).encode()
+    assert header.to_json() == generic
+    parsed = Header.from_json(generic)
+    assert parsed == header and parsed.ext_fields is not remoting.BINARY_EXT_FIELDS
+    with pytest.raises(HeaderError):
+        Header.from_json(generic.replace(b"2147483647", b"2147483648"))
+
+
 # -- binary PUSH --------------------------------------------------------------------------
 
 def test_binary_push_round_trip_256_entries():

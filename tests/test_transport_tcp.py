@@ -7,6 +7,7 @@ import pytest
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.logger import Logger, LogLevel
+from twisted.python.failure import Failure
 from twisted.test.iosim import ConnectionCompleter
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
@@ -16,7 +17,7 @@ from dledger.codes import PushType, ResponseCode
 from dledger.config import make_config
 from dledger.entry import HEADER_SIZE, Entry
 from dledger.errors import DLedgerError
-from dledger.interfaces import IRequestHandler, ITransport
+from dledger.interfaces import IBatchRequestHandler, IRequestHandler, ITransport
 from dledger.transport import base as transport_base
 from dledger.transport import remoting
 from dledger.transport.client import Backoff, client_endpoint_description
@@ -361,6 +362,34 @@ def serving(handler, **kw):
 
 def replies(transport):
     return [(f.header, f.body) for f in remoting.split_frames(transport.value())]
+
+
+@implementer(IBatchRequestHandler)
+class Together(Echo):
+    """Records how requests were handed over: one list per handle_requests call."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def handle_requests(self, requests):
+        self.calls.append(list(requests))
+        results = [self.handle_request(r) for r in requests[:-1]]
+        return results + [Failure(DLedgerError(ResponseCode.LEADER_PENDING_FULL, "full"))]
+
+
+def test_requests_of_one_read_reach_a_batch_handler_together():
+    """The frames of one read go to handle_requests in one call, in order; each gets its own reply by opaque."""
+    handler = Together()
+    proto, transport = serving(handler)
+    requests = [messages.AppendEntryRequest(group="g0", body=b"%d" % i) for i in range(3)]
+    data = b"".join(remoting.encode_request(r, 10 + i, binary=i == 1) for i, r in enumerate(requests))
+    proto.dataReceived(data + remoting.encode_request(requests[0], 20)[:9])
+    assert handler.calls == [requests]
+    answers = {h.opaque: remoting.decode_body(messages.AppendEntryResponse, b).code for h, b in replies(transport)}
+    assert answers == {10: ResponseCode.SUCCESS, 11: ResponseCode.SUCCESS, 12: ResponseCode.LEADER_PENDING_FULL}
+    proto.dataReceived(remoting.encode_request(requests[0], 20)[9:])
+    assert len(handler.calls) == 1 and handler.seen[-1] == requests[0], "a lone request: handle_request"
 
 
 @pytest.mark.parametrize("error", [DLedgerError(ResponseCode.NOT_LEADER, "no", leader_id="n2"),

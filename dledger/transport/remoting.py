@@ -134,9 +134,11 @@ class Header:
 
     def to_json(self) -> bytes:
         """The header exactly as Java writes it: compact, keys sorted, null fields omitted."""
-        if self.remark is None and self.ext_fields is None and self.language == "JAVA" \
-                and self.serialize_type == "JSON":
-            return _PLAIN_HEADER % (self.code, self.flag, self.opaque, self.version)  # what _dumps writes
+        if self.remark is None and self.language == "JAVA" and self.serialize_type == "JSON":
+            if self.ext_fields is None:  # what _dumps writes, without building and sorting a dict
+                return _PLAIN_HEADER % (self.code, self.flag, self.opaque, self.version)
+            if self.ext_fields == BINARY_EXT_FIELDS:
+                return _BINARY_HEADER % (self.code, self.flag, self.opaque, self.version)
         obj: dict[str, Any] = {"code": self.code, "flag": self.flag, "language": self.language,
                                "opaque": self.opaque, "serializeTypeCurrentRPC": self.serialize_type,
                                "version": self.version}
@@ -149,11 +151,13 @@ class Header:
     @classmethod
     def from_json(cls, data: bytes | bytearray | memoryview) -> Header:
         """Parse and validate a header; :class:`HeaderError` says what is wrong."""
-        m = _PLAIN_HEADER_RE.fullmatch(data)
-        if m is not None:  # the shape every dledger and Java member writes; anything else takes the long way
-            code, flag, opaque, version = values = tuple(int(g) for g in m.groups())
-            if all(_INT32_MIN <= v <= _INT32_MAX for v in values):
-                return cls(code, opaque, flag, "JAVA", version, None, None, "JSON")
+        for pattern, ext_fields in _FAST_HEADERS:  # the shapes dledger and Java write; anything else: the long way
+            m = pattern.fullmatch(data)
+            if m is not None:
+                code, flag, opaque, version = values = tuple(int(g) for g in m.groups())
+                if all(_INT32_MIN <= v <= _INT32_MAX for v in values):
+                    return cls(code, opaque, flag, "JAVA", version, None, ext_fields and dict(ext_fields), "JSON")
+                break
         obj = _loads(data, HeaderError, "header")
         if not isinstance(obj, dict):
             raise HeaderError(f"header: expected a JSON object, got {type(obj).__name__}")
@@ -165,9 +169,17 @@ class Header:
 
 #: A header with no remark and no extFields, as ``Header.to_json`` (and Java) writes it.
 _PLAIN_HEADER = b'{"code":%d,"flag":%d,"language":"JAVA","opaque":%d,"serializeTypeCurrentRPC":"JSON","version":%d}'
+#: The same with the binary-body marker (dledger's PUSH and APPEND), keys still in sorted order.
+_BINARY_HEADER = _PLAIN_HEADER.replace(b'"flag"', b'"extFields":{"dledger.body":"bin"},"flag"')
 _JSON_INT = rb"(-?(?:0|[1-9][0-9]*))"
-_PLAIN_HEADER_RE = re.compile(rb'\{"code":' + _JSON_INT + rb',"flag":' + _JSON_INT + rb',"language":"JAVA","opaque":'
-                              + _JSON_INT + rb',"serializeTypeCurrentRPC":"JSON","version":' + _JSON_INT + rb"\}")
+
+
+def _header_pattern(template: bytes) -> re.Pattern[bytes]:
+    """The regex matching ``template`` with its four ``%d`` fields as JSON integers."""
+    return re.compile(re.escape(template).replace(re.escape(b"%d"), _JSON_INT))
+
+
+_FAST_HEADERS = ((_header_pattern(_PLAIN_HEADER), None), (_header_pattern(_BINARY_HEADER), BINARY_EXT_FIELDS))
 
 
 def _loads(data: bytes | bytearray | memoryview, error: type[FrameError], what: str) -> Any:
@@ -328,7 +340,44 @@ def decode_frame(data: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> F
 
 def encode_body(msg: RequestOrResponse) -> bytes:
     """A message as Java's fastjson writes it (compact, keys sorted, nulls omitted, bytes as Base64)."""
+    flat = _FLAT_KEYS.get(type(msg))
+    if flat is None and type(msg) not in _FLAT_KEYS:
+        spec = messages.flat_wire_fields(type(msg))
+        flat = _FLAT_KEYS[type(msg)] = spec and tuple((_utf8(_dumps(key)) + b":", name) for key, name in spec)
+    if flat:
+        body = _flat_body(msg, flat)
+        if body is not None:
+            return body
     return _utf8(_dumps(messages.to_wire(msg)))
+
+
+#: class -> (b'"wireKey":', attribute) in key order, for messages whose fields are all ints and strings
+_FLAT_KEYS: dict[type, tuple[tuple[bytes, str], ...] | None] = {}
+#: JSON text of the strings replies repeat (group, member ids)
+_JSON_STRINGS: dict[str, bytes] = {}
+
+
+def _flat_body(msg: RequestOrResponse, keys: tuple[tuple[bytes, str], ...]) -> bytes | None:
+    """What ``_dumps(to_wire(msg))`` writes, for a flat message, without building a dict; None for the odd value.
+
+    Small replies (APPEND, PUSH, heartbeat, vote ...) are a large share of a busy member's work.
+    """
+    parts = []
+    for key, name in keys:
+        value = getattr(msg, name)
+        kind = type(value)
+        if kind is int:
+            parts.append(b"%s%d" % (key, value))
+        elif kind is str:
+            text = _JSON_STRINGS.get(value)
+            if text is None:
+                text = _utf8(_dumps(value))
+                if len(_JSON_STRINGS) < 1024:
+                    _JSON_STRINGS[value] = text
+            parts.append(key + text)
+        elif value is not None:  # an enum, a bool ...: the general path decides how it looks
+            return None
+    return b"{%s}" % b",".join(parts)
 
 
 def decode_body(cls: type[RequestOrResponse], body: bytes, header: Header | None = None) -> RequestOrResponse:
@@ -562,12 +611,15 @@ def encode_response(response: RequestOrResponse, opaque: int, *, remark: str | N
     return encode_frame(Header(REMOTING_SUCCESS, opaque, FLAG_RESPONSE, remark=remark), encode_body(response))
 
 
+_REQUEST_CLASSES = {int(code): request for code, (request, _) in messages.RPCS.items()}
+
+
 def request_class(header: Header) -> type[RequestOrResponse]:
     """The request class of a request header; :class:`UnknownRequestCodeError` if there is none."""
-    try:
-        return messages.RPCS[RequestCode(header.code)][0]
-    except (ValueError, KeyError):
-        raise UnknownRequestCodeError(f"request code {header.code} is not supported", header) from None
+    cls = _REQUEST_CLASSES.get(header.code)
+    if cls is None:
+        raise UnknownRequestCodeError(f"request code {header.code} is not supported", header)
+    return cls
 
 
 def decode_request(frame: Frame) -> RequestOrResponse:
