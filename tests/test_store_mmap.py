@@ -68,7 +68,7 @@ class ManualIO:
         return d
 
     def step(self):
-        """Run every job queued so far (one flush round may queue a job per file)."""
+        """Run every job queued so far (each flush round queues one)."""
         jobs, self.queue = self.queue, []
         for fn, args, d in jobs:
             maybeDeferred(fn, *args).chainDeferred(d)

@@ -718,11 +718,11 @@ class MmapLogStore:
         for lst in dirs:
             lst.dir_dirty = False
         synced = [f.fd for f in touched if f not in new]
-        # One job per file so that a threaded BlockingIO syncs data and index side by side.
-        work = [functools.partial(diskio.flush_files, [fd], [], []) for fd in synced]
-        if new or dirs:
-            work.append(functools.partial(diskio.flush_files, [], [f.fd for f in new],
-                                          [str(lst.directory) for lst in dirs]))
+        # One job for the round (data files first, then index files, new files, directories): one thread
+        # hand-off per round.  Syncing data and index on two pool threads side by side made each round a
+        # little shorter but cost a member more CPU in wake-ups than it saved (docs/benchmarks.md).
+        work = [functools.partial(diskio.flush_files, synced, [f.fd for f in new],
+                                  [str(lst.directory) for lst in dirs])]
 
         def failed(_failure) -> None:
             self._data_dirty_lo = min(self._data_dirty_lo, data_lo)
