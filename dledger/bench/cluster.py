@@ -195,9 +195,9 @@ class Loader:
         self.raw = RawAppends(self.group, self.leader, self.body, binary=self.binary)
         await connectProtocol(clientFromString(self.reactor, client_endpoint_description(address)), self.raw)
 
-    def send(self, count: int) -> Deferred:
-        """One APPEND of ``count`` bodies; fires with the reply's DLedger code (an int)."""
-        return self.raw.send(count)
+    def send(self, count: int, on_reply: Any) -> None:
+        """One APPEND of ``count`` bodies; ``on_reply(code)`` gets the reply's DLedger code, None if the link broke."""
+        self.raw.send(count, on_reply)
 
     async def closed_loop(self, label: str, count: int, in_flight: int, duration: float, warmup: float) -> dict:
         """``in_flight`` requests of ``count`` bodies outstanding at all times; entries acknowledged per second."""
@@ -209,9 +209,9 @@ class Loader:
 
         def issue() -> None:
             st["outstanding"] += 1
-            self.send(count).addCallbacks(replied, failed)
+            self.send(count, replied)
 
-        def replied(code: int) -> None:
+        def replied(code: int | None) -> None:
             st["outstanding"] -= 1
             now = reactor.seconds()
             if code == ResponseCode.SUCCESS:
@@ -220,11 +220,7 @@ class Loader:
                     st["requests"] += 1
                 again()
             else:
-                error(ResponseCode.of(code).name)
-
-        def failed(f: Any) -> None:
-            st["outstanding"] -= 1
-            error(f.value.code.name if isinstance(f.value, DLedgerError) else type(f.value).__name__)
+                error("NETWORK_ERROR" if code is None else ResponseCode.of(code).name)
 
         def error(name: str) -> None:
             st["errors"][name] = st["errors"].get(name, 0) + 1
@@ -265,12 +261,12 @@ class Loader:
                 scheduled = start + st["sent"] / rate
                 st["sent"] += 1
                 st["outstanding"] += 1
-                self.send(1).addCallbacks(replied, failed, callbackArgs=(scheduled,))
+                self.send(1, lambda code, scheduled=scheduled: replied(code, scheduled))
             if now >= end:
                 sender.stop()
                 maybe_done()
 
-        def replied(code: int, scheduled: float) -> None:
+        def replied(code: int | None, scheduled: float) -> None:
             st["outstanding"] -= 1
             if code == ResponseCode.SUCCESS:
                 if scheduled >= measure_from:
@@ -278,11 +274,6 @@ class Loader:
                     st["acked"] += 1
             else:
                 st["errors"] += 1
-            maybe_done()
-
-        def failed(_f: Any) -> None:
-            st["outstanding"] -= 1
-            st["errors"] += 1
             maybe_done()
 
         def maybe_done() -> None:
@@ -315,9 +306,10 @@ class RawAppends(Protocol):
     """The benchmark's load connection: APPEND frames encoded once, only the opaque changes per request.
 
     The load generator shares the machine with the members, so it should spend as little CPU as
-    possible: a request costs a header format and a write, a reply a frame split and a match of its
-    ``code``.  The frames are the ones :mod:`dledger.transport.remoting` writes: dledger's binary
-    APPEND body, or Java's JSON form with ``binary=False`` (``--java-frames``).
+    possible: a request costs a header format and a write, a reply two regex matches on the read
+    buffer and a plain callback (no Deferred, no frame objects).  The frames are the ones
+    :mod:`dledger.transport.remoting` writes: dledger's binary APPEND body, or Java's JSON form with
+    ``binary=False`` (``--java-frames``).
     """
 
     def __init__(self, group: str, leader: str, body: bytes, *, binary: bool = True):
@@ -325,11 +317,11 @@ class RawAppends(Protocol):
 
         self.remoting = remoting
         self.binary = binary
-        self.frames: dict[int, tuple[bytes, bytes, int]] = {}  # count -> (header before opaque, after it, body)
+        self.frames: dict[int, tuple[bytes, bytes, bytes]] = {}  # count -> (header before opaque, after, body)
         self.make = lambda n: AppendEntryRequest(group=group, remote_id=leader, body=body) if n == 1 \
             else AppendEntryRequest(group=group, remote_id=leader, batch_msgs=[body] * n)
-        self.splitter = remoting.FrameSplitter()
-        self.waiting: dict[int, Deferred] = {}
+        self.buffer = bytearray()
+        self.waiting: dict[int, Any] = {}
         self.opaque = 0
 
     def connectionMade(self) -> None:
@@ -343,35 +335,46 @@ class RawAppends(Protocol):
         before, after = head.split(b"%d" % _SENTINEL_OPAQUE)
         return before, after, body
 
-    def send(self, count: int) -> Deferred:
+    def send(self, count: int, on_reply: Any) -> None:
+        """One APPEND of ``count`` bodies; ``on_reply(code)`` once answered (None if the connection is lost)."""
         parts = self.frames.get(count)
         if parts is None:
             parts = self.frames[count] = self._template(count)
         before, after, body = parts
         self.opaque += 1
-        d: Deferred = Deferred()
-        self.waiting[self.opaque] = d
+        self.waiting[self.opaque] = on_reply
         head = b"%s%d%s" % (before, self.opaque, after)
         self.transport.write(b"".join((_LENGTHS.pack(4 + len(head) + len(body), len(head)), head, body)))
-        return d
 
     def dataReceived(self, data: bytes) -> None:
-        for frame in self.splitter.feed(data):
-            d = self.waiting.pop(frame.header.opaque, None)
-            if d is not None:
-                m = _CODE.search(frame.body)
-                d.callback(int(m.group(1)) if m else json.loads(frame.body)["code"])
+        buf = self.buffer
+        buf += data
+        pos, size = 0, len(buf)
+        while size - pos >= 8:
+            total, word = _LENGTHS.unpack_from(buf, pos)
+            end = pos + 4 + total
+            if end > size:
+                break
+            head_end = pos + 8 + (word & 0xFFFFFF)
+            opaque = _OPAQUE.search(buf, pos + 8, head_end)
+            code = _CODE.match(buf, head_end, end)
+            pos = end
+            on_reply = self.waiting.pop(int(opaque.group(1)), None) if opaque else None
+            if on_reply is not None:
+                on_reply(int(code.group(1)) if code else json.loads(bytes(buf[head_end:end]))["code"])
+        del buf[:pos]
 
     def connectionLost(self, reason: Any = None) -> None:
         waiting, self.waiting = self.waiting, {}
-        for d in waiting.values():
-            d.errback(DLedgerError(ResponseCode.NETWORK_ERROR, "load connection lost"))
+        for on_reply in waiting.values():
+            on_reply(None)
 
 
 _SENTINEL_OPAQUE = 2_000_000_123
 _LENGTHS = struct.Struct(">iI")
 #: The reply's DLedger code: the first key of a compact, sorted JSON body (``{"code":0,...``).
-_CODE = re.compile(rb'^\{"code":(-?\d+)[,}]')
+_CODE = re.compile(rb'\{"code":(-?\d+)[,}]')
+_OPAQUE = re.compile(rb'"opaque":(\d+)')
 
 
 def _pct(sorted_values: list[float], q: float) -> float | None:
