@@ -44,6 +44,7 @@ from dledger.entry import (
     VALID_MAGICS,
     CodecError,
     Entry,
+    EntryList,
     body_crc,
     decode_entry,
     encode_blank,
@@ -398,6 +399,10 @@ class MmapLogStore:
         stored: list[Entry] = []
         index = self.ledger_end_index + 1
         hooks = self._hooks
+        # A push's entries arrive encoded (checked by their CRCs): write those bytes instead of encoding again.
+        known = entries.known_section() if mode == _FOLLOWER and type(entries) is EntryList else None
+        run.src = known[0] if known is not None else None
+        src_off = 0
         try:
             if mode == _LEADER:
                 state = self.member_state
@@ -435,7 +440,14 @@ class MmapLogStore:
                         if run.end != e.pos:
                             raise DLedgerError(ResponseCode.DISK_ERROR,
                                                f"entry {e.index}: placement changed under us")
-                run.add(e, body, size)
+                        if known is not None:
+                            run.src, run.src_off = known[0], src_off
+                if run.src is None:
+                    run.add(e, body, size)
+                else:
+                    run.entries.append(e)
+                    run.end += size
+                    src_off += size
                 index = e.index + 1
             self._write_run(run, stored)
         except Exception as exc:
@@ -461,8 +473,9 @@ class MmapLogStore:
         entries = run.entries
         if not entries:
             return
+        data = run.buf if run.src is None else run.src[run.src_off:run.src_off + run.end - run.pos]
         try:
-            _write_at(self._dfd, run.buf, run.pos - self._dstart)
+            _write_at(self._dfd, data, run.pos - self._dstart)
         except OSError as exc:
             raise _disk_error(exc, entries[0].index) from None
         for e in entries:
@@ -815,13 +828,16 @@ _LEADER, _FOLLOWER, _PLACED = 0, 1, 2
 class _Run:
     """Entries encoded back to back for one ``pwrite`` at ``pos`` (they all lie in one data file)."""
 
-    __slots__ = ("pos", "end", "buf", "entries", "written")
+    __slots__ = ("pos", "end", "buf", "entries", "written", "src", "src_off")
 
     def __init__(self, pos: int):
         self.pos = self.end = pos
         self.buf = bytearray()
         self.entries: list[Entry] = []
         self.written = False  # a write was attempted (successful or not): never write it twice
+        # Or the entries are already encoded: bytes [src_off, src_off + end - pos) of src.
+        self.src: bytes | memoryview | None = None
+        self.src_off = 0
 
     def add(self, e: Entry, body: bytes, size: int) -> None:
         self.buf += _pack_header(e.magic, size, e.index, e.term, e.pos, e.channel, e.chain_crc, e.body_crc,

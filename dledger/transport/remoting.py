@@ -29,7 +29,7 @@ import crc32c as _crc32c
 
 from dledger import messages
 from dledger.codes import RequestCode, ResponseCode
-from dledger.entry import HEADER_SIZE, CodecError, decode_entry, encode_entry_into
+from dledger.entry import HEADER_SIZE, CodecError, EntryList, decode_entry, encode_entry_into
 from dledger.messages import AppendEntryRequest, PushEntryRequest, RequestOrResponse
 
 SERIALIZE_JSON = 0
@@ -416,30 +416,41 @@ def encode_push_binary(request: PushEntryRequest) -> bytes:
 
 
 class _PushBody:
-    """A binary PUSH body measured first, then written straight into the frame buffer (no extra copies)."""
+    """A binary PUSH body measured first, then written straight into the frame buffer (no extra copies).
 
-    __slots__ = ("entries", "meta", "batch", "size")
+    The entries section comes from :meth:`EntryList.section` when the request carries an EntryList (the
+    leader's pushes do), so entries pushed to several followers are encoded and CRC'd once.
+    """
+
+    __slots__ = ("entries", "meta", "batch", "size", "section")
 
     def __init__(self, request: PushEntryRequest):
         if request.entry is not None and request.batch_entry:
             raise ValueError("a PUSH request carries either entry or batch_entry, not both")
-        self.entries = request.batch_entry or ([request.entry] if request.entry is not None else [])
+        entries = request.batch_entry or ([request.entry] if request.entry is not None else [])
+        self.entries = entries
+        self.section = entries.section() if type(entries) is EntryList else None
         self.batch = bool(request.batch_entry)
         meta_obj = messages.to_wire(replace(request, entry=None, batch_entry=[]))
         for key in ("batchEntry", "batch", "count", "firstEntryIndex", "lastEntryIndex"):
             meta_obj.pop(key, None)
         self.meta = _utf8(_dumps(meta_obj))
-        self.size = (_BIN_PREFIX.size + len(self.meta) + sum([len(e.body) for e in self.entries])
-                     + HEADER_SIZE * len(self.entries))
+        entries_size = len(self.section[0]) if self.section is not None else \
+            sum([len(e.body) for e in entries]) + HEADER_SIZE * len(entries)
+        self.size = _BIN_PREFIX.size + len(self.meta) + entries_size
 
     def write_into(self, buf: bytearray, offset: int) -> None:
         start = offset + _BIN_PREFIX.size + len(self.meta)
         buf[offset + _BIN_PREFIX.size:start] = self.meta
-        off = start
-        for e in self.entries:
-            off += encode_entry_into(buf, off, e)
-        with memoryview(buf) as view:
-            crc = _crc32c.crc32c(view[start:off])
+        if self.section is not None:
+            section, crc = self.section
+            buf[start:start + len(section)] = section
+        else:
+            off = start
+            for e in self.entries:
+                off += encode_entry_into(buf, off, e)
+            with memoryview(buf) as view:
+                crc = _crc32c.crc32c(view[start:off])
         _BIN_PREFIX.pack_into(buf, offset, BINARY_VERSION, _FLAG_BATCH if self.batch else 0,
                               len(self.meta), len(self.entries), crc)
 
@@ -456,7 +467,7 @@ def _encode_push_frame(header: Header, request: PushEntryRequest) -> bytes:
 
 def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRequest:
     """Inverse of :func:`encode_push_binary`; every entry is CRC-checked (:class:`BinaryBodyError`)."""
-    flags, meta_bytes, section, count = _binary_parts(body, "PUSH", header)
+    flags, meta_bytes, section, count, crc = _binary_parts(body, "PUSH", header)
     if count * 48 > len(section):
         raise BinaryBodyError(f"binary PUSH announces {count} entries but has only {len(section)} bytes", header)
     try:
@@ -484,7 +495,7 @@ def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRe
     if flags & _FLAG_BATCH:
         if not entries:
             raise BinaryBodyError("binary PUSH marked batch but carries no entries", header)
-        request.batch_entry = entries
+        request.batch_entry = EntryList(entries, (section, crc))  # what a follower stores, byte for byte
     elif count > 1:
         raise BinaryBodyError(f"binary PUSH carries {count} entries but is not marked batch", header)
     elif entries:
@@ -525,7 +536,7 @@ def encode_append_binary(request: AppendEntryRequest) -> bytes:
 
 def decode_append_binary(body: bytes, header: Header | None = None) -> AppendEntryRequest:
     """Inverse of :func:`encode_append_binary` (:class:`BinaryBodyError` for anything malformed or damaged)."""
-    flags, meta, section, count = _binary_parts(body, "APPEND", header)
+    flags, meta, section, count, _ = _binary_parts(body, "APPEND", header)
     kwargs = _APPEND_META.get(meta)
     if kwargs is None:
         try:
@@ -568,8 +579,8 @@ def _kwargs(request: AppendEntryRequest) -> dict[str, Any]:
             "code": request.code, "leader_id": request.leader_id, "term": request.term}
 
 
-def _binary_parts(body: bytes, what: str, header: Header | None) -> tuple[int, bytes, memoryview, int]:
-    """``(flags, meta, section, count)`` of a binary body, its prefix checked and its section CRC verified."""
+def _binary_parts(body: bytes, what: str, header: Header | None) -> tuple[int, bytes, memoryview, int, int]:
+    """``(flags, meta, section, count, crc)`` of a binary body, its prefix checked and its section CRC verified."""
     if len(body) < _BIN_PREFIX.size:
         raise BinaryBodyError(f"binary {what} body of {len(body)} bytes is shorter than its "
                               f"{_BIN_PREFIX.size}-byte prefix", header)
@@ -587,7 +598,7 @@ def _binary_parts(body: bytes, what: str, header: Header | None) -> tuple[int, b
     if actual != crc:
         raise BinaryBodyError(f"binary {what} body failed its crc32c check (sent {crc:#010x}, "
                               f"received {actual:#010x}): corrupted in transit", header)
-    return flags, body[_BIN_PREFIX.size:start], section, count
+    return flags, body[_BIN_PREFIX.size:start], section, count, crc
 
 
 # -- messages <-> frames ---------------------------------------------------------------
