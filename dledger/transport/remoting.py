@@ -49,6 +49,8 @@ BINARY_EXT_FIELDS = {BODY_ENCODING_KEY: BODY_BINARY}
 
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024  # Java remoting's FRAME_MAX_LENGTH
 _LENGTHS = struct.Struct(">iI")
+_unpack_int32 = struct.Struct(">i").unpack_from
+_unpack_uint32 = struct.Struct(">I").unpack_from
 _INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
 _dumps = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode
@@ -149,15 +151,19 @@ class Header:
         return _utf8(_dumps(obj))
 
     @classmethod
-    def from_json(cls, data: bytes | bytearray | memoryview) -> Header:
-        """Parse and validate a header; :class:`HeaderError` says what is wrong."""
+    def from_json(cls, data: bytes | bytearray | memoryview, start: int = 0, end: int | None = None) -> Header:
+        """Parse and validate the header in ``data[start:end]``; :class:`HeaderError` says what is wrong."""
+        if end is None:
+            end = len(data)
         for pattern, ext_fields in _FAST_HEADERS:  # the shapes dledger and Java write; anything else: the long way
-            m = pattern.fullmatch(data)
+            m = pattern.fullmatch(data, start, end)
             if m is not None:
-                code, flag, opaque, version = values = tuple(int(g) for g in m.groups())
-                if all(_INT32_MIN <= v <= _INT32_MAX for v in values):
+                values = code, flag, opaque, version = [*map(int, m.groups())]
+                if _INT32_MIN <= min(values) and max(values) <= _INT32_MAX:
                     return cls(code, opaque, flag, "JAVA", version, None, ext_fields and dict(ext_fields), "JSON")
                 break
+        if start or end != len(data):
+            data = bytes(data[start:end])
         obj = _loads(data, HeaderError, "header")
         if not isinstance(obj, dict):
             raise HeaderError(f"header: expected a JSON object, got {type(obj).__name__}")
@@ -288,7 +294,7 @@ class FrameSplitter:
         size = len(buf)
         while size - self._pos >= 4:
             pos = self._pos
-            total_len = int.from_bytes(buf[pos:pos + 4], "big", signed=True)
+            total_len = _unpack_int32(buf, pos)[0]
             if total_len < 4:
                 self._fail(FrameLengthError(f"frame length field {total_len} is below the minimum 4"))
             if total_len + 4 > self.max_frame_size:
@@ -296,7 +302,7 @@ class FrameSplitter:
                                               f"{self.max_frame_size} bytes (maxFrameSize)"))
             if size - pos < 8:
                 return
-            word = int.from_bytes(buf[pos + 4:pos + 8], "big")
+            word = _unpack_uint32(buf, pos + 4)[0]
             serialize_type, header_len = word >> 24, word & 0xFFFFFF
             if header_len > total_len - 4:
                 self._fail(FrameLengthError(f"header length {header_len} exceeds the {total_len - 4} bytes "
@@ -304,15 +310,15 @@ class FrameSplitter:
             end = pos + 4 + total_len
             if size < end:
                 return
+            header_end = pos + 8 + header_len
             with memoryview(buf) as view:
-                header_bytes = bytes(view[pos + 8:pos + 8 + header_len])
-                body = bytes(view[pos + 8 + header_len:end])
+                body = bytes(view[header_end:end])
             self._pos = end
             if serialize_type != SERIALIZE_JSON:
                 kind = "ROCKETMQ binary headers" if serialize_type == SERIALIZE_ROCKETMQ else "it"
                 raise UnsupportedSerializeTypeError(f"serializeType {serialize_type} is not supported "
                                                     f"(only 0, JSON; {kind} cannot be decoded)")
-            yield Frame(Header.from_json(header_bytes), body)
+            yield Frame(Header.from_json(buf, pos + 8, header_end), body)
 
     def _fail(self, error: FrameError):
         self._broken = error
