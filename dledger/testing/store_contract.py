@@ -84,6 +84,17 @@ def bodies(n: int, start: int = 0, size: int = 0) -> list[bytes]:
     return [(f"entry-{i:05d}-".encode() + b"x" * (size or (i * 37) % 300)) for i in range(start, start + n)]
 
 
+class StampPos:
+    """An append hook that writes the entry's pos into its first 8 body bytes and remembers (index, pos) it saw."""
+
+    def __init__(self):
+        self.seen: list[tuple[int, int]] = []
+
+    def before_append(self, entry, buffer, body_offset):
+        self.seen.append((entry.index, entry.pos))
+        buffer[body_offset:body_offset + 8] = entry.pos.to_bytes(8, "big")
+
+
 class LogStoreContract:
     """Every rule a log store must follow. Subclass and provide ``open_store``."""
 
@@ -156,16 +167,10 @@ class LogStoreContract:
 
     def test_append_hook_rewrites_body_before_crc(self, store, state):
         """Append hooks see the encoded entry and may rewrite body bytes; the CRC covers the result."""
-        seen = []
-
-        class Hook:
-            def before_append(self, entry, buffer, body_offset):
-                seen.append((entry.index, entry.pos))
-                buffer[body_offset:body_offset + 8] = entry.pos.to_bytes(8, "big")
-
-        store.add_append_hook(Hook())
+        hook = StampPos()
+        store.add_append_hook(hook)
         stored = self.leader_append(store, state, [b"\0" * 8 + b"tail", b"\0" * 8 + b"more"])
-        assert seen == [(0, stored[0].pos), (1, stored[1].pos)]
+        assert hook.seen == [(0, stored[0].pos), (1, stored[1].pos)]
         got = store.get(1)
         assert got.body[:8] == stored[1].pos.to_bytes(8, "big") and got.body[8:] == b"more"
         assert got.body_crc == body_crc(got.body)
@@ -456,16 +461,10 @@ class LogStoreContract:
 
     def test_batch_leader_runs_hooks_per_entry(self, batch_store, state):
         """Append hooks see each entry of a batch at its own index and pos; each CRC covers the rewritten body."""
-        seen = []
-
-        class Hook:
-            def before_append(self, entry, buffer, body_offset):
-                seen.append((entry.index, entry.pos))
-                buffer[body_offset:body_offset + 8] = entry.pos.to_bytes(8, "big")
-
-        batch_store.add_append_hook(Hook())
+        hook = StampPos()
+        batch_store.add_append_hook(hook)
         stored = batch_store.append_batch_as_leader([Entry(body=b"\0" * 8 + b, term=1) for b in bodies(12)])
-        assert seen == [(e.index, e.pos) for e in stored]
+        assert hook.seen == [(e.index, e.pos) for e in stored]
         for e in stored:
             got = batch_store.get(e.index)
             assert got == e and got.body[:8] == e.pos.to_bytes(8, "big") and got.body_crc == body_crc(got.body)
