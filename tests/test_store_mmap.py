@@ -445,6 +445,25 @@ def test_failing_hook_in_a_batch_keeps_the_entries_before_it(member_dir, state):
     fired(again.shutdown())
 
 
+def test_flushed_pages_are_unmapped_in_steps_not_every_round(member_dir, state, monkeypatch):
+    """Flush rounds unmap flushed pages once a MiB of log was flushed since the last time, not each round."""
+    from dledger.store.mappedfiles import MappedFile
+
+    released = []
+    real = MappedFile.release
+    monkeypatch.setattr(MappedFile, "release", lambda f, a, b: (released.append((f.start, a, b)), real(f, a, b)))
+    store = open_mmap(member_dir, state, data_file_size=2 << 20, index_file_size=64 << 10, max_entry_size=4096)
+    for _ in range(3):
+        store.append_batch_as_leader([Entry(body=b"x" * 1000, term=1) for _ in range(100)])
+        fired(store.flush())
+    assert released == [], "300 KB flushed: nothing unmapped yet"
+    for _ in range(8):
+        store.append_batch_as_leader([Entry(body=b"x" * 1000, term=1) for _ in range(100)])
+        fired(store.flush())
+    assert len(released) == 1 and released[0][2] > 1 << 20, "one data release past the first MiB"
+    fired(store.shutdown())
+
+
 def test_reserved_fields_and_bad_crc_are_refused(member_dir, state):
     """Durable stores refuse non-zero reserved fields and a follower entry whose body CRC does not match."""
     store = open_mmap(member_dir, state)

@@ -71,6 +71,8 @@ _pack_header = HEADER.pack
 _pack_index = INDEX_RECORD.pack_into
 _unpack_index = INDEX_RECORD.unpack_from
 _REPAIR_LOOKBACK = 64
+#: Flushed pages are unmapped (RSS) once this many bytes of a log were flushed since the last time.
+_RELEASE_STEP = 1 << 20
 
 
 @implementer(IRetainingLogStore, IBatchLogStore)
@@ -734,8 +736,7 @@ class MmapLogStore:
         # One job for the round (data files first, then index files, new files, directories): one thread
         # hand-off per round.  Syncing data and index on two pool threads side by side made each round a
         # little shorter but cost a member more CPU in wake-ups than it saved (docs/benchmarks.md).
-        work = [functools.partial(diskio.flush_files, synced, [f.fd for f in new],
-                                  [str(lst.directory) for lst in dirs])]
+        work = functools.partial(diskio.flush_files, synced, [f.fd for f in new], [str(lst.directory) for lst in dirs])
 
         def failed(_failure) -> None:
             self._data_dirty_lo = min(self._data_dirty_lo, data_lo)
@@ -748,12 +749,19 @@ class MmapLogStore:
         return FlushPlan(target, work, done=self._flushed, failed=failed)
 
     def _flushed(self, _result) -> None:
-        """After a round: drop our mapping of flushed, full pages so RSS does not grow with the log."""
+        """After a round: drop our mapping of flushed, full pages so RSS does not grow with the log.
+
+        In steps of ``_RELEASE_STEP`` bytes, not after every round: a busy member runs hundreds of
+        rounds a second, each covering a few KiB, and a madvise per file per round is work for nothing.
+        """
         if not self.release_flushed_pages:
             return
-        self._released_to = self._release(self._data, self._released_to, min(self._data_dirty_lo, self._write_pos))
-        self._index_released_to = self._release(self._index, self._index_released_to,
-                                                self._index_dirty_lo * INDEX_UNIT_SIZE)
+        data_to = min(self._data_dirty_lo, self._write_pos)
+        if data_to - self._released_to >= _RELEASE_STEP:
+            self._released_to = self._release(self._data, self._released_to, data_to)
+        index_to = self._index_dirty_lo * INDEX_UNIT_SIZE
+        if index_to - self._index_released_to >= _RELEASE_STEP:
+            self._index_released_to = self._release(self._index, self._index_released_to, index_to)
 
     def _release(self, lst: MappedFileList, lo: int, upto: int) -> int:
         if not lst.files:
