@@ -356,3 +356,11 @@ def test_java_peer_sees_a_marked_binary_body():
     assert header["extFields"] == {"dledger.body": "bin"} and header["code"] == 51004
     with pytest.raises(ValueError):
         json.loads(data[8 + header_len:])
+
+
+@pytest.mark.parametrize("opaque,remark", [(0, None), (2 ** 31 - 1, None), (7, "why ✓")])
+def test_reply_frames_from_the_template_equal_the_generic_frames(opaque, remark):
+    """encode_reply writes exactly the frame a reply Header and encode_frame would."""
+    body = b'{"code":200}'
+    generic = remoting.encode_frame(Header(200, opaque, 1, remark=remark), body)
+    assert remoting.encode_reply(opaque, body, remark) == generic

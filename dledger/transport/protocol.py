@@ -28,7 +28,6 @@ from dledger.interfaces import IBatchRequestHandler
 from dledger.transport import remoting
 from dledger.transport.base import failure_response
 from dledger.transport.remoting import (
-    FLAG_RESPONSE,
     REMOTING_SUCCESS,
     BodyError,
     Frame,
@@ -330,8 +329,7 @@ class RemotingProtocol(Protocol):
             self.log.debug("connection from {peer} closed; dropping reply {opaque}", peer=self.peer,
                            opaque=header.opaque)
             return
-        self.transport.write(remoting.encode_frame(Header(REMOTING_SUCCESS, header.opaque, FLAG_RESPONSE,
-                                                          remark=remark), body))
+        self.transport.write(remoting.encode_reply(header.opaque, body, remark))
 
 
 class RemotingServerFactory(Factory):

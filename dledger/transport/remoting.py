@@ -625,7 +625,15 @@ def encode_request(request: RequestOrResponse, opaque: int, *, binary: bool = Fa
 
 def encode_response(response: RequestOrResponse, opaque: int, *, remark: str | None = None) -> bytes:
     """A reply frame: flag 1, header code 200, the DLedger result in the body's ``code``."""
-    return encode_frame(Header(REMOTING_SUCCESS, opaque, FLAG_RESPONSE, remark=remark), encode_body(response))
+    return encode_reply(opaque, encode_body(response), remark)
+
+
+def encode_reply(opaque: int, body: bytes, remark: str | None = None) -> bytes:
+    """The reply frame carrying ``body`` for request ``opaque`` (the header straight from its template)."""
+    if remark is not None:
+        return encode_frame(Header(REMOTING_SUCCESS, opaque, FLAG_RESPONSE, remark=remark), body)
+    head = _PLAIN_HEADER % (REMOTING_SUCCESS, FLAG_RESPONSE, opaque, 0)
+    return b"".join((_LENGTHS.pack(4 + len(head) + len(body), len(head)), head, body))
 
 
 _REQUEST_CLASSES = {int(code): request for code, (request, _) in messages.RPCS.items()}
@@ -685,5 +693,5 @@ __all__ = [
     "FrameTooLargeError", "Header", "HeaderError", "UnknownRequestCodeError", "UnsupportedSerializeTypeError",
     "decode_append_binary", "decode_body", "decode_frame", "decode_push_binary", "decode_request",
     "decode_response", "encode_append_binary", "encode_body", "encode_frame", "encode_push_binary",
-    "encode_request", "encode_response", "error_body", "frame_size", "request_class", "split_frames",
+    "encode_reply", "encode_request", "encode_response", "error_body", "frame_size", "request_class", "split_frames",
 ]
