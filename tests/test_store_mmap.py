@@ -88,6 +88,15 @@ def member_dir(tmp_path):
     return tmp_path / "dledger-n0"
 
 
+def assert_reopens_intact(store, member_dir, state, end):
+    """Close ``store`` (its hooks removed) and check that it reopens ending at ``end``, nothing cut by recovery."""
+    store._hooks.clear()
+    fired(store.shutdown())
+    again = open_mmap(member_dir, state)
+    assert again.ledger_end_index == end and not again.recovered.cut
+    fired(again.shutdown())
+
+
 def append(store, n, state, size=0):
     return [store.append_as_leader(Entry(body=b, term=state.curr_term)) for b in bodies(n, size=size)]
 
@@ -350,11 +359,7 @@ def test_failing_append_hook_leaves_nothing_behind(member_dir, state):
     with pytest.raises(RuntimeError):
         store.append_as_leader(Entry(body=b"ghost", term=1))
     assert store.ledger_end_index == 2
-    store._hooks.clear()
-    fired(store.shutdown())
-    again = open_mmap(member_dir, state)
-    assert again.ledger_end_index == 2 and not again.recovered.cut
-    fired(again.shutdown())
+    assert_reopens_intact(store, member_dir, state, 2)
 
 
 def test_batch_is_one_write_per_data_file(member_dir, state, monkeypatch):
@@ -437,12 +442,7 @@ def test_failing_hook_in_a_batch_keeps_the_entries_before_it(member_dir, state):
     with pytest.raises(RuntimeError):
         store.append_batch_as_leader([Entry(body=b, term=1) for b in bodies(4)])
     assert store.ledger_end_index == 1 and store.get(1).body == bodies(2)[1]
-    store._hooks.clear()
-    fired(store.flush())
-    fired(store.shutdown())
-    again = open_mmap(member_dir, state)
-    assert again.ledger_end_index == 1 and not again.recovered.cut
-    fired(again.shutdown())
+    assert_reopens_intact(store, member_dir, state, 1)
 
 
 def test_flushed_pages_are_unmapped_in_steps_not_every_round(member_dir, state, monkeypatch):
