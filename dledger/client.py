@@ -164,21 +164,43 @@ class DLedgerClient:
 class RemoteTransport:
     """The send side of a transport, for clients: member id -> ``host:port``, one pooled connection each.
 
-    Requests use Java's JSON remoting form, so any DLedger member (Java or dledger) understands them.
+    Requests use Java's JSON remoting form, so any DLedger member (Java or dledger) understands them,
+    except APPENDs with ``binary_append`` (the default): their bodies travel raw in dledger's binary
+    APPEND body (no Base64, no JSON for the payload; see docs/transport.md).  A member that answers one
+    with a remoting error (a Java member cannot read it, so it appended nothing) gets the request again
+    at once in JSON, and only JSON from then on.
     """
 
+    log = Logger()
+
     def __init__(self, reactor: Any, members: Mapping[str, str], *, timeout: float = 3.0,
-                 connect_timeout: float = 3.0):
+                 connect_timeout: float = 3.0, binary_append: bool = True):
         from dledger.transport.client import RemotingClient
 
         self.members = dict(members)
         self.remoting = RemotingClient(reactor, timeout=timeout, connect_timeout=connect_timeout)
+        self.binary_append = binary_append
+        #: Addresses that refused a binary APPEND: they get JSON.
+        self.binary_refused: set[str] = set()
 
     def send(self, peer_id: str, request, timeout: float | None = None) -> Deferred:
         address = self.members.get(peer_id)
         if address is None:
             return fail(DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{peer_id!r} is not a member "
                                                                   f"(members: {', '.join(self.members)})"))
+        if self.binary_append and isinstance(request, AppendEntryRequest) and address not in self.binary_refused:
+            d = self.remoting.send(address, request, timeout, binary=True)
+            return d.addErrback(self._binary_refused, address, request, timeout)
+        return self.remoting.send(address, request, timeout)
+
+    def _binary_refused(self, failure, address: str, request, timeout: float | None) -> Deferred:
+        from dledger.transport.protocol import BinaryBodyRefused
+
+        failure.trap(BinaryBodyRefused)
+        if address not in self.binary_refused:
+            self.binary_refused.add(address)
+            self.log.warn("{address} refused a binary APPEND ({error}); sending it JSON from now on",
+                          address=address, error=failure.value)
         return self.remoting.send(address, request, timeout)
 
     def close(self) -> Deferred:
@@ -186,9 +208,10 @@ class RemoteTransport:
 
 
 def connect(peers: str, group: str, *, reactor: Any = None, request_timeout: float = 3.0,
-            connect_timeout: float = 3.0, **client_options: Any) -> DLedgerClient:
+            connect_timeout: float = 3.0, binary_append: bool = True, **client_options: Any) -> DLedgerClient:
     """A client of the group whose members are ``peers`` (``n0-host:port;n1-host:port``), over TCP.
 
+    ``binary_append=False`` sends appends in Java's JSON form (see :class:`RemoteTransport`).
     ``client_options`` go to :class:`DLedgerClient` (``max_attempts``, ``retry_delay``,
     ``at_least_once``, ``members`` to restrict which members are tried).  Call ``close()`` when done.
     """
@@ -199,6 +222,7 @@ def connect(peers: str, group: str, *, reactor: Any = None, request_timeout: flo
     unknown = [m for m in members if m not in addresses]
     if unknown:
         raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{', '.join(unknown)} not in peers {peers!r}")
-    transport = RemoteTransport(reactor, addresses, timeout=request_timeout, connect_timeout=connect_timeout)
+    transport = RemoteTransport(reactor, addresses, timeout=request_timeout, connect_timeout=connect_timeout,
+                                binary_append=binary_append)
     return DLedgerClient(transport, group, members, clock=reactor, request_timeout=request_timeout,
                          owns_transport=True, **client_options)

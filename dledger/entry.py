@@ -100,6 +100,35 @@ class Entry:
                      self.channel, self.chain_crc, body_crc(self.body))
 
 
+class EntryList(list):
+    """Consecutive entries that remember their encoding: the entry codec's layout, back to back, with its crc32c.
+
+    A leader pushes the same entries to every follower, and a follower stores exactly the bytes a push
+    carried; with an EntryList the encoding is computed (or received) once and reused.  Do not change
+    the list or its entries once :meth:`section` was asked for.
+    """
+
+    __slots__ = ("_section",)
+
+    def __init__(self, entries=(), section: tuple[bytes | memoryview, int] | None = None):
+        super().__init__(entries)
+        self._section = section
+
+    def known_section(self) -> tuple[bytes | memoryview, int] | None:
+        """The encoding if it was computed or received already (never computes it)."""
+        return self._section
+
+    def section(self) -> tuple[bytes | memoryview, int]:
+        """``(encoded entries, crc32c of them)``, computed on first use."""
+        if self._section is None:
+            buf = bytearray(sum([len(e.body) for e in self]) + HEADER_SIZE * len(self))
+            off = 0
+            for e in self:
+                off += encode_entry_into(buf, off, e)
+            self._section = (bytes(buf), _crc(buf))
+        return self._section
+
+
 class IndexRecord(NamedTuple):
     """A 32-byte index record: where entry ``index`` lives in the data log."""
 

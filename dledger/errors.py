@@ -28,3 +28,17 @@ class ConfigError(ValueError):
 
 class StoreError(Exception):
     """A store cannot be opened or used (bad layout, unreadable files)."""
+
+
+class BatchAppendError(DLedgerError):
+    """A batch append stopped at one entry: ``stored`` were appended before it, nothing after.
+
+    Carries the code, message and leader of ``cause`` (the error the failing
+    entry raised, as a one-entry append would have), so callers that only
+    look at the code need not know it came from a batch.
+    """
+
+    def __init__(self, cause: DLedgerError, stored: list):
+        super().__init__(cause.code, cause.message, leader_id=cause.leader_id)
+        self.cause = cause
+        self.stored = stored

@@ -102,6 +102,25 @@ class ILogStore(Interface):
         """Register an :class:`IAppendHook` run on every leader append."""
 
 
+class IBatchLogStore(ILogStore):
+    """A store that appends many entries in one call (one write per run of entries instead of one each).
+
+    Each entry gets exactly the checks, hooks and placement the one-entry
+    methods give it, in order.  If entry ``k`` fails, entries ``0..k-1`` stay
+    appended (as if appended one by one) and a
+    :class:`dledger.errors.BatchAppendError` is raised: its ``code`` is the
+    failing entry's error and its ``stored`` lists the entries that stayed.
+    The server and the follower's entry handler use these when the store
+    provides them and fall back to the one-entry methods otherwise.
+    """
+
+    def append_batch_as_leader(entries) -> list:
+        """:meth:`ILogStore.append_as_leader` for each of ``entries`` in order; returns the stored entries."""
+
+    def append_batch_as_follower(entries, leader_term: int, leader_id: str) -> list:
+        """:meth:`ILogStore.append_as_follower` for each of ``entries`` in order; returns the stored entries."""
+
+
 class IRetainingLogStore(ILogStore):
     """A store that deletes old entries by itself (retention); ``ledger_begin_index`` may move forward."""
 
@@ -131,6 +150,17 @@ class IRequestHandler(Interface):
 
     def handle_request(request):
         """Answer ``request`` (a :mod:`dledger.messages` request). Returns a Deferred of the response."""
+
+
+class IBatchRequestHandler(IRequestHandler):
+    """A handler that answers the requests of one read together (the leader appends their bodies in one batch)."""
+
+    def handle_requests(requests: list) -> list:
+        """Answer ``requests`` (arrived together, in this order).
+
+        Returns one result per request, in order: what :meth:`handle_request`
+        would return for it, or a ``Failure`` where it would raise.
+        """
 
 
 class ITransport(Interface):

@@ -262,6 +262,24 @@ def _wire_names(cls: type) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str
     return names
 
 
+def flat_wire_fields(cls: type) -> tuple[tuple[str, str], ...] | None:
+    """``(wire key, attribute)`` of every field, sorted by key, if all are ints or strings (None otherwise).
+
+    Such a message's JSON is a flat object; :mod:`dledger.transport.remoting` writes the common
+    replies from this without building a dict.
+    """
+    flat = _FLAT.get(cls, ())
+    if flat == ():
+        fields, extra = _wire_names(cls)
+        hints = typing.get_type_hints(cls)
+        scalar = all(hints[name] in (int, str, int | None, str | None) for name, _ in fields)
+        flat = _FLAT[cls] = tuple(sorted((key, name) for name, key in fields)) if scalar and not extra else None
+    return flat
+
+
+_FLAT: dict[type, tuple[tuple[str, str], ...] | None] = {}
+
+
 def to_wire(msg: RequestOrResponse) -> dict[str, Any]:
     """The JSON object Java DLedger would write for ``msg`` (None fields omitted)."""
     out: dict[str, Any] = {}

@@ -12,6 +12,7 @@ import random
 
 from twisted.internet.defer import Deferred, inlineCallbacks, maybeDeferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from dledger import plugins
@@ -22,10 +23,9 @@ from dledger.election.elector import LeaderElector
 from dledger.election.state import MemberState
 from dledger.entry import Entry
 from dledger.errors import DLedgerError
-from dledger.interfaces import IRequestHandler
+from dledger.interfaces import IBatchRequestHandler
 from dledger.messages import (
     AppendEntryRequest,
-    AppendEntryResponse,
     GetEntriesRequest,
     GetEntriesResponse,
     HeartBeatRequest,
@@ -36,11 +36,13 @@ from dledger.messages import (
     PushEntryRequest,
     VoteRequest,
 )
+from dledger.replication import appends
 from dledger.replication.durability import Flusher
 from dledger.replication.follower import EntryHandler
 from dledger.replication.leader import LeaderReplicator
 from dledger.replication.pending import PendingAppends
 from dledger.stats import ServerStats
+from dledger.store import base
 
 log = Logger()
 
@@ -48,7 +50,7 @@ log = Logger()
 GET_MAX_BYTES = 4 * 1024 * 1024
 
 
-@implementer(IRequestHandler)
+@implementer(IBatchRequestHandler)
 class DLedgerServer:
     """One member of a group."""
 
@@ -61,6 +63,8 @@ class DLedgerServer:
         self.clock = clock
         self.self_id = config.self_id
         self.flusher = Flusher(store, clock, sync=config.flush_policy == "sync")
+        #: The store's batch leader append (or one made of one-entry appends).
+        self.append_batch = base.leader_batch_append(store)
         self.pending = PendingAppends(clock, config.max_wait_ack_time_ms / 1000.0, config.max_pending_requests_num)
         self.elector = LeaderElector(config, state, store, transport, clock, rng)
         self.entry_handler = EntryHandler(state, store, self.flusher, clock,
@@ -199,6 +203,36 @@ class DLedgerServer:
 
     # -- request dispatch ------------------------------------------------------------------
     def handle_request(self, request):
+        self.check_request(request)
+        handler = self._handlers.get(type(request))
+        if handler is None:
+            raise DLedgerError(ResponseCode.UNSUPPORTED, type(request).__name__)
+        return handler(self, request)
+
+    def handle_requests(self, requests: list) -> list:
+        """Requests that arrived together, in order; consecutive APPENDs are appended as one store batch.
+
+        Each result is what :meth:`handle_request` would give (a Failure where it raises).
+        """
+        results: list = []
+        run: list[AppendEntryRequest] = []
+        for request in requests:
+            if type(request) is AppendEntryRequest:
+                run.append(request)
+                continue
+            if run:
+                results += appends.append_requests(self, run)
+                run = []
+            try:
+                results.append(self.handle_request(request))
+            except Exception:
+                results.append(Failure())
+        if run:
+            results += appends.append_requests(self, run)
+        return results
+
+    def check_request(self, request) -> None:
+        """What every request must pass: a running member, addressed to us, in our group."""
         if not self.running:
             raise DLedgerError(ResponseCode.NETWORK_ERROR, f"{self.self_id} is not running")
         if request.remote_id is not None and request.remote_id != self.self_id:
@@ -207,56 +241,19 @@ class DLedgerServer:
         if request.group != self.config.group:
             raise DLedgerError(ResponseCode.UNKNOWN_GROUP, f"{request.group} != {self.config.group}",
                                leader_id=self.state.leader_id)
-        handler = self._handlers.get(type(request))
-        if handler is None:
-            raise DLedgerError(ResponseCode.UNSUPPORTED, type(request).__name__)
-        return handler(self, request)
 
     # -- client API -------------------------------------------------------------------------
-    def _not_leader(self) -> DLedgerError:
+    def not_leader(self) -> DLedgerError:
+        """NOT_LEADER naming the leader this member knows, so a client can redirect."""
         return DLedgerError(ResponseCode.NOT_LEADER, f"{self.self_id} is {self.state.role.name}",
                             leader_id=self.state.leader_id)
 
     def handle_append(self, request: AppendEntryRequest) -> Deferred:
         """Append one body or a batch; fires when the last entry commits (SPEC §4 ``handleAppend``)."""
-        st = self.state
-        if st.role is not Role.LEADER or self.replicator is None:
-            raise self._not_leader()
-        if st.transferee is not None:
-            raise DLedgerError(ResponseCode.LEADER_TRANSFERRING, f"transferring leadership to {st.transferee}",
-                               leader_id=st.leader_id)
-        bodies = request.bodies()
-        if not bodies:
-            raise DLedgerError(ResponseCode.REQUEST_WITH_EMPTY_BODYS, "no body to append", leader_id=st.leader_id)
-        if self.pending.full:
-            raise DLedgerError(ResponseCode.LEADER_PENDING_FULL,
-                               f"{len(self.pending)} appends already wait for the quorum", leader_id=st.leader_id)
-        limit = self.config.max_entry_size - Entry().size
-        for body in bodies:
-            if len(body) > limit:
-                raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
-                                   f"body of {len(body)} bytes exceeds maxEntrySize {self.config.max_entry_size}",
-                                   leader_id=st.leader_id)
-        term = st.curr_term
-        started = self.clock.seconds() if self.stats is not None else 0.0
-        last = None
-        store, remember = self.store, self.replicator.recent.add
-        try:
-            for body in bodies:
-                last = store.append_as_leader(Entry(body=body, term=term))
-                remember(last)
-        except DLedgerError as exc:
-            exc.leader_id = st.leader_id
-            if last is not None:
-                self.replicator.entries_appended(last.index)
-            raise
-        response = AppendEntryResponse(group=self.config.group, term=term, index=last.index, pos=last.pos,
-                                       leader_id=self.self_id)
-        d = self.pending.add(last.index, response)
-        if self.stats is not None:
-            self.stats.append_accepted(d, len(bodies), sum(map(len, bodies)), started)
-        self.replicator.entries_appended(last.index)
-        return d
+        (result,) = appends.append_requests(self, [request])
+        if isinstance(result, Failure):
+            result.raiseException()
+        return result
 
     def handle_get(self, request: GetEntriesRequest):
         """Committed entries from ``beginIndex``: at most ``maxSize`` of them (0 means 1), NOOPs left out.
@@ -268,7 +265,7 @@ class DLedgerServer:
         stale INDEX_OUT_OF_RANGE.
         """
         if self.state.role is not Role.LEADER or self.replicator is None:
-            raise self._not_leader()
+            raise self.not_leader()
         store = self.store
         begin = request.begin_index
         if begin < store.ledger_begin_index:
@@ -281,7 +278,7 @@ class DLedgerServer:
 
         def confirmed(ok: bool):
             if not ok or self.replicator is not replicator:
-                raise self._not_leader()
+                raise self.not_leader()
             if store.committed_index < replicator.term_start_index:
                 raise DLedgerError(ResponseCode.LEADER_NOT_READY, "this term's first entry is not committed yet",
                                    leader_id=self.self_id)
@@ -337,7 +334,7 @@ class DLedgerServer:
         if target not in st.member_set or target == self.self_id:
             raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"cannot transfer leadership to {target!r}")
         if st.role is not Role.LEADER or self.replicator is None:
-            raise self._not_leader()
+            raise self.not_leader()
         term = st.curr_term if request.term == -1 else request.term
         if term != st.curr_term:
             raise DLedgerError(ResponseCode.INCONSISTENT_TERM, f"term {request.term} != {st.curr_term}")

@@ -16,6 +16,7 @@ cannot start, or cannot flush on the way down, exits 1.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import signal
 import sys
@@ -120,6 +121,19 @@ def preset_label(config: DLedgerConfig) -> str:
             f"vote {config.min_vote_interval_ms}-{config.max_vote_interval_ms} ms)")
 
 
+def tune_gc() -> None:
+    """Make the cyclic garbage collector run rarely and skip what start-up allocated.
+
+    A busy member allocates a few objects per entry (entries, requests, replies, Deferreds), almost
+    none of them in reference cycles, and keeps thousands of recent entries alive for pushes; with
+    CPython's default thresholds the collector walks them every few hundred allocations, about a
+    tenth of the leader's CPU per one-entry append (docs/benchmarks.md).  Cycles are still
+    collected, only later; start-up objects (modules, config) are frozen out of every collection.
+    """
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+
+
 class MemberService(service.Service):
     """Builds the member's :class:`~dledger.server.DLedgerServer` on start and stops it (flushed) on stop."""
 
@@ -141,6 +155,7 @@ class MemberService(service.Service):
         from dledger.server import DLedgerServer
 
         super().startService()
+        tune_gc()
         self._exit_trigger = self.reactor.addSystemEventTrigger("after", "shutdown", self._set_exit_status)
         cfg = self.config
         bio = BlockingIO(self.reactor, threaded=self.threaded_io)

@@ -109,3 +109,63 @@ def test_recent_entries_start_over_after_a_gap():
     recent.add(Entry(body=b"y", index=9, term=2))
     assert recent.first == 9 and recent.get_range(3, 10, 1 << 20) is None
     assert [e.index for e in recent.get_range(9, 10, 1 << 20)] == [9]
+
+
+def test_recent_entries_hand_out_one_list_per_range_while_it_holds():
+    """Followers in step get the same EntryList (one encoding); after an add they get the longer range."""
+    from dledger.entry import Entry, EntryList
+    from dledger.replication.leader import RecentEntries
+
+    recent = RecentEntries()
+    recent.extend([Entry(body=b"x" * 10, index=i, term=1) for i in range(5)])
+    first = recent.get_range(2, 100, 1 << 20)
+    assert type(first) is EntryList and recent.get_range(2, 100, 1 << 20) is first
+    recent.add(Entry(body=b"x", index=5, term=1))
+    longer = recent.get_range(2, 100, 1 << 20)
+    assert longer is not first and [e.index for e in longer] == [2, 3, 4, 5]
+    cut = recent.get_range(0, 2, 1 << 20)
+    recent.add(Entry(body=b"x", index=6, term=1))
+    assert recent.get_range(0, 2, 1 << 20) is cut, "a range cut by its limits does not grow"
+
+
+def test_entry_list_section_is_the_codec_layout_and_its_crc():
+    """EntryList.section() is the entries encoded back to back with their crc32c, computed once."""
+    import crc32c
+
+    from dledger.entry import Entry, EntryList, encode_entry
+
+    entries = EntryList([Entry(body=b"ab", index=1, term=1, pos=0).sealed(),
+                         Entry(body=b"", index=2, term=1, pos=50).sealed()])
+    assert entries.known_section() is None
+    data, crc = entries.section()
+    assert data == b"".join(encode_entry(e) for e in entries) and crc == crc32c.crc32c(data)
+    assert entries.known_section() == (data, crc) and entries.section()[0] is data
+
+
+def test_follower_writes_the_bytes_a_push_carried(tmp_path, monkeypatch):
+    """A decoded binary push hands the store its encoded entries, which the mmap store writes without re-encoding."""
+    from dledger.entry import Entry, EntryList
+    from dledger.messages import PushEntryRequest
+    from dledger.store import mmapfile
+    from dledger.store.mmapfile import MmapLogStore
+    from dledger.testing.store_contract import FakeMemberState
+    from dledger.transport import remoting
+
+    leader = MmapLogStore(tmp_path / "l", FakeMemberState(), data_file_size=1024, index_file_size=256)
+    leader.startup()
+    entries = leader.append_batch_as_leader([Entry(body=b"%03d" % i * 40, term=1) for i in range(9)])
+    push = PushEntryRequest(group="g0", term=1, leader_id="n0", batch_entry=entries)
+    decoded = remoting.decode_push_binary(remoting.encode_push_binary(push))
+    assert type(decoded.batch_entry) is EntryList and decoded.batch_entry.known_section() is not None
+    state = FakeMemberState()
+    state.follow(1, "n0")
+    follower = MmapLogStore(tmp_path / "f", state, data_file_size=1024, index_file_size=256)
+    follower.startup()
+    packed = []
+    real = mmapfile._pack_header
+    monkeypatch.setattr(mmapfile, "_pack_header", lambda *a: packed.append(a) or real(*a))
+    assert follower.append_batch_as_follower(decoded.batch_entry, 1, "n0") == entries
+    assert packed == [], "the entries were written as received, not encoded again"
+    assert [follower.get(i) for i in range(9)] == entries
+    follower.append_batch_as_follower([Entry(b"z", 9, 1, entries[-1].pos + entries[-1].size).sealed()], 1, "n0")
+    assert len(packed) == 1, "a plain list is encoded"

@@ -171,6 +171,36 @@ def test_error_body_uses_the_response_class_defaults():
     assert json.loads(remoting.error_body(Header(99, 1), ResponseCode.UNSUPPORTED)) == {"code": 303, "term": -1}
 
 
+@pytest.mark.parametrize("msg", [
+    messages.AppendEntryResponse(group="g0", term=3, index=12, pos=2 ** 40, leader_id="n0", code=200),
+    messages.AppendEntryResponse(group='g"0\\', remote_id="ñ-✓", local_id="\x01\n", term=-1, code=-5),
+    messages.AppendEntryResponse(code=ResponseCode.NOT_LEADER, leader_id="n2"),  # an enum: the general path
+    messages.PushEntryResponse(group="g0", term=2, index=None, begin_index=0, end_index=99, count=3, code=200),
+    messages.PushEntryResponse(group="g0", index=7, count=True),  # a bool: the general path
+    messages.HeartBeatRequest(group="g0", remote_id="n1", local_id="n0", leader_id="n0", term=4),
+    messages.VoteRequest(group="g0", ledger_end_index=10, ledger_end_term=2, term=3),
+    messages.LeadershipTransferResponse(),
+])
+def test_flat_messages_are_written_exactly_as_the_generic_encoder_writes_them(msg):
+    """The fast writer of int/str-only messages produces the generic encoder's bytes, escapes included."""
+    generic = json.dumps(messages.to_wire(msg), separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
+    assert remoting.encode_body(msg) == generic
+    assert remoting.encode_body(msg) == generic, "again, from the caches"
+
+
+def test_binary_marked_headers_take_the_fast_path_both_ways():
+    """A header with the binary marker is written and read by the templates exactly as the generic JSON path does."""
+    header = Header(51004, 2 ** 31 - 1, 2, ext_fields={"dledger.body": "bin"})
+    generic = json.dumps({"code": 51004, "extFields": {"dledger.body": "bin"}, "flag": 2, "language": "JAVA",
+                          "opaque": 2 ** 31 - 1, "serializeTypeCurrentRPC": "JSON", "version": 0},
+                         separators=(",", ":"), sort_keys=True).encode()
+    assert header.to_json() == generic
+    parsed = Header.from_json(generic)
+    assert parsed == header and parsed.ext_fields is not remoting.BINARY_EXT_FIELDS
+    with pytest.raises(HeaderError):
+        Header.from_json(generic.replace(b"2147483647", b"2147483648"))
+
+
 # -- binary PUSH --------------------------------------------------------------------------
 
 def test_binary_push_round_trip_256_entries():
@@ -239,12 +269,79 @@ def test_malformed_binary_bodies_are_refused(mutate, message):
         remoting.decode_push_binary(mutate(good))
 
 
-def test_binary_body_only_for_push():
+# -- binary APPEND --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["single", "batch", "batch-of-one", "empty-body"])
+def test_binary_append_round_trip(kind):
+    """APPEND bodies travel raw and come back as the same request: body versus batchMsgs kept, bytes exact."""
+    raw = bytes(range(256)) * 4
+    request = {
+        "single": messages.AppendEntryRequest(group="g0", remote_id="n1", body=raw),
+        "batch": messages.AppendEntryRequest(group="g0", remote_id="n1", batch_msgs=[raw, b"", b"\xff" * 7] * 50),
+        "batch-of-one": messages.AppendEntryRequest(group="g0", batch_msgs=[raw]),
+        "empty-body": messages.AppendEntryRequest(group="g0", remote_id="n1", term=3, body=b""),
+    }[kind]
+    data = remoting.encode_request(request, 9, binary=True)
+    frame_ = remoting.decode_frame(data)
+    assert frame_.header.body_encoding == "bin" and frame_.header.code == RequestCode.APPEND
+    assert remoting.decode_request(frame_) == request
+    assert remoting.decode_request(remoting.decode_frame(data)) == request, "a second decode (cached meta) too"
+    assert len(data) < 0.9 * len(remoting.encode_request(request, 9)) or kind == "empty-body", "no Base64"
+
+
+def test_binary_append_damage_is_detected():
+    """Any flipped byte among the bodies fails the section CRC; a cut or padded body is refused."""
+    good = remoting.encode_append_binary(messages.AppendEntryRequest(group="g0", batch_msgs=[b"abc", b"defgh"]))
+    for offset in (len(good) - 1, len(good) - 9, len(good) - 12):
+        bad = bytearray(good)
+        bad[offset] ^= 0x01
+        with pytest.raises(BinaryBodyError, match="crc32c"):
+            remoting.decode_append_binary(bytes(bad))
+    with pytest.raises(BinaryBodyError, match="crc32c"):
+        remoting.decode_append_binary(good[:-1])
+
+
+@pytest.mark.parametrize("request_,message", [
+    (messages.AppendEntryRequest(group="g0", batch_msgs=[b"a", b"b"]), "not marked batch"),
+    (messages.AppendEntryRequest(group="g0", body=b"a"), "runs past the frame"),
+    (messages.AppendEntryRequest(group="g0", body=b"a"), "after its 1 bodies"),
+])
+def test_malformed_binary_appends_are_refused(request_, message):
+    """Counts and lengths that disagree with the bodies raise BinaryBodyError (with a valid section CRC)."""
+    import crc32c
+
+    good = remoting.encode_append_binary(request_)
+    version, flags, meta_len, count, _ = struct.unpack_from(">BBIII", good)
+    start = 14 + meta_len
+    section = good[start:]
+    if message == "not marked batch":
+        flags = 0
+    elif message == "runs past the frame":
+        section = struct.pack(">I", 99) + section[4:]
+    else:
+        section += b"extra"
+    prefix = struct.pack(">BBIII", version, flags, meta_len, count, crc32c.crc32c(section))
+    with pytest.raises(BinaryBodyError, match=message):
+        remoting.decode_append_binary(prefix + good[14:start] + section)
+
+
+def test_binary_append_meta_cannot_carry_bodies():
+    """A binary APPEND whose JSON meta also holds a body is refused rather than guessed at."""
+    import crc32c
+
+    meta = b'{"body":"AAAA","group":"g0"}'
+    section = struct.pack(">I", 1) + b"x"
+    data = struct.pack(">BBIII", 1, 0, len(meta), 1, crc32c.crc32c(section)) + meta + section
+    with pytest.raises(BinaryBodyError, match="without bodies"):
+        remoting.decode_append_binary(data)
+
+
+def test_binary_body_only_for_push_and_append():
     """The binary marker on another request code is a BodyError; encoding one is a TypeError."""
     with pytest.raises(TypeError):
         remoting.encode_request(messages.HeartBeatRequest(group="g0"), 1, binary=True)
     f = remoting.decode_frame(frame(b'{"code":51002,"extFields":{"dledger.body":"bin"},"flag":0,"opaque":1}'))
-    with pytest.raises(BodyError, match="only defined for PUSH"):
+    with pytest.raises(BodyError, match="only defined for PUSH and APPEND"):
         remoting.decode_request(f)
     f = remoting.decode_frame(frame(b'{"code":51004,"extFields":{"dledger.body":"zstd"},"flag":0,"opaque":1}'))
     with pytest.raises(BodyError, match="'zstd' is not supported"):
@@ -259,3 +356,11 @@ def test_java_peer_sees_a_marked_binary_body():
     assert header["extFields"] == {"dledger.body": "bin"} and header["code"] == 51004
     with pytest.raises(ValueError):
         json.loads(data[8 + header_len:])
+
+
+@pytest.mark.parametrize("opaque,remark", [(0, None), (2 ** 31 - 1, None), (7, "why ✓")])
+def test_reply_frames_from_the_template_equal_the_generic_frames(opaque, remark):
+    """encode_reply writes exactly the frame a reply Header and encode_frame would."""
+    body = b'{"code":200}'
+    generic = remoting.encode_frame(Header(200, opaque, 1, remark=remark), body)
+    assert remoting.encode_reply(opaque, body, remark) == generic

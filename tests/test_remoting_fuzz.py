@@ -165,6 +165,18 @@ def test_binary_push_decoder_only_raises_its_errors(noise, where):
         pass
 
 
+@FUZZ
+@given(st.binary(max_size=400), st.integers(min_value=0, max_value=1000))
+def test_binary_append_decoder_only_raises_its_errors(noise, where):
+    """Damaged binary APPEND bodies raise BinaryBodyError, never anything else."""
+    body = remoting.encode_append_binary(messages.AppendEntryRequest(group="g0", batch_msgs=[b"abc", b"x" * 40]))
+    damaged = body[:where % (len(body) + 1)] + noise
+    try:
+        remoting.decode_append_binary(damaged)
+    except remoting.BinaryBodyError:
+        pass
+
+
 # -- the protocol under garbage ---------------------------------------------------------------
 
 @implementer(IRequestHandler)

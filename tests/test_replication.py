@@ -226,6 +226,33 @@ def test_back_pressure_bounds_pending_appends():
     assert ok.code == ResponseCode.SUCCESS
 
 
+def test_appends_that_arrive_together_are_one_store_batch():
+    """handle_requests appends consecutive APPENDs with one store call; each request is answered with its own index."""
+    from twisted.python.failure import Failure
+
+    cluster = Cluster(3, seed=3, preset="fast", max_pending_requests_num=5)
+    cluster.start()
+    leader = cluster.wait_for_leader()
+    server = cluster.servers[leader]
+    batches = []
+    real = server.append_batch
+    server.append_batch = lambda entries: batches.append(len(entries)) or real(entries)
+    end = server.store.ledger_end_index
+    requests = [AppendEntryRequest(group="g0", body=b"a"), AppendEntryRequest(group="g0", batch_msgs=[b"b", b"c"]),
+                AppendEntryRequest(group="elsewhere", body=b"x"), AppendEntryRequest(group="g0", batch_msgs=[]),
+                AppendEntryRequest(group="g0", body=b"d"), AppendEntryRequest(group="g0", body=b"e"),
+                AppendEntryRequest(group="g0", body=b"f"), AppendEntryRequest(group="g0", body=b"g")]
+    results = server.handle_requests(requests)
+    assert batches == [6], "one store batch for every accepted body"
+    failed = {i: r.value.code for i, r in enumerate(results) if isinstance(r, Failure)}
+    assert failed == {2: ResponseCode.UNKNOWN_GROUP, 3: ResponseCode.REQUEST_WITH_EMPTY_BODYS,
+                      7: ResponseCode.LEADER_PENDING_FULL}
+    answers = run_all(cluster, [r for r in results if not isinstance(r, Failure)])
+    assert [a.code for a in answers] == [ResponseCode.SUCCESS] * 5
+    assert [a.index for a in answers] == [end + 1, end + 3, end + 4, end + 5, end + 6]
+    assert [server.store.get(a.index).body for a in answers] == [b"a", b"c", b"d", b"e", b"f"]
+
+
 def test_lost_leadership_answers_term_changed():
     """Appends waiting when the leader steps down are answered TERM_CHANGED."""
     cluster = Cluster(3, seed=12, preset="fast", max_wait_ack_time_ms=60_000)

@@ -68,7 +68,7 @@ class ManualIO:
         return d
 
     def step(self):
-        """Run every job queued so far (one flush round may queue a job per file)."""
+        """Run every job queued so far (each flush round queues one)."""
         jobs, self.queue = self.queue, []
         for fn, args, d in jobs:
             maybeDeferred(fn, *args).chainDeferred(d)
@@ -86,6 +86,15 @@ def state():
 @pytest.fixture
 def member_dir(tmp_path):
     return tmp_path / "dledger-n0"
+
+
+def assert_reopens_intact(store, member_dir, state, end):
+    """Close ``store`` (its hooks removed) and check that it reopens ending at ``end``, nothing cut by recovery."""
+    store._hooks.clear()
+    fired(store.shutdown())
+    again = open_mmap(member_dir, state)
+    assert again.ledger_end_index == end and not again.recovered.cut
+    fired(again.shutdown())
 
 
 def append(store, n, state, size=0):
@@ -350,11 +359,109 @@ def test_failing_append_hook_leaves_nothing_behind(member_dir, state):
     with pytest.raises(RuntimeError):
         store.append_as_leader(Entry(body=b"ghost", term=1))
     assert store.ledger_end_index == 2
-    store._hooks.clear()
+    assert_reopens_intact(store, member_dir, state, 2)
+
+
+def test_batch_is_one_write_per_data_file(member_dir, state, monkeypatch):
+    """A batch costs one pwrite per data file it touches (plus the blank markers), not one per entry."""
+    from dledger.store import mmapfile
+
+    writes = []
+    real = mmapfile._write_at
+    monkeypatch.setattr(mmapfile, "_write_at", lambda fd, data, off: (writes.append(len(data)), real(fd, data, off)))
+    store = open_mmap(member_dir, state)
+    stored = store.append_batch_as_leader([Entry(body=b, term=1) for b in bodies(10, size=200)])
+    files = {e.pos // 1024 for e in stored}
+    assert len(files) == 4
+    assert [n for n in writes if n > 8] == [sum(e.size for e in stored if e.pos // 1024 == f) for f in sorted(files)]
+    state.follow(1)
+    follower = open_mmap(member_dir.parent / "follower", state)
+    writes.clear()
+    assert follower.append_batch_as_follower(stored, 1, "n1") == stored
+    assert len([n for n in writes if n > 8]) == 4
+    fired(store.shutdown())
+    fired(follower.shutdown())
+
+
+def test_batch_write_failure_keeps_the_runs_written_before(member_dir, state, monkeypatch):
+    """ENOSPC on the second data file of a batch: the first file's entries stay, the caller learns which."""
+    from dledger.errors import BatchAppendError
+    from dledger.store import mmapfile
+
+    store = open_mmap(member_dir, state)
+    real, calls = mmapfile._write_at, []
+
+    def write_at(fd, data, off):
+        calls.append(len(data))
+        if len([n for n in calls if n > 8]) == 2:
+            raise OSError(28, "No space left on device")
+        real(fd, data, off)
+
+    monkeypatch.setattr(mmapfile, "_write_at", write_at)
+    with pytest.raises(BatchAppendError) as info:
+        store.append_batch_as_leader([Entry(body=b, term=1) for b in bodies(6, size=200)])
+    assert info.value.code == ResponseCode.DISK_FULL
+    assert [e.index for e in info.value.stored] == [0, 1, 2] and store.ledger_end_index == 2
+    monkeypatch.setattr(mmapfile, "_write_at", real)
+    assert store.append_as_leader(Entry(body=b"after", term=1)).index == 3
+    fired(store.flush())
     fired(store.shutdown())
     again = open_mmap(member_dir, state)
-    assert again.ledger_end_index == 2 and not again.recovered.cut
+    assert again.ledger_end_index == 3 and again.get(3).body == b"after" and not again.recovered.cut
     fired(again.shutdown())
+
+
+def test_batch_follower_bad_crc_keeps_the_entries_before_it(member_dir, state):
+    """A follower batch with a damaged body stores the entries before it and refuses the rest."""
+    from dledger.errors import BatchAppendError
+
+    leader = open_mmap(member_dir, state)
+    entries = leader.append_batch_as_leader([Entry(body=b, term=1) for b in bodies(6)])
+    state.follow(1)
+    follower = open_mmap(member_dir.parent / "follower", state)
+    bad = entries[4]
+    bad = Entry(body=bad.body[:-1] + b"?", index=bad.index, term=1, pos=bad.pos, body_crc=bad.body_crc)
+    with pytest.raises(BatchAppendError) as info:
+        follower.append_batch_as_follower(entries[:4] + [bad, entries[5]], 1, "n1")
+    assert info.value.code == ResponseCode.UNEXPECTED_ARGUMENT and info.value.stored == entries[:4]
+    assert follower.ledger_end_index == 3
+    fired(leader.shutdown())
+    fired(follower.shutdown())
+
+
+def test_failing_hook_in_a_batch_keeps_the_entries_before_it(member_dir, state):
+    """A hook that raises on the third entry of a batch: the first two are stored, the hook's error propagates."""
+    store = open_mmap(member_dir, state)
+
+    class BoomOnThird:
+        def before_append(self, entry, buffer, body_offset):
+            if entry.index == 2:
+                raise RuntimeError("boom")
+
+    store.add_append_hook(BoomOnThird())
+    with pytest.raises(RuntimeError):
+        store.append_batch_as_leader([Entry(body=b, term=1) for b in bodies(4)])
+    assert store.ledger_end_index == 1 and store.get(1).body == bodies(2)[1]
+    assert_reopens_intact(store, member_dir, state, 1)
+
+
+def test_flushed_pages_are_unmapped_in_steps_not_every_round(member_dir, state, monkeypatch):
+    """Flush rounds unmap flushed pages once a MiB of log was flushed since the last time, not each round."""
+    from dledger.store.mappedfiles import MappedFile
+
+    released = []
+    real = MappedFile.release
+    monkeypatch.setattr(MappedFile, "release", lambda f, a, b: (released.append((f.start, a, b)), real(f, a, b)))
+    store = open_mmap(member_dir, state, data_file_size=2 << 20, index_file_size=64 << 10, max_entry_size=4096)
+    for _ in range(3):
+        store.append_batch_as_leader([Entry(body=b"x" * 1000, term=1) for _ in range(100)])
+        fired(store.flush())
+    assert released == [], "300 KB flushed: nothing unmapped yet"
+    for _ in range(8):
+        store.append_batch_as_leader([Entry(body=b"x" * 1000, term=1) for _ in range(100)])
+        fired(store.flush())
+    assert len(released) == 1 and released[0][2] > 1 << 20, "one data release past the first MiB"
+    fired(store.shutdown())
 
 
 def test_reserved_fields_and_bad_crc_are_refused(member_dir, state):

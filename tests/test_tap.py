@@ -202,3 +202,16 @@ def test_free_ports_are_distinct():
     """free_ports hands out distinct ports."""
     ports = free_ports(8)
     assert len(set(ports)) == 8
+
+
+def test_member_process_tunes_the_garbage_collector(monkeypatch):
+    """tune_gc freezes what start-up allocated and makes the cyclic collector run rarely."""
+    import gc
+
+    from dledger import tap
+
+    calls = []
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(gc, "set_threshold", lambda *t: calls.append(t))
+    tap.tune_gc()
+    assert calls == ["freeze", (50_000, 20, 100)]

@@ -7,6 +7,7 @@ import pytest
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.logger import Logger, LogLevel
+from twisted.python.failure import Failure
 from twisted.test.iosim import ConnectionCompleter
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
@@ -16,7 +17,7 @@ from dledger.codes import PushType, ResponseCode
 from dledger.config import make_config
 from dledger.entry import HEADER_SIZE, Entry
 from dledger.errors import DLedgerError
-from dledger.interfaces import IRequestHandler, ITransport
+from dledger.interfaces import IBatchRequestHandler, IRequestHandler, ITransport
 from dledger.transport import base as transport_base
 from dledger.transport import remoting
 from dledger.transport.client import Backoff, client_endpoint_description
@@ -363,6 +364,34 @@ def replies(transport):
     return [(f.header, f.body) for f in remoting.split_frames(transport.value())]
 
 
+@implementer(IBatchRequestHandler)
+class Together(Echo):
+    """Records how requests were handed over: one list per handle_requests call."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def handle_requests(self, requests):
+        self.calls.append(list(requests))
+        results = [self.handle_request(r) for r in requests[:-1]]
+        return results + [Failure(DLedgerError(ResponseCode.LEADER_PENDING_FULL, "full"))]
+
+
+def test_requests_of_one_read_reach_a_batch_handler_together():
+    """The frames of one read go to handle_requests in one call, in order; each gets its own reply by opaque."""
+    handler = Together()
+    proto, transport = serving(handler)
+    requests = [messages.AppendEntryRequest(group="g0", body=b"%d" % i) for i in range(3)]
+    data = b"".join(remoting.encode_request(r, 10 + i, binary=i == 1) for i, r in enumerate(requests))
+    proto.dataReceived(data + remoting.encode_request(requests[0], 20)[:9])
+    assert handler.calls == [requests]
+    answers = {h.opaque: remoting.decode_body(messages.AppendEntryResponse, b).code for h, b in replies(transport)}
+    assert answers == {10: ResponseCode.SUCCESS, 11: ResponseCode.SUCCESS, 12: ResponseCode.LEADER_PENDING_FULL}
+    proto.dataReceived(remoting.encode_request(requests[0], 20)[9:])
+    assert len(handler.calls) == 1 and handler.seen[-1] == requests[0], "a lone request: handle_request"
+
+
 @pytest.mark.parametrize("error", [DLedgerError(ResponseCode.NOT_LEADER, "no", leader_id="n2"),
                                    DLedgerError(ResponseCode.UNKNOWN_GROUP, "not g9")])
 def test_dledger_error_becomes_error_response_copying_the_request(error):
@@ -572,6 +601,39 @@ def test_peer_that_cannot_read_binary_gets_json_afterwards():
     assert error.code == ResponseCode.UNSUPPORTED and "n0" in net.client.binary_refused
     net.client.send("n0", batch(n=1, size=8))
     assert remoting.decode_frame(pump.clientIO.getOutBuffer()).header.ext_fields is None
+
+
+def test_client_appends_travel_binary_and_fall_back_to_json_for_java():
+    """RemoteTransport sends APPENDs raw; a remoting error (Java) gets the request again in JSON, then JSON only."""
+    from dledger.client import RemoteTransport
+
+    net = Net(Echo())  # n0 listens; its answers never get out (the pump is not flushed), a Java error does
+    client = RemoteTransport(net.reactor, {"n0": "127.0.0.1:20911"})
+    completer = net.completer
+    request = messages.AppendEntryRequest(group="g0", remote_id="n0", body=b"\x00raw\xff")
+    d = client.send("n0", request)
+    pump = completer.succeedOnce(greet=False)
+    sent = remoting.decode_frame(pump.clientIO.getOutBuffer())
+    assert sent.header.body_encoding == "bin" and remoting.decode_request(sent) == request
+    pump.clientIO.bufferReceived(remoting.encode_frame(remoting.Header(1, sent.header.opaque, 1,
+                                                                       remark="JSONException: syntax error")))
+    again = remoting.decode_frame(pump.clientIO.getOutBuffer())
+    assert again.header.ext_fields is None and remoting.decode_request(again) == request
+    pump.clientIO.bufferReceived(remoting.encode_response(messages.AppendEntryResponse(index=7), again.header.opaque))
+    assert result_of(d).index == 7 and client.binary_refused == {"127.0.0.1:20911"}
+    client.send("n0", request)
+    assert remoting.decode_frame(pump.clientIO.getOutBuffer()).header.ext_fields is None
+
+
+def test_server_answers_a_binary_append():
+    """A member's transport decodes a binary APPEND and hands the handler the same request as the JSON form would."""
+    handler = Echo()
+    proto, transport = serving(handler)
+    request = messages.AppendEntryRequest(group="g0", remote_id="n0", batch_msgs=[b"a", b"\x00" * 3])
+    proto.dataReceived(remoting.encode_request(request, 5, binary=True))
+    (header, body), = replies(transport)
+    assert header.opaque == 5 and remoting.decode_body(messages.AppendEntryResponse, body).code == ResponseCode.SUCCESS
+    assert handler.seen == [request]
 
 
 # -- stop ------------------------------------------------------------------------------------------------

@@ -22,7 +22,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -34,7 +36,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import LoopingCall, react
 
-from dledger.codes import RequestCode, ResponseCode
+from dledger.codes import ResponseCode
 from dledger.config import parse_peers
 from dledger.errors import ConfigError, DLedgerError
 from dledger.launcher import LocalGroup, durable_store, free_ports
@@ -68,6 +70,7 @@ class Options:
     directory: str | None = None
     keep: bool = False
     json: bool = False
+    java_frames: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -102,6 +105,8 @@ def register(bench_subparsers) -> None:
     p.add_argument("--dir", dest="directory", help="directory for stores and logs (default: a temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the directory afterwards")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    p.add_argument("--java-frames", action="store_true",
+                   help="send APPENDs in Java's JSON form (Base64 bodies) instead of dledger's binary APPEND body")
     p.set_defaults(func=cmd_bench_cluster)
 
 
@@ -115,7 +120,7 @@ def options_from_args(args) -> Options:
                    batch_in_flight=args.batch_in_flight, in_flight=args.in_flight, rate=args.rate,
                    trials=args.trials, presets=tuple(x for x in args.presets.split(",") if x), seed=args.seed,
                    pysyncobj_in_flight=args.pysyncobj_in_flight, phases=phases,
-                   directory=args.directory, keep=args.keep, json=args.json)
+                   directory=args.directory, keep=args.keep, json=args.json, java_frames=args.java_frames)
     if args.quick:
         opts.duration, opts.warmup, opts.trials, opts.presets = 0.5, 0.2, 1, ("fast",)
         opts.rate, opts.in_flight = min(opts.rate, 500), min(opts.in_flight, 32)
@@ -152,7 +157,7 @@ def progress(text: str) -> None:
 class Loader:
     """Sends appends straight to the leader over one pipelined remoting connection."""
 
-    def __init__(self, reactor: Any, peers: str, group: str, size: int):
+    def __init__(self, reactor: Any, peers: str, group: str, size: int, *, binary: bool = True):
         from dledger.client import RemoteTransport
 
         self.reactor = reactor
@@ -162,6 +167,7 @@ class Loader:
                                          timeout=10.0)
         self.body = os.urandom(size)
         self.leader: str | None = None
+        self.binary = binary
         self.raw: RawAppends | None = None
 
     async def find_leader(self, timeout: float = 30.0) -> str:
@@ -186,12 +192,12 @@ class Loader:
         from dledger.transport.client import client_endpoint_description
 
         address = self.transport.members[self.leader]
-        self.raw = RawAppends(self.group, self.leader, self.body)
+        self.raw = RawAppends(self.group, self.leader, self.body, binary=self.binary)
         await connectProtocol(clientFromString(self.reactor, client_endpoint_description(address)), self.raw)
 
-    def send(self, count: int) -> Deferred:
-        """One APPEND of ``count`` bodies; fires with the reply's DLedger code (an int)."""
-        return self.raw.send(count)
+    def send(self, count: int, on_reply: Any) -> None:
+        """One APPEND of ``count`` bodies; ``on_reply(code)`` gets the reply's DLedger code, None if the link broke."""
+        self.raw.send(count, on_reply)
 
     async def closed_loop(self, label: str, count: int, in_flight: int, duration: float, warmup: float) -> dict:
         """``in_flight`` requests of ``count`` bodies outstanding at all times; entries acknowledged per second."""
@@ -203,9 +209,9 @@ class Loader:
 
         def issue() -> None:
             st["outstanding"] += 1
-            self.send(count).addCallbacks(replied, failed)
+            self.send(count, replied)
 
-        def replied(code: int) -> None:
+        def replied(code: int | None) -> None:
             st["outstanding"] -= 1
             now = reactor.seconds()
             if code == ResponseCode.SUCCESS:
@@ -214,11 +220,7 @@ class Loader:
                     st["requests"] += 1
                 again()
             else:
-                error(ResponseCode.of(code).name)
-
-        def failed(f: Any) -> None:
-            st["outstanding"] -= 1
-            error(f.value.code.name if isinstance(f.value, DLedgerError) else type(f.value).__name__)
+                error("NETWORK_ERROR" if code is None else ResponseCode.of(code).name)
 
         def error(name: str) -> None:
             st["errors"][name] = st["errors"].get(name, 0) + 1
@@ -259,12 +261,12 @@ class Loader:
                 scheduled = start + st["sent"] / rate
                 st["sent"] += 1
                 st["outstanding"] += 1
-                self.send(1).addCallbacks(replied, failed, callbackArgs=(scheduled,))
+                self.send(1, lambda code, scheduled=scheduled: replied(code, scheduled))
             if now >= end:
                 sender.stop()
                 maybe_done()
 
-        def replied(code: int, scheduled: float) -> None:
+        def replied(code: int | None, scheduled: float) -> None:
             st["outstanding"] -= 1
             if code == ResponseCode.SUCCESS:
                 if scheduled >= measure_from:
@@ -272,11 +274,6 @@ class Loader:
                     st["acked"] += 1
             else:
                 st["errors"] += 1
-            maybe_done()
-
-        def failed(_f: Any) -> None:
-            st["outstanding"] -= 1
-            st["errors"] += 1
             maybe_done()
 
         def maybe_done() -> None:
@@ -309,46 +306,75 @@ class RawAppends(Protocol):
     """The benchmark's load connection: APPEND frames encoded once, only the opaque changes per request.
 
     The load generator shares the machine with the members, so it should spend as little CPU as
-    possible: a request costs a header and a write, a reply a header match and a small JSON parse.
-    The frames are the ones :mod:`dledger.transport.remoting` writes (Java's JSON form).
+    possible: a request costs a header format and a write, a reply two regex matches on the read
+    buffer and a plain callback (no Deferred, no frame objects).  The frames are the ones
+    :mod:`dledger.transport.remoting` writes: dledger's binary APPEND body, or Java's JSON form with
+    ``binary=False`` (``--java-frames``).
     """
 
-    def __init__(self, group: str, leader: str, body: bytes):
+    def __init__(self, group: str, leader: str, body: bytes, *, binary: bool = True):
         from dledger.transport import remoting
 
         self.remoting = remoting
-        self.bodies: dict[int, bytes] = {}
-        self.make = lambda n: remoting.encode_body(
-            AppendEntryRequest(group=group, remote_id=leader, body=body) if n == 1
-            else AppendEntryRequest(group=group, remote_id=leader, batch_msgs=[body] * n))
-        self.splitter = remoting.FrameSplitter()
-        self.waiting: dict[int, Deferred] = {}
+        self.binary = binary
+        self.frames: dict[int, tuple[bytes, bytes, bytes]] = {}  # count -> (header before opaque, after, body)
+        self.make = lambda n: AppendEntryRequest(group=group, remote_id=leader, body=body) if n == 1 \
+            else AppendEntryRequest(group=group, remote_id=leader, batch_msgs=[body] * n)
+        self.buffer = bytearray()
+        self.waiting: dict[int, Any] = {}
         self.opaque = 0
 
     def connectionMade(self) -> None:
         self.transport.setTcpNoDelay(True)
 
-    def send(self, count: int) -> Deferred:
-        body = self.bodies.get(count)
-        if body is None:
-            body = self.bodies[count] = self.make(count)
+    def _template(self, count: int) -> tuple[bytes, bytes, bytes]:
+        """The frame of a ``count``-body APPEND cut around its opaque (a sentinel no real opaque reaches)."""
+        frame = self.remoting.encode_request(self.make(count), _SENTINEL_OPAQUE, binary=self.binary)
+        head_len = int.from_bytes(frame[4:8], "big")
+        head, body = frame[8:8 + head_len], frame[8 + head_len:]
+        before, after = head.split(b"%d" % _SENTINEL_OPAQUE)
+        return before, after, body
+
+    def send(self, count: int, on_reply: Any) -> None:
+        """One APPEND of ``count`` bodies; ``on_reply(code)`` once answered (None if the connection is lost)."""
+        parts = self.frames.get(count)
+        if parts is None:
+            parts = self.frames[count] = self._template(count)
+        before, after, body = parts
         self.opaque += 1
-        d: Deferred = Deferred()
-        self.waiting[self.opaque] = d
-        self.transport.write(self.remoting.encode_frame(self.remoting.Header(int(RequestCode.APPEND), self.opaque),
-                                                        body))
-        return d
+        self.waiting[self.opaque] = on_reply
+        head = b"%s%d%s" % (before, self.opaque, after)
+        self.transport.write(b"".join((_LENGTHS.pack(4 + len(head) + len(body), len(head)), head, body)))
 
     def dataReceived(self, data: bytes) -> None:
-        for frame in self.splitter.feed(data):
-            d = self.waiting.pop(frame.header.opaque, None)
-            if d is not None:
-                d.callback(json.loads(frame.body)["code"])
+        buf = self.buffer
+        buf += data
+        pos, size = 0, len(buf)
+        while size - pos >= 8:
+            total, word = _LENGTHS.unpack_from(buf, pos)
+            end = pos + 4 + total
+            if end > size:
+                break
+            head_end = pos + 8 + (word & 0xFFFFFF)
+            opaque = _OPAQUE.search(buf, pos + 8, head_end)
+            code = _CODE.match(buf, head_end, end)
+            pos = end
+            on_reply = self.waiting.pop(int(opaque.group(1)), None) if opaque else None
+            if on_reply is not None:
+                on_reply(int(code.group(1)) if code else json.loads(bytes(buf[head_end:end]))["code"])
+        del buf[:pos]
 
     def connectionLost(self, reason: Any = None) -> None:
         waiting, self.waiting = self.waiting, {}
-        for d in waiting.values():
-            d.errback(DLedgerError(ResponseCode.NETWORK_ERROR, "load connection lost"))
+        for on_reply in waiting.values():
+            on_reply(None)
+
+
+_SENTINEL_OPAQUE = 2_000_000_123
+_LENGTHS = struct.Struct(">iI")
+#: The reply's DLedger code: the first key of a compact, sorted JSON body (``{"code":0,...``).
+_CODE = re.compile(rb'\{"code":(-?\d+)[,}]')
+_OPAQUE = re.compile(rb'"opaque":(\d+)')
 
 
 def _pct(sorted_values: list[float], q: float) -> float | None:
@@ -575,7 +601,8 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
     results: dict[str, Any] = {"settings": {
         "members": 3, "store": opts.store if own else "(running group)", "flush": opts.flush if own else None,
         "preset": opts.preset, "size": opts.size, "duration_s": opts.duration, "cpus": os.cpu_count(),
-        "python": sys.version.split()[0], "phases": list(opts.phases)}}
+        "python": sys.version.split()[0], "phases": list(opts.phases),
+        "frames": "java-json" if opts.java_frames else "binary"}}
     group = None
     loader = None
     try:
@@ -594,7 +621,7 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
             peers = group.peers
         else:
             peers = opts.peers
-        loader = Loader(reactor, peers, opts.group, opts.size)
+        loader = Loader(reactor, peers, opts.group, opts.size, binary=not opts.java_frames)
         if any(p in opts.phases for p in ("batch", "pipeline", "latency")):
             results["leader"] = await loader.find_leader()
             await loader.connect_raw()

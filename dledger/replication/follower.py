@@ -18,6 +18,7 @@ from twisted.logger import Logger
 from dledger.codes import PushType, ResponseCode
 from dledger.errors import DLedgerError
 from dledger.messages import PushEntryRequest, PushEntryResponse
+from dledger.store import base
 
 log = Logger()
 
@@ -33,6 +34,7 @@ class EntryHandler:
         self.clock = clock
         self.push_timeout = push_timeout
         self.on_commit = on_commit
+        self._append_batch = base.follower_batch_append(store)
         self._waiting: dict[int, tuple[PushEntryRequest, Deferred, float]] = {}
         self._timer = None
         # Highest index known to match the current leader's log in the current term.
@@ -207,9 +209,8 @@ class EntryHandler:
                 break
             req, d, _ = item
             try:
-                for entry in req.entries():
-                    self.store.append_as_follower(entry, req.term, req.leader_id)
-            except DLedgerError as exc:
+                self._append_batch(req.entries(), req.term, req.leader_id)
+            except DLedgerError as exc:  # what was stored before the failing entry stays, as Java's loop leaves it
                 self._reply(d, req, exc.code)
                 continue
             last = req.last_entry_index

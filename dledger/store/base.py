@@ -8,11 +8,14 @@ and live here, once.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 
 from dledger.codes import ResponseCode, Role
 from dledger.entry import (
     BODY_OFFSET,
+    HEADER_SIZE,
+    MIN_BLANK_LEN,
     Entry,
     OversizedEntryError,
     body_crc,
@@ -20,7 +23,8 @@ from dledger.entry import (
     place_entry,
     seal_crc_in_place,
 )
-from dledger.errors import DLedgerError
+from dledger.errors import BatchAppendError, DLedgerError
+from dledger.interfaces import IBatchLogStore
 
 
 def check_leader(state) -> None:
@@ -107,6 +111,30 @@ def check_body_crc(entry: Entry, accept_zero_crc: bool) -> None:
         raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
                            f"entry {entry.index}: body crc32c is {actual & 0xFFFFFFFF:#010x} but the entry says "
                            f"{entry.body_crc & 0xFFFFFFFF:#010x} (set acceptJavaZeroCrc for Java leaders)")
+
+
+def check_follower_entry(entry: Entry, write_pos: int, file_size: int, max_size: int, accept_zero_crc: bool) -> int:
+    """Every check of a follower entry that goes at ``write_pos`` (after the role and index checks); returns its pos.
+
+    The placement (size, position agreeing with the leader's) first, then
+    the reserved fields and the body CRC: a follower stores the leader's
+    bytes unchanged, so whatever it stores must already be valid.
+    """
+    # The common case (fits the current file, every field as expected) is decided inline; each
+    # helper below still raises the error when a check fails (followers check every entry they store).
+    size = HEADER_SIZE + len(entry.body)
+    if size <= max_size and size + MIN_BLANK_LEN <= file_size - write_pos % file_size:
+        pos = write_pos
+    else:
+        pos = place(write_pos, size, file_size, max_size)[0]
+    if entry.pos != pos:
+        check_position(entry, pos)
+    if entry.channel or entry.chain_crc:
+        check_reserved_fields(entry)
+    crc = entry.body_crc
+    if not (crc == 0 and accept_zero_crc) and body_crc(entry.body) != crc:
+        check_body_crc(entry, accept_zero_crc)
+    return pos
 
 
 def check_reserved_fields(entry: Entry) -> None:
@@ -210,3 +238,35 @@ def seal_leader_entry(entry: Entry, index: int, pos: int, hooks: list) -> Entry:
     stored.body_crc = seal_crc_in_place(buf, 0, stored.size)
     stored.body = bytes(buf[BODY_OFFSET:])
     return stored
+
+
+# -- batches ---------------------------------------------------------------------
+
+def append_each(append_one: Callable[..., Entry], entries: Sequence[Entry], *args) -> list[Entry]:
+    """A batch append made of one-entry appends, with :class:`~dledger.interfaces.IBatchLogStore`'s failure rule.
+
+    ``append_one(entry, *args)`` runs for each entry in order; the first
+    DLedgerError becomes a :class:`BatchAppendError` listing what stayed.
+    """
+    stored: list[Entry] = []
+    try:
+        for entry in entries:
+            stored.append(append_one(entry, *args))
+    except DLedgerError as exc:
+        raise BatchAppendError(exc, stored) from None
+    return stored
+
+
+def leader_batch_append(store) -> Callable[[Sequence[Entry]], list[Entry]]:
+    """``store.append_batch_as_leader`` if the store has it, else the same made of one-entry appends."""
+    if IBatchLogStore.providedBy(store):
+        return store.append_batch_as_leader
+    return functools.partial(append_each, store.append_as_leader)
+
+
+def follower_batch_append(store) -> Callable[[Sequence[Entry], int, str], list[Entry]]:
+    """``store.append_batch_as_follower`` if the store has it, else the same made of one-entry appends."""
+    if IBatchLogStore.providedBy(store):
+        return store.append_batch_as_follower
+    return lambda entries, leader_term, leader_id: append_each(store.append_as_follower, entries, leader_term,
+                                                               leader_id)

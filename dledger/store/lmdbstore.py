@@ -18,6 +18,7 @@ open, and the round retried.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 
 import lmdb
@@ -37,7 +38,7 @@ from dledger.entry import (
 )
 from dledger.errors import DLedgerError, StoreError
 from dledger.hookspecs import hookimpl
-from dledger.interfaces import ILogStore, ITermVoteStore
+from dledger.interfaces import IBatchLogStore, ITermVoteStore
 from dledger.plugin_types import StoreType
 from dledger.store import base
 from dledger.store.base import TruncateAction
@@ -154,7 +155,7 @@ def _write_round(shared: SharedEnv, rnd: _Round):
     return None
 
 
-@implementer(ILogStore)
+@implementer(IBatchLogStore)
 class LmdbLogStore:
     """Entries in LMDB; see the module docstring."""
 
@@ -304,16 +305,20 @@ class LmdbLogStore:
         return self._push(base.seal_leader_entry(entry, self.ledger_end_index + 1, pos, self._hooks))
 
     def _check_follower_entry(self, entry: Entry, write_pos: int) -> None:
-        pos = base.place(write_pos, entry.size, self.data_file_size, self.max_entry_size)[0]
-        base.check_position(entry, pos)
-        base.check_reserved_fields(entry)
-        base.check_body_crc(entry, self.accept_zero_crc)
+        base.check_follower_entry(entry, write_pos, self.data_file_size, self.max_entry_size, self.accept_zero_crc)
 
     def append_as_follower(self, entry: Entry, leader_term: int, leader_id: str) -> Entry:
         base.check_follower(self.member_state, leader_term, leader_id)
         base.check_next_index(entry, self.ledger_end_index)
         self._check_follower_entry(entry, self._write_pos)
         return self._push(entry)
+
+    def append_batch_as_leader(self, entries: Sequence[Entry]) -> list[Entry]:
+        """One-entry appends in a row: LMDB buffers appends until the flush's transaction anyway."""
+        return base.append_each(self.append_as_leader, entries)
+
+    def append_batch_as_follower(self, entries: Sequence[Entry], leader_term: int, leader_id: str) -> list[Entry]:
+        return base.append_each(self.append_as_follower, entries, leader_term, leader_id)
 
     def truncate(self, entry: Entry, leader_term: int, leader_id: str) -> int:
         base.check_follower(self.member_state, leader_term, leader_id)

@@ -7,17 +7,19 @@ memory member and a file member agree on every entry's ``pos``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from twisted.internet.defer import succeed
 from zope.interface import implementer
 
 from dledger.entry import Entry
 from dledger.hookspecs import hookimpl
-from dledger.interfaces import ILogStore, ITermVoteStore
+from dledger.interfaces import IBatchLogStore, ITermVoteStore
 from dledger.plugin_types import StoreType
 from dledger.store import base
 
 
-@implementer(ILogStore)
+@implementer(IBatchLogStore)
 class MemoryLogStore:
     """A list of entries plus the begin/end/committed bookkeeping."""
 
@@ -83,6 +85,13 @@ class MemoryLogStore:
         base.check_next_index(entry, self.ledger_end_index)
         base.check_position(entry, self._place(entry.size))
         return self._push(entry)
+
+    def append_batch_as_leader(self, entries: Sequence[Entry]) -> list[Entry]:
+        """One-entry appends in a row (nothing to gain from batching a list; simulations use this path)."""
+        return base.append_each(self.append_as_leader, entries)
+
+    def append_batch_as_follower(self, entries: Sequence[Entry], leader_term: int, leader_id: str) -> list[Entry]:
+        return base.append_each(self.append_as_follower, entries, leader_term, leader_id)
 
     def truncate(self, entry: Entry, leader_term: int, leader_id: str) -> int:
         base.check_follower(self.member_state, leader_term, leader_id)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import functools
 import mmap
+from collections.abc import Sequence
 from pathlib import Path
 
 from twisted.internet.defer import Deferred, succeed
@@ -35,7 +36,7 @@ from dledger import diskio
 from dledger.codes import ResponseCode, Role
 from dledger.config import FLUSH_POLICIES, GiB, MiB
 from dledger.entry import (
-    BODY_OFFSET,
+    HEADER,
     HEADER_SIZE,
     INDEX_RECORD,
     INDEX_UNIT_SIZE,
@@ -43,16 +44,14 @@ from dledger.entry import (
     VALID_MAGICS,
     CodecError,
     Entry,
+    EntryList,
     body_crc,
     decode_entry,
     encode_blank,
-    encode_entry,
-    encode_entry_into,
-    seal_crc_in_place,
 )
-from dledger.errors import DLedgerError, StoreError
+from dledger.errors import BatchAppendError, DLedgerError, StoreError
 from dledger.hookspecs import hookimpl
-from dledger.interfaces import IRetainingLogStore
+from dledger.interfaces import IBatchLogStore, IRetainingLogStore
 from dledger.plugin_types import StoreType
 from dledger.store import base
 from dledger.store.base import TruncateAction
@@ -68,12 +67,15 @@ from dledger.store.termvote import FileTermVoteStore
 log = Logger()
 
 _write_at = diskio.write_at
+_pack_header = HEADER.pack
 _pack_index = INDEX_RECORD.pack_into
 _unpack_index = INDEX_RECORD.unpack_from
 _REPAIR_LOOKBACK = 64
+#: Flushed pages are unmapped (RSS) once this many bytes of a log were flushed since the last time.
+_RELEASE_STEP = 1 << 20
 
 
-@implementer(IRetainingLogStore)
+@implementer(IRetainingLogStore, IBatchLogStore)
 class MmapLogStore:
     """Data and index files under ``member_dir``; see the module docstring.
 
@@ -380,55 +382,128 @@ class MmapLogStore:
         self._set_index_tail(self._index.files[-1] if self._index and self._index.files else None)
 
     def append_as_leader(self, entry: Entry) -> Entry:
-        state = self.member_state
-        if state.role is not Role.LEADER:
-            base.check_leader(state)
-        if self._disk_full:
-            self._refuse_disk_full()
-        if entry.channel or entry.chain_crc:
-            base.check_reserved_fields(entry)
-        body = entry.body
-        size = HEADER_SIZE + len(body)
-        pos = self._write_pos
-        if pos + size > self._dlimit or size > self.max_entry_size:
-            pos = self._make_room(size)
+        return _one(self.append_batch_as_leader, entry)
+
+    def append_batch_as_leader(self, entries: Sequence[Entry]) -> list[Entry]:
+        """Leader appends of ``entries`` in order, one ``pwrite`` per run of entries in one data file."""
+        return self._append(entries, _LEADER)
+
+    def append_as_follower(self, entry: Entry, leader_term: int, leader_id: str) -> Entry:
+        return _one(self.append_batch_as_follower, entry, leader_term, leader_id)
+
+    def append_batch_as_follower(self, entries: Sequence[Entry], leader_term: int, leader_id: str) -> list[Entry]:
+        """Follower appends of ``entries`` in order, one ``pwrite`` per run of entries in one data file."""
+        return self._append(entries, _FOLLOWER, leader_term, leader_id)
+
+    def _append(self, entries: Sequence[Entry], mode: int, leader_term: int = -1,
+                leader_id: str | None = None) -> list[Entry]:
+        """Store ``entries`` at the end of the log: checks per entry, then one write per run (see IBatchLogStore).
+
+        ``mode`` is ``_LEADER`` (assign index and pos, run the hooks, seal
+        the CRC), ``_FOLLOWER`` (the leader's entries, every follower check)
+        or ``_PLACED`` (an entry truncate or reset has checked already).  A run
+        ends where the next entry needs a new data file: it is written (with
+        its index records) before the blank marker and the new file, so the
+        blank marker rules are those of one-entry appends.  The first failing
+        entry stops the batch; what was written before it stays.  A hook that
+        raises (anything but a DLedgerError) propagates as it is, after the
+        entries before its own were written.
+        """
+        run = _Run(self._write_pos)
+        stored: list[Entry] = []
         index = self.ledger_end_index + 1
-        if self._hooks:
-            stored = self._write_hooked(entry, index, pos, size)
-        else:
-            stored = Entry(body, index, entry.term, pos, entry.magic, entry.channel, entry.chain_crc,
-                           body_crc(body))
-            buf = bytearray(size)
-            encode_entry_into(buf, 0, stored)
-            try:
-                _write_at(self._dfd, buf, pos - self._dstart)
-            except OSError as exc:
-                raise _disk_error(exc, index) from None
-        ioff = index * INDEX_UNIT_SIZE - self._istart
-        if not 0 <= ioff < self._isize:
-            ioff = self._index_room(index)
-        _pack_index(self._imm, ioff, stored.magic, pos, size, index, stored.term)
-        self.ledger_end_index = index
-        self.ledger_end_term = stored.term
-        self._write_pos = pos + size
-        if self.ledger_begin_index < 0:
-            self.ledger_begin_index, self._begin_pos = index, pos
+        hooks = self._hooks
+        # A push's entries arrive encoded (checked by their CRCs): write those bytes instead of encoding again.
+        known = entries.known_section() if mode == _FOLLOWER and type(entries) is EntryList else None
+        run.src = known[0] if known is not None else None
+        src_off = 0
+        try:
+            if mode == _LEADER:
+                state = self.member_state
+                if state.role is not Role.LEADER:
+                    base.check_leader(state)
+            elif mode == _FOLLOWER:
+                base.check_follower(self.member_state, leader_term, leader_id)
+            for entry in entries:
+                body = entry.body
+                size = HEADER_SIZE + len(body)
+                wp = run.end
+                if mode == _LEADER:
+                    if self._disk_full:
+                        self._refuse_disk_full()
+                    if entry.channel or entry.chain_crc:
+                        base.check_reserved_fields(entry)
+                    if wp + size > self._dlimit or size > self.max_entry_size:
+                        run = self._next_run(run, stored, size)
+                        wp = run.end
+                    if hooks:
+                        e = base.seal_leader_entry(entry, index, wp, hooks)
+                        body = e.body
+                    else:
+                        e = Entry(body, index, entry.term, wp, entry.magic, 0, 0, body_crc(body))
+                else:
+                    e = entry
+                    if mode == _FOLLOWER:
+                        base.check_next_index(entry, index - 1)
+                        base.check_follower_entry(entry, wp, self.data_file_size, self.max_entry_size,
+                                                  self.accept_zero_crc)
+                        if self._disk_full:
+                            self._refuse_disk_full()
+                    if e.pos != wp or e.pos + size > self._dlimit:
+                        run = self._next_run(run, stored, size)
+                        if run.end != e.pos:
+                            raise DLedgerError(ResponseCode.DISK_ERROR,
+                                               f"entry {e.index}: placement changed under us")
+                        if known is not None:
+                            run.src, run.src_off = known[0], src_off
+                if run.src is None:
+                    run.add(e, body, size)
+                else:
+                    run.entries.append(e)
+                    run.end += size
+                    src_off += size
+                index = e.index + 1
+            self._write_run(run, stored)
+        except Exception as exc:
+            error = exc
+            if not run.written:  # the entries before the failing one stay appended
+                try:
+                    self._write_run(run, stored)
+                except DLedgerError as write_error:
+                    error = write_error
+            if isinstance(error, DLedgerError):
+                raise BatchAppendError(error, stored) from None
+            raise  # a failing hook (or a failing file creation) propagates as it is
         return stored
 
-    def _write_hooked(self, entry: Entry, index: int, pos: int, size: int) -> Entry:
-        """Encode, let the hooks rewrite the body, seal the CRC, then write (a failing hook writes nothing)."""
-        stored = Entry(entry.body, index, entry.term, pos, entry.magic, entry.channel, entry.chain_crc, 0)
-        buf = bytearray(size)
-        encode_entry_into(buf, 0, stored)
-        for hook in self._hooks:
-            hook.before_append(stored, buf, BODY_OFFSET)
-        stored.body_crc = seal_crc_in_place(buf, 0, size)
-        stored.body = bytes(buf[BODY_OFFSET:])
+    def _next_run(self, run: _Run, stored: list[Entry], size: int) -> _Run:
+        """Write ``run``, then make room for an entry of ``size`` (blank marker, new file); the run that follows."""
+        self._write_run(run, stored)
+        return _Run(self._make_room(size))
+
+    def _write_run(self, run: _Run, stored: list[Entry]) -> None:
+        """Write a run's entries with one pwrite, then their index records; only then do they count as stored."""
+        run.written = True
+        entries = run.entries
+        if not entries:
+            return
+        data = run.buf if run.src is None else run.src[run.src_off:run.src_off + run.end - run.pos]
         try:
-            _write_at(self._dfd, buf, pos - self._dstart)
+            _write_at(self._dfd, data, run.pos - self._dstart)
         except OSError as exc:
-            raise _disk_error(exc, index) from None
-        return stored
+            raise _disk_error(exc, entries[0].index) from None
+        for e in entries:
+            ioff = e.index * INDEX_UNIT_SIZE - self._istart
+            if not 0 <= ioff < self._isize:
+                ioff = self._index_room(e.index)
+            _pack_index(self._imm, ioff, e.magic, e.pos, HEADER_SIZE + len(e.body), e.index, e.term)
+        last = entries[-1]
+        self.ledger_end_index = last.index
+        self.ledger_end_term = last.term
+        self._write_pos = run.end
+        if self.ledger_begin_index < 0:
+            self.ledger_begin_index, self._begin_pos = entries[0].index, run.pos
+        stored.extend(entries)
 
     def _make_room(self, size: int) -> int:
         """Place an entry that does not fit the current file: checks first, then the blank marker and a new file."""
@@ -464,41 +539,6 @@ class MmapLogStore:
         self._set_index_tail(f)
         return off - f.start
 
-    def _put(self, e: Entry) -> None:
-        """Store ``e`` (index and pos already checked) at the end of the log."""
-        pos = e.pos
-        if pos + e.size > self._dlimit or pos < self._dstart:
-            if self._make_room(e.size) != pos:
-                raise DLedgerError(ResponseCode.DISK_ERROR, f"entry {e.index}: placement changed under us")
-        try:
-            _write_at(self._dfd, encode_entry(e), pos - self._dstart)
-        except OSError as exc:
-            raise _disk_error(exc, e.index) from None
-        ioff = e.index * INDEX_UNIT_SIZE - self._istart
-        if not 0 <= ioff < self._isize:
-            ioff = self._index_room(e.index)
-        _pack_index(self._imm, ioff, e.magic, pos, e.size, e.index, e.term)
-        self.ledger_end_index = e.index
-        self.ledger_end_term = e.term
-        self._write_pos = pos + e.size
-        if self.ledger_begin_index < 0:
-            self.ledger_begin_index, self._begin_pos = e.index, pos
-
-    def _check_placement(self, entry: Entry, write_pos: int) -> None:
-        pos, _blank = base.place(write_pos, entry.size, self.data_file_size, self.max_entry_size)
-        base.check_position(entry, pos)
-        base.check_reserved_fields(entry)
-        base.check_body_crc(entry, self.accept_zero_crc)
-        if self._disk_full:
-            self._refuse_disk_full()
-
-    def append_as_follower(self, entry: Entry, leader_term: int, leader_id: str) -> Entry:
-        base.check_follower(self.member_state, leader_term, leader_id)
-        base.check_next_index(entry, self.ledger_end_index)
-        self._check_placement(entry, self._write_pos)
-        self._put(entry)
-        return entry
-
     def _refuse_disk_full(self):
         base.check_disk_not_full(True, self._used_ratio, self.retention.disk_full_ratio)
 
@@ -511,12 +551,14 @@ class MmapLogStore:
             self._drop_after(entry.index)
         elif action is TruncateAction.REPLACE:
             prev = self._record(entry.index - 1)
-            self._check_placement(entry, prev[1] + prev[2])
+            base.check_follower_entry(entry, prev[1] + prev[2], self.data_file_size, self.max_entry_size,
+                                      self.accept_zero_crc)
+            if self._disk_full:
+                self._refuse_disk_full()
             self._drop_after(entry.index - 1)
-            self._put(entry)
+            _one(self._append, entry, _PLACED)
         elif action is TruncateAction.APPEND:
-            self._check_placement(entry, self._write_pos)
-            self._put(entry)
+            _one(self._append, entry, _FOLLOWER, leader_term, leader_id)
         else:
             self._reset(entry)
         self.committed_index = min(self.committed_index, self.ledger_end_index)
@@ -572,7 +614,7 @@ class MmapLogStore:
         self._data.create(self._write_pos)
         self._refresh_tails()
         self._write_pos = entry.pos
-        self._put(entry)
+        _one(self._append, entry, _PLACED)
         self._begin_pos = entry.pos
         self.committed_index = entry.index - 1
         self._gc.cap(entry.index - 1)
@@ -703,11 +745,10 @@ class MmapLogStore:
         for lst in dirs:
             lst.dir_dirty = False
         synced = [f.fd for f in touched if f not in new]
-        # One job per file so that a threaded BlockingIO syncs data and index side by side.
-        work = [functools.partial(diskio.flush_files, [fd], [], []) for fd in synced]
-        if new or dirs:
-            work.append(functools.partial(diskio.flush_files, [], [f.fd for f in new],
-                                          [str(lst.directory) for lst in dirs]))
+        # One job for the round (data files first, then index files, new files, directories): one thread
+        # hand-off per round.  Syncing data and index on two pool threads side by side made each round a
+        # little shorter but cost a member more CPU in wake-ups than it saved (docs/benchmarks.md).
+        work = functools.partial(diskio.flush_files, synced, [f.fd for f in new], [str(lst.directory) for lst in dirs])
 
         def failed(_failure) -> None:
             self._data_dirty_lo = min(self._data_dirty_lo, data_lo)
@@ -720,12 +761,19 @@ class MmapLogStore:
         return FlushPlan(target, work, done=self._flushed, failed=failed)
 
     def _flushed(self, _result) -> None:
-        """After a round: drop our mapping of flushed, full pages so RSS does not grow with the log."""
+        """After a round: drop our mapping of flushed, full pages so RSS does not grow with the log.
+
+        In steps of ``_RELEASE_STEP`` bytes, not after every round: a busy member runs hundreds of
+        rounds a second, each covering a few KiB, and a madvise per file per round is work for nothing.
+        """
         if not self.release_flushed_pages:
             return
-        self._released_to = self._release(self._data, self._released_to, min(self._data_dirty_lo, self._write_pos))
-        self._index_released_to = self._release(self._index, self._index_released_to,
-                                                self._index_dirty_lo * INDEX_UNIT_SIZE)
+        data_to = min(self._data_dirty_lo, self._write_pos)
+        if data_to - self._released_to >= _RELEASE_STEP:
+            self._released_to = self._release(self._data, self._released_to, data_to)
+        index_to = self._index_dirty_lo * INDEX_UNIT_SIZE
+        if index_to - self._index_released_to >= _RELEASE_STEP:
+            self._index_released_to = self._release(self._index, self._index_released_to, index_to)
 
     def _release(self, lst: MappedFileList, lo: int, upto: int) -> int:
         if not lst.files:
@@ -792,6 +840,39 @@ class MmapLogStore:
                  dir=str(self.member_dir), mode=mode.value, files=files, a=old_begin, b=self.ledger_begin_index - 1)
         self.check_disk()
         return self.ledger_begin_index - old_begin
+
+
+_LEADER, _FOLLOWER, _PLACED = 0, 1, 2
+
+
+class _Run:
+    """Entries encoded back to back for one ``pwrite`` at ``pos`` (they all lie in one data file)."""
+
+    __slots__ = ("pos", "end", "buf", "entries", "written", "src", "src_off")
+
+    def __init__(self, pos: int):
+        self.pos = self.end = pos
+        self.buf = bytearray()
+        self.entries: list[Entry] = []
+        self.written = False  # a write was attempted (successful or not): never write it twice
+        # Or the entries are already encoded: bytes [src_off, src_off + end - pos) of src.
+        self.src: bytes | memoryview | None = None
+        self.src_off = 0
+
+    def add(self, e: Entry, body: bytes, size: int) -> None:
+        self.buf += _pack_header(e.magic, size, e.index, e.term, e.pos, e.channel, e.chain_crc, e.body_crc,
+                                 size - HEADER_SIZE)
+        self.buf += body
+        self.entries.append(e)
+        self.end += size
+
+
+def _one(append_batch, entry: Entry, *args) -> Entry:
+    """A one-entry append as a batch of one, raising the entry's own error rather than a BatchAppendError."""
+    try:
+        return append_batch((entry,), *args)[0]
+    except BatchAppendError as exc:
+        raise exc.cause from None
 
 
 def _disk_error(exc: OSError, index: int) -> DLedgerError:

@@ -31,8 +31,8 @@ from zope.interface.verify import verifyObject
 
 from dledger.codes import ResponseCode, Role
 from dledger.entry import BODY_OFFSET, Entry, body_crc, place_entry
-from dledger.errors import DLedgerError
-from dledger.interfaces import ILogStore
+from dledger.errors import BatchAppendError, DLedgerError
+from dledger.interfaces import IBatchLogStore, ILogStore
 
 
 @dataclass
@@ -82,6 +82,17 @@ def layout(sizes: list[int], file_size: int, start: int = 0) -> list[int]:
 
 def bodies(n: int, start: int = 0, size: int = 0) -> list[bytes]:
     return [(f"entry-{i:05d}-".encode() + b"x" * (size or (i * 37) % 300)) for i in range(start, start + n)]
+
+
+class StampPos:
+    """An append hook that writes the entry's pos into its first 8 body bytes and remembers (index, pos) it saw."""
+
+    def __init__(self):
+        self.seen: list[tuple[int, int]] = []
+
+    def before_append(self, entry, buffer, body_offset):
+        self.seen.append((entry.index, entry.pos))
+        buffer[body_offset:body_offset + 8] = entry.pos.to_bytes(8, "big")
 
 
 class LogStoreContract:
@@ -156,16 +167,10 @@ class LogStoreContract:
 
     def test_append_hook_rewrites_body_before_crc(self, store, state):
         """Append hooks see the encoded entry and may rewrite body bytes; the CRC covers the result."""
-        seen = []
-
-        class Hook:
-            def before_append(self, entry, buffer, body_offset):
-                seen.append((entry.index, entry.pos))
-                buffer[body_offset:body_offset + 8] = entry.pos.to_bytes(8, "big")
-
-        store.add_append_hook(Hook())
+        hook = StampPos()
+        store.add_append_hook(hook)
         stored = self.leader_append(store, state, [b"\0" * 8 + b"tail", b"\0" * 8 + b"more"])
-        assert seen == [(0, stored[0].pos), (1, stored[1].pos)]
+        assert hook.seen == [(0, stored[0].pos), (1, stored[1].pos)]
         got = store.get(1)
         assert got.body[:8] == stored[1].pos.to_bytes(8, "big") and got.body[8:] == b"more"
         assert got.body_crc == body_crc(got.body)
@@ -415,3 +420,112 @@ class LogStoreContract:
         assert again.committed_index == 500
         expect_code(ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN, again.get, 499)
         fired(again.shutdown())
+
+    # -- batches (IBatchLogStore, for the stores that provide it) ------------
+    @pytest.fixture
+    def batch_store(self, store):
+        if not IBatchLogStore.providedBy(store):
+            pytest.skip("store does not provide IBatchLogStore")
+        return store
+
+    def expect_batch_error(self, code: ResponseCode, fn, *args) -> BatchAppendError:
+        with pytest.raises(BatchAppendError) as info:
+            fn(*args)
+        assert info.value.code == code, f"expected {code.name}, got {info.value.code.name}: {info.value}"
+        return info.value
+
+    def test_batch_provides_interface(self, batch_store):
+        """A batch store provides every method of IBatchLogStore."""
+        assert verifyObject(IBatchLogStore, batch_store)
+
+    def test_batch_leader_append_matches_one_by_one(self, batch_store, state, open_store):
+        """A leader batch across several data files gets the indexes, positions and CRCs of one-by-one appends."""
+        payloads = bodies(40)
+        first = batch_store.append_batch_as_leader([Entry(body=b, term=1) for b in payloads[:3]])
+        rest = batch_store.append_batch_as_leader([Entry(body=b, term=1) for b in payloads[3:]])
+        stored = first + rest
+        assert [e.index for e in stored] == list(range(40))
+        assert [e.pos for e in stored] == layout([BODY_OFFSET + len(b) for b in payloads], self.data_file_size)
+        assert stored[-1].pos > 3 * self.data_file_size, "the batch should roll several files"
+        for e, body in zip(stored, payloads):
+            assert e.body == body and e.term == 1 and e.body_crc == body_crc(body)
+            assert batch_store.get(e.index) == e
+        assert (batch_store.ledger_end_index, batch_store.ledger_end_term) == (39, 1)
+        assert batch_store.append_batch_as_leader([]) == [] and batch_store.ledger_end_index == 39
+        if self.persistent:
+            fired(batch_store.flush())
+            fired(batch_store.shutdown())
+            again = open_store(state)
+            assert [again.get(i) for i in range(40)] == stored
+            fired(again.shutdown())
+
+    def test_batch_leader_runs_hooks_per_entry(self, batch_store, state):
+        """Append hooks see each entry of a batch at its own index and pos; each CRC covers the rewritten body."""
+        hook = StampPos()
+        batch_store.add_append_hook(hook)
+        stored = batch_store.append_batch_as_leader([Entry(body=b"\0" * 8 + b, term=1) for b in bodies(12)])
+        assert hook.seen == [(e.index, e.pos) for e in stored]
+        for e in stored:
+            got = batch_store.get(e.index)
+            assert got == e and got.body[:8] == e.pos.to_bytes(8, "big") and got.body_crc == body_crc(got.body)
+
+    def test_batch_leader_failure_keeps_the_entries_before_it(self, batch_store, state):
+        """An oversized entry in a leader batch: the entries before it stay (in every file), the caller learns which."""
+        payloads = bodies(7, size=200)
+        batch = [Entry(body=b, term=1) for b in payloads[:5]]
+        batch += [Entry(body=b"x" * self.data_file_size, term=1), Entry(body=payloads[6], term=1)]
+        err = self.expect_batch_error(ResponseCode.UNEXPECTED_ARGUMENT, batch_store.append_batch_as_leader, batch)
+        assert [e.index for e in err.stored] == [0, 1, 2, 3, 4]
+        assert err.stored[-1].pos >= self.data_file_size, "the kept entries should span two data files"
+        assert [batch_store.get(i) for i in range(5)] == err.stored
+        assert batch_store.ledger_end_index == 4
+        assert batch_store.append_batch_as_leader([Entry(body=payloads[6], term=1)])[0].index == 5
+
+    def test_batch_leader_refused_when_not_leader(self, batch_store, state):
+        """A follower refuses a leader batch with NOT_LEADER and stores nothing."""
+        state.follow(1, "n2")
+        err = self.expect_batch_error(ResponseCode.NOT_LEADER, batch_store.append_batch_as_leader,
+                                      [Entry(body=b"x", term=1)])
+        assert err.stored == [] and err.leader_id == "n2" and batch_store.ledger_end_index == -1
+
+    def test_batch_follower_append_stores_leader_bytes(self, batch_store, state):
+        """Follower batches of any size store the leader's entries unchanged, across data files."""
+        state.follow(2)
+        entries = self._leader_entries(40, term=2)
+        for lo, hi in ((0, 1), (1, 8), (8, 30), (30, 40)):
+            assert batch_store.append_batch_as_follower(entries[lo:hi], 2, "n1") == entries[lo:hi]
+        assert [batch_store.get(i) for i in range(40)] == entries
+        assert (batch_store.ledger_end_index, batch_store.ledger_end_term) == (39, 2)
+
+    @pytest.mark.parametrize("case", ["oversized", "gap", "pos"])
+    def test_batch_follower_failure_keeps_the_entries_before_it(self, batch_store, state, case):
+        """A bad entry in a follower batch: the ones before it stay, the caller learns which, the rest can follow."""
+        state.follow(1)
+        entries = self._leader_entries(12)
+        bad = entries[7]
+        code = {"oversized": ResponseCode.UNEXPECTED_ARGUMENT, "gap": ResponseCode.INCONSISTENT_INDEX,
+                "pos": ResponseCode.DISK_ERROR}[case]
+        if case == "oversized":
+            bad = Entry(body=b"x" * self.data_file_size, index=bad.index, term=1, pos=bad.pos).sealed()
+        elif case == "gap":
+            bad = entries[8]
+        else:
+            bad = Entry(body=bad.body, index=bad.index, term=1, pos=bad.pos + 1, body_crc=bad.body_crc)
+        err = self.expect_batch_error(code, batch_store.append_batch_as_follower,
+                                      entries[:7] + [bad] + entries[8:], 1, "n1")
+        assert err.stored == entries[:7]
+        assert batch_store.ledger_end_index == 6 and [batch_store.get(i) for i in range(7)] == entries[:7]
+        assert batch_store.append_batch_as_follower(entries[7:], 1, "n1") == entries[7:]
+
+    def test_batch_follower_checks_role_term_leader_first(self, batch_store, state):
+        """A follower batch from a stale term or another leader stores nothing."""
+        state.follow(2)
+        entries = self._leader_entries(3, term=2)
+        err = self.expect_batch_error(ResponseCode.INCONSISTENT_TERM, batch_store.append_batch_as_follower,
+                                      entries, 1, "n1")
+        assert err.stored == []
+        self.expect_batch_error(ResponseCode.INCONSISTENT_LEADER, batch_store.append_batch_as_follower,
+                                entries, 2, "n2")
+        state.lead(2)
+        self.expect_batch_error(ResponseCode.NOT_FOLLOWER, batch_store.append_batch_as_follower, entries, 2, "n1")
+        assert batch_store.ledger_end_index == -1

@@ -24,10 +24,10 @@ from twisted.python.failure import Failure
 from dledger import messages
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
+from dledger.interfaces import IBatchRequestHandler
 from dledger.transport import remoting
 from dledger.transport.base import failure_response
 from dledger.transport.remoting import (
-    FLAG_RESPONSE,
     REMOTING_SUCCESS,
     BodyError,
     Frame,
@@ -41,7 +41,7 @@ DEFAULT_MAX_IN_FLIGHT = 4096
 
 
 class BinaryBodyRefused(DLedgerError):
-    """The peer answered a binary PUSH with a remoting-level error: it is not a dledger member (e.g. Java)."""
+    """The peer answered a binary body (PUSH or APPEND) with a remoting-level error: it is not dledger (e.g. Java)."""
 
     def __init__(self, message: str):
         super().__init__(ResponseCode.UNSUPPORTED, message)
@@ -100,6 +100,7 @@ class RemotingProtocol(Protocol):
         self._closing = False
         self._in_flight = 0
         self._paused = False
+        self._batch_handler = IBatchRequestHandler.providedBy(handler)
 
     # -- connection ----------------------------------------------------------------
     @property
@@ -168,22 +169,26 @@ class RemotingProtocol(Protocol):
 
     # -- bytes in ------------------------------------------------------------------
     def dataReceived(self, data: bytes) -> None:
+        """Decode every frame of ``data``; the requests among them are then served together (see :meth:`_serve`)."""
         if self._closing:
             return
+        requests: list[tuple[Header, Any]] = []
         try:
             for frame in self._splitter.feed(data):
                 if frame.header.is_response:
                     self._reply_received(frame)
                 else:
-                    self._request_received(frame)
+                    self._request_decoded(frame, requests)
                 if self._closing:
-                    return
+                    break
         except FrameError as exc:
             self.log.warn("closing connection from {peer}: {error}", peer=self.peer, error=exc)
             self._abandon()
         except Exception:
             self.log.failure("closing connection from {peer}: unexpected error while reading", peer=self.peer)
             self._abandon()
+        if requests:  # those before a broken frame are served as they would have been one by one
+            self._serve(requests)
 
     def _abandon(self) -> None:
         if not self._closing:
@@ -236,7 +241,7 @@ class RemotingProtocol(Protocol):
         if header.code != REMOTING_SUCCESS:
             text = f"{self.peer} answered remoting code {header.code}: {header.remark or 'no remark'}"
             if call.binary:
-                call.deferred.errback(BinaryBodyRefused(f"{text} (it cannot read binary PUSH bodies)"))
+                call.deferred.errback(BinaryBodyRefused(f"{text} (it cannot read binary bodies)"))
             else:
                 code = _REMOTING_CODES.get(header.code, ResponseCode.INTERNAL_ERROR)
                 call.deferred.errback(DLedgerError(code, text))
@@ -251,7 +256,8 @@ class RemotingProtocol(Protocol):
         call.deferred.callback(response)
 
     # -- server side ----------------------------------------------------------------
-    def _request_received(self, frame: Frame) -> None:
+    def _request_decoded(self, frame: Frame, requests: list[tuple[Header, Any]]) -> None:
+        """Decode a request frame into ``requests``, or answer at once the one that cannot be decoded."""
         header = frame.header
         try:
             request = remoting.decode_request(frame)
@@ -268,18 +274,33 @@ class RemotingProtocol(Protocol):
             self._write_reply(header, remoting.error_body(header, ResponseCode.UNSUPPORTED),
                               "this connection does not serve requests")
             return
-        self._in_flight += 1
+        requests.append((header, request))
+
+    def _serve(self, requests: list[tuple[Header, Any]]) -> None:
+        """Hand requests to the handler, all at once if it is an IBatchRequestHandler, and reply to each."""
+        n = len(requests)
+        self._in_flight += n
         if self._in_flight >= self.max_in_flight and not self._paused:
             self._paused = True
             self.transport.pauseProducing()
-        try:
-            result = self.handler.handle_request(request)
-        except Exception:
-            result = Failure()
-        if isinstance(result, Deferred):
-            result.addBoth(self._respond, header, request)
+        handler = self.handler
+        if n > 1 and self._batch_handler:
+            try:
+                results = handler.handle_requests([request for _, request in requests])
+            except Exception:
+                results = [Failure()] * n
         else:
-            self._respond(result, header, request)
+            results = []
+            for _, request in requests:
+                try:
+                    results.append(handler.handle_request(request))
+                except Exception:
+                    results.append(Failure())
+        for (header, request), result in zip(requests, results):
+            if isinstance(result, Deferred):
+                result.addBoth(self._respond, header, request)
+            else:
+                self._respond(result, header, request)
 
     def _respond(self, result: Any, header: Header, request: Any) -> None:
         """Write the reply to ``request`` (a failure becomes its error reply, as :func:`base.answer` does)."""
@@ -308,8 +329,7 @@ class RemotingProtocol(Protocol):
             self.log.debug("connection from {peer} closed; dropping reply {opaque}", peer=self.peer,
                            opaque=header.opaque)
             return
-        self.transport.write(remoting.encode_frame(Header(REMOTING_SUCCESS, header.opaque, FLAG_RESPONSE,
-                                                          remark=remark), body))
+        self.transport.write(remoting.encode_reply(header.opaque, body, remark))
 
 
 class RemotingServerFactory(Factory):

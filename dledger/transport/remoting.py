@@ -29,8 +29,8 @@ import crc32c as _crc32c
 
 from dledger import messages
 from dledger.codes import RequestCode, ResponseCode
-from dledger.entry import HEADER_SIZE, CodecError, decode_entry, encode_entry_into
-from dledger.messages import PushEntryRequest, RequestOrResponse
+from dledger.entry import HEADER_SIZE, CodecError, EntryList, decode_entry, encode_entry_into
+from dledger.messages import AppendEntryRequest, PushEntryRequest, RequestOrResponse
 
 SERIALIZE_JSON = 0
 SERIALIZE_ROCKETMQ = 1
@@ -49,6 +49,8 @@ BINARY_EXT_FIELDS = {BODY_ENCODING_KEY: BODY_BINARY}
 
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024  # Java remoting's FRAME_MAX_LENGTH
 _LENGTHS = struct.Struct(">iI")
+_unpack_int32 = struct.Struct(">i").unpack_from
+_unpack_uint32 = struct.Struct(">I").unpack_from
 _INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
 _dumps = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode
@@ -134,9 +136,11 @@ class Header:
 
     def to_json(self) -> bytes:
         """The header exactly as Java writes it: compact, keys sorted, null fields omitted."""
-        if self.remark is None and self.ext_fields is None and self.language == "JAVA" \
-                and self.serialize_type == "JSON":
-            return _PLAIN_HEADER % (self.code, self.flag, self.opaque, self.version)  # what _dumps writes
+        if self.remark is None and self.language == "JAVA" and self.serialize_type == "JSON":
+            if self.ext_fields is None:  # what _dumps writes, without building and sorting a dict
+                return _PLAIN_HEADER % (self.code, self.flag, self.opaque, self.version)
+            if self.ext_fields == BINARY_EXT_FIELDS:
+                return _BINARY_HEADER % (self.code, self.flag, self.opaque, self.version)
         obj: dict[str, Any] = {"code": self.code, "flag": self.flag, "language": self.language,
                                "opaque": self.opaque, "serializeTypeCurrentRPC": self.serialize_type,
                                "version": self.version}
@@ -147,13 +151,19 @@ class Header:
         return _utf8(_dumps(obj))
 
     @classmethod
-    def from_json(cls, data: bytes | bytearray | memoryview) -> Header:
-        """Parse and validate a header; :class:`HeaderError` says what is wrong."""
-        m = _PLAIN_HEADER_RE.fullmatch(data)
-        if m is not None:  # the shape every dledger and Java member writes; anything else takes the long way
-            code, flag, opaque, version = values = tuple(int(g) for g in m.groups())
-            if all(_INT32_MIN <= v <= _INT32_MAX for v in values):
-                return cls(code, opaque, flag, "JAVA", version, None, None, "JSON")
+    def from_json(cls, data: bytes | bytearray | memoryview, start: int = 0, end: int | None = None) -> Header:
+        """Parse and validate the header in ``data[start:end]``; :class:`HeaderError` says what is wrong."""
+        if end is None:
+            end = len(data)
+        for pattern, ext_fields in _FAST_HEADERS:  # the shapes dledger and Java write; anything else: the long way
+            m = pattern.fullmatch(data, start, end)
+            if m is not None:
+                values = code, flag, opaque, version = [*map(int, m.groups())]
+                if _INT32_MIN <= min(values) and max(values) <= _INT32_MAX:
+                    return cls(code, opaque, flag, "JAVA", version, None, ext_fields and dict(ext_fields), "JSON")
+                break
+        if start or end != len(data):
+            data = bytes(data[start:end])
         obj = _loads(data, HeaderError, "header")
         if not isinstance(obj, dict):
             raise HeaderError(f"header: expected a JSON object, got {type(obj).__name__}")
@@ -165,9 +175,17 @@ class Header:
 
 #: A header with no remark and no extFields, as ``Header.to_json`` (and Java) writes it.
 _PLAIN_HEADER = b'{"code":%d,"flag":%d,"language":"JAVA","opaque":%d,"serializeTypeCurrentRPC":"JSON","version":%d}'
+#: The same with the binary-body marker (dledger's PUSH and APPEND), keys still in sorted order.
+_BINARY_HEADER = _PLAIN_HEADER.replace(b'"flag"', b'"extFields":{"dledger.body":"bin"},"flag"')
 _JSON_INT = rb"(-?(?:0|[1-9][0-9]*))"
-_PLAIN_HEADER_RE = re.compile(rb'\{"code":' + _JSON_INT + rb',"flag":' + _JSON_INT + rb',"language":"JAVA","opaque":'
-                              + _JSON_INT + rb',"serializeTypeCurrentRPC":"JSON","version":' + _JSON_INT + rb"\}")
+
+
+def _header_pattern(template: bytes) -> re.Pattern[bytes]:
+    """The regex matching ``template`` with its four ``%d`` fields as JSON integers."""
+    return re.compile(re.escape(template).replace(re.escape(b"%d"), _JSON_INT))
+
+
+_FAST_HEADERS = ((_header_pattern(_PLAIN_HEADER), None), (_header_pattern(_BINARY_HEADER), BINARY_EXT_FIELDS))
 
 
 def _loads(data: bytes | bytearray | memoryview, error: type[FrameError], what: str) -> Any:
@@ -276,7 +294,7 @@ class FrameSplitter:
         size = len(buf)
         while size - self._pos >= 4:
             pos = self._pos
-            total_len = int.from_bytes(buf[pos:pos + 4], "big", signed=True)
+            total_len = _unpack_int32(buf, pos)[0]
             if total_len < 4:
                 self._fail(FrameLengthError(f"frame length field {total_len} is below the minimum 4"))
             if total_len + 4 > self.max_frame_size:
@@ -284,7 +302,7 @@ class FrameSplitter:
                                               f"{self.max_frame_size} bytes (maxFrameSize)"))
             if size - pos < 8:
                 return
-            word = int.from_bytes(buf[pos + 4:pos + 8], "big")
+            word = _unpack_uint32(buf, pos + 4)[0]
             serialize_type, header_len = word >> 24, word & 0xFFFFFF
             if header_len > total_len - 4:
                 self._fail(FrameLengthError(f"header length {header_len} exceeds the {total_len - 4} bytes "
@@ -292,15 +310,15 @@ class FrameSplitter:
             end = pos + 4 + total_len
             if size < end:
                 return
+            header_end = pos + 8 + header_len
             with memoryview(buf) as view:
-                header_bytes = bytes(view[pos + 8:pos + 8 + header_len])
-                body = bytes(view[pos + 8 + header_len:end])
+                body = bytes(view[header_end:end])
             self._pos = end
             if serialize_type != SERIALIZE_JSON:
                 kind = "ROCKETMQ binary headers" if serialize_type == SERIALIZE_ROCKETMQ else "it"
                 raise UnsupportedSerializeTypeError(f"serializeType {serialize_type} is not supported "
                                                     f"(only 0, JSON; {kind} cannot be decoded)")
-            yield Frame(Header.from_json(header_bytes), body)
+            yield Frame(Header.from_json(buf, pos + 8, header_end), body)
 
     def _fail(self, error: FrameError):
         self._broken = error
@@ -328,7 +346,44 @@ def decode_frame(data: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> F
 
 def encode_body(msg: RequestOrResponse) -> bytes:
     """A message as Java's fastjson writes it (compact, keys sorted, nulls omitted, bytes as Base64)."""
+    flat = _FLAT_KEYS.get(type(msg))
+    if flat is None and type(msg) not in _FLAT_KEYS:
+        spec = messages.flat_wire_fields(type(msg))
+        flat = _FLAT_KEYS[type(msg)] = spec and tuple((_utf8(_dumps(key)) + b":", name) for key, name in spec)
+    if flat:
+        body = _flat_body(msg, flat)
+        if body is not None:
+            return body
     return _utf8(_dumps(messages.to_wire(msg)))
+
+
+#: class -> (b'"wireKey":', attribute) in key order, for messages whose fields are all ints and strings
+_FLAT_KEYS: dict[type, tuple[tuple[bytes, str], ...] | None] = {}
+#: JSON text of the strings replies repeat (group, member ids)
+_JSON_STRINGS: dict[str, bytes] = {}
+
+
+def _flat_body(msg: RequestOrResponse, keys: tuple[tuple[bytes, str], ...]) -> bytes | None:
+    """What ``_dumps(to_wire(msg))`` writes, for a flat message, without building a dict; None for the odd value.
+
+    Small replies (APPEND, PUSH, heartbeat, vote ...) are a large share of a busy member's work.
+    """
+    parts = []
+    for key, name in keys:
+        value = getattr(msg, name)
+        kind = type(value)
+        if kind is int:
+            parts.append(b"%s%d" % (key, value))
+        elif kind is str:
+            text = _JSON_STRINGS.get(value)
+            if text is None:
+                text = _utf8(_dumps(value))
+                if len(_JSON_STRINGS) < 1024:
+                    _JSON_STRINGS[value] = text
+            parts.append(key + text)
+        elif value is not None:  # an enum, a bool ...: the general path decides how it looks
+            return None
+    return b"{%s}" % b",".join(parts)
 
 
 def decode_body(cls: type[RequestOrResponse], body: bytes, header: Header | None = None) -> RequestOrResponse:
@@ -367,30 +422,41 @@ def encode_push_binary(request: PushEntryRequest) -> bytes:
 
 
 class _PushBody:
-    """A binary PUSH body measured first, then written straight into the frame buffer (no extra copies)."""
+    """A binary PUSH body measured first, then written straight into the frame buffer (no extra copies).
 
-    __slots__ = ("entries", "meta", "batch", "size")
+    The entries section comes from :meth:`EntryList.section` when the request carries an EntryList (the
+    leader's pushes do), so entries pushed to several followers are encoded and CRC'd once.
+    """
+
+    __slots__ = ("entries", "meta", "batch", "size", "section")
 
     def __init__(self, request: PushEntryRequest):
         if request.entry is not None and request.batch_entry:
             raise ValueError("a PUSH request carries either entry or batch_entry, not both")
-        self.entries = request.batch_entry or ([request.entry] if request.entry is not None else [])
+        entries = request.batch_entry or ([request.entry] if request.entry is not None else [])
+        self.entries = entries
+        self.section = entries.section() if type(entries) is EntryList else None
         self.batch = bool(request.batch_entry)
         meta_obj = messages.to_wire(replace(request, entry=None, batch_entry=[]))
         for key in ("batchEntry", "batch", "count", "firstEntryIndex", "lastEntryIndex"):
             meta_obj.pop(key, None)
         self.meta = _utf8(_dumps(meta_obj))
-        self.size = (_BIN_PREFIX.size + len(self.meta) + sum([len(e.body) for e in self.entries])
-                     + HEADER_SIZE * len(self.entries))
+        entries_size = len(self.section[0]) if self.section is not None else \
+            sum([len(e.body) for e in entries]) + HEADER_SIZE * len(entries)
+        self.size = _BIN_PREFIX.size + len(self.meta) + entries_size
 
     def write_into(self, buf: bytearray, offset: int) -> None:
         start = offset + _BIN_PREFIX.size + len(self.meta)
         buf[offset + _BIN_PREFIX.size:start] = self.meta
-        off = start
-        for e in self.entries:
-            off += encode_entry_into(buf, off, e)
-        with memoryview(buf) as view:
-            crc = _crc32c.crc32c(view[start:off])
+        if self.section is not None:
+            section, crc = self.section
+            buf[start:start + len(section)] = section
+        else:
+            off = start
+            for e in self.entries:
+                off += encode_entry_into(buf, off, e)
+            with memoryview(buf) as view:
+                crc = _crc32c.crc32c(view[start:off])
         _BIN_PREFIX.pack_into(buf, offset, BINARY_VERSION, _FLAG_BATCH if self.batch else 0,
                               len(self.meta), len(self.entries), crc)
 
@@ -407,26 +473,11 @@ def _encode_push_frame(header: Header, request: PushEntryRequest) -> bytes:
 
 def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRequest:
     """Inverse of :func:`encode_push_binary`; every entry is CRC-checked (:class:`BinaryBodyError`)."""
-    if len(body) < _BIN_PREFIX.size:
-        raise BinaryBodyError(f"binary PUSH body of {len(body)} bytes is shorter than its "
-                              f"{_BIN_PREFIX.size}-byte prefix", header)
-    version, flags, meta_len, count, crc = _BIN_PREFIX.unpack_from(body)
-    if version != BINARY_VERSION:
-        raise BinaryBodyError(f"binary PUSH body version {version} is not supported (only {BINARY_VERSION})", header)
-    if flags & ~_FLAG_BATCH:
-        raise BinaryBodyError(f"binary PUSH body has unknown flags {flags:#x}", header)
-    start = _BIN_PREFIX.size + meta_len
-    if start > len(body):
-        raise BinaryBodyError(f"binary PUSH meta length {meta_len} runs past the {len(body)}-byte body", header)
-    section = memoryview(body)[start:]
+    flags, meta_bytes, section, count, crc = _binary_parts(body, "PUSH", header)
     if count * 48 > len(section):
         raise BinaryBodyError(f"binary PUSH announces {count} entries but has only {len(section)} bytes", header)
-    actual = _crc32c.crc32c(section)
-    if actual != crc:
-        raise BinaryBodyError(f"binary PUSH entries failed their crc32c check (sent {crc:#010x}, "
-                              f"received {actual:#010x}): corrupted in transit", header)
     try:
-        meta = _loads(memoryview(body)[_BIN_PREFIX.size:start], BinaryBodyError, "binary PUSH meta")
+        meta = _loads(meta_bytes, BinaryBodyError, "binary PUSH meta")
     except BinaryBodyError as exc:
         exc.header = header
         raise
@@ -437,7 +488,7 @@ def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRe
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise BinaryBodyError(f"binary PUSH meta: {str(exc)[:200]}", header) from None
     entries = []
-    off, end = start, len(body)
+    off, end = len(body) - len(section), len(body)
     try:
         for _ in range(count):
             entry = decode_entry(body, off, accept_zero_crc=True, max_size=end - off)
@@ -450,7 +501,7 @@ def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRe
     if flags & _FLAG_BATCH:
         if not entries:
             raise BinaryBodyError("binary PUSH marked batch but carries no entries", header)
-        request.batch_entry = entries
+        request.batch_entry = EntryList(entries, (section, crc))  # what a follower stores, byte for byte
     elif count > 1:
         raise BinaryBodyError(f"binary PUSH carries {count} entries but is not marked batch", header)
     elif entries:
@@ -458,30 +509,142 @@ def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRe
     return request
 
 
+# -- binary APPEND bodies -------------------------------------------------------------
+
+_LEN = struct.Struct(">I")
+_unpack_len = _LEN.unpack_from
+#: Parsed meta of recent binary APPENDs: a client sends the same meta with every append (its group and
+#: target), so the JSON is parsed once.  Bounded: cleared when full.
+_APPEND_META: dict[bytes, dict[str, Any]] = {}
+_APPEND_META_MAX = 256
+
+
+def encode_append_binary(request: AppendEntryRequest) -> bytes:
+    """The dledger binary body of an APPEND request (dledger clients to dledger members).
+
+    Layout (big-endian), the PUSH body's prefix: ``u8 version=1 | u8 flags (bit 0: batchMsgs) | u32 metaLen
+    | u32 count | u32 crc32c(bodies section) | meta | bodies``; ``meta`` is the JSON body without ``body`` /
+    ``batchMsgs``; the bodies section is ``count`` times ``u32 length + the body's bytes``.  No Base64, no
+    JSON for the payload; the section CRC catches damage in transit before anything is appended.
+    """
+    batch = request.batch_msgs is not None
+    payloads = request.bodies()
+    meta = _utf8(_dumps(messages.to_wire(replace(request, body=None, batch_msgs=None))))
+    parts = [b""]
+    for body in payloads:
+        parts.append(_LEN.pack(len(body)))
+        parts.append(body)
+    section = b"".join(parts)
+    prefix = _BIN_PREFIX.pack(BINARY_VERSION, _FLAG_BATCH if batch else 0, len(meta), len(payloads),
+                              _crc32c.crc32c(section))
+    return b"".join((prefix, meta, section))
+
+
+def decode_append_binary(body: bytes, header: Header | None = None) -> AppendEntryRequest:
+    """Inverse of :func:`encode_append_binary` (:class:`BinaryBodyError` for anything malformed or damaged)."""
+    flags, meta, section, count, _ = _binary_parts(body, "APPEND", header)
+    kwargs = _APPEND_META.get(meta)
+    if kwargs is None:
+        try:
+            obj = _loads(meta, BinaryBodyError, "binary APPEND meta")
+        except BinaryBodyError as exc:
+            exc.header = header
+            raise
+        if not isinstance(obj, dict) or "body" in obj or "batchMsgs" in obj:
+            raise BinaryBodyError("binary APPEND meta must be an object without bodies", header)
+        try:
+            kwargs = _kwargs(messages.from_wire(AppendEntryRequest, obj))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise BinaryBodyError(f"binary APPEND meta: {str(exc)[:200]}", header) from None
+        if len(_APPEND_META) >= _APPEND_META_MAX:
+            _APPEND_META.clear()
+        _APPEND_META[meta] = kwargs
+    payloads = []
+    off, end = 0, len(section)
+    for _ in range(count):
+        if end - off < 4:
+            raise BinaryBodyError(f"binary APPEND body #{len(payloads)} is cut short", header)
+        n = _unpack_len(section, off)[0]
+        off += 4
+        if n > end - off:
+            raise BinaryBodyError(f"binary APPEND body #{len(payloads)} of {n} bytes runs past the frame", header)
+        payloads.append(bytes(section[off:off + n]))
+        off += n
+    if off != end:
+        raise BinaryBodyError(f"binary APPEND body has {end - off} bytes after its {count} bodies", header)
+    if flags & _FLAG_BATCH:
+        return AppendEntryRequest(**kwargs, batch_msgs=payloads)
+    if count != 1:
+        raise BinaryBodyError(f"binary APPEND carries {count} bodies but is not marked batch", header)
+    return AppendEntryRequest(**kwargs, body=payloads[0])
+
+
+def _kwargs(request: AppendEntryRequest) -> dict[str, Any]:
+    """The constructor arguments that rebuild ``request`` (its base fields)."""
+    return {"group": request.group, "remote_id": request.remote_id, "local_id": request.local_id,
+            "code": request.code, "leader_id": request.leader_id, "term": request.term}
+
+
+def _binary_parts(body: bytes, what: str, header: Header | None) -> tuple[int, bytes, memoryview, int, int]:
+    """``(flags, meta, section, count, crc)`` of a binary body, its prefix checked and its section CRC verified."""
+    if len(body) < _BIN_PREFIX.size:
+        raise BinaryBodyError(f"binary {what} body of {len(body)} bytes is shorter than its "
+                              f"{_BIN_PREFIX.size}-byte prefix", header)
+    version, flags, meta_len, count, crc = _BIN_PREFIX.unpack_from(body)
+    if version != BINARY_VERSION:
+        raise BinaryBodyError(f"binary {what} body version {version} is not supported (only {BINARY_VERSION})",
+                              header)
+    if flags & ~_FLAG_BATCH:
+        raise BinaryBodyError(f"binary {what} body has unknown flags {flags:#x}", header)
+    start = _BIN_PREFIX.size + meta_len
+    if start > len(body):
+        raise BinaryBodyError(f"binary {what} meta length {meta_len} runs past the {len(body)}-byte body", header)
+    section = memoryview(body)[start:]
+    actual = _crc32c.crc32c(section)
+    if actual != crc:
+        raise BinaryBodyError(f"binary {what} body failed its crc32c check (sent {crc:#010x}, "
+                              f"received {actual:#010x}): corrupted in transit", header)
+    return flags, body[_BIN_PREFIX.size:start], section, count, crc
+
+
 # -- messages <-> frames ---------------------------------------------------------------
 
 def encode_request(request: RequestOrResponse, opaque: int, *, binary: bool = False, oneway: bool = False) -> bytes:
-    """A request frame as Java writes it; ``binary`` selects the dledger binary body (PUSH only)."""
+    """A request frame as Java writes it; ``binary`` selects the dledger binary body (PUSH and APPEND only)."""
     code = int(messages.request_code(request))
     flag = FLAG_ONEWAY if oneway else 0
     if binary:
-        if not isinstance(request, PushEntryRequest):
-            raise TypeError(f"only PUSH requests have a binary body, not {type(request).__name__}")
-        return _encode_push_frame(Header(code, opaque, flag, ext_fields=dict(BINARY_EXT_FIELDS)), request)
+        header = Header(code, opaque, flag, ext_fields=dict(BINARY_EXT_FIELDS))
+        if isinstance(request, PushEntryRequest):
+            return _encode_push_frame(header, request)
+        if isinstance(request, AppendEntryRequest):
+            return encode_frame(header, encode_append_binary(request))
+        raise TypeError(f"only PUSH and APPEND requests have a binary body, not {type(request).__name__}")
     return encode_frame(Header(code, opaque, flag), encode_body(request))
 
 
 def encode_response(response: RequestOrResponse, opaque: int, *, remark: str | None = None) -> bytes:
     """A reply frame: flag 1, header code 200, the DLedger result in the body's ``code``."""
-    return encode_frame(Header(REMOTING_SUCCESS, opaque, FLAG_RESPONSE, remark=remark), encode_body(response))
+    return encode_reply(opaque, encode_body(response), remark)
+
+
+def encode_reply(opaque: int, body: bytes, remark: str | None = None) -> bytes:
+    """The reply frame carrying ``body`` for request ``opaque`` (the header straight from its template)."""
+    if remark is not None:
+        return encode_frame(Header(REMOTING_SUCCESS, opaque, FLAG_RESPONSE, remark=remark), body)
+    head = _PLAIN_HEADER % (REMOTING_SUCCESS, FLAG_RESPONSE, opaque, 0)
+    return b"".join((_LENGTHS.pack(4 + len(head) + len(body), len(head)), head, body))
+
+
+_REQUEST_CLASSES = {int(code): request for code, (request, _) in messages.RPCS.items()}
 
 
 def request_class(header: Header) -> type[RequestOrResponse]:
     """The request class of a request header; :class:`UnknownRequestCodeError` if there is none."""
-    try:
-        return messages.RPCS[RequestCode(header.code)][0]
-    except (ValueError, KeyError):
-        raise UnknownRequestCodeError(f"request code {header.code} is not supported", header) from None
+    cls = _REQUEST_CLASSES.get(header.code)
+    if cls is None:
+        raise UnknownRequestCodeError(f"request code {header.code} is not supported", header)
+    return cls
 
 
 def decode_request(frame: Frame) -> RequestOrResponse:
@@ -495,9 +658,11 @@ def decode_request(frame: Frame) -> RequestOrResponse:
         return decode_body(cls, frame.body, header)
     if encoding != BODY_BINARY:
         raise BodyError(f"body encoding {encoding!r} is not supported", header)
-    if cls is not PushEntryRequest:
-        raise BodyError(f"a binary body is only defined for PUSH, not request code {header.code}", header)
-    return decode_push_binary(frame.body, header)
+    if cls is PushEntryRequest:
+        return decode_push_binary(frame.body, header)
+    if cls is AppendEntryRequest:
+        return decode_append_binary(frame.body, header)
+    raise BodyError(f"a binary body is only defined for PUSH and APPEND, not request code {header.code}", header)
 
 
 def decode_response(frame: Frame, cls: type[RequestOrResponse]) -> RequestOrResponse:
@@ -526,7 +691,7 @@ __all__ = [
     "FLAG_RESPONSE", "REMOTING_SUCCESS", "SERIALIZE_JSON", "SERIALIZE_ROCKETMQ",
     "BinaryBodyError", "BodyError", "Frame", "FrameError", "FrameLengthError", "FrameSplitter",
     "FrameTooLargeError", "Header", "HeaderError", "UnknownRequestCodeError", "UnsupportedSerializeTypeError",
-    "decode_body", "decode_frame", "decode_push_binary", "decode_request", "decode_response", "encode_body",
-    "encode_frame", "encode_push_binary", "encode_request", "encode_response", "error_body", "frame_size",
-    "request_class", "split_frames",
+    "decode_append_binary", "decode_body", "decode_frame", "decode_push_binary", "decode_request",
+    "decode_response", "encode_append_binary", "encode_body", "encode_frame", "encode_push_binary",
+    "encode_reply", "encode_request", "encode_response", "error_body", "frame_size", "request_class", "split_frames",
 ]
