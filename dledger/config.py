@@ -136,7 +136,6 @@ class DLedgerConfig:
     max_heart_beat_leak: int = 3
     min_vote_interval_ms: int = 300
     max_vote_interval_ms: int = 1000
-    state_maintain_interval_ms: int = 10  # dledger: Java's state-maintainer loop period
     # leadership transfer
     max_leadership_transfer_wait_index: int = 1000
     min_take_leadership_vote_interval_ms: int = 30
@@ -292,7 +291,7 @@ def _validate(cfg: DLedgerConfig) -> None:
              "max_push_time_out_ms", "mapped_file_size_for_entry_data",
              "mapped_file_size_for_entry_index", "max_entry_size", "flush_file_interval",
              "check_point_interval", "max_batch_push_size", "max_pending_size",
-             "state_maintain_interval_ms", "min_take_leadership_vote_interval_ms",
+             "min_take_leadership_vote_interval_ms",
              "max_take_leadership_vote_interval_ms", "leadership_transfer_wait_timeout",
              "max_frame_size", "lmdb_map_size")
     if cfg.min_vote_interval_ms > cfg.max_vote_interval_ms:

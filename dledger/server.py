@@ -74,7 +74,6 @@ class DLedgerServer:
         self.replicator: LeaderReplicator | None = None
         #: Monitoring counters; None (nothing recorded) until :meth:`enable_stats`.
         self.stats: ServerStats | None = None
-        self._transfer: Deferred | None = None
         self._preferred_timer = None
         self.elector.observers.append(self._role_changed)
         self.running = False

@@ -153,14 +153,12 @@ class MemoryTermVoteStore:
     def __init__(self, term: int = 0, vote_for: str | None = None):
         self.term = term
         self.vote_for = vote_for
-        self.saves = 0
 
     def load(self) -> tuple[int, str | None]:
         return self.term, self.vote_for
 
     def save(self, term: int, vote_for: str | None) -> None:
         self.term, self.vote_for = term, vote_for
-        self.saves += 1
 
     def close(self) -> None:
         pass
