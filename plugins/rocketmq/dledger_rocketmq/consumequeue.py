@@ -292,11 +292,13 @@ class ConsumeQueue:
 
     def get(self, queue_offset: int) -> Unit | None:
         """The unit at ``queue_offset``, None outside [min_offset, max_offset)."""
+        if not self._min <= queue_offset < self._next:
+            return None
         found = self.read(queue_offset, 1)
         return found[0][1] if found else None
 
     def read(self, queue_offset: int, max_count: int) -> list[tuple[int, Unit]]:
-        """Up to ``max_count`` ``(queue offset, unit)`` from ``queue_offset`` on, within one or more files."""
+        """Up to ``max_count`` ``(queue offset, unit)`` from ``queue_offset`` (or min_offset, if above) on."""
         out: list[tuple[int, Unit]] = []
         q = max(queue_offset, self._min)
         while q < self._next and len(out) < max_count:
