@@ -33,6 +33,8 @@ from dledger.entry import BLANK_MAGIC as DLEDGER_BLANK_MAGIC
 from dledger.entry import BODY_OFFSET, decode_entry, peek
 from dledger_rocketmq.errors import StoreLayoutError, TruncatedRecordError
 from dledger_rocketmq.message import (
+    MESSAGE_MAGIC,
+    MIN_BLANK_LENGTH,
     MessageRecord,
     decode_record,
     encode_blank_record,
@@ -199,7 +201,11 @@ class StoreReader:
 
     def get_record(self, offset: int) -> MessageRecord:
         """The record at physical ``offset``, decoded (CodecError if no record starts there)."""
-        return decode_record(self.get_message(offset), verify_crc=self.verify_crc)
+        head = self.get_message(offset, MIN_BLANK_LENGTH)
+        size, magic = peek_record(head)
+        if magic != MESSAGE_MAGIC:
+            decode_record(head)  # raises the error that names what is there (a blank, a bad magic)
+        return decode_record(self.get_message(offset, size), verify_crc=self.verify_crc)
 
     # -- scanning ---------------------------------------------------------------
 
