@@ -4,6 +4,7 @@ and a ConsumeQueue over files appends, reads, truncates and reopens."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ from dledger_rocketmq import consumequeue as cq
 from dledger_rocketmq.errors import CodecError, CorruptRecordError, StoreLayoutError
 from dledger_rocketmq.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, MessageRecord
 from dledger_rocketmq.migration import StoreReader
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def golden_queue_files(root: Path) -> dict[tuple[str, int], list[Path]]:
@@ -267,3 +270,39 @@ def test_bad_layouts_are_refused(tmp_path):
         cq.ConsumeQueue(tmp_path, "T", 0, file_size=100)
     with pytest.raises(ValueError, match="not a multiple of 20"):
         cq.ConsumeQueue(tmp_path, "T", 0, file_size=110)
+
+
+_ops = st.lists(st.one_of(st.tuples(st.just("append"), st.integers(1, 12)),
+                          st.tuples(st.just("truncate"), st.integers(0, 40)),
+                          st.tuples(st.just("reopen"), st.just(0))), max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 12), _ops)
+def test_consume_queue_matches_a_list_model(start, ops):
+    """Any mix of appends, truncations and reopenings leaves the files holding exactly the model's units."""
+    with tempfile.TemporaryDirectory() as root:
+        queue = cq.ConsumeQueue(root, "T", 3, file_size=60)  # 3 units per file
+        model: list[cq.Unit] = []  # units from queue offset `start` on
+        first = start
+        for op, arg in ops:
+            if op == "append":
+                for _ in range(arg):
+                    q = first + len(model)
+                    u = unit(q)
+                    assert queue.append(q, u)
+                    model.append(u)
+            elif op == "truncate":
+                end = 1000 + 100 * arg
+                keep = [u for u in model if u.physical_offset + u.size <= end]
+                assert queue.truncate_physical(end) == len(model) - len(keep)
+                model = keep
+            else:
+                queue = cq.ConsumeQueue(root, "T", 3, file_size=60)
+            if model:
+                assert (queue.min_offset, queue.max_offset) == (first, first + len(model))
+                assert [u for _, u in queue.read(0, 1000)] == model
+                assert queue.max_physical_offset == model[-1].physical_offset + model[-1].size
+            else:
+                assert queue.empty and queue.read(0, 10) == [] and queue.max_physical_offset == 0
+                first = queue.max_offset

@@ -120,7 +120,8 @@ def test_bad_message_ids(bad, error):
     (b"TAGS\x01TagA", {"TAGS": "TagA"}),
     (b"TAGS\x01TagA\x02", {"TAGS": "TagA"}),  # ali-ons ends with a separator
     (b"A\x011\x02B\x012\x02A\x013", {"A": "3", "B": "2"}),  # last value wins
-    (b"noval\x02\x01x\x02K\x01", {"K": ""}),  # items without a separator or a name are skipped
+    (b"noval\x02\x01x\x02K\x01\x02", {}),  # items without a separator, a name or a value are skipped
+    (b"K\x01v\x01w\x02\x02L\x01x", {"K": "v\x01w", "L": "x"}),  # the first \x01 separates
     ("KEYS\x01k1 k2 \u00e9".encode(), {"KEYS": "k1 k2 \u00e9"}),
 ])
 def test_parse_properties(raw, parsed):
@@ -137,6 +138,7 @@ def test_encode_properties_keeps_order_without_trailing_separator():
 
 @pytest.mark.parametrize("props, error", [
     ({"a\x01": "1"}, "separator"), ({"a": "x\x02y"}, "separator"), ({"": "v"}, "empty name"),
+    ({"k": ""}, "'k' has an empty value"),
     ({"k": "v" * 40000}, "exceed 32767"),
 ])
 def test_encode_properties_refuses_what_would_not_read_back(props, error):
@@ -254,7 +256,7 @@ _text = st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categor
 @st.composite
 def records(draw):
     born, store = draw(_hosts), draw(_hosts)
-    props = draw(st.dictionaries(_text.filter(bool), _text, max_size=5))
+    props = draw(st.dictionaries(_text.filter(bool), _text.filter(bool), max_size=5))
     return m.MessageRecord(
         topic=draw(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=30)),
         body=draw(st.binary(max_size=300)), properties=m.encode_properties(props),
@@ -272,3 +274,9 @@ def test_round_trip(record):
     assert back == dataclasses.replace(record, body_crc=m.body_crc(record.body))
     assert len(data) == record.size and m.encode_record(back) == data
     assert m.parse_properties(back.properties) == m.parse_properties(record.properties)
+
+
+@given(st.dictionaries(_text.filter(bool), _text.filter(bool), max_size=8))
+def test_properties_round_trip(props):
+    """Encoded properties parse back to the same map."""
+    assert m.parse_properties(m.encode_properties(props)) == props

@@ -203,7 +203,8 @@ def encode_properties(props: Mapping[str, str] | Iterable[tuple[str, str]]) -> b
     """``name \\x01 value \\x02 ...`` without a trailing separator, in the given order (Java clients' form).
 
     A name or value containing a separator would change the meaning of the
-    whole string, so it is refused; an empty name is refused too (readers drop it).
+    whole string, so it is refused; so are an empty name or value (RocketMQ's
+    reader drops such items, so they would silently vanish).
     """
     items = props.items() if isinstance(props, Mapping) else props
     parts = []
@@ -213,6 +214,8 @@ def encode_properties(props: Mapping[str, str] | Iterable[tuple[str, str]]) -> b
                 raise CodecError(f"property {what} {text!r} contains a \\x01/\\x02 separator")
         if not name:
             raise CodecError("property with an empty name")
+        if not value:
+            raise CodecError(f"property {name!r} has an empty value")
         parts.append(f"{name}{NAME_VALUE_SEPARATOR}{value}")
     data = PROPERTY_SEPARATOR.join(parts).encode()
     if len(data) > MAX_PROPERTIES_LENGTH:
@@ -221,15 +224,18 @@ def encode_properties(props: Mapping[str, str] | Iterable[tuple[str, str]]) -> b
 
 
 def parse_properties(raw: bytes | str) -> dict[str, str]:
-    """The map view of a property string; a trailing separator, empty items and nameless items are skipped.
+    """The map view of a property string, read as RocketMQ's ``string2messageProperties`` reads it.
 
-    A name given twice keeps its last value (a Java HashMap filled in order).
+    Items are split at ``\x02``; an item counts only if it has a non-empty
+    name before its first ``\x01`` and a non-empty value after it (the value
+    may hold further ``\x01``).  A trailing separator is harmless; a name
+    given twice keeps its last value (a Java HashMap filled in order).
     """
-    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes | bytearray | memoryview) else raw
+    text = bytes(raw).decode("utf-8", errors="replace") if not isinstance(raw, str) else raw
     out: dict[str, str] = {}
     for item in text.split(PROPERTY_SEPARATOR):
         name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
-        if sep and name:
+        if sep and name and value:
             out[name] = value
     return out
 
