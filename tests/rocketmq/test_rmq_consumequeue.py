@@ -306,3 +306,32 @@ def test_consume_queue_matches_a_list_model(start, ops):
             else:
                 assert queue.empty and queue.read(0, 10) == [] and queue.max_physical_offset == 0
                 first = queue.max_offset
+
+
+def test_consume_queues_of_the_golden_store(main_store):
+    """All 13 golden queues open; the topic-queue table gives each queue's next offset; dispatch resumes after."""
+    queues = cq.ConsumeQueues(main_store, file_size=CQ_FILE_SIZE)
+    table = queues.topic_queue_table()
+    assert len(queues.queues()) == 13 and sum(table.values()) == 177
+    assert table["GoldenTopic-2"] == 8 and table["GoldenBulk-0"] == 150 and table["SCHEDULE_TOPIC_XXXX-1"] == 1
+    assert queues.max_physical_offset() == 107360 + 413
+
+
+def test_dispatching_the_golden_log_rebuilds_every_queue(main_store, tmp_path):
+    """Dispatching every record in log order writes all queues as RocketMQ did; a replay adds nothing."""
+    records = list(StoreReader(main_store, commitlog_file_size=FILE_SIZE).records())
+    queues = cq.ConsumeQueues(tmp_path, file_size=CQ_FILE_SIZE)
+    assert sum(queues.dispatch(r) for r in records) == 177
+    assert sum(queues.dispatch(r) for r in records) == 0
+    queues.flush()
+    golden = golden_queue_files(main_store)
+    for (topic, qid), files in golden.items():
+        mine = queues.queue(topic, qid).files
+        assert [p.read_bytes() for p in mine] == [p.read_bytes() for p in files]
+    reopened = cq.ConsumeQueues(tmp_path, file_size=CQ_FILE_SIZE)
+    assert reopened.topic_queue_table() == cq.ConsumeQueues(main_store, file_size=CQ_FILE_SIZE).topic_queue_table()
+    assert reopened.truncate_physical(65536) == 177 - 110
+    assert reopened.max_physical_offset() <= 65536
+    assert reopened.topic_queue_table()["GoldenBulk-0"] == 90
+    assert not cq.ConsumeQueues(tmp_path, file_size=CQ_FILE_SIZE).dispatch(
+        MessageRecord("T", b"", sys_flag=TRANSACTION_PREPARED_TYPE))

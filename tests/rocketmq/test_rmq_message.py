@@ -38,6 +38,16 @@ def test_golden_record_round_trips_byte_for_byte(entry):
     assert record.message_id == "7F00000100007CA7" + f"{record.physical_offset:016X}"
 
 
+def test_patching_offsets_in_place_gives_the_stored_record():
+    """A record encoded with offsets 0 becomes the stored bytes once its physical and queue offsets are patched."""
+    for entry in ENTRIES[:20]:
+        stored = m.decode_record(entry.body)
+        buf = bytearray(b"HDR" + m.encode_record(dataclasses.replace(stored, physical_offset=0, queue_offset=0)))
+        m.patch_physical_offset(buf, 3, entry.pos + 48)
+        m.patch_queue_offset(buf, 3, stored.queue_offset)
+        assert bytes(buf[3:]) == entry.body
+
+
 def test_golden_first_record_fields():
     """Entry 0's fields are those INDEX.md decodes (a table test of every field)."""
     r = m.decode_record(ENTRIES[0].body)

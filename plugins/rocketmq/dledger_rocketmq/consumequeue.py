@@ -440,3 +440,59 @@ def rebuild(queue: ConsumeQueue, records: Iterable[MessageRecord],
         if record.topic == queue.topic and record.queue_id == queue.queue_id and is_dispatched(record):
             written += queue.append(record.queue_offset, unit_for(record, levels))
     return written
+
+
+class ConsumeQueues:
+    """Every consume queue of a store root (``<root>/consumequeue``): routing, the topic-queue table, recovery.
+
+    The dispatcher feeds it committed records in log order through
+    :meth:`dispatch`; :meth:`topic_queue_table` is RocketMQ's
+    ``topicQueueTable`` (the next queue offset of every queue), which a new
+    master rebuilds from here before it assigns queue offsets.
+    """
+
+    def __init__(self, root: str | Path, *, file_size: int = DEFAULT_FILE_SIZE,
+                 levels: tuple[int, ...] = DELAY_LEVELS_MS):
+        self.root = Path(root)
+        self.file_size = file_size
+        self.levels = levels
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        base = self.root / "consumequeue"
+        if base.is_dir():
+            for topic in sorted(os.listdir(base)):
+                for qid in sorted(os.listdir(base / topic)):
+                    if not re.fullmatch(r"-?[0-9]+", qid):
+                        raise StoreLayoutError(f"{base / topic / qid}: not a queue id")
+                    self.queue(topic, int(qid))
+
+    def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """The queue (topic, queue_id), opened or created on first use."""
+        key = (topic, queue_id)
+        if key not in self._queues:
+            self._queues[key] = ConsumeQueue(self.root, topic, queue_id, file_size=self.file_size)
+        return self._queues[key]
+
+    def queues(self) -> list[ConsumeQueue]:
+        return [self._queues[k] for k in sorted(self._queues)]
+
+    def dispatch(self, record: MessageRecord) -> bool:
+        """Index one committed record; False if it gets no unit or had it already (a replay)."""
+        if not is_dispatched(record):
+            return False
+        return self.queue(record.topic, record.queue_id).append(record.queue_offset, unit_for(record, self.levels))
+
+    def topic_queue_table(self) -> dict[str, int]:
+        """``{"topic-queueId": next queue offset}`` for every non-empty queue, RocketMQ's key format."""
+        return {f"{q.topic}-{q.queue_id}": q.max_offset for q in self.queues() if q.max_offset > 0}
+
+    def max_physical_offset(self) -> int:
+        """The end of the last record any queue indexes: where dispatch resumes after a restart."""
+        return max((q.max_physical_offset for q in self._queues.values()), default=0)
+
+    def truncate_physical(self, end: int) -> int:
+        """Drop every unit whose record is not wholly below ``end`` (recovery after the log's end moved back)."""
+        return sum(q.truncate_physical(end) for q in self._queues.values())
+
+    def flush(self) -> None:
+        for q in self._queues.values():
+            q.flush()

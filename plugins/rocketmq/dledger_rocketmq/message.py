@@ -316,6 +316,21 @@ def encode_record(record: MessageRecord, *, max_size: int = DEFAULT_MAX_MESSAGE_
     return out
 
 
+def patch_physical_offset(buf: bytearray | memoryview, offset: int, physical_offset: int) -> None:
+    """Rewrite PHYSICALOFFSET of the record encoded at ``offset`` of a writable buffer.
+
+    The append hook calls this with ``entry.pos + BODY_OFFSET`` once the
+    store has placed the entry, so the field means what it means without
+    DLedger.  The body CRC does not cover this field.
+    """
+    _I64.pack_into(buf, offset + PHYSICAL_OFFSET_POSITION, physical_offset)
+
+
+def patch_queue_offset(buf: bytearray | memoryview, offset: int, queue_offset: int) -> None:
+    """Rewrite QUEUEOFFSET of the record encoded at ``offset`` (assigned by the leader when it appends)."""
+    _I64.pack_into(buf, offset + QUEUE_OFFSET_POSITION, queue_offset)
+
+
 def peek_record(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[int, int]:
     """``(TOTALSIZE, MAGICCODE)`` at ``offset``: tells a message, a blank record and unwritten zeros apart."""
     if len(buf) - offset < MIN_BLANK_LENGTH:
