@@ -335,3 +335,13 @@ def test_dispatching_the_golden_log_rebuilds_every_queue(main_store, tmp_path):
     assert reopened.topic_queue_table()["GoldenBulk-0"] == 90
     assert not cq.ConsumeQueues(tmp_path, file_size=CQ_FILE_SIZE).dispatch(
         MessageRecord("T", b"", sys_flag=TRANSACTION_PREPARED_TYPE))
+
+
+def test_consume_queues_refuse_a_bad_queue_directory(tmp_path):
+    """A queue directory whose name is not a queue id is a one-line layout error; stray files are ignored."""
+    (tmp_path / "consumequeue").mkdir()
+    (tmp_path / "consumequeue" / "stray.txt").write_text("x")
+    assert cq.ConsumeQueues(tmp_path).queues() == []
+    (tmp_path / "consumequeue" / "T" / "x1").mkdir(parents=True)
+    with pytest.raises(StoreLayoutError, match="not a queue id"):
+        cq.ConsumeQueues(tmp_path)

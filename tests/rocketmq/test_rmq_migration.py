@@ -151,3 +151,12 @@ def test_bad_store_layouts(phase2_store, tmp_path):
     (store / "commitlog" / "00000000000000131072").rename(store / "commitlog" / "00000000000000065536")
     with pytest.raises(StoreLayoutError, match="reach past the first DLedger file"):
         mg.StoreReader(store, self_id="n0", commitlog_file_size=FILE_SIZE)
+
+
+def test_misaligned_old_file_name(phase1_store, tmp_path):
+    """An old CommitLog file whose name is not a multiple of the file size is refused."""
+    store = tmp_path / "s"
+    shutil.copytree(phase1_store, store)
+    (store / "commitlog" / "00000000000000000000").rename(store / "commitlog" / "00000000000000000100")
+    with pytest.raises(StoreLayoutError, match="not a multiple of the file size 65536"):
+        mg.StoreReader(store, commitlog_file_size=FILE_SIZE)

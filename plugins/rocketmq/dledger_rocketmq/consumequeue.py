@@ -460,8 +460,10 @@ class ConsumeQueues:
         base = self.root / "consumequeue"
         if base.is_dir():
             for topic in sorted(os.listdir(base)):
+                if not (base / topic).is_dir():
+                    continue
                 for qid in sorted(os.listdir(base / topic)):
-                    if not re.fullmatch(r"-?[0-9]+", qid):
+                    if not re.fullmatch(r"-?[0-9]+", qid) or not (base / topic / qid).is_dir():
                         raise StoreLayoutError(f"{base / topic / qid}: not a queue id")
                     self.queue(topic, int(qid))
 

@@ -133,8 +133,9 @@ class StoreReader:
         self.verify_crc = verify_crc
         self.commitlog_dir = self.root / "commitlog"
         self.dledger_dir = self._find_dledger_dir(self_id)
-        self.old_files = self._list(self.commitlog_dir, self.commitlog_file_size)
-        self.dledger_files = self._list(self.dledger_dir, self.dledger_file_size) if self.dledger_dir else []
+        self.old_files = self._list(self.commitlog_dir, self.commitlog_file_size, aligned=True)
+        self.dledger_files = (self._list(self.dledger_dir, self.dledger_file_size, aligned=False)
+                              if self.dledger_dir else [])
         first = self.dledger_files[0] if self.dledger_files else None
         self.divided_commitlog_offset = divided_offset(self.old_files, self.commitlog_file_size, first)
         if self.old_files and max(self.old_files) + self.commitlog_file_size > self.divided_commitlog_offset:
@@ -152,7 +153,12 @@ class StoreReader:
         return found[0] / "data" if found else None
 
     @staticmethod
-    def _list(directory: Path, file_size: int) -> list[int]:
+    def _list(directory: Path, file_size: int, *, aligned: bool) -> list[int]:
+        """Start offsets of the full-size, contiguous files of ``directory``.
+
+        Old CommitLog files start at multiples of their size; DLedger data
+        files are counted from ``dividedCommitlogOffset`` instead.
+        """
         if not directory.is_dir():
             return []
         starts = []
@@ -162,7 +168,7 @@ class StoreReader:
             size = (directory / name).stat().st_size
             if size != file_size:
                 raise StoreLayoutError(f"{directory / name}: {size} bytes, expected the file size {file_size}")
-            if int(name) % file_size and directory.name == "commitlog":
+            if aligned and int(name) % file_size:
                 raise StoreLayoutError(f"{directory / name}: name is not a multiple of the file size {file_size}")
             starts.append(int(name))
         for a, b in zip(starts, starts[1:]):
