@@ -8,13 +8,15 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test lint soak clean
 
-$(STAMP): setup.py
+$(STAMP): setup.py plugins/rocketmq/setup.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dledger needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip 'setuptools>=70,<90' wheel
 	# editable_mode=compat keeps the repo root on sys.path, so twistd finds twisted/plugins/dledger_plugin.py;
 	# building without isolation uses the setuptools pinned above, which still has that mode.
 	$(PY) -m pip install --quiet --no-build-isolation -e '.[test]' --config-settings editable_mode=compat
+	# The RocketMQ broker layer: its own distribution, a plugin in the 'dledger' entry-point group.
+	$(PY) -m pip install --quiet --no-build-isolation -e plugins/rocketmq --config-settings editable_mode=compat
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -30,4 +32,4 @@ soak: $(STAMP)
 	$(PY) -m tools.simulate replication --seeds 10000
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info plugins/rocketmq/build plugins/rocketmq/*.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -19,9 +19,26 @@ from dledger.plugin_types import ExtraOption, StoreType, TransportType
 ROOT = Path(__file__).parent.parent
 
 
+OWN_DISTRIBUTION = "dledger"
+
+
+def own_plugins_only(pm):
+    """Unregister every entry-point plugin not shipped by dledger itself (e.g. an installed dledger-rocketmq).
+
+    The hook tests below check exact answers (the options declared, the store names known); a plugin
+    the developer happens to have installed must not change them.  Built-ins still come from dledger's
+    own entry points, as in production.
+    """
+    for plugin, dist in pm.list_plugin_distinfo():
+        if dist.project_name != OWN_DISTRIBUTION:
+            pm.unregister(plugin)
+    return pm
+
+
 @pytest.fixture
 def pm():
-    return plugins.make_plugin_manager()
+    """A plugin manager holding dledger's own plugins only, whatever else is installed."""
+    return own_plugins_only(plugins.make_plugin_manager())
 
 
 @pytest.fixture
@@ -29,11 +46,15 @@ def third_party(tmp_path, monkeypatch):
     """A fake installed distribution with a module in the ``dledger`` entry-point group."""
     (tmp_path / "fake_dledger_plugin.py").write_text(textwrap.dedent('''
         from dledger.hookspecs import hookimpl
-        from dledger.plugin_types import StoreType
+        from dledger.plugin_types import ExtraOption, StoreType
 
         @hookimpl
         def dledger_store_types():
             return [StoreType("fake", lambda c, s: None, lambda c: None, "test store")]
+
+        @hookimpl
+        def dledger_extra_options():
+            return [ExtraOption("fake_option", 1, "an option of the fake plugin", int)]
     '''))
     dist = tmp_path / "fake_dledger_plugin-1.2.dist-info"
     dist.mkdir()
@@ -77,6 +98,14 @@ def test_third_party_plugin_loads_from_entry_point(third_party):
     assert plugins.get_store_type("fake", pm).description == "test store"
     sources = {p.name: p.source for p in plugins.describe_plugins(pm)}
     assert sources["fake"] == "entry point 'dledger' of fake-dledger-plugin 1.2"
+
+
+def test_hook_tests_are_isolated_from_installed_plugins(third_party, pm):
+    """The hook tests' manager ignores installed third-party plugins but keeps dledger's entry-point built-ins."""
+    assert "fake" not in plugins.store_types(pm)
+    assert "fake_option" not in plugins.extra_options(pm)
+    assert all(p.source.startswith("entry point 'dledger' of dledger ") for p in plugins.describe_plugins(pm))
+    assert sorted(p.name for p in plugins.describe_plugins(pm)) == sorted(plugins.BUILTIN_PLUGINS)
 
 
 def test_check_pending_catches_hooks_without_spec(pm):

@@ -1,0 +1,500 @@
+"""Consume queues: RocketMQ's per-(topic, queue id) index of the CommitLog.
+
+A consume queue is a sequence of 20-byte units, one per message of that
+queue, in queue-offset order::
+
+    commitLogOffset int64 (the record's PHYSICALOFFSET) | size int32 (its TOTALSIZE) | tagsCode int64
+
+stored in ``consumequeue/<topic>/<queueId>/<20-digit name>`` files of a fixed
+size (``mappedFileSizeConsumeQueue``, a multiple of 20, pre-allocated with
+zeros); a file's name is the byte offset of its first unit, i.e. the queue
+offset of that unit times 20.  ``tagsCode`` is Java's ``String.hashCode`` of
+the TAGS property (0 without tags), except in ``SCHEDULE_TOPIC_XXXX`` where it
+is the delivery time in ms.  A unit whose size is 0 was never written: it
+ends the queue.
+
+The decisions (what unit a record gets, where a unit lives, whether a unit
+appends, repeats or leaves a gap) are pure functions; :class:`ConsumeQueue`
+applies them to files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from collections.abc import Iterable
+from enum import Enum
+from pathlib import Path
+from typing import NamedTuple
+
+from dledger.diskio import create_sized_file, fsync_dir, fsync_fd, remove_file, write_at
+from dledger_rocketmq.errors import CodecError, CorruptRecordError, StoreLayoutError, TruncatedRecordError
+from dledger_rocketmq.message import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_TAGS,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_NOT_TYPE,
+    MessageRecord,
+)
+
+UNIT = struct.Struct(">qiq")
+UNIT_SIZE = UNIT.size  # 20
+#: RocketMQ's default ``mappedFileSizeConsumeQueue``: 300,000 units.
+DEFAULT_FILE_SIZE = 300_000 * UNIT_SIZE
+#: What RocketMQ writes in front of the first unit of a queue that does not start at a file boundary.
+FILLER_SIZE = 0x7FFFFFFF
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+#: RocketMQ's default ``messageDelayLevel``.
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_NAME = re.compile(r"^[0-9]{20}$")
+
+
+class Unit(NamedTuple):
+    """One consume-queue unit."""
+
+    physical_offset: int
+    size: int
+    tags_code: int
+
+    @property
+    def is_filler(self) -> bool:
+        return self.size == FILLER_SIZE and self.physical_offset == 0
+
+
+FILLER = Unit(0, FILLER_SIZE, 0)
+
+
+# -- what a record's unit is ------------------------------------------------------------------------------
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode()``: ``s[0]*31^(n-1) + ... + s[n-1]`` over UTF-16 code units, as an int32."""
+    h = 0
+    data = text.encode("utf-16-be", errors="surrogatepass")
+    for i in range(0, len(data), 2):
+        h = (31 * h + (data[i] << 8 | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def tag_hash(tags: str | None) -> int:
+    """``tagsCode`` of a message outside the schedule topic: hashCode of TAGS, 0 when absent or empty."""
+    return java_string_hash(tags) if tags else 0
+
+
+def parse_delay_levels(text: str = DEFAULT_DELAY_LEVELS) -> tuple[int, ...]:
+    """Delay levels in ms from RocketMQ's ``messageDelayLevel`` syntax (``1s 5s ... 2h``); level 1 is first."""
+    levels = []
+    for word in text.split():
+        match = re.fullmatch(r"([0-9]+)([smhd])", word)
+        if not match:
+            raise ValueError(f"messageDelayLevel: bad level {word!r} (expected e.g. 5s, 1m, 2h)")
+        levels.append(int(match.group(1)) * _UNIT_MS[match.group(2)])
+    if not levels:
+        raise ValueError("messageDelayLevel: no levels")
+    return tuple(levels)
+
+
+DELAY_LEVELS_MS = parse_delay_levels()
+
+
+def deliver_timestamp(level: int, store_timestamp: int, levels: tuple[int, ...] = DELAY_LEVELS_MS) -> int:
+    """When a message of delay ``level`` stored at ``store_timestamp`` is due (levels above the last are the last)."""
+    return store_timestamp + levels[min(level, len(levels)) - 1]
+
+
+def tags_code(record: MessageRecord, levels: tuple[int, ...] = DELAY_LEVELS_MS) -> int:
+    """The unit's third field for ``record``: its delivery time in the schedule topic, else its tag hash."""
+    props = record.property_map
+    code = tag_hash(props.get(PROPERTY_TAGS))
+    if record.topic == SCHEDULE_TOPIC and PROPERTY_DELAY_TIME_LEVEL in props:
+        try:
+            level = int(props[PROPERTY_DELAY_TIME_LEVEL])
+        except ValueError:
+            level = 0
+        if level > 0:
+            code = deliver_timestamp(level, record.store_timestamp, levels)
+    return code
+
+
+def is_dispatched(record: MessageRecord) -> bool:
+    """Whether a record gets a consume-queue unit: not for prepared or rolled-back transaction messages."""
+    return record.transaction_type in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
+
+
+def unit_for(record: MessageRecord, levels: tuple[int, ...] = DELAY_LEVELS_MS) -> Unit:
+    """The unit that indexes ``record`` in the queue (``record.topic``, ``record.queue_id``)."""
+    return Unit(record.physical_offset, record.size, tags_code(record, levels))
+
+
+def check_unit(unit: Unit, record: MessageRecord, levels: tuple[int, ...] = DELAY_LEVELS_MS) -> list[str]:
+    """What is wrong with ``unit`` as the index of ``record`` (empty: nothing)."""
+    expected = unit_for(record, levels)
+    return [f"{name} {got} != {want}" for name, got, want in zip(Unit._fields, unit, expected, strict=True)
+            if got != want]
+
+
+# -- bytes and files --------------------------------------------------------------------------------------
+
+def encode_unit(unit: Unit) -> bytes:
+    try:
+        return UNIT.pack(*unit)
+    except struct.error:
+        raise CodecError(f"consume-queue unit {tuple(unit)} does not fit int64/int32/int64") from None
+
+
+def decode_unit(buf: bytes | bytearray | memoryview, offset: int = 0) -> Unit:
+    if len(buf) - offset < UNIT_SIZE:
+        raise TruncatedRecordError(f"need {UNIT_SIZE} bytes for a consume-queue unit", offset)
+    return Unit(*UNIT.unpack_from(buf, offset))
+
+
+def decode_units(buf: bytes | bytearray | memoryview) -> list[Unit]:
+    """The written units of one file's bytes: up to the first never-written unit (size 0) or the end.
+
+    A unit with a negative offset or size is corruption, not an end.
+    """
+    units = []
+    for pos in range(0, len(buf) - len(buf) % UNIT_SIZE, UNIT_SIZE):
+        unit = decode_unit(buf, pos)
+        if unit.size == 0:
+            break
+        if unit.physical_offset < 0 or unit.size < 0:
+            raise CorruptRecordError(f"consume-queue unit {tuple(unit)} has a negative field", pos)
+        units.append(unit)
+    return units
+
+
+def file_size_for(requested: int) -> int:
+    """RocketMQ's rule: ``mappedFileSizeConsumeQueue`` rounded up to whole units."""
+    if requested < UNIT_SIZE:
+        raise ValueError(f"mappedFileSizeConsumeQueue {requested} is smaller than one unit ({UNIT_SIZE})")
+    return -(-requested // UNIT_SIZE) * UNIT_SIZE
+
+
+def file_name(start: int) -> str:
+    """The 20-digit file name for a file whose first unit is at byte offset ``start``."""
+    return f"{start:020d}"
+
+
+def locate_unit(queue_offset: int, file_size: int) -> tuple[int, int]:
+    """``(file start, byte position in that file)`` of the unit at ``queue_offset``."""
+    if queue_offset < 0:
+        raise ValueError(f"negative queue offset {queue_offset}")
+    byte = queue_offset * UNIT_SIZE
+    return byte - byte % file_size, byte % file_size
+
+
+def queue_dir(root: str | Path, topic: str, queue_id: int) -> Path:
+    """``<root>/consumequeue/<topic>/<queueId>``."""
+    if not topic or "/" in topic or topic in (".", ".."):
+        raise ValueError(f"topic {topic!r} cannot name a directory")
+    return Path(root) / "consumequeue" / topic / str(queue_id)
+
+
+class Placement(Enum):
+    """How a unit for queue offset ``q`` relates to a queue whose next offset is ``next``."""
+
+    APPEND = "append"  # q == next (or the queue is empty): write it
+    REPEAT = "repeat"  # q < next: dispatched before (a replay after restart); must match what is stored
+    GAP = "gap"  # q > next: units in between are missing
+
+
+def place(next_offset: int, queue_offset: int, empty: bool) -> Placement:
+    """Where a unit goes; an empty queue may start anywhere (its earlier units were never kept here)."""
+    if empty or queue_offset == next_offset:
+        return Placement.APPEND
+    return Placement.REPEAT if queue_offset < next_offset else Placement.GAP
+
+
+class ConsumeQueue:
+    """One consume queue over its files: append in order, read, truncate, rebuild.
+
+    Blocking file I/O, run inline: the dispatcher that will drive it from
+    dledger's commit feed hands the calls to a ``dledger.diskio.BlockingIO``.
+    Appends are written to the page cache; :meth:`flush` makes them durable.
+    """
+
+    def __init__(self, root: str | Path, topic: str, queue_id: int, *, file_size: int = DEFAULT_FILE_SIZE):
+        self.topic = topic
+        self.queue_id = queue_id
+        self.file_size = file_size_for(file_size)
+        if self.file_size != file_size:
+            raise ValueError(f"consume-queue file size {file_size} is not a multiple of {UNIT_SIZE}")
+        self.dir = queue_dir(root, topic, queue_id)
+        self._files: list[int] = []  # starts (byte offsets), ascending, contiguous
+        self._min = 0  # first queue offset that holds a real unit
+        self._next = 0  # the queue offset the next unit gets
+        self._max_physical = 0  # end of the last unit's record in the CommitLog
+        self._dirty: set[int] = set()
+        self._load()
+
+    # -- state ----------------------------------------------------------------
+
+    @property
+    def min_offset(self) -> int:
+        return self._min
+
+    @property
+    def max_offset(self) -> int:
+        """The next queue offset (RocketMQ's ``getMaxOffsetInQueue``); equals min_offset when empty."""
+        return self._next
+
+    @property
+    def max_physical_offset(self) -> int:
+        """Where the last indexed record ends in the CommitLog (0 when empty)."""
+        return self._max_physical
+
+    @property
+    def empty(self) -> bool:
+        return self._next == self._min
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.dir / file_name(s) for s in self._files]
+
+    def _load(self) -> None:
+        if not self.dir.is_dir():
+            return
+        starts = []
+        for name in os.listdir(self.dir):
+            if name.endswith(".tmp"):
+                continue
+            if not _NAME.match(name) or int(name) % self.file_size:
+                raise StoreLayoutError(f"{self.dir / name}: not a consume-queue file name for file size "
+                                       f"{self.file_size}")
+            starts.append(int(name))
+        starts.sort()
+        for a, b in zip(starts, starts[1:]):
+            if b != a + self.file_size:
+                raise StoreLayoutError(f"{self.dir}: files {file_name(a)} and {file_name(b)} are not contiguous")
+        self._files = starts
+        if not starts:
+            return
+        first = starts[0] // UNIT_SIZE
+        self._min = self._next = first
+        for i, start in enumerate(starts):
+            units = decode_units((self.dir / file_name(start)).read_bytes())
+            for unit in units:
+                if unit.is_filler and self._next == self._min:
+                    self._min += 1
+                elif unit.is_filler:
+                    raise CorruptRecordError(f"{self.dir / file_name(start)}: filler unit after real units")
+                else:
+                    self._max_physical = unit.physical_offset + unit.size
+                self._next += 1
+            if len(units) < self.file_size // UNIT_SIZE and i != len(starts) - 1:
+                raise StoreLayoutError(f"{self.dir / file_name(start)}: a file in the middle of the queue "
+                                       f"is not full")
+
+    # -- reading --------------------------------------------------------------
+
+    def get(self, queue_offset: int) -> Unit | None:
+        """The unit at ``queue_offset``, None outside [min_offset, max_offset)."""
+        if not self._min <= queue_offset < self._next:
+            return None
+        found = self.read(queue_offset, 1)
+        return found[0][1] if found else None
+
+    def read(self, queue_offset: int, max_count: int) -> list[tuple[int, Unit]]:
+        """Up to ``max_count`` ``(queue offset, unit)`` from ``queue_offset`` (or min_offset, if above) on."""
+        out: list[tuple[int, Unit]] = []
+        q = max(queue_offset, self._min)
+        while q < self._next and len(out) < max_count:
+            start, pos = locate_unit(q, self.file_size)
+            n = min(max_count - len(out), self._next - q, (self.file_size - pos) // UNIT_SIZE)
+            with open(self.dir / file_name(start), "rb") as fh:
+                fh.seek(pos)
+                data = fh.read(n * UNIT_SIZE)
+            for i in range(len(data) // UNIT_SIZE):
+                out.append((q + i, decode_unit(data, i * UNIT_SIZE)))
+            if len(data) < n * UNIT_SIZE:
+                raise TruncatedRecordError(f"{self.dir / file_name(start)}: short read at queue offset {q}")
+            q += n
+        return out
+
+    # -- writing --------------------------------------------------------------
+
+    def append(self, queue_offset: int, unit: Unit) -> bool:
+        """Store ``unit`` at ``queue_offset``; False if exactly that unit is already there (a replay).
+
+        A different unit at a stored offset, or an offset past the next one,
+        is a CodecError: the dispatcher fed this queue out of order.
+        """
+        if unit.size <= 0 or unit.physical_offset < 0:
+            raise CodecError(f"{self.topic}/{self.queue_id}: invalid unit {tuple(unit)}")
+        how = place(self._next, queue_offset, self.empty)
+        if how is Placement.REPEAT:
+            stored = self.get(queue_offset)
+            if stored is None and queue_offset < self._min:
+                return False  # before the retained range: already consumed into deleted files
+            if stored != unit:
+                raise CodecError(f"{self.topic}/{self.queue_id}: queue offset {queue_offset} holds "
+                                 f"{tuple(stored) if stored else None}, not {tuple(unit)}")
+            return False
+        if how is Placement.GAP:
+            raise CodecError(f"{self.topic}/{self.queue_id}: unit for queue offset {queue_offset} but the "
+                             f"queue ends at {self._next} (units missing)")
+        if unit.physical_offset < self._max_physical:
+            raise CodecError(f"{self.topic}/{self.queue_id}: physical offset {unit.physical_offset} is below "
+                             f"the queue's last record end {self._max_physical}")
+        if self.empty and queue_offset != self._next:
+            self._start_at(queue_offset)
+        self._write(queue_offset, encode_unit(unit))
+        self._next = queue_offset + 1
+        self._max_physical = unit.physical_offset + unit.size
+        return True
+
+    def _start_at(self, queue_offset: int) -> None:
+        """An empty queue that starts at ``queue_offset``: drop its files, fill the first file's head."""
+        for path in self.files:
+            remove_file(path)
+        self._files = []
+        start, pos = locate_unit(queue_offset, self.file_size)
+        self._min = self._next = start // UNIT_SIZE
+        if pos:
+            self._write(self._next, encode_unit(FILLER) * (pos // UNIT_SIZE))
+        self._min = self._next = queue_offset
+
+    def _write(self, queue_offset: int, data: bytes) -> None:
+        start, pos = locate_unit(queue_offset, self.file_size)
+        if start not in self._files:
+            if self._files and start != self._files[-1] + self.file_size:
+                raise CodecError(f"{self.topic}/{self.queue_id}: file {file_name(start)} would leave a hole")
+            self.dir.mkdir(parents=True, exist_ok=True)
+            create_sized_file(self.dir / file_name(start), self.file_size)
+            self._files.append(start)
+        fd = os.open(self.dir / file_name(start), os.O_WRONLY)
+        try:
+            write_at(fd, data, pos)
+        finally:
+            os.close(fd)
+        self._dirty.add(start)
+
+    def flush(self) -> None:
+        """Make the appended units and new files durable."""
+        for start in sorted(self._dirty):
+            path = self.dir / file_name(start)
+            if not path.exists():
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                fsync_fd(fd)
+            finally:
+                os.close(fd)
+        if self._dirty and self.dir.is_dir():
+            fsync_dir(self.dir)
+        self._dirty.clear()
+
+    def truncate_physical(self, end: int) -> int:
+        """Drop the units whose record does not lie wholly below ``end`` (the log's committed end).
+
+        Units are in physical order, so they are dropped from the tail:
+        their bytes are zeroed and files that become empty are deleted.
+        Returns how many units were dropped.
+        """
+        keep = self._next
+        while keep > self._min:
+            unit = self.get(keep - 1)
+            if unit.physical_offset + unit.size <= end:
+                break
+            keep -= 1
+        return self.truncate_to(keep)
+
+    def truncate_to(self, queue_offset: int) -> int:
+        """Keep the units below ``queue_offset`` only; returns how many were dropped."""
+        queue_offset = max(queue_offset, self._min)
+        dropped = max(self._next - queue_offset, 0)
+        if not dropped:
+            return 0
+        first_start, pos = locate_unit(queue_offset, self.file_size)
+        for start in [s for s in self._files if s > first_start or (s == first_start and pos == 0)]:
+            remove_file(self.dir / file_name(start))
+            self._files.remove(start)
+            self._dirty.discard(start)
+        if pos and first_start in self._files:
+            self._write(queue_offset, bytes(self.file_size - pos))
+        self._next = queue_offset
+        if not self._files:
+            self._min = self._next = 0
+        last = self.get(self._next - 1) if self._next > self._min else None
+        self._max_physical = last.physical_offset + last.size if last else 0
+        return dropped
+
+    def destroy(self) -> None:
+        """Delete every file of this queue (before a rebuild)."""
+        self.truncate_to(self._min)
+        for path in self.files:
+            remove_file(path)
+        self._files = []
+        self._min = self._next = self._max_physical = 0
+
+
+def rebuild(queue: ConsumeQueue, records: Iterable[MessageRecord],
+            levels: tuple[int, ...] = DELAY_LEVELS_MS) -> int:
+    """Rebuild ``queue`` from the CommitLog's records (all topics, in log order); returns units written."""
+    queue.destroy()
+    written = 0
+    for record in records:
+        if record.topic == queue.topic and record.queue_id == queue.queue_id and is_dispatched(record):
+            written += queue.append(record.queue_offset, unit_for(record, levels))
+    return written
+
+
+class ConsumeQueues:
+    """Every consume queue of a store root (``<root>/consumequeue``): routing, the topic-queue table, recovery.
+
+    The dispatcher feeds it committed records in log order through
+    :meth:`dispatch`; :meth:`topic_queue_table` is RocketMQ's
+    ``topicQueueTable`` (the next queue offset of every queue), which a new
+    master rebuilds from here before it assigns queue offsets.
+    """
+
+    def __init__(self, root: str | Path, *, file_size: int = DEFAULT_FILE_SIZE,
+                 levels: tuple[int, ...] = DELAY_LEVELS_MS):
+        self.root = Path(root)
+        self.file_size = file_size
+        self.levels = levels
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        base = self.root / "consumequeue"
+        if base.is_dir():
+            for topic in sorted(os.listdir(base)):
+                if not (base / topic).is_dir():
+                    continue
+                for qid in sorted(os.listdir(base / topic)):
+                    if not re.fullmatch(r"-?[0-9]+", qid) or not (base / topic / qid).is_dir():
+                        raise StoreLayoutError(f"{base / topic / qid}: not a queue id")
+                    self.queue(topic, int(qid))
+
+    def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """The queue (topic, queue_id), opened or created on first use."""
+        key = (topic, queue_id)
+        if key not in self._queues:
+            self._queues[key] = ConsumeQueue(self.root, topic, queue_id, file_size=self.file_size)
+        return self._queues[key]
+
+    def queues(self) -> list[ConsumeQueue]:
+        return [self._queues[k] for k in sorted(self._queues)]
+
+    def dispatch(self, record: MessageRecord) -> bool:
+        """Index one committed record; False if it gets no unit or had it already (a replay)."""
+        if not is_dispatched(record):
+            return False
+        return self.queue(record.topic, record.queue_id).append(record.queue_offset, unit_for(record, self.levels))
+
+    def topic_queue_table(self) -> dict[str, int]:
+        """``{"topic-queueId": next queue offset}`` for every non-empty queue, RocketMQ's key format."""
+        return {f"{q.topic}-{q.queue_id}": q.max_offset for q in self.queues() if q.max_offset > 0}
+
+    def max_physical_offset(self) -> int:
+        """The end of the last record any queue indexes: where dispatch resumes after a restart."""
+        return max((q.max_physical_offset for q in self._queues.values()), default=0)
+
+    def truncate_physical(self, end: int) -> int:
+        """Drop every unit whose record is not wholly below ``end`` (recovery after the log's end moved back)."""
+        return sum(q.truncate_physical(end) for q in self._queues.values())
+
+    def flush(self) -> None:
+        for q in self._queues.values():
+            q.flush()

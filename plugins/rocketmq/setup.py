@@ -1,0 +1,25 @@
+"""Packaging for dledger-rocketmq: the RocketMQ broker layer as a dledger plugin."""
+
+from setuptools import find_packages, setup
+
+with open("README.md", encoding="utf-8") as fh:
+    LONG_DESCRIPTION = fh.read()
+
+setup(
+    name="dledger-rocketmq",
+    version="0.1.0",
+    description="RocketMQ 4.x broker layer (CommitLog records, consume queues) on dledger, as a dledger plugin",
+    long_description=LONG_DESCRIPTION,
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["dledger_rocketmq", "dledger_rocketmq.*"]),
+    install_requires=["dledger"],
+    entry_points={
+        # The same group dledger's own stores and transports use.
+        "dledger": ["rocketmq = dledger_rocketmq.plugin"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Framework :: Twisted",
+    ],
+)

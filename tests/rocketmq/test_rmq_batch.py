@@ -1,0 +1,88 @@
+"""SEND_BATCH_MESSAGE bodies: the golden batch frame decodes, re-encodes, and becomes the stored records."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+
+import pytest
+from conftest import GOLDEN, STORE, golden_entries
+from dledger_rocketmq import batch as b
+from dledger_rocketmq import message as m
+from dledger_rocketmq.errors import CodecError, CorruptRecordError, RecordTooLargeError, TruncatedRecordError
+from hypothesis import given
+from hypothesis import strategies as st
+
+
+def golden_batch_frame() -> tuple[dict, bytes]:
+    """Header and body of the recorded SEND_BATCH_MESSAGE (320) request."""
+    frame = (GOLDEN / "frames" / "320-send-batch-message-request.bin").read_bytes()
+    total, word = struct.unpack_from(">ii", frame)
+    header_len = word & 0xFFFFFF
+    assert total == len(frame) - 4 and word >> 24 == 0
+    return json.loads(frame[8:8 + header_len]), frame[8 + header_len:]
+
+
+HEADER, BODY = golden_batch_frame()
+STORED = [e for e in golden_entries(STORE / "dledger-n1" / "data") if e.index in (5, 6, 7)]
+
+
+def test_golden_batch_body_decodes_and_re_encodes():
+    """The recorded batch body holds 3 messages (magic and CRC 0) and re-encodes to the same 471 bytes."""
+    items = b.decode_batch(BODY)
+    assert [i.body for i in items] == [b"golden batch message %d" % i for i in range(3)]
+    assert all(i.flag == 0 for i in items)
+    assert m.parse_properties(items[1].properties)["KEYS"] == "key-batch-1"
+    assert b.encode_batch(items) == BODY and len(BODY) == 471
+
+
+def test_golden_batch_becomes_the_stored_records():
+    """Each batch message is stored with its own property string, consecutive queue offsets, the batch's fields."""
+    items = b.decode_batch(BODY)
+    stored = [m.decode_record(e.body) for e in STORED]
+    assert HEADER["extFields"]["b"] == stored[0].topic and int(HEADER["extFields"]["e"]) == stored[0].queue_id
+    records = b.batch_records(items, dataclasses.replace(stored[0], physical_offset=0))
+    assert [r.queue_offset for r in records] == [1, 2, 3]
+    for record, entry, original in zip(records, STORED, stored, strict=True):
+        placed = dataclasses.replace(record, physical_offset=entry.pos + 48,
+                                     store_timestamp=original.store_timestamp)
+        assert m.encode_record(placed) == entry.body
+
+
+@pytest.mark.parametrize("data, error, kind", [
+    (b"\0" * 10, "needs 22 bytes, 10 left", TruncatedRecordError),
+    (struct.pack(">iiiii", 10, 0, 0, 0, 0) + b"\0\0", "TOTALSIZE 10 / BODYLEN 0 inconsistent", CorruptRecordError),
+    (struct.pack(">iiiii", 30, 0, 0, 0, 5) + b"hello\0\0", "30 bytes, 27 left", TruncatedRecordError),
+    (struct.pack(">iiiii", 27, 0, 0, 0, -1) + b"\0" * 7, "BODYLEN -1", CorruptRecordError),
+])
+def test_decode_batch_rejects_malformed_bodies(data, error, kind):
+    """A malformed batch body is a one-line CodecError with its offset, never a partial list."""
+    with pytest.raises(kind, match=error):
+        b.decode_batch(data)
+
+
+def test_decode_batch_property_length_mismatch():
+    """PROPERTIESLEN that disagrees with TOTALSIZE is corruption."""
+    data = struct.pack(">iiiii", 29, 0, 0, 0, 5) + b"hello" + struct.pack(">h", 3) + b"ab"
+    with pytest.raises(CorruptRecordError, match="add up to 30, TOTALSIZE says 29"):
+        b.decode_batch(data)
+
+
+def test_batch_limits():
+    """Too many messages or over-long properties are refused."""
+    one = b.encode_batch([b.BatchItem(b"x")])
+    with pytest.raises(RecordTooLargeError, match="more than 2 messages"):
+        b.decode_batch(one * 3, max_items=2)
+    with pytest.raises(RecordTooLargeError, match="exceed 32767"):
+        b.encode_batch([b.BatchItem(b"", b"p" * 32768)])
+    with pytest.raises(CodecError, match="does not fit an int32"):
+        b.encode_batch([b.BatchItem(b"", b"", 2**31)])
+    assert b.decode_batch(b"") == []
+
+
+@given(st.lists(st.builds(b.BatchItem, st.binary(max_size=50), st.binary(max_size=50),
+                          st.integers(-(2**31), 2**31 - 1)), max_size=10))
+def test_batch_round_trip(items):
+    """Any list of batch messages decodes back to itself."""
+    assert b.decode_batch(b.encode_batch(items)) == items
