@@ -203,7 +203,8 @@ def _verify_mmap(reader: MmapReader, report: Report) -> None:
     else:
         damage = find_damage(data, problem=result.problem, problem_pos=result.problem_pos,
                              next_index=result.last_index + 1, end=result.last_index, write_pos=result.write_pos,
-                             committed=committed, accept_zero_crc=reader.accept_zero_crc)
+                             committed=committed, accept_zero_crc=reader.accept_zero_crc,
+                             stop_pos=result.stop_pos)
     if damage is not None:
         line = damage_line(data.directory, damage, committed, judge(damage, committed, False))
         report.problems.insert(0, line)

@@ -28,12 +28,21 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from dledger import diskio
-from dledger.entry import HEADER_SIZE, INDEX_UNIT_SIZE, VALID_MAGICS, CodecError, Entry, decode_entry
+from dledger.entry import (
+    BLANK_MAGIC,
+    HEADER_SIZE,
+    INDEX_UNIT_SIZE,
+    VALID_MAGICS,
+    CodecError,
+    Entry,
+    decode_entry,
+    peek,
+)
 from dledger.errors import DamagedStoreError, StoreError
 from dledger.store.base import committed_after_recovery
 from dledger.store.checkpoint import Checkpoint
 from dledger.store.indexlog import IndexLog
-from dledger.store.mappedfiles import MappedFile, MappedFileList
+from dledger.store.mappedfiles import MappedFile, MappedFileList, file_name
 from dledger.store.scan import decode_at, first_entry, has_java_zero_crc, scan_forward, where, zero_after
 
 
@@ -136,6 +145,11 @@ def recover(data: MappedFileList, index: MappedFileList, checkpoint: Checkpoint 
         elif not _spot_check(data, ilog, first.index, anchor.index, accept_zero_crc):
             rec.notes.append("index spot check failed")
             anchor = None
+        else:
+            trouble = _check_file_edges(data, ilog, first, anchor, accept_zero_crc)
+            if trouble:
+                rec.notes.append(trouble)
+                anchor = None
     if anchor is None:
         anchor, rec.full_scan = first, True
     rec.anchor = anchor.index
@@ -154,7 +168,8 @@ def recover(data: MappedFileList, index: MappedFileList, checkpoint: Checkpoint 
     empty = result.count == 0 and anchor is first
     damage = find_damage(data, problem=result.problem, problem_pos=result.problem_pos,
                          next_index=result.last_index + 1, end=-1 if empty else result.last_index,
-                         write_pos=result.write_pos, committed=committed, accept_zero_crc=accept_zero_crc)
+                         write_pos=result.write_pos, committed=committed, accept_zero_crc=accept_zero_crc,
+                         stop_pos=result.stop_pos)
     _judge(rec, data, damage, committed, truncate_damaged)
     if empty:
         rec.begin = rec.begin_pos = -1
@@ -250,15 +265,26 @@ def damage_line(directory, damage: Damage, committed: int, verdict: Verdict) -> 
 
 
 def find_damage(data: MappedFileList, *, problem: str | None, problem_pos: int | None, next_index: int | None,
-                end: int, write_pos: int, committed: int, accept_zero_crc: bool) -> Damage | None:
+                end: int, write_pos: int, committed: int, accept_zero_crc: bool,
+                stop_pos: int | None = None) -> Damage | None:
     """The first damage: what the walk stopped at, else a missing or truncated data file, else a log that
     ends below the committed index; with a verified entry after it, if there is one.
+
+    ``stop_pos`` is where the walk stopped (a zero header, or the end of the
+    files): bytes found after it are reported there, in the file that ends
+    the log, since that is where the damage is (a zeroed file, a hole).
     """
+    stop_pos = write_pos if stop_pos is None else stop_pos
     search_from = None
     if problem is not None:
         pos, what, index = problem_pos, problem, next_index
-        # An entry the walk refused sits at write_pos; junk found beyond the end may itself be a good entry.
-        search_from = pos + 1 if pos <= write_pos else pos
+        if pos > stop_pos:
+            # Non-zero bytes after the end: the walk stopped too early, where the damage is; the bytes
+            # found may themselves be a good entry.
+            pos, search_from = stop_pos, stop_pos
+            what = f"the log stops at a zero header but {problem}"
+        else:
+            search_from = pos + 1  # the entry the walk refused
     elif data.stragglers:
         pos, index = data.end, next_index
         what = (f"data file {data.missing_after()} is missing ({data.files[-1].path.name} is followed by "
@@ -267,10 +293,8 @@ def find_damage(data: MappedFileList, *, problem: str | None, problem_pos: int |
         f = data.truncated[0]
         pos, what, index = f.start + f.length, "", next_index
     elif end < committed:
-        pos, index = write_pos, end + 1
-        what = (f"the log ends at entry {end} but the checkpoint says entries up to {committed} are committed"
-                if end >= 0 else f"the data log is empty but the checkpoint says entries up to {committed} "
-                f"are committed")
+        pos, index = stop_pos, end + 1
+        what = f"the log ends at entry {end}" if end >= 0 else "the data log is empty"
         index = end + 1 if end >= 0 else None
     else:
         return None
@@ -285,7 +309,10 @@ def find_damage(data: MappedFileList, *, problem: str | None, problem_pos: int |
         followed_by = f"entry {follower.index} at {where(data, follower.pos)}"
     elif data.stragglers:
         followed_by = _verified_in_stragglers(data, accept_zero_crc)
-    return Damage(pos, where(data, pos), what, index, followed_by)
+    at = where(data, pos)
+    if data.file_for(pos) is None:
+        at = f"pos {pos} (file {file_name(pos - pos % data.file_size)} offset {pos % data.file_size}, missing)"
+    return Damage(pos, at, what, index, followed_by)
 
 
 _MAGIC_BYTES = tuple(m.to_bytes(4, "big") for m in sorted(VALID_MAGICS))
@@ -382,6 +409,33 @@ def _spot_check(data: MappedFileList, ilog: IndexLog, begin: int, upto: int, acc
             if verified_entry(data, ilog, i, accept_zero_crc, verify_crc=False) is None:
                 return False
     return True
+
+
+def _check_file_edges(data: MappedFileList, ilog: IndexLog, first: Entry, anchor: Entry,
+                      accept_zero_crc: bool) -> str | None:
+    """Why the data files before the anchor cannot be trusted without a walk, or None.
+
+    Each data file after the first must start with an entry (or be one blank
+    marker), and the entry before it -- the last of the previous file -- must
+    be where its index record says: a zeroed, truncated or replaced file is
+    found here with two header reads per file, and then the full walk judges it.
+    """
+    for f in data.files:
+        if f.truncated and f.start <= anchor.pos:
+            return f"data file {f.path.name} is truncated: {f.length} of {f.size} bytes"
+    files = [f for f in data.files if first.pos < f.start <= anchor.pos]
+    for f in files:
+        magic, size = peek(f.mm, 0)
+        if magic == BLANK_MAGIC and size == f.size:
+            continue
+        try:
+            e = decode_at(data, f.start, accept_zero_crc=accept_zero_crc, verify_crc=False)
+        except CodecError as exc:
+            return f"data file {f.path.name} does not start with an entry ({exc})"
+        if e.index - 1 >= first.index and verified_entry(data, ilog, e.index - 1, accept_zero_crc,
+                                                         verify_crc=False) is None:
+            return f"entry {e.index - 1} before data file {f.path.name} is not where its index record says"
+    return None
 
 
 def verified_entry(data: MappedFileList, ilog: IndexLog, i: int, accept_zero_crc: bool,
