@@ -5,7 +5,14 @@ What a crash (or a power cut) can leave behind, and how it is handled:
 * a torn last entry, zero pages in the middle of unflushed data, a blank
   marker without the entry that should follow it, a new file with nothing
   in it: the forward walk stops at the first entry that does not verify,
-  and everything after it is zeroed or removed, so it cannot come back;
+  and everything after it is zeroed or removed, so it cannot come back --
+  but only when that is a *tail* (:func:`judge`): nothing after it verifies
+  and it is above the checkpoint's committed index.  Damage that is not a
+  tail (bad media, a zeroed, truncated or missing data file with good files
+  after it, committed entries gone) raises :class:`DamagedStoreError`
+  before anything is changed, unless the operator asked for the cut
+  (``truncate_damaged``): a member must not silently lose entries it may
+  have acknowledged;
 * index records that are stale beyond the data, torn, missing or whose
   files were deleted: records are checked against the entries they point
   to and rewritten from the data;
