@@ -284,3 +284,32 @@ def test_member_cut_by_truncate_damaged_refetches_from_the_leader(tmp_path):
     assert [store.get(i) for i in range(end + 1)] == [lead.get(i) for i in range(end + 1)]
     cluster.stop()
     cluster.run(1)
+
+
+# -- the same rule on LMDB ---------------------------------------------------------------------------
+def test_lmdb_refuses_to_start_below_its_committed_index(tmp_path):
+    """LMDB never cuts, but a last key below the recorded committed index is refused too (unless asked)."""
+    pytest.importorskip("lmdb")
+    from dledger.store.lmdbstore import LmdbLogStore, key
+
+    def open_lmdb(**kw):
+        store = LmdbLogStore(tmp_path / "lmdb", state, data_file_size=1024, max_entry_size=1016,
+                             map_size=1 << 20, **kw)
+        store.startup()
+        return store
+
+    state = FakeMemberState()
+    store = open_lmdb()
+    for i in range(5):
+        store.append_as_leader(Entry(body=bytes([i]) * 10, term=state.curr_term))
+    store.update_committed_index(state.curr_term, 4)
+    fired(store.flush())
+    with store._shared.env.begin(write=True) as txn:  # damage: the last two entries vanish
+        txn.delete(key(3), db=store._shared.entries)
+        txn.delete(key(4), db=store._shared.entries)
+    fired(store.shutdown())
+    with pytest.raises(DamagedStoreError, match="last entry is 2 but the metadata says entries up to 4"):
+        open_lmdb()
+    again = open_lmdb(truncate_damaged=True)
+    assert (again.ledger_end_index, again.committed_index) == (2, 2)
+    fired(again.shutdown())
