@@ -313,3 +313,22 @@ def test_lmdb_refuses_to_start_below_its_committed_index(tmp_path):
     again = open_lmdb(truncate_damaged=True)
     assert (again.ledger_end_index, again.committed_index) == (2, 2)
     fired(again.shutdown())
+
+
+def test_index_record_contradicting_an_entry_is_not_a_reason_to_drop_the_entries_after_it(pristine, tmp_path):
+    """An index record whose term contradicts its entry's header stops the walk; the verified rest is kept (refused)."""
+    root, entries = pristine
+    member_dir = tmp_path / "dledger-n0"
+    shutil.copytree(root, member_dir)
+    (member_dir / "checkpoint").unlink()  # a full walk, which compares every record with its entry
+    (member_dir / "checkpoint.bak").unlink(missing_ok=True)
+    with open(member_dir / "index" / f"{0:020d}", "r+b") as fh:
+        fh.seek(10 * 32 + 24)
+        fh.write((entries[10].term + 7).to_bytes(8, "big"))
+    before = data_snapshot(member_dir)
+    with pytest.raises(DamagedStoreError, match=r"entry 10 .* its index record says term .*entry 11 at"):
+        open_store(member_dir)
+    assert data_snapshot(member_dir) == before
+    store = open_store(member_dir, truncate_damaged=True)
+    assert store.ledger_end_index == 9
+    fired(store.shutdown())
