@@ -332,3 +332,22 @@ def test_index_record_contradicting_an_entry_is_not_a_reason_to_drop_the_entries
     store = open_store(member_dir, truncate_damaged=True)
     assert store.ledger_end_index == 9
     fired(store.shutdown())
+
+
+def test_truncate_damaged_cuts_at_damage_before_the_checkpoint(pristine, tmp_path):
+    """With --truncate-damaged the cut is at the first damage, also one the checkpoint anchor would skip."""
+    root, entries = pristine
+    member_dir = tmp_path / "dledger-n0"
+    shutil.copytree(root, member_dir)
+    victim = entries[9]
+    path = member_dir / "data" / f"{victim.pos - victim.pos % DATA:020d}"
+    raw = bytearray(path.read_bytes())
+    raw[victim.pos % DATA + 60] ^= 0x01  # a body byte: bad media, before the checkpoint's end
+    path.write_bytes(bytes(raw))
+    store = open_store(member_dir)  # the default start trusts what the checkpoint says was durable
+    assert store.ledger_end_index == N - 1
+    store.abandon()
+    assert "entry 9 at" in offline.verify_mmap(member_dir).problems[0]
+    store = open_store(member_dir, truncate_damaged=True)
+    assert store.ledger_end_index == 8 and store.committed_index == 8
+    fired(store.shutdown())

@@ -111,8 +111,11 @@ def recover(data: MappedFileList, index: MappedFileList, checkpoint: Checkpoint 
 
     Raises :class:`DamagedStoreError` (before any data byte is changed) when
     :func:`judge` says the damage found may not be cut; ``truncate_damaged``
-    is the operator's explicit permission to cut there anyway.
+    is the operator's explicit permission to cut there anyway, and makes the
+    walk start at the first entry (the cut must be at the *first* damage,
+    also one before the checkpoint, as ``dledger store verify`` reports it).
     """
+    full = full or truncate_damaged
     rec = Recovered()
     ilog = IndexLog(index)
     committed = checkpoint.committed_index if checkpoint is not None else -1
