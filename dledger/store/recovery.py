@@ -292,7 +292,8 @@ def find_damage(data: MappedFileList, *, problem: str | None, problem_pos: int |
             # Non-zero bytes after the end: the walk stopped too early, where the damage is; the bytes
             # found may themselves be a good entry.
             pos, search_from = stop_pos, stop_pos
-            what = f"the log stops at a zero header but {problem}"
+            what = (f"zero bytes where entry {next_index} should start, but non-zero bytes follow at "
+                    f"{where(data, problem_pos)}" if next_index is not None else problem)
         else:
             search_from = pos + 1  # the entry the walk refused
     elif data.stragglers:
