@@ -80,8 +80,16 @@ class Report:
 
 
 def _file_size(directory: Path) -> int | None:
-    sizes = {p.stat().st_size for p in directory.iterdir() if not p.name.endswith(".tmp")} \
-        if directory.is_dir() else set()
+    """The file size the store was written with: the step between file names, else the largest file.
+
+    (The step, because one truncated file must not pass for the size: recovery reports it as truncated.)
+    """
+    files = [p for p in directory.iterdir() if not p.name.endswith(".tmp")] if directory.is_dir() else []
+    sizes = {p.stat().st_size for p in files}
+    starts = sorted(int(p.name) for p in files if p.name.isdigit())
+    steps = {b - a for a, b in zip(starts, starts[1:], strict=False)}
+    if steps and min(steps) >= max(sizes):
+        return min(steps)
     return max(sizes) if sizes else None
 
 
