@@ -126,6 +126,7 @@ class DLedgerConfig:
     disk_full_ratio: float = 0.90
     accept_java_zero_crc: bool = False  # dledger: read Java-written entries whose bodyCrc is 0
     lmdb_map_size: int = 1 * GiB  # dledger: initial LMDB map size; grows on demand
+    truncate_damaged: bool = False  # dledger: let mmap recovery cut the log at damage it would refuse to cut
     # transport
     transport_type: str = "tcp"  # dledger: plugin name (tcp, inprocess, ...)
     listen: str = ""  # dledger: endpoint string; default tcp:<port of selfId>

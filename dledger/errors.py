@@ -30,6 +30,22 @@ class StoreError(Exception):
     """A store cannot be opened or used (bad layout, unreadable files)."""
 
 
+class DamagedStoreError(StoreError):
+    """Start-up found damage that recovery may not cut on its own; ``str()`` is the one line an operator reads.
+
+    Raised (instead of deleting anything) when the damage lies at or below the
+    checkpoint's committed index or verified entries follow it: cutting there
+    would drop entries this member may have acknowledged.  The line names the
+    file, the byte offset and the entry index where known, and the way out
+    (restore the files, or ``--truncate-damaged``).  ``finding`` is the
+    :class:`dledger.store.recovery.Damage` it was raised for.
+    """
+
+    def __init__(self, line: str, finding=None):
+        super().__init__(line)
+        self.finding = finding
+
+
 class BatchAppendError(DLedgerError):
     """A batch append stopped at one entry: ``stored`` were appended before it, nothing after.
 

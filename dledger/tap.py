@@ -56,6 +56,12 @@ class Options(usage.Options):
         ["metrics", None, None, "serve Prometheus metrics on this server endpoint, e.g. tcp:9108:interface=127.0.0.1"],
     ]
 
+    optFlags = [
+        ["truncate-damaged", None, "mmap store: let start-up recovery cut the log at damage it would otherwise "
+                                   "refuse to cut (committed or verified entries after it are dropped and "
+                                   "re-fetched from the leader); config option truncateDamaged"],
+    ]
+
     def __init__(self) -> None:
         super().__init__()
         self["plugin_opts"] = {}
@@ -98,6 +104,8 @@ _OPTION_TO_CONFIG = {
 def build_config(options: Options) -> DLedgerConfig:
     """The member's config: preset, then the file, then the command line; plugins and extras checked."""
     overrides = {name: options[opt] for opt, name in _OPTION_TO_CONFIG.items() if options[opt] is not None}
+    if options["truncate-damaged"]:
+        overrides["truncate_damaged"] = True
     config = make_config(preset=options["preset"] or "default", file=options["config"], **overrides)
     extras = dict(config.extras)
     extras.update(options["plugin_opts"])

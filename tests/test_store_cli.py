@@ -87,7 +87,8 @@ def test_verify_reports_first_problem_with_offset(capsys, mmap_store):
     before = digests(mmap_store)
     code, out, _ = run(capsys, "store", "verify", str(member))
     assert code == 1
-    assert "status:    CORRUPT: entry 17" in out and "crc32c mismatch" in out
+    assert "status:    CORRUPT: damaged store" in out and "entry 17 at" in out and "crc32c mismatch" in out
+    assert "entry 18 at" in out and "after it verifies" in out  # the same line start-up recovery refuses with
     assert f"file {path.name} offset {victim.pos % 1024}" in out
     assert "entries:   17 (begin 0, end 16" in out
     assert digests(mmap_store) == before, "verify must not repair"

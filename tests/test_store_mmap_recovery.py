@@ -6,7 +6,11 @@ disk would, reopens it and checks the three promises: the store serves a
 valid prefix of the original log, never a damaged or partial entry, and
 loses no entry whose bytes were untouched before the damage.  The expected
 end is computed from the original layout: the entry before the first entry
-(or blank marker on the way to it) with a changed byte.
+(or blank marker on the way to it) with a changed byte.  Where that prefix is
+not the whole story -- damage at or below the checkpoint's committed index,
+or untouched entries after the damage -- the default start must refuse
+(DamagedStoreError, nothing changed on disk) and only ``truncate_damaged``
+cuts there.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import pytest
 
 from dledger.codes import ResponseCode
 from dledger.entry import Entry
-from dledger.errors import DLedgerError
+from dledger.errors import DamagedStoreError, DLedgerError
 from dledger.store.mmapfile import MmapLogStore
 from dledger.testing.store_contract import FakeMemberState, fired
 
@@ -124,7 +128,8 @@ def set_checkpoint(member_dir: Path, kind: str, original: Original, flushed: int
         (member_dir / "checkpoint.bak").unlink(missing_ok=True)
         return
     end = {"newer": original.end, "exact": flushed, "older": flushed // 2}[kind]
-    ck.write_bytes(f"committedIndex={end}\nendIndex={end}\n".encode())
+    committed = min(end, flushed)  # our checkpoints never claim a commit past the flushed end
+    ck.write_bytes(f"committedIndex={committed}\nendIndex={end}\n".encode())
 
 
 def expected_end(original: Original, member_dir: Path) -> int:
@@ -152,6 +157,41 @@ def expected_end(original: Original, member_dir: Path) -> int:
         if changed(e.pos, e.pos + e.size):
             return k - 1
     return original.end
+
+
+def verified_after(original: Original, member_dir: Path, expected: int) -> bool:
+    """Whether an untouched entry follows the damage (then the damage is no tail and recovery must refuse)."""
+    now = {s: (p.read_bytes() if (p := data_file(member_dir, s)).exists() else None) for s in original.data}
+    for e in original.entries[expected + 1:]:
+        start = e.pos - e.pos % DATA
+        cur = now[start]
+        if cur is not None and cur[e.pos - start:e.pos - start + e.size] == \
+                original.data[start][e.pos - start:e.pos - start + e.size]:
+            return True
+    return False
+
+
+def snapshot(member_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(member_dir)): p.read_bytes() for p in sorted(member_dir.rglob("*")) if p.is_file()}
+
+
+def open_judged(member_dir: Path, refuse: bool, **kwargs) -> MmapLogStore:
+    """Open the store; where ``refuse`` the default start must raise DamagedStoreError and change no data
+    file, and then the operator's ``truncate_damaged`` cut is used."""
+    if not refuse:
+        return open_store(member_dir, **kwargs)
+    before = {k: v for k, v in snapshot(member_dir).items() if k.startswith("data")}
+    with pytest.raises(DamagedStoreError):
+        open_store(member_dir, **kwargs)
+    assert {k: v for k, v in snapshot(member_dir).items() if k.startswith("data")} == before
+    return open_store(member_dir, truncate_damaged=True, **kwargs)
+
+
+def committed_in(member_dir: Path) -> int:
+    ck = member_dir / "checkpoint"
+    if not ck.exists():
+        return -1
+    return int(dict(line.split("=") for line in ck.read_text().split())["committedIndex"])
 
 
 def check_prefix(store: MmapLogStore, original: Original, expected: int | None = None) -> None:
@@ -250,7 +290,8 @@ def run_cuts(original: Original, copy, positions: list[int]) -> int:
             shutil.rmtree(member_dir / "index")
         expected = expected_end(original, member_dir)
         assert expected >= original.last_before(pos)
-        store = open_store(member_dir)
+        refuse = verified_after(original, member_dir, expected) or expected < committed_in(member_dir)
+        store = open_judged(member_dir, refuse)
         check_prefix(store, original, expected)
         check_clean_tail(store, member_dir)
         if n % 10 == 0:
@@ -278,7 +319,7 @@ def test_stale_entries_after_a_hole_are_not_resurrected(original, copy):
     victim = original.entries[150]
     patch_data(member_dir, victim.pos, bytes(48))
     set_checkpoint(member_dir, "exact", original, 149)
-    store = open_store(member_dir)
+    store = open_judged(member_dir, refuse=True)
     check_prefix(store, original, 149)
     assert store.recovered.cut
     replacement = store.append_as_leader(Entry(body=bytes(len(victim.body)), term=victim.term))
@@ -305,7 +346,7 @@ def test_hole_before_checkpoint_is_never_served(original, copy):
         else:
             assert store.get(i) == original.entries[i]
     fired(store.shutdown())
-    store = open_store(member_dir, full_verify=True)
+    store = open_judged(member_dir, refuse=True, full_verify=True)
     check_prefix(store, original, 119)
     fired(store.shutdown())
 
@@ -333,7 +374,7 @@ def test_bit_flips_after_the_flushed_point(original, copy):
         set_checkpoint(member_dir, "exact", original, flushed)
         expected = expected_end(original, member_dir)
         assert expected >= flushed
-        store = open_store(member_dir)
+        store = open_judged(member_dir, verified_after(original, member_dir, expected))
         check_prefix(store, original, expected)
         fired(store.shutdown())
 
@@ -346,8 +387,9 @@ def test_bit_rot_anywhere_with_full_verify(original, copy):
         member_dir = copy()
         for _ in range(rng.randint(1, 2)):
             flip(member_dir, rng.randrange(0, total), rng.randrange(8))
-        store = open_store(member_dir, full_verify=True)
-        check_prefix(store, original, expected_end(original, member_dir))
+        expected = expected_end(original, member_dir)
+        store = open_judged(member_dir, expected < original.end, full_verify=True)
+        check_prefix(store, original, expected)
         fired(store.shutdown())
 
 
@@ -361,7 +403,10 @@ def test_bit_rot_anywhere_is_never_served(original, copy):
         for pos in flipped:
             flip(member_dir, pos, rng.randrange(8))
         damaged = {e.index for e in original.entries for p in flipped if e.pos <= p < e.pos + e.size}
-        store = open_store(member_dir)
+        try:
+            store = open_store(member_dir)
+        except DamagedStoreError:  # the flip is after the checkpoint's anchor, below its committed index
+            store = open_store(member_dir, truncate_damaged=True)
         assert store.ledger_end_index >= min([original.end, *(d - 1 for d in damaged)])
         for i in range(store.ledger_end_index + 1):
             try:
@@ -385,7 +430,11 @@ def test_bit_flips_in_index_files(original, copy):
             raw[off] ^= 1 << rng.randrange(8)
             path.write_bytes(bytes(raw))
             touched.append((int(path.name) + off) // 32)
-        store = open_store(member_dir)
+        try:
+            store = open_store(member_dir)
+        except DamagedStoreError as exc:  # a record contradicting its entry's header: which one is right?
+            assert "its index record says" in str(exc)
+            store = open_store(member_dir, truncate_damaged=True)
         assert store.ledger_end_index >= min([original.end, *(t - 1 for t in touched)])
         for i in range(store.ledger_end_index + 1):
             try:
@@ -466,7 +515,7 @@ def test_checkpoint_damage_costs_time_not_data(original, copy, kind):
         ck.write_bytes(b"committedIndex=3\nendIndex=10\n")
     else:
         ck.write_bytes(b"committedIndex=-5\nendIndex=-7\n")
-    store = open_store(member_dir)
+    store = open_judged(member_dir, refuse=kind == "newer")  # claims 5000 committed: entries are missing
     check_prefix(store, original, original.end)
     expected_committed = {"missing": -1, "garbage_with_backup": 100, "garbage_both": -1, "newer": original.end,
                           "older": 3, "negative": -1}[kind]
@@ -494,6 +543,7 @@ def test_checkpoint_newer_than_data_steps_back(original, copy):
     """With the data torn near the end and the checkpoint at the old end, recovery steps back a few entries only."""
     member_dir = copy()
     damage_cut(member_dir, original, original.entries[290].pos + 10, "truncate")
+    (member_dir / "checkpoint").write_bytes(b"committedIndex=280\nendIndex=299\n")
     store = open_store(member_dir)
     rec = store.recovered
     assert not rec.full_scan and 280 <= rec.anchor <= 289 and rec.cut
@@ -593,6 +643,7 @@ def test_recovery_logs_one_line_with_what_it_cut(original, copy):
 
     member_dir = copy()
     damage_cut(member_dir, original, original.entries[200].pos + 60, "truncate")
+    (member_dir / "checkpoint").write_bytes(b"committedIndex=150\nendIndex=299\n")
     events = []
     globalLogPublisher.addObserver(events.append)
     try:

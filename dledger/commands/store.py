@@ -74,7 +74,7 @@ def cmd_verify(args) -> int:
     if report.ok:
         print("status:    OK")
         return 0
-    at = f" [{report.problem_at}]" if report.problem_at else ""
+    at = f" [{report.problem_at}]" if report.problem_at and f"[{report.problem_at}" not in report.problems[0] else ""
     print(f"status:    CORRUPT: {report.problems[0]}{at}")
     if len(report.problems) > 1:
         print(f"           (+{len(report.problems) - 1} more problems)")

@@ -36,7 +36,7 @@ from dledger.entry import (
     decode_entry,
     encode_entry,
 )
-from dledger.errors import DLedgerError, StoreError
+from dledger.errors import DamagedStoreError, DLedgerError, StoreError
 from dledger.hookspecs import hookimpl
 from dledger.interfaces import IBatchLogStore, ITermVoteStore
 from dledger.plugin_types import StoreType
@@ -162,7 +162,7 @@ class LmdbLogStore:
     def __init__(self, path: str | Path, member_state, *, data_file_size: int = 1 * GiB,
                  max_entry_size: int = 4 * MiB, map_size: int = 1 * GiB, flush_policy: str = "sync",
                  flush_interval_ms: int = 10, accept_zero_crc: bool = False, clock=None,
-                 blocking_io: diskio.BlockingIO = diskio.INLINE):
+                 blocking_io: diskio.BlockingIO = diskio.INLINE, truncate_damaged: bool = False):
         if flush_policy not in FLUSH_POLICIES:
             raise ValueError(f"flush policy {flush_policy!r} is not one of {FLUSH_POLICIES}")
         self.path = Path(path)
@@ -175,6 +175,7 @@ class LmdbLogStore:
         self.accept_zero_crc = accept_zero_crc
         self.clock = clock
         self.io = blocking_io
+        self.truncate_damaged = truncate_damaged
         self.ledger_begin_index = -1
         self.ledger_end_index = -1
         self.ledger_end_term = -1
@@ -201,7 +202,8 @@ class LmdbLogStore:
                    data_file_size=config.mapped_file_size_for_entry_data, max_entry_size=config.max_entry_size,
                    map_size=config.lmdb_map_size, flush_policy=config.flush_policy,
                    flush_interval_ms=config.flush_file_interval, accept_zero_crc=config.accept_java_zero_crc,
-                   clock=clock, blocking_io=blocking_io or diskio.INLINE)
+                   clock=clock, blocking_io=blocking_io or diskio.INLINE,
+                   truncate_damaged=config.truncate_damaged)
 
     # -- life cycle ------------------------------------------------------------
     @property
@@ -243,6 +245,9 @@ class LmdbLogStore:
                 if meta_end != end:
                     log.warn("LMDB store {path}: metadata end {meta} differs from the last key {end}",
                              path=str(self.path), meta=meta_end, end=end)
+            else:
+                committed = shared.read_int(txn, b"committed")
+        self._check_committed_held(committed)
         self._pending_start = self.ledger_end_index + 1
         self._gc.flushed_index = self.ledger_end_index
         log.info("LMDB store {path}: entries [{begin}, {end}], committed {committed}", path=str(self.path),
@@ -252,6 +257,27 @@ class LmdbLogStore:
             self._timer.clock = self.clock
             self._timer.start(self.flush_interval_ms / 1000.0, now=False).addErrback(
                 lambda f: log.failure("LMDB flush timer stopped", f))
+
+    def _check_committed_held(self, committed: int | None) -> None:
+        """Refuse to start below the committed index the metadata records (see :mod:`.recovery`'s rule).
+
+        Entries and metadata change in one transaction, so a last key below
+        ``committed`` means the environment lost entries (damage, not a
+        crash): starting would claim less than this member acknowledged,
+        silently.  ``truncate_damaged`` is the operator's permission.
+        """
+        if committed is None or committed <= self.ledger_end_index:
+            return
+        line = (f"damaged store {self.path}: the last entry is {self.ledger_end_index} but the metadata says "
+                f"entries up to {committed} are committed")
+        if self.truncate_damaged:
+            log.error("{line}; starting anyway as asked (--truncate-damaged): the member re-fetches them from "
+                      "the leader", line=line)
+            return
+        self._shared.release()
+        self._shared = None
+        raise DamagedStoreError(f"{line}: restore the store from a backup, or start with --truncate-damaged "
+                                f"(truncateDamaged = true) to re-fetch them from the leader")
 
     def _periodic_flush(self):
         if self._gc.busy or not self._dirty():

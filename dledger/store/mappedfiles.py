@@ -4,7 +4,11 @@ The data log and the index log are each one such list: file ``N`` holds the
 bytes at absolute offsets ``[N, N + file_size)`` and is named ``N`` as 20
 zero-padded digits.  Files are created at full size (sparse), so a file whose
 length differs from the configured size means the configuration does not
-match the store and loading refuses it, naming the file and both sizes.
+match the store and loading refuses it, naming the file and both sizes --
+except a data file that is shorter than configured but where a file of that
+size belongs: that one was truncated (bytes lost), and it is mapped as a
+read-only copy padded with zeros so that recovery can judge the damage (see
+:attr:`MappedFileList.truncated`).
 """
 
 from __future__ import annotations
@@ -29,20 +33,40 @@ def file_name(offset: int) -> str:
 class MappedFile:
     """One open, mapped file. ``new`` files need a full fsync and a directory fsync before they are durable."""
 
-    __slots__ = ("path", "start", "size", "fd", "mm", "new", "readonly")
+    __slots__ = ("path", "start", "size", "fd", "mm", "new", "readonly", "length")
 
-    def __init__(self, path: Path, start: int, size: int, *, readonly: bool = False, new: bool = False):
+    def __init__(self, path: Path, start: int, size: int, *, readonly: bool = False, new: bool = False,
+                 length: int | None = None):
         self.path = path
         self.start = start
         self.size = size
         self.readonly = readonly
         self.new = new
+        #: Bytes the file really holds: ``size`` unless it was truncated (then ``mm`` is a zero-padded copy).
+        self.length = size if length is None else length
         self.fd = os.open(path, os.O_RDONLY if readonly else os.O_RDWR)
         try:
-            self.mm = mmap.mmap(self.fd, size, access=mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE)
+            if self.length < size:
+                self.mm = mmap.mmap(-1, size)
+                self.mm[:self.length] = os.pread(self.fd, self.length, 0)
+            else:
+                self.mm = mmap.mmap(self.fd, size, access=mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE)
         except BaseException:
             os.close(self.fd)
             raise
+
+    @property
+    def truncated(self) -> bool:
+        return self.length < self.size
+
+    def restore_size(self) -> None:
+        """Extend a truncated file to its size with zeros (what its copy shows) and map the file itself."""
+        if not self.truncated:
+            return
+        os.ftruncate(self.fd, self.size)
+        self.mm.close()
+        self.mm = mmap.mmap(self.fd, self.size, access=mmap.ACCESS_WRITE)
+        self.length = self.size
 
     @property
     def end(self) -> int:
@@ -115,6 +139,8 @@ class MappedFileList:
         self.readonly = readonly
         self.kind = kind
         self.files: list[MappedFile] = []
+        #: Files after a gap, not opened (see :meth:`load`).
+        self.stragglers: list[Path] = []
         #: Set when a file was created or removed since the directory was last fsynced.
         self.dir_dirty = False
 
@@ -139,13 +165,18 @@ class MappedFileList:
         found.sort()
         return found, notes
 
-    def load(self, *, contiguous: bool = True) -> list[str]:
+    def load(self, *, contiguous: bool = True, stop_at_gap: bool = False) -> list[str]:
         """Open every file; StoreError on a size that does not match the configuration or a missing file.
 
         With ``contiguous=False`` (the index, which can be rebuilt) neither a
         gap nor a wrong size raises: wrong-sized files are dropped, only the run
         of files before the first gap is opened and the files after it are
-        left for the caller (see :attr:`stragglers`).
+        left for the caller (see :attr:`stragglers`).  ``stop_at_gap`` does the
+        same for a gap in the data files, so that recovery can judge it (a
+        missing file is damage like any other, see :mod:`.recovery`).  A data
+        file shorter than configured whose start fits the configured size was
+        truncated: it is opened as a zero-padded copy and listed in
+        :attr:`truncated` (never written until :meth:`MappedFile.restore_size`).
         """
         found, notes = self.scan_names()
         # A last file of the wrong size that holds nothing is a creation a crash interrupted.
@@ -165,7 +196,12 @@ class MappedFileList:
                     self.dir_dirty = True
                 notes.append(f"{'ignored' if self.readonly else 'removed'} {self.kind} file {path} of {length} "
                              f"bytes (configured size {self.file_size}); it is rebuilt from the data")
-        for start, path, length in found:
+        shorter = {}
+        for k, (start, path, length) in enumerate(found):
+            if length < self.file_size and not start % self.file_size and contiguous and (
+                    k + 1 == len(found) or found[k + 1][0] >= start + self.file_size):
+                shorter[start] = length
+                continue
             if length != self.file_size:
                 raise StoreError(f"{self.kind} file {path} is {length} bytes but the configured "
                                  f"{self.kind} file size is {self.file_size} (mappedFileSizeForEntry"
@@ -177,7 +213,7 @@ class MappedFileList:
         self.stragglers: list[Path] = []
         for k, (start, path, _length) in enumerate(found):
             if self.files and start != self.files[-1].end:
-                if contiguous:
+                if contiguous and not stop_at_gap:
                     missing = file_name(self.files[-1].end)
                     self.close()
                     raise StoreError(f"{self.kind} file {self.directory / missing} is missing: "
@@ -185,8 +221,20 @@ class MappedFileList:
                                      f"missing file(s) or move the later ones away")
                 self.stragglers = [p for _s, p, _l in found[k:]]
                 break
-            self.files.append(MappedFile(path, start, self.file_size, readonly=self.readonly))
+            self.files.append(MappedFile(path, start, self.file_size, readonly=self.readonly,
+                                         length=shorter.get(start)))
         return notes
+
+    @property
+    def truncated(self) -> list[MappedFile]:
+        """Loaded files shorter than the configured size (bytes lost at their end)."""
+        return [f for f in self.files if f.truncated]
+
+    def missing_after(self) -> str | None:
+        """The name of the first missing file when :attr:`stragglers` follow a gap, else None."""
+        if not getattr(self, "stragglers", None):
+            return None
+        return file_name(self.files[-1].end if self.files else 0)
 
     # -- lookup --------------------------------------------------------------
     @property

@@ -92,7 +92,7 @@ class MmapLogStore:
                  checkpoint_interval_ms: int = 3000, clean_interval_ms: int = 1000,
                  retention: RetentionPolicy | None = None, accept_zero_crc: bool = False,
                  clock=None, blocking_io: diskio.BlockingIO = diskio.INLINE, disk_usage=None,
-                 full_verify: bool = False, release_flushed_pages: bool = True):
+                 full_verify: bool = False, release_flushed_pages: bool = True, truncate_damaged: bool = False):
         if index_file_size <= 0 or index_file_size % INDEX_UNIT_SIZE:
             raise ValueError(f"index file size {index_file_size} is not a positive multiple of {INDEX_UNIT_SIZE}")
         if data_file_size < HEADER_SIZE + MIN_BLANK_LEN:
@@ -113,6 +113,7 @@ class MmapLogStore:
         self.clock = clock
         self.io = blocking_io
         self.full_verify = full_verify
+        self.truncate_damaged = truncate_damaged
         self.release_flushed_pages = release_flushed_pages
         self._disk_usage = disk_usage or (lambda: diskio.disk_used_ratio(self.member_dir))
         self.ledger_begin_index = -1
@@ -152,7 +153,8 @@ class MmapLogStore:
                    max_entry_size=config.max_entry_size, flush_policy=config.flush_policy,
                    flush_interval_ms=config.flush_file_interval, checkpoint_interval_ms=config.check_point_interval,
                    retention=RetentionPolicy.from_config(config), accept_zero_crc=config.accept_java_zero_crc,
-                   clock=clock, blocking_io=blocking_io or diskio.INLINE, disk_usage=disk_usage)
+                   clock=clock, blocking_io=blocking_io or diskio.INLINE, disk_usage=disk_usage,
+                   truncate_damaged=config.truncate_damaged)
 
     # -- state -----------------------------------------------------------------
     @property
@@ -187,7 +189,7 @@ class MmapLogStore:
         self.member_dir.mkdir(parents=True, exist_ok=True)
         data = MappedFileList(self.member_dir / "data", self.data_file_size, kind="data")
         index = MappedFileList(self.member_dir / "index", self.index_file_size, kind="index")
-        notes = data.load()
+        notes = data.load(stop_at_gap=True)
         try:
             notes += index.load(contiguous=False)
         except BaseException:
@@ -201,8 +203,14 @@ class MmapLogStore:
         if ck_note and (checkpoint is not None or data.files):
             notes.append(f"checkpoint: {ck_note}")
         self._data, self._index, self._ilog = data, index, IndexLog(index)
-        rec = recover(data, index, checkpoint, accept_zero_crc=self.accept_zero_crc,
-                      closer=self._close_file, full=self.full_verify)
+        try:
+            rec = recover(data, index, checkpoint, accept_zero_crc=self.accept_zero_crc,
+                          closer=self._close_file, full=self.full_verify, truncate_damaged=self.truncate_damaged)
+        except BaseException:
+            data.close()
+            index.close()
+            self._data = self._index = self._ilog = None
+            raise
         rec.notes[:0] = notes
         rec.removed_index_files += len(index.stragglers)
         self.recovered = rec
@@ -212,6 +220,10 @@ class MmapLogStore:
         self.committed_index = rec.committed
         self._refresh_tails()
         self._make_recovery_durable(rec, checkpoint)
+        if rec.forced and checkpoint is not None and checkpoint.committed_index > rec.committed:
+            # Never claim, even after a crash right now, a committed index the log no longer holds.
+            checkpoint = Checkpoint(end_index=rec.end, committed_index=rec.committed)
+            write_checkpoint(self.member_dir, checkpoint)
         self._gc.flushed_index = rec.end
         self._data_dirty_lo = self._write_pos
         self._index_dirty_lo = rec.end + 1
@@ -220,7 +232,9 @@ class MmapLogStore:
         self._checkpoint_written = checkpoint
         self._open = True
         msg = "mmap store {dir}: {summary}"
-        if rec.cut:
+        if rec.forced:
+            log.error(msg, dir=str(self.member_dir), summary=rec.summary())
+        elif rec.cut:
             log.warn(msg, dir=str(self.member_dir), summary=rec.summary())
         else:
             log.info(msg, dir=str(self.member_dir), summary=rec.summary())
@@ -607,6 +621,12 @@ class MmapLogStore:
         for lst in (self._data, self._index):
             if lst.directory.is_dir():
                 diskio.fsync_dir(lst.directory)
+        # Nor may a crash leave the old checkpoint claiming committed entries that were just dropped
+        # (recovery refuses to start below a committed index; the leader's log starts past ours).
+        ck = self._checkpoint_written
+        if ck is not None and ck.committed_index >= 0 or self._checkpoint_running is not None:
+            self._checkpoint_written = Checkpoint(end_index=-1, committed_index=-1)
+            write_checkpoint(self.member_dir, self._checkpoint_written)
         self._set_data_tail(None)
         self._set_index_tail(None)
         self.ledger_begin_index = self.ledger_end_index = self.ledger_end_term = -1

@@ -18,7 +18,8 @@ from dledger.errors import StoreError
 from dledger.store.checkpoint import read_checkpoint
 from dledger.store.indexlog import IndexLog
 from dledger.store.mappedfiles import MappedFileList
-from dledger.store.scan import decode_at, first_entry, has_java_zero_crc, scan_forward, where
+from dledger.store.recovery import damage_line, find_damage, judge
+from dledger.store.scan import decode_at, first_entry, has_java_zero_crc, scan_forward
 from dledger.store.termvote import FileTermVoteStore
 
 KINDS = ("mmap", "lmdb")
@@ -79,8 +80,16 @@ class Report:
 
 
 def _file_size(directory: Path) -> int | None:
-    sizes = {p.stat().st_size for p in directory.iterdir() if not p.name.endswith(".tmp")} \
-        if directory.is_dir() else set()
+    """The file size the store was written with: the step between file names, else the largest file.
+
+    (The step, because one truncated file must not pass for the size: recovery reports it as truncated.)
+    """
+    files = [p for p in directory.iterdir() if not p.name.endswith(".tmp")] if directory.is_dir() else []
+    sizes = {p.stat().st_size for p in files}
+    starts = sorted(int(p.name) for p in files if p.name.isdigit())
+    steps = {b - a for a, b in zip(starts, starts[1:], strict=False)}
+    if steps and min(steps) >= max(sizes):
+        return min(steps)
     return max(sizes) if sizes else None
 
 
@@ -103,7 +112,7 @@ class MmapReader:
         index_size = index_file_size or _file_size(self.member_dir / "index") or INDEX_UNIT_SIZE
         self.data = MappedFileList(self.member_dir / "data", data_size, readonly=True, kind="data")
         self.index = MappedFileList(self.member_dir / "index", index_size, readonly=True, kind="index")
-        self.notes += self.data.load()
+        self.notes += self.data.load(stop_at_gap=True)
         try:
             self.notes += self.index.load(contiguous=False)
         except BaseException:
@@ -167,8 +176,9 @@ def _verify_mmap(reader: MmapReader, report: Report) -> None:
         probe, _ = first_entry(data, accept_zero_crc=True)
         if probe is not None and has_java_zero_crc(data, probe.pos):
             why = f"{why} -- entries carry bodyCrc 0 (Java DLedger 0.3.2?); use --java-compat"
-    if why:
-        report.problem(why, where(data, data.start))
+    checkpoint, ck_note = read_checkpoint(reader.member_dir)
+    committed = checkpoint.committed_index if checkpoint is not None else -1
+    result = None
     if first is not None:
         report.begin = first.index
 
@@ -183,8 +193,6 @@ def _verify_mmap(reader: MmapReader, report: Report) -> None:
 
         result = reader.walk(check_index, first)
         report.entries, report.end, report.end_term = result.count, result.last_index, result.last_term
-        if result.problem:
-            report.problem(result.problem, where(data, result.problem_pos))
         off = (report.end + 1) * INDEX_UNIT_SIZE
         for f in index.files:
             if f.end <= off:
@@ -195,7 +203,21 @@ def _verify_mmap(reader: MmapReader, report: Report) -> None:
                 report.problem(f"stale index record {stale} after the end of the log ({report.end})",
                                f"index offset {f.start + nz}")
                 break
-    checkpoint, note = read_checkpoint(reader.member_dir)
+    # The finding start-up recovery would act on, in the same words (see recovery.judge).
+    if result is None:
+        damage = find_damage(data, problem=why, problem_pos=data.start if why else None, next_index=None, end=-1,
+                             write_pos=max(data.start, 0), committed=committed,
+                             accept_zero_crc=reader.accept_zero_crc)
+    else:
+        damage = find_damage(data, problem=result.problem, problem_pos=result.problem_pos,
+                             next_index=result.last_index + 1, end=result.last_index, write_pos=result.write_pos,
+                             committed=committed, accept_zero_crc=reader.accept_zero_crc,
+                             stop_pos=result.stop_pos)
+    if damage is not None:
+        line = damage_line(data.directory, damage, committed, judge(damage, committed, False))
+        report.problems.insert(0, line)
+        report.problem_at = damage.at
+    note = ck_note
     if checkpoint is None:
         report.notes.append(f"no checkpoint ({note})")
     else:
