@@ -1,7 +1,6 @@
 """Operator mistakes on the ``dledger`` command: one line, the right exit status, no traceback, nothing left behind."""
 
 import io
-import os
 import signal
 import subprocess
 import sys
@@ -109,13 +108,13 @@ def test_errors_with_json_are_a_json_object():
     assert obj["error"]["message"].startswith("cannot connect to any of n0")
     out = dledger("append", *GROUP, "--file", "/nonexistent/blob", "--json")
     assert out.returncode == 2
-    assert json.loads(one_line(out.stdout))["error"] == {"code": "USAGE", "number": None,
-                                                         "message": "--file /nonexistent/blob: No such file or directory"}
+    expected = {"code": "USAGE", "number": None, "message": "--file /nonexistent/blob: No such file or directory"}
+    assert json.loads(one_line(out.stdout))["error"] == expected
 
 
 @pytest.mark.process
 def test_closed_stdout_ends_quietly():
-    """`dledger metadata | head -1`: the reader went away; the command ends with 141 and no BrokenPipeError traceback."""
+    """`dledger metadata | head -1`: the reader went away; the command ends with 141, no BrokenPipeError traceback."""
     p = subprocess.Popen([sys.executable, "-m", "dledger.cli", "metadata", *GROUP], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, env=child_env(), cwd=str(ROOT))
     p.stdout.close()  # like head after its lines
