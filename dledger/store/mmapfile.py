@@ -220,7 +220,11 @@ class MmapLogStore:
         self._checkpoint_written = checkpoint
         self._open = True
         msg = "mmap store {dir}: {summary}"
-        if rec.cut:
+        claimed = checkpoint.committed_index if checkpoint is not None else -1
+        if claimed > rec.end:  # committed entries are missing here: an operator must hear of it
+            rec.notes.append(f"the checkpoint claims more than the log holds: committed index {claimed} but "
+                             f"entries only up to {rec.end} (see docs/operations.md, Troubleshooting)")
+        if rec.cut or claimed > rec.end:
             log.warn(msg, dir=str(self.member_dir), summary=rec.summary())
         else:
             log.info(msg, dir=str(self.member_dir), summary=rec.summary())

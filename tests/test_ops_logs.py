@@ -1,0 +1,46 @@
+"""Log lines an operator reads: a fresh follower is filled, not 'repaired'; a checkpoint past the log is a warning."""
+
+import pytest
+from twisted.logger import LogLevel, formatEvent, globalLogPublisher
+
+from dledger.entry import Entry
+from dledger.replication.rules import truncate_reason
+from dledger.store.mmapfile import MmapLogStore
+from dledger.testing.store_contract import FakeMemberState, fired
+
+
+@pytest.mark.parametrize("follower_end, expected, not_expected", [
+    (-1, "its log is empty; sending it our log from index {index}", "truncating"),
+    (40, "truncating it at index {index} to repair its log (it ends at 40)", "empty"),
+    (None, "truncating it at index {index} to repair its log;", "empty"),
+])
+def test_truncate_line_says_fill_for_an_empty_follower(follower_end, expected, not_expected):
+    """The leader's TRUNCATE line says 'empty log; sending' for a fresh follower and 'repair' only for a real one."""
+    reason = truncate_reason(follower_end)
+    assert expected in reason and not_expected not in reason
+
+
+def test_checkpoint_past_the_log_is_a_warning(tmp_path):
+    """A checkpoint claiming more committed entries than the log holds is logged at warn level, naming both indexes."""
+    member_dir = tmp_path / "dledger-n0"
+    state = FakeMemberState()
+    store = MmapLogStore(member_dir, state, data_file_size=1 << 20, index_file_size=32 * 1024)
+    store.startup()
+    for i in range(10):
+        store.append_as_leader(Entry(body=b"x%d" % i, term=state.curr_term))
+    store.update_committed_index(state.curr_term, 9)
+    fired(store.flush())
+    fired(store.shutdown())
+    (member_dir / "checkpoint").write_bytes(b"committedIndex=25\nendIndex=9\n")
+    (member_dir / "checkpoint.bak").unlink(missing_ok=True)
+    events = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        store = MmapLogStore(member_dir, FakeMemberState(), data_file_size=1 << 20, index_file_size=32 * 1024)
+        store.startup()
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    fired(store.shutdown())
+    warnings = [formatEvent(e) for e in events if e.get("log_level") == LogLevel.warn]
+    assert any("the checkpoint claims more than the log holds: committed index 25 but entries only up to 9" in w
+               for w in warnings), [formatEvent(e) for e in events]
