@@ -44,3 +44,41 @@ def test_checkpoint_past_the_log_is_a_warning(tmp_path):
     warnings = [formatEvent(e) for e in events if e.get("log_level") == LogLevel.warn]
     assert any("the checkpoint claims more than the log holds: committed index 25 but entries only up to 9" in w
                for w in warnings), [formatEvent(e) for e in events]
+
+
+def test_follower_says_an_empty_log_is_started_not_truncated():
+    """A follower with an empty log logs 'log was empty; starting it' for the first TRUNCATE, 'truncated' later."""
+    from twisted.internet import task
+
+    from dledger.codes import PushType
+    from dledger.messages import PushEntryRequest
+    from dledger.replication.durability import Flusher
+    from dledger.replication.follower import EntryHandler
+    from dledger.store.memory import MemoryLogStore
+    from dledger.testing.simdisk import make_entries
+
+    state = FakeMemberState(self_id="n1")
+    state.follow(1, "n0")
+    store = MemoryLogStore(state)
+    clock = task.Clock()
+    h = EntryHandler(state, store, Flusher(store, clock), clock, push_timeout=1.0)
+    log = make_entries([1, 1, 1])
+
+    def truncate(entry, term):
+        state.follow(term, "n0")
+        h.reset()
+        d = h.handle_push(PushEntryRequest(group="g0", remote_id="n1", local_id="n0", leader_id="n0", term=term,
+                                           type=PushType.TRUNCATE, entry=entry))
+        clock.advance(0)
+        fired(d)
+
+    events = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        truncate(log[0], 1)
+        truncate(log[0], 2)
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    lines = [formatEvent(e) for e in events if "for leader n0" in formatEvent(e)]
+    assert lines[0].startswith("n1: log was empty; starting it at index 0 for leader n0 (term 1)"), lines
+    assert lines[1].startswith("n1: truncated to index 0 for leader n0 (term 2)"), lines

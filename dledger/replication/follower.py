@@ -136,8 +136,13 @@ class EntryHandler:
         self._clear_waiting("COMPARE")
         try:
             same = self.store.get(req.entry.index) == req.entry
-        except DLedgerError:
+        except DLedgerError as exc:
             same = False
+            if exc.code is ResponseCode.DISK_ERROR:  # damaged here: say so, the leader's compare alone would not
+                self._refusals.error(("unreadable", req.entry.index), "{id}: cannot read entry {index} of this "
+                                     "member's log to compare it with leader {leader}: {why}; the store is damaged "
+                                     "(see 'store damaged' in operations.md)", id=self.state.self_id,
+                                     index=req.entry.index, leader=req.leader_id, why=exc.message or exc)
         if same:
             self._match(req, req.entry.index)
         self._reply(d, req, ResponseCode.SUCCESS if same else ResponseCode.INCONSISTENT_STATE)
