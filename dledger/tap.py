@@ -16,6 +16,7 @@ cannot start, or cannot flush on the way down, exits 1.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import gc
 import os
 import signal
@@ -160,13 +161,13 @@ def listen_reason(exc: BaseException) -> str:
     """Why an endpoint could not be bound, in words: ``port 20911 is already in use (...)``."""
     if isinstance(exc, CannotListenError):
         err = exc.socketError
-        errno = getattr(err, "errno", None)
-        if errno == 98:  # EADDRINUSE
+        code = getattr(err, "errno", None)
+        if code == errno.EADDRINUSE:
             return (f"port {exc.port} is already in use (another member or process listens there; "
                     f"'ss -ltnp sport = :{exc.port}' shows which)")
-        if errno == 99:  # EADDRNOTAVAIL
+        if code == errno.EADDRNOTAVAIL:
             return f"address {exc.interface!r} is not an address of this machine"
-        if errno == 13:  # EACCES
+        if code == errno.EACCES:
             return f"permission denied for port {exc.port} (ports below 1024 need privileges)"
         return getattr(err, "strerror", None) or str(err)
     return str(exc)
