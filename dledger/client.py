@@ -46,6 +46,11 @@ class DLedgerClient:
                  owns_transport: bool = False, give_up_unreachable: bool = False):
         if not members:
             raise ValueError("a client needs at least one member id")
+        # Checked here, not deep in the reactor: callLater(-1) fails with a bare AssertionError much later.
+        if not request_timeout > 0:
+            raise ValueError(f"request_timeout must be more than 0 seconds, got {request_timeout!r}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts!r}")
         self.transport = transport
         self.owns_transport = owns_transport
         self.group = group
@@ -250,6 +255,8 @@ def connect(peers: str, group: str, *, reactor: Any = None, request_timeout: flo
     """
     if reactor is None:
         from twisted.internet import reactor
+    if not connect_timeout > 0:
+        raise ValueError(f"connect_timeout must be more than 0 seconds, got {connect_timeout!r}")
     addresses = {pid: p.address for pid, p in parse_peers(peers).items()}
     members = client_options.pop("members", None) or list(addresses)
     unknown = [m for m in members if m not in addresses]

@@ -242,3 +242,18 @@ async def test_bench_and_client_find_a_java_leader_by_leader_id():
     d = client.find_leader()
     clock.advance(1)
     assert (await d).leader_id == "n2" and client.leader == "n2"
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"request_timeout": -1}, "request_timeout must be more than 0 seconds, got -1"),
+    ({"request_timeout": 0}, "request_timeout must be more than 0 seconds, got 0"),
+    ({"connect_timeout": -1}, "connect_timeout must be more than 0 seconds, got -1"),
+    ({"max_attempts": 0}, "max_attempts must be at least 1, got 0"),
+])
+def test_client_library_refuses_bad_timeouts_up_front(options, message):
+    """connect() refuses a timeout <= 0 or no attempts with a ValueError naming it (not a later AssertionError)."""
+    from dledger.client import connect
+
+    with pytest.raises(ValueError) as info:
+        connect(DOWN, "g0", reactor=Clock(), **options)
+    assert message in str(info.value)
