@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
+import threading
 
 from dledger import __version__
 from dledger.errors import ConfigError, DLedgerError, StoreError
@@ -36,13 +39,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: unwinds like Ctrl-C, so ``with``/``finally`` blocks remove temporary directories."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.status = 128 + signum
+
+
+def _raise_terminated(signum: int, _frame) -> None:
+    raise Terminated(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the ``dledger`` command line; returns the exit status."""
+    """Run the ``dledger`` command line; returns the exit status.
+
+    Operator mistakes print one line: bad arguments and configs exit 2, protocol errors 1.  SIGTERM
+    and Ctrl-C unwind the command (its temporary directories are removed) and exit 143 / 130; a
+    closed stdout (``dledger metadata | head -1``) ends the command quietly with 141.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
         return int(args.func(args) or 0)
     except (ConfigError, StoreError) as exc:
@@ -51,9 +73,30 @@ def main(argv: list[str] | None = None) -> int:
     except DLedgerError as exc:
         print(f"dledger: {exc.code.name} ({int(exc.code)}): {exc.message}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        silence_stdout()
+        return 141
+    except Terminated as exc:
+        return exc.status
     except KeyboardInterrupt:
         return 130
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's last flush does not fail again on a closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # Run the module's importable copy: ``python -m dledger.cli`` would otherwise define a second
+    # ``Terminated`` class in ``__main__`` that the commands (importing ``dledger.cli``) do not raise.
+    from dledger.cli import main as _main
+
+    sys.exit(_main())

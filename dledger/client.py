@@ -43,9 +43,14 @@ class DLedgerClient:
 
     def __init__(self, transport, group: str, members: list[str], *, clock, request_timeout: float = 3.0,
                  max_attempts: int = 30, retry_delay: float = 0.05, at_least_once: bool = True,
-                 owns_transport: bool = False):
+                 owns_transport: bool = False, give_up_unreachable: bool = False):
         if not members:
             raise ValueError("a client needs at least one member id")
+        # Checked here, not deep in the reactor: callLater(-1) fails with a bare AssertionError much later.
+        if not request_timeout > 0:
+            raise ValueError(f"request_timeout must be more than 0 seconds, got {request_timeout!r}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts!r}")
         self.transport = transport
         self.owns_transport = owns_transport
         self.group = group
@@ -55,8 +60,13 @@ class DLedgerClient:
         self.max_attempts = max_attempts
         self.retry_delay = retry_delay
         self.at_least_once = at_least_once
+        #: Stop at once (NETWORK_ERROR "cannot connect to any of ...") when every member refused a
+        #: connection in a row, instead of retrying ``max_attempts`` times (the ``dledger`` CLI does).
+        self.give_up_unreachable = give_up_unreachable
         self.leader: str | None = None
         self._next = 0
+        #: member -> why its latest attempt could not connect; cleared when it answers.
+        self._unreachable: dict[str, str] = {}
 
     def _guess(self) -> str:
         if self.leader is not None:
@@ -64,6 +74,17 @@ class DLedgerClient:
         member = self.members[self._next % len(self.members)]
         self._next += 1
         return member
+
+    def _note_reachability(self, member: str, error: DLedgerError | None) -> DLedgerError | None:
+        """Record whether ``member`` could be reached; the error to give up with when no member can be."""
+        if error is None or error.code is not ResponseCode.NETWORK_ERROR:
+            self._unreachable.pop(member, None)
+            return None
+        self._unreachable[member] = error.message
+        if not all(m in self._unreachable for m in self.members):
+            return None
+        return DLedgerError(ResponseCode.NETWORK_ERROR, unreachable_message(self.transport, self.members,
+                                                                            self._unreachable))
 
     @inlineCallbacks
     def _call(self, make: Callable[[str], object], *, retry_ambiguous: bool):
@@ -73,8 +94,12 @@ class DLedgerClient:
             try:
                 resp = yield self.transport.send(target, make(target), timeout=self.request_timeout)
                 code = resp.response_code
+                self._note_reachability(target, None)
             except DLedgerError as exc:
                 code, resp = exc.code, None
+                nobody = self._note_reachability(target, exc)
+                if nobody is not None and (self.give_up_unreachable or attempt + 1 == self.max_attempts):
+                    raise nobody from None
             if code is ResponseCode.SUCCESS:
                 return resp
             last_error = DLedgerError(code, f"from {target} (attempt {attempt + 1})",
@@ -148,10 +173,15 @@ class DLedgerClient:
                 meta = yield self.transport.send(member, MetadataRequest(group=self.group, remote_id=member,
                                                                          detail=True),
                                                  timeout=self.request_timeout)
-            except DLedgerError:
+                self._note_reachability(member, None)
+            except DLedgerError as exc:
                 meta = None
+                nobody = self._note_reachability(member, exc)
+                if nobody is not None and (self.give_up_unreachable or attempt + 1 == self.max_attempts):
+                    raise nobody from None
             if meta is not None and meta.leader_id:
-                if meta.leader_id == member and meta.role == "LEADER":
+                # A Java DLedger member sends no role: naming itself leader is what every member says.
+                if meta.leader_id == member and meta.role in (None, "LEADER"):
                     self.leader = member
                     return meta
                 self.leader = meta.leader_id
@@ -159,6 +189,14 @@ class DLedgerClient:
             self.leader = None
             yield deferLater(self.clock, self.retry_delay * min(attempt + 1, 10), lambda: None)
         raise DLedgerError(ResponseCode.NOT_LEADER, "no leader found")
+
+
+def unreachable_message(transport: Any, members: list[str], why: Mapping[str, str]) -> str:
+    """``cannot connect to any of n0 (127.0.0.1:20911), n1 (...): <the last reason>``."""
+    addresses = getattr(transport, "members", {})
+    listed = ", ".join(f"{m} ({addresses[m]})" if m in addresses else m for m in members)
+    reason = why.get(members[-1]) or next(iter(why.values()), "")
+    return f"cannot connect to any of {listed}" + (f": {reason}" if reason else "")
 
 
 class RemoteTransport:
@@ -217,6 +255,8 @@ def connect(peers: str, group: str, *, reactor: Any = None, request_timeout: flo
     """
     if reactor is None:
         from twisted.internet import reactor
+    if not connect_timeout > 0:
+        raise ValueError(f"connect_timeout must be more than 0 seconds, got {connect_timeout!r}")
     addresses = {pid: p.address for pid, p in parse_peers(peers).items()}
     members = client_options.pop("members", None) or list(addresses)
     unknown = [m for m in members if m not in addresses]

@@ -239,26 +239,20 @@ def _coerce(name: str, value: Any) -> Any:
             raise ConfigError(f"extras: expected a table, got {value!r}")
         return dict(value)
     if kind == "bool":
+        # TOML has real booleans; "yes" or "1" in a file is a mistake, not a spelling of true.
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ConfigError(f"{_camel(name)}: expected true or false, got {value!r}")
+        raise ConfigError(f"{_camel(name)}: expected true or false (a TOML boolean, unquoted), got {value!r}")
     if kind == "int":
-        if isinstance(value, bool):
-            raise ConfigError(f"{_camel(name)}: expected an integer, got {value!r}")
-        if isinstance(value, int):
+        # A quoted number ("100") is refused: the docs promise wrong types are refused, and a string
+        # that happens to look like a number is usually a value meant for another option.
+        if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
-            return int(value)
-        raise ConfigError(f"{_camel(name)}: expected an integer, got {value!r}")
+        raise ConfigError(f"{_camel(name)}: expected an integer (unquoted), got {value!r}")
     if kind == "float":
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{_camel(name)}: expected a number, got {value!r}") from None
+        raise ConfigError(f"{_camel(name)}: expected a number (unquoted), got {value!r}")
     if kind == "str":
         if isinstance(value, (str, int)) and not isinstance(value, bool):
             return str(value)
@@ -317,6 +311,37 @@ def _validate(cfg: DLedgerConfig) -> None:
             raise ConfigError(f"{_camel(n)}: must be in (0, 1], got {getattr(cfg, n)}")
     if cfg.max_leadership_transfer_wait_index < 0:
         raise ConfigError("maxLeadershipTransferWaitIndex: must be >= 0")
+    _check_sizes(cfg)
+
+
+#: The smallest ``maxFrameSize`` accepted: room for a remoting header and an empty request.
+MIN_FRAME_SIZE = 64 * 1024
+#: What a frame carries besides the entry: the remoting header and the request's JSON fields.
+FRAME_OVERHEAD = 64 * 1024
+
+
+def max_entry_size_for_frame(max_frame_size: int) -> int:
+    """The largest ``maxEntrySize`` whose entry still fits in one frame of ``max_frame_size`` bytes.
+
+    A push to a Java follower and a JSON APPEND carry the body in Base64 (4 bytes per 3), plus the
+    remoting header and the request's other fields; an entry that cannot travel in one frame could be
+    appended on the leader but never replicated.
+    """
+    return (max_frame_size - FRAME_OVERHEAD) * 3 // 4
+
+
+def _check_sizes(cfg: DLedgerConfig) -> None:
+    """Options whose valid range depends on another option, and strings that must not be empty."""
+    for n in ("store_base_dir", "store_type", "transport_type"):
+        if not getattr(cfg, n).strip():
+            raise ConfigError(f"{_camel(n)}: must not be empty")
+    if cfg.max_frame_size < MIN_FRAME_SIZE:
+        raise ConfigError(f"maxFrameSize: must be at least {MIN_FRAME_SIZE} bytes (64 KiB), got {cfg.max_frame_size}")
+    limit = max_entry_size_for_frame(cfg.max_frame_size)
+    if cfg.max_entry_size > limit:
+        raise ConfigError(f"maxEntrySize: {cfg.max_entry_size} does not fit in a frame of maxFrameSize "
+                          f"{cfg.max_frame_size} bytes (Base64 plus header); use at most {limit}, or raise "
+                          f"maxFrameSize")
 
 
 def make_config(*, preset: str = "default", file: str | Path | None = None,

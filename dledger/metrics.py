@@ -31,8 +31,9 @@ from twisted.application import service
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.threads import blockingCallFromThread
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python.threadable import isInIOThread
+from twisted.web.server import Site
 
 from dledger.codes import Role
 from dledger.stats import Histogram
@@ -217,6 +218,13 @@ def make_registry(get_server: Callable[[], Any], reactor: Any, group: str, self_
     return registry
 
 
+class QuietSite(Site):
+    """A Site that writes no access-log line: Prometheus scrapes every few seconds, forever."""
+
+    def log(self, request: Any) -> None:
+        pass
+
+
 class MetricsService(service.Service):
     """Serves ``registry`` as Prometheus text on a server endpoint string (``tcp:9108:interface=127.0.0.1``)."""
 
@@ -232,10 +240,9 @@ class MetricsService(service.Service):
 
     def startService(self) -> None:
         from prometheus_client.twisted import MetricsResource
-        from twisted.web.server import Site
 
         super().startService()
-        site = Site(MetricsResource(registry=self.registry))
+        site = QuietSite(MetricsResource(registry=self.registry))
         site.noisy = False
         d = maybeDeferred(lambda: serverFromString(self.reactor, self.endpoint).listen(site))
 
@@ -246,7 +253,8 @@ class MetricsService(service.Service):
             self.listening.callback(port)
 
         def failed(f: Any) -> None:
-            log.failure("cannot serve metrics on {endpoint}", f, endpoint=self.endpoint)
+            # The member reports it in one line (twistd dledger); the traceback is for --log-level debug.
+            log.failure("cannot serve metrics on {endpoint}", f, endpoint=self.endpoint, level=LogLevel.debug)
             self.listening.errback(f)
 
         d.addCallbacks(bound, failed)

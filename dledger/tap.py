@@ -16,22 +16,27 @@ cannot start, or cannot flush on the way down, exits 1.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import gc
 import os
 import signal
+import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 from twisted.application import service
-from twisted.internet.defer import Deferred, fail, gatherResults, maybeDeferred
-from twisted.internet.endpoints import serverFromString
-from twisted.logger import Logger
+from twisted.internet.defer import Deferred, fail, gatherResults, maybeDeferred, succeed
+from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint, serverFromString
+from twisted.internet.error import CannotListenError
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger, LogLevel
 from twisted.python import usage
 
-from dledger import plugins
+from dledger import logfilter, plugins
 from dledger.config import FLUSH_POLICIES, PRESETS, DLedgerConfig, make_config
 from dledger.diskio import BlockingIO
-from dledger.errors import ConfigError
+from dledger.errors import ConfigError, StoreError
 
 log = Logger()
 
@@ -54,6 +59,8 @@ class Options(usage.Options):
         ["flush-policy", None, None, "sync (fsync before acknowledging, default) or async (Java's behaviour)"],
         ["listen", None, None, "server endpoint for peers and clients (default tcp:<own port>:interface=<own host>)"],
         ["metrics", None, None, "serve Prometheus metrics on this server endpoint, e.g. tcp:9108:interface=127.0.0.1"],
+        ["log-level", None, "info", f"lowest level logged: {', '.join(logfilter.LEVELS)} (default info; debug also "
+                                    "shows vote rounds, connection chatter and the traceback of a start-up error)"],
     ]
 
     optFlags = [
@@ -75,7 +82,8 @@ class Options(usage.Options):
         self["plugin_opts"][name.strip()] = val.strip()
 
     def postOptions(self) -> None:
-        for key, allowed in (("preset", tuple(PRESETS)), ("flush-policy", FLUSH_POLICIES)):
+        for key, allowed in (("preset", tuple(PRESETS)), ("flush-policy", FLUSH_POLICIES),
+                             ("log-level", tuple(logfilter.LEVELS))):
             if self[key] is not None and self[key] not in allowed:
                 raise usage.UsageError(f"--{key}: {self[key]!r} is not one of {', '.join(allowed)}")
         if self["store"] is not None:
@@ -93,6 +101,9 @@ class Options(usage.Options):
             self.config = build_config(self)
         except ConfigError as exc:
             raise usage.UsageError(str(exc)) from None
+        parent = getattr(self, "parent", None)
+        if parent is not None:  # under twistd: log at --log-level, without per-connection chatter
+            logfilter.use_for_twistd(parent, logfilter.LEVELS[self["log-level"]])
 
 
 _OPTION_TO_CONFIG = {
@@ -142,6 +153,98 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
+#: Store types whose files live in ``member_dir``: its directory is checked before the store opens.
+FILE_STORES = ("mmap", "lmdb")
+
+
+class EndpointError(Exception):
+    """An endpoint of the member cannot be bound (checked before the store is opened)."""
+
+    def __init__(self, what: str, endpoint: str, cause: BaseException):
+        self.what, self.endpoint, self.cause = what, endpoint, cause
+        super().__init__(f"cannot listen on {endpoint} ({what}): {listen_reason(cause)}")
+
+
+def listen_reason(exc: BaseException) -> str:
+    """Why an endpoint could not be bound, in words: ``port 20911 is already in use (...)``."""
+    if isinstance(exc, CannotListenError):
+        err = exc.socketError
+        code = getattr(err, "errno", None)
+        if code == errno.EADDRINUSE:
+            return (f"port {exc.port} is already in use (another member or process listens there; "
+                    f"'ss -ltnp sport = :{exc.port}' shows which)")
+        if code == errno.EADDRNOTAVAIL:
+            return f"address {exc.interface!r} is not an address of this machine"
+        if code == errno.EACCES:
+            return f"permission denied for port {exc.port} (ports below 1024 need privileges)"
+        return getattr(err, "strerror", None) or str(err)
+    return str(exc)
+
+
+def check_store_dir(path: Path) -> None:
+    """Refuse, with one line, a store directory that cannot be used, before any file in it is opened.
+
+    ``path`` is the member's directory (``<storeBaseDir>/dledger-<id>``); it need not exist yet, but then
+    the nearest existing ancestor must be a writable directory (the store creates the rest).
+    """
+    if path.exists():
+        if not path.is_dir():
+            raise StoreError(f"store dir {path} is a regular file, not a directory (check storeBaseDir / --store-dir)")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise StoreError(f"store dir {path} is not writable by this user (uid {os.getuid()}); "
+                             f"fix its owner or permissions")
+        return
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise StoreError(f"cannot create store dir {path}: {parent} is a regular file, not a directory "
+                         f"(check storeBaseDir / --store-dir)")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise StoreError(f"cannot create store dir {path}: {parent} is not writable by this user "
+                         f"(uid {os.getuid()}); create it for this user or fix its permissions")
+
+
+def probe_endpoint(reactor: Any, endpoint: str) -> Deferred:
+    """Fires if server endpoint ``endpoint`` can be bound now, fails (CannotListenError) if not.
+
+    A TCP endpoint is checked with a plain socket (bound the way Twisted binds, then closed, so no
+    Twisted port lines are logged); any other endpoint is listened on and closed again.
+    """
+    ep = serverFromString(reactor, endpoint)
+    if isinstance(ep, (TCP4ServerEndpoint, TCP6ServerEndpoint)):
+        port, interface = ep._port, ep._interface
+        if not port:
+            return succeed(None)  # port 0: the system picks a free one
+        family = socket.AF_INET6 if isinstance(ep, TCP6ServerEndpoint) else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((interface or ("::" if family == socket.AF_INET6 else ""), port))
+            except OSError as exc:
+                return fail(CannotListenError(interface, port, exc))
+        return succeed(None)
+    factory = Factory.forProtocol(Protocol)
+    factory.noisy = False
+    return ep.listen(factory).addCallback(lambda p: p.stopListening())
+
+
+def start_error_line(exc: BaseException) -> str | None:
+    """The one line an operator reads for a member that could not start; None for an unexpected error (a bug).
+
+    Operator mistakes (a port in use, a bad store directory, a config or store refused with a message,
+    any StoreError subclass) get one line; their traceback is logged at debug level only.
+    """
+    if isinstance(exc, (ConfigError, StoreError, EndpointError)):
+        return str(exc)
+    if isinstance(exc, CannotListenError):
+        return f"cannot listen on {exc.interface or '*'}:{exc.port}: {listen_reason(exc)}"
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f" {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror}:{where}" if where else exc.strerror
+    return None
+
+
 class MemberService(service.Service):
     """Builds the member's :class:`~dledger.server.DLedgerServer` on start and stops it (flushed) on stop."""
 
@@ -160,25 +263,56 @@ class MemberService(service.Service):
         self.ready: Deferred = Deferred()
 
     def startService(self) -> None:
-        from dledger.server import DLedgerServer
-
         super().startService()
         tune_gc()
         self._exit_trigger = self.reactor.addSystemEventTrigger("after", "shutdown", self._set_exit_status)
         cfg = self.config
-        bio = BlockingIO(self.reactor, threaded=self.threaded_io)
         log.info("dledger {id}: starting (group {group}, store {store}, flush {flush})", id=cfg.self_id,
                  group=cfg.group, store=cfg.store_type, flush=cfg.flush_policy)
-        try:
-            self.server = DLedgerServer.build(cfg, clock=self.reactor, blocking_io=bio)
-            if self.metrics is not None:
-                self.server.enable_stats()
-            started = maybeDeferred(self.server.start)
-        except Exception:
-            started = fail()
-        waits = [started] + ([self.metrics.listening] if self.metrics is not None else [])
-        d = gatherResults(waits, consumeErrors=True)
+        # Every endpoint is bound (or found busy) before the store is opened or the group joined: a member
+        # that cannot serve must not recover files or vote first.
+        checks = [self._check_listen()]
+        if self.metrics is not None:
+            checks.append(self._check_metrics())
+        d = gatherResults(checks, consumeErrors=True)
+        d.addCallback(lambda _: self._start_member())
         d.addCallbacks(self._ready, self._start_failed)
+
+    def _check_listen(self) -> Deferred:
+        """Check that the member's server endpoint can be bound: EndpointError if it is taken."""
+        cfg = self.config
+        if cfg.transport_type != "tcp":
+            return succeed(None)
+        from dledger.transport.tcp import listen_endpoint_description
+
+        endpoint = cfg.listen or listen_endpoint_description(cfg.self_peer)
+        d = maybeDeferred(probe_endpoint, self.reactor, endpoint)
+
+        def refused(f: Any) -> None:
+            raise EndpointError("peers and clients", endpoint, f.value)
+
+        return d.addErrback(refused)
+
+    def _check_metrics(self) -> Deferred:
+        """The metrics endpoint's binding (MetricsService starts first): EndpointError if it is taken."""
+        endpoint = self.metrics.endpoint
+
+        def refused(f: Any) -> None:
+            raise EndpointError("metrics", endpoint, f.value)
+
+        return self.metrics.listening.addErrback(refused)
+
+    def _start_member(self) -> Deferred:
+        from dledger.server import DLedgerServer
+
+        cfg = self.config
+        if cfg.store_type in FILE_STORES:
+            check_store_dir(cfg.member_dir)
+        bio = BlockingIO(self.reactor, threaded=self.threaded_io)
+        self.server = DLedgerServer.build(cfg, clock=self.reactor, blocking_io=bio)
+        if self.metrics is not None:
+            self.server.enable_stats()
+        return maybeDeferred(self.server.start)
 
     def summary(self) -> str:
         """The one line an operator reads to know what this member is and where it serves."""
@@ -205,7 +339,14 @@ class MemberService(service.Service):
 
     def _start_failed(self, failure: Any) -> None:
         err = failure.value.subFailure if hasattr(failure.value, "subFailure") else failure
-        log.failure("dledger {id}: could not start; exiting with status 1", err, id=self.config.self_id)
+        line = start_error_line(err.value)
+        if line is None:  # not an operator mistake: the traceback is what a developer needs
+            log.failure("dledger {id}: could not start; exiting with status 1", err, id=self.config.self_id)
+        else:
+            log.error("dledger {id}: could not start: {reason}; exiting with status 1", id=self.config.self_id,
+                      reason=line)
+            log.failure("dledger {id}: traceback of the start-up error", err, id=self.config.self_id,
+                        level=LogLevel.debug)
         self.exit_status = 1
         self.ready.errback(err)
         self.ready.addErrback(lambda f: None)

@@ -68,11 +68,45 @@ def test_self_id_must_be_a_peer():
     ({"preferred_leader_ids": "n7"}, "preferredLeaderIds"),
     ({"max_heart_beat_leak": "three"}, "expected an integer"),
     ({"enable_batch_push": "maybe"}, "expected true or false"),
+    ({"enable_batch_push": "true"}, "expected true or false"),
+    ({"check_point_interval": "500"}, "expected an integer"),
 ])
 def test_invalid_values_are_refused(options, message):
     """Out-of-range or mistyped values raise ConfigError naming the option."""
     with pytest.raises(ConfigError, match=message):
         DLedgerConfig(peers=PEERS, **options)
+
+
+@pytest.mark.parametrize("toml, message", [
+    ('heartBeatTimeIntervalMs = "100"', "heartBeatTimeIntervalMs: expected an integer (unquoted), got '100'"),
+    ('enableBatchPush = "yes"', "enableBatchPush: expected true or false (a TOML boolean, unquoted), got 'yes'"),
+    ('enableBatchPush = 1', "enableBatchPush: expected true or false"),
+    ('diskFullRatio = "0.9"', "diskFullRatio: expected a number (unquoted), got '0.9'"),
+    ('maxHeartBeatLeak = 2.5', "maxHeartBeatLeak: expected an integer"),
+    ('maxFrameSize = 10', "maxFrameSize: must be at least 65536 bytes"),
+    ('maxEntrySize = 20971520', "maxEntrySize: 20971520 does not fit in a frame of maxFrameSize 16777216"),
+    ('maxFrameSize = 1048576', "maxEntrySize: 4194304 does not fit in a frame of maxFrameSize 1048576"),
+    ('storeBaseDir = ""', "storeBaseDir: must not be empty"),
+    ('storeType = " "', "storeType: must not be empty"),
+])
+def test_config_file_values_are_checked_as_documented(tmp_path, toml, message):
+    """A TOML value of the wrong type or out of its range is refused with the option's name and what it expects."""
+    path = tmp_path / "m.toml"
+    path.write_text(f'peers = "{PEERS}"\n{toml}\n')
+    with pytest.raises(ConfigError) as info:
+        make_config(file=path)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_entry_size_and_frame_size_that_fit_are_accepted():
+    """maxEntrySize up to what fits in one maxFrameSize frame (Base64 plus header) is accepted, one more is not."""
+    from dledger.config import max_entry_size_for_frame
+
+    limit = max_entry_size_for_frame(1 << 20)
+    assert make_config(peers=PEERS, maxFrameSize=1 << 20, maxEntrySize=limit).max_entry_size == limit
+    with pytest.raises(ConfigError, match="maxEntrySize"):
+        make_config(peers=PEERS, maxFrameSize=1 << 20, maxEntrySize=limit + 1)
 
 
 def test_camel_case_and_snake_case_overrides():

@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import LoopingCall, react
 
 from dledger.codes import ResponseCode
+from dledger.commands.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
 from dledger.config import parse_peers
 from dledger.errors import ConfigError, DLedgerError
 from dledger.launcher import LocalGroup, durable_store, free_ports
@@ -88,17 +89,20 @@ def register(bench_subparsers) -> None:
     p.add_argument("--flush", choices=("sync", "async"), default="sync", help="flush policy (default sync)")
     p.add_argument("--preset", choices=("default", "fast"), default="default",
                    help="timer preset of the group used for the load phases (default: DLedger's)")
-    p.add_argument("--size", type=int, default=1024, help="body bytes (default 1024)")
-    p.add_argument("--duration", type=float, default=5.0, help="seconds measured per load phase (default 5)")
-    p.add_argument("--warmup", type=float, default=1.0, help="seconds of load before measuring (default 1)")
-    p.add_argument("--batch", type=int, default=256, help="bodies per batched append (default 256)")
-    p.add_argument("--batch-in-flight", type=int, default=4, help="batched requests in flight (default 4)")
-    p.add_argument("--in-flight", type=int, default=256, help="one-entry requests in flight (default 256)")
-    p.add_argument("--rate", type=int, default=10_000, help="offered appends/s in the latency phase (default 10000)")
-    p.add_argument("--trials", type=int, default=5, help="failover trials per preset (default 5)")
+    p.add_argument("--size", type=non_negative_int, default=1024, help="body bytes (default 1024)")
+    p.add_argument("--duration", type=positive_float, default=5.0,
+                   help="seconds measured per load phase (default 5)")
+    p.add_argument("--warmup", type=non_negative_float, default=1.0,
+                   help="seconds of load before measuring (default 1)")
+    p.add_argument("--batch", type=positive_int, default=256, help="bodies per batched append (default 256)")
+    p.add_argument("--batch-in-flight", type=positive_int, default=4, help="batched requests in flight (default 4)")
+    p.add_argument("--in-flight", type=positive_int, default=256, help="one-entry requests in flight (default 256)")
+    p.add_argument("--rate", type=positive_int, default=10_000,
+                   help="offered appends/s in the latency phase (default 10000)")
+    p.add_argument("--trials", type=positive_int, default=5, help="failover trials per preset (default 5)")
     p.add_argument("--presets", default="fast,default", help="presets for the failover phase (default fast,default)")
     p.add_argument("--seed", type=int, default=1, help="seed of the random kill moments (default 1)")
-    p.add_argument("--pysyncobj-in-flight", type=int, default=10000,
+    p.add_argument("--pysyncobj-in-flight", type=positive_int, default=10000,
                    help="PySyncObj calls in flight (default 10000; it batches per tick, so it needs many)")
     p.add_argument("--phases", default=",".join(PHASES), help=f"phases to run (default {','.join(PHASES)})")
     p.add_argument("--quick", action="store_true", help="a tiny run (keeps the benchmark working in the test suite)")
@@ -115,10 +119,13 @@ def options_from_args(args) -> Options:
     unknown = set(phases) - set(PHASES)
     if unknown:
         raise ConfigError(f"--phases: unknown phases {sorted(unknown)}; known: {', '.join(PHASES)}")
+    presets = tuple(x.strip() for x in args.presets.split(",") if x.strip())
+    if not presets or set(presets) - {"default", "fast"}:
+        raise ConfigError(f"--presets: {args.presets!r}: expected default and/or fast, separated by ','")
     opts = Options(peers=args.peers, group=args.group, store=args.store, flush=args.flush, preset=args.preset,
                    size=args.size, duration=args.duration, warmup=args.warmup, batch=args.batch,
                    batch_in_flight=args.batch_in_flight, in_flight=args.in_flight, rate=args.rate,
-                   trials=args.trials, presets=tuple(x for x in args.presets.split(",") if x), seed=args.seed,
+                   trials=args.trials, presets=presets, seed=args.seed,
                    pysyncobj_in_flight=args.pysyncobj_in_flight, phases=phases,
                    directory=args.directory, keep=args.keep, json=args.json, java_frames=args.java_frames)
     if args.quick:
@@ -135,14 +142,21 @@ def cmd_bench_cluster(args) -> int:
     def main(reactor):
         d = Deferred.fromCoroutine(run(reactor, opts, progress))
         d.addBoth(outcome.append)
+        # SIGTERM/SIGINT stop the reactor mid-run: cancel the run first so that its ``finally`` kills the
+        # members it started and removes its temporary directory.
+        reactor.addSystemEventTrigger("before", "shutdown", d.cancel)
         return d
 
     try:
         react(main)
     except SystemExit:
         pass
-    if not outcome:
-        return 1
+    if not outcome or (hasattr(outcome[0], "check") and outcome[0].check(CancelledError)):
+        from twisted.internet import reactor
+
+        from dledger.commands.bench import interrupted
+
+        raise interrupted(reactor)
     if hasattr(outcome[0], "raiseException"):
         outcome[0].raiseException()
     print(json.dumps(outcome[0], sort_keys=True) if opts.json else format_results(outcome[0]))
@@ -179,7 +193,9 @@ class Loader:
                                                                           detail=True), timeout=1.0)
                 except DLedgerError:
                     continue
-                if meta.role == "LEADER":
+                # leaderId is what every DLedger member sends (Java DLedger sends no role): trust a member
+                # that names itself, and ask the one named by another before trusting it.
+                if meta.leader_id == mid and meta.role in (None, "LEADER"):
                     self.leader = mid
                     return mid
             await _pause(self.reactor, 0.05)
@@ -651,12 +667,13 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
                 results["pysyncobj"] = await measure_pysyncobj(reactor, base, opts, None)
         return results
     finally:
-        if loader is not None:
-            await loader.close()
+        # Synchronous clean-up first: after a signal the reactor may stop at the first await below.
         if group is not None:
             group.close()
         if not (opts.keep or opts.directory):
             shutil.rmtree(base, ignore_errors=True)
+        if loader is not None:
+            await loader.close()
 
 
 def format_results(r: dict) -> str:

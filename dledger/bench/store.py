@@ -23,6 +23,7 @@ from twisted.internet.defer import Deferred
 
 from dledger import diskio
 from dledger.entry import HEADER_SIZE, Entry
+from dledger.errors import ConfigError
 from dledger.testing.store_contract import FakeMemberState, fired
 
 STORES = ("mmap", "lmdb", "memory")
@@ -184,7 +185,8 @@ class _directory:
             self.path = Path(self.opts.directory)
             self.path.mkdir(parents=True, exist_ok=True)
             if any(self.path.iterdir()):
-                raise ValueError(f"benchmark directory {self.path} is not empty")
+                raise ConfigError(f"--dir {self.path}: not empty; give an empty or new directory (the benchmark "
+                                  f"writes and then deletes its store there)")
         else:
             self.path = Path(tempfile.mkdtemp(prefix="dledger-bench-"))
             self.temp = True

@@ -6,6 +6,7 @@ import json
 
 from dledger.bench import cluster as cluster_bench
 from dledger.bench import store as store_bench
+from dledger.commands.argtypes import non_negative_int, positive_int
 
 
 def register(subparsers) -> None:
@@ -22,9 +23,9 @@ def _register_store(sub) -> None:
                                    "each batch (sync) or on the store's timer (async); print entries/s, MB/s, flush "
                                    "latency and reactor-blocked percentiles and RSS.")
     s.add_argument("--store", choices=store_bench.STORES, default="mmap")
-    s.add_argument("--size", type=int, default=1024, help="body bytes per entry (default 1024)")
-    s.add_argument("--count", type=int, default=100_000, help="entries (default 100000)")
-    s.add_argument("--batch", type=int, default=256, help="entries per flush (default 256)")
+    s.add_argument("--size", type=non_negative_int, default=1024, help="body bytes per entry (default 1024)")
+    s.add_argument("--count", type=positive_int, default=100_000, help="entries (default 100000)")
+    s.add_argument("--batch", type=positive_int, default=256, help="entries per flush (default 256)")
     s.add_argument("--flush", choices=("sync", "async"), default="sync", help="flush policy (default sync)")
     s.add_argument("--io", choices=("inline", "thread"), default="inline",
                    help="run fsync inline or on the reactor thread pool (default inline)")
@@ -32,8 +33,8 @@ def _register_store(sub) -> None:
                    help="with --io thread: append the next batch while the previous one is being flushed")
     s.add_argument("--dir", dest="directory", default=None, help="empty directory for the store (default: temp)")
     s.add_argument("--keep", action="store_true", help="keep the store files afterwards")
-    s.add_argument("--data-file-size", type=int, default=1 << 30, metavar="BYTES")
-    s.add_argument("--index-file-size", type=int, default=160 << 20, metavar="BYTES")
+    s.add_argument("--data-file-size", type=positive_int, default=1 << 30, metavar="BYTES")
+    s.add_argument("--index-file-size", type=positive_int, default=160 << 20, metavar="BYTES")
     s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.set_defaults(func=cmd_bench_store)
 
@@ -53,17 +54,32 @@ def cmd_bench_store(args) -> int:
 
 def _run_under_reactor(opts):
     from twisted.internet import reactor
-    from twisted.internet.defer import Deferred
+    from twisted.internet.defer import CancelledError, Deferred
 
     outcome = []
+    stopping: list[bool] = []
 
     def start():
         d = Deferred.fromCoroutine(store_bench.run_threaded(reactor, opts))
         d.addBoth(outcome.append)
-        d.addBoth(lambda _: reactor.stop())
+        d.addBoth(lambda _: None if stopping else reactor.stop())
+        # A signal stops the reactor with the run in the middle: cancel it so that its directory is removed.
+        reactor.addSystemEventTrigger("before", "shutdown", lambda: (stopping.append(True), d.cancel()))
 
     reactor.callWhenRunning(start)
-    reactor.run(installSignalHandlers=False)
+    reactor.run()  # SIGTERM/SIGINT stop the reactor; the before-shutdown trigger unwinds the run first
+    if not outcome or (hasattr(outcome[0], "check") and outcome[0].check(CancelledError)):
+        raise interrupted(reactor)  # stopped by a signal; the store directory is gone
     if hasattr(outcome[0], "raiseException"):
         outcome[0].raiseException()
     return outcome[0]
+
+
+def interrupted(reactor) -> KeyboardInterrupt:
+    """The exception that ends a command whose reactor a signal stopped: Terminated for SIGTERM (exit 143)."""
+    import signal
+
+    from dledger.cli import Terminated
+
+    signum = getattr(reactor, "_exitSignal", None)  # which signal twistd-style reactors record
+    return Terminated(signum) if signum == signal.SIGTERM else KeyboardInterrupt()

@@ -2,9 +2,12 @@
 
 Every command takes the group's ``--peers`` and ``--group`` (or ``--config FILE``
 of a member, or the ``DLEDGER_PEERS`` / ``DLEDGER_GROUP`` environment
-variables), ``--timeout`` (seconds for the whole command) and ``--json``
-(one JSON object per line).  Errors exit with status 1 and print the DLedger
-code, e.g. ``dledger: NOT_LEADER (404): ...``; bad arguments exit with 2.
+variables), ``--timeout`` (seconds each request may take; a long append of
+many entries is not cut short) and ``--json`` (one JSON object per line).
+Errors exit with status 1 and print the DLedger code, e.g.
+``dledger: NOT_LEADER (404): ...``; bad arguments exit with 2.  With
+``--json`` an error is one JSON object on stdout instead:
+``{"error": {"code": "NOT_LEADER", "number": 404, "message": "..."}, "status": 1}``.
 The client finds the leader by itself and follows redirects; ``--member ID``
 sends to that member only (no redirect), which shows what it answers.
 """
@@ -23,12 +26,16 @@ from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.task import react
 
 from dledger.codes import ResponseCode
-from dledger.config import load_toml, parse_peers
+from dledger.commands.argtypes import non_negative_int, positive_float, positive_int
+from dledger.config import DLedgerConfig, load_toml, parse_peers
 from dledger.entry import Entry
 from dledger.errors import ConfigError, DLedgerError
 
-#: Per-request timeout (the whole command is bounded by ``--timeout``).
-REQUEST_TIMEOUT = 3.0
+#: Connection attempts wait at most this long (or ``--timeout`` if shorter).
+CONNECT_TIMEOUT = 3.0
+#: Exit status when the reader of stdout went away (``dledger metadata | head -1``): 128 + SIGPIPE,
+#: as a shell reports a process killed by it.
+EXIT_BROKEN_PIPE = 141
 
 
 def register(subparsers) -> None:
@@ -39,7 +46,9 @@ def register(subparsers) -> None:
     g.add_argument("--group", default=os.environ.get("DLEDGER_GROUP"),
                    help="group name (default: $DLEDGER_GROUP or the --config file's)")
     g.add_argument("--config", help="a member's TOML config file, for its peers and group")
-    g.add_argument("--timeout", type=float, default=10.0, help="give up after this many seconds (default 10)")
+    g.add_argument("--timeout", type=positive_float, default=10.0, metavar="SECONDS",
+                   help="seconds each request may wait for its answer (default 10); applies per request, not to "
+                        "the whole command, so a long append of many entries is not cut short")
     g.add_argument("--json", action="store_true", help="print one JSON object per line")
 
     p = subparsers.add_parser(
@@ -49,17 +58,17 @@ def register(subparsers) -> None:
                     "it is committed. Delivery is at least once: a retried append may be stored twice.")
     p.add_argument("--body", action="append", default=[], help="a body (UTF-8 text); repeatable")
     p.add_argument("--file", action="append", default=[], help="a file whose bytes are one body; repeatable")
-    p.add_argument("--count", type=int, default=0, help="append N generated bodies")
-    p.add_argument("--size", type=int, default=0, help="pad generated bodies to this many bytes")
-    p.add_argument("--batch", type=int, nargs="?", const=256, default=0, metavar="N",
+    p.add_argument("--count", type=positive_int, default=None, metavar="N", help="append N generated bodies")
+    p.add_argument("--size", type=non_negative_int, default=0, help="pad generated bodies to this many bytes")
+    p.add_argument("--batch", type=positive_int, nargs="?", const=256, default=None, metavar="N",
                    help="send the bodies as batch appends of N (default 256) entries each")
     p.add_argument("--member", help="send to this member only (no redirect to the leader)")
     p.set_defaults(func=command(do_append))
 
     p = subparsers.add_parser("get", parents=[common], help="read committed entries from the leader",
                               description="Read committed entries from --index on (NOOP entries are skipped).")
-    p.add_argument("--index", type=int, required=True, help="first index to read")
-    p.add_argument("--count", type=int, default=1, help="read up to N entries (default 1)")
+    p.add_argument("--index", type=non_negative_int, required=True, help="first index to read")
+    p.add_argument("--count", type=positive_int, default=1, metavar="N", help="read up to N entries (default 1)")
     p.add_argument("--member", help="ask this member only (no redirect to the leader)")
     p.set_defaults(func=command(do_get))
 
@@ -97,7 +106,11 @@ def command(action):
 
 
 async def run_command(reactor, action, args, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run ``action(client, args, out)`` against the group of ``args`` within ``args.timeout``; the exit status."""
+    """Run ``action(client, args, out)`` against the group of ``args``; the exit status.
+
+    ``--timeout`` bounds each request (and each connection attempt), not the command: the client's
+    retries are bounded by their number, and a member that answers is never cut off mid-command.
+    """
     from dledger.client import connect
 
     out = out or sys.stdout
@@ -106,43 +119,80 @@ async def run_command(reactor, action, args, out: TextIO | None = None, err: Tex
         peers, group = resolve_group(args)
         member = getattr(args, "member", None)
         limit = {"members": [member], "max_attempts": 1} if member else {}
-        client = connect(peers, group, reactor=reactor, request_timeout=min(REQUEST_TIMEOUT, args.timeout),
-                         **limit)
+        client = connect(peers, group, reactor=reactor, request_timeout=args.timeout,
+                         connect_timeout=min(CONNECT_TIMEOUT, args.timeout), give_up_unreachable=True, **limit)
     except (ConfigError, DLedgerError) as exc:
-        print(f"dledger: error: {exc}", file=err)
-        return 2
-    d = Deferred.fromCoroutine(action(client, args, out))
-    d.addTimeout(args.timeout, reactor)
+        return report_error(args, out, err, None, str(exc), 2)
     try:
-        return int(await d or 0)
+        return int(await Deferred.fromCoroutine(action(client, args, out)) or 0)
+    except ConfigError as exc:  # found before anything was sent (e.g. --file that cannot be read)
+        return report_error(args, out, err, None, str(exc), 2)
     except (CancelledError, DeferredTimeout):
-        print(f"dledger: {ResponseCode.TIMEOUT.name} ({int(ResponseCode.TIMEOUT)}): no answer within "
-              f"{args.timeout:g}s", file=err)
-        return 1
+        return report_error(args, out, err, ResponseCode.TIMEOUT, f"no answer within {args.timeout:g}s", 1)
     except DLedgerError as exc:
-        print(f"dledger: {describe_error(exc)}", file=err)
-        return 1
+        return report_error(args, out, err, exc.code, explain(exc, args), 1)
+    except BrokenPipeError:
+        from dledger.cli import silence_stdout
+
+        silence_stdout()
+        return EXIT_BROKEN_PIPE
     finally:
         await client.close()
 
 
+def report_error(args, out: TextIO, err: TextIO, code: ResponseCode | None, message: str, status: int) -> int:
+    """Print one error: a line on stderr, or with ``--json`` one JSON object on stdout; returns ``status``.
+
+    ``code`` is the DLedger code of a protocol error; None for a usage error (status 2).
+    """
+    if getattr(args, "json", False):
+        error = {"code": code.name if code is not None else "USAGE", "number": int(code) if code is not None else None,
+                 "message": message}
+        print(json.dumps({"error": error, "status": status}, sort_keys=True), file=out)
+    elif code is None:
+        print(f"dledger: error: {message}", file=err)
+    else:
+        print(f"dledger: {code.name} ({int(code)}): {message}", file=err)
+    return status
+
+
+def explain(exc: DLedgerError, args) -> str:
+    """What went wrong (:func:`error_detail`), plus what an operator needs to know about it."""
+    text = error_detail(exc)
+    if exc.code is ResponseCode.UNEXPECTED_ARGUMENT and getattr(args, "bodies", None):
+        biggest = max(len(b) for b in args.bodies)
+        limit = args.max_entry_size
+        if limit is None:
+            text += (f"; the largest body is {biggest} bytes: probably larger than maxEntrySize "
+                     f"({DLedgerConfig.max_entry_size} unless the members' config says otherwise)")
+        elif biggest + 48 > limit:
+            text += f"; a body of {biggest} bytes is larger than maxEntrySize ({limit}) with its 48-byte header"
+    return text
+
+
 def describe_error(exc: DLedgerError) -> str:
     """``NOT_LEADER (404): from n1 (attempt 1); the leader is n0``."""
-    text = f"{exc.code.name} ({int(exc.code)})"
-    if exc.message:
-        text += f": {exc.message}"
+    detail = error_detail(exc)
+    return f"{exc.code.name} ({int(exc.code)})" + (f": {detail}" if detail else "")
+
+
+def error_detail(exc: DLedgerError) -> str:
+    """The error's message without its code: ``from n1 (attempt 1); the leader is n0``."""
+    text = exc.message
     if exc.code is ResponseCode.NOT_LEADER:
         text += f"; the leader is {exc.leader_id}" if exc.leader_id else "; no leader known"
-    return text
+    return text.lstrip("; ")
 
 
 def resolve_group(args) -> tuple[str, str]:
     """``(peers, group)`` from --peers/--group, else --config, else the environment; ConfigError if missing."""
     peers, group = args.peers, args.group
+    args.max_entry_size = None
     if args.config:
         cfg = load_toml(args.config)
         peers = peers or cfg.get("peers")
         group = group or cfg.get("group")
+        args.max_entry_size = cfg.get("max_entry_size", DLedgerConfig.max_entry_size)
     if not peers:
         raise ConfigError("no members given: pass --peers 'n0-host:port;...' (or --config FILE, or set "
                           "DLEDGER_PEERS)")
@@ -177,6 +227,7 @@ def emit(out: TextIO, args, obj: dict[str, Any], text: str) -> None:
 
 # -- commands -----------------------------------------------------------------------------------
 def append_bodies(args) -> list[bytes]:
+    """The bodies to append, read before anything is sent; ConfigError (exit 2) if there are none or a file fails."""
     bodies = [b.encode("utf-8") for b in args.body]
     for path in args.file:
         try:
@@ -184,7 +235,7 @@ def append_bodies(args) -> list[bytes]:
                 bodies.append(fh.read())
         except OSError as exc:
             raise ConfigError(f"--file {path}: {exc.strerror}") from None
-    for i in range(args.count):
+    for i in range(args.count or 0):
         body = f"dledger-cli entry {i}".encode()
         bodies.append(body.ljust(args.size, b".") if args.size > len(body) else body)
     if not bodies:
@@ -193,12 +244,12 @@ def append_bodies(args) -> list[bytes]:
         bodies = [line.rstrip(b"\r\n") for line in sys.stdin.buffer]
         bodies = [b for b in bodies if b]
         if not bodies:
-            raise ConfigError("nothing to append: stdin was empty")
+            raise ConfigError("nothing to append: stdin was empty (give --body, --file or --count)")
     return bodies
 
 
 async def do_append(client, args, out) -> int:
-    bodies = append_bodies(args)
+    bodies = args.bodies = append_bodies(args)
     if args.batch:
         for start in range(0, len(bodies), args.batch):
             chunk = bodies[start:start + args.batch]
@@ -217,7 +268,7 @@ async def do_append(client, args, out) -> int:
 
 
 async def do_get(client, args, out) -> int:
-    index, want, got = args.index, max(1, args.count), 0
+    index, want, got = args.index, args.count, 0
     while got < want:
         try:
             entries = await client.get(index, want - got)
@@ -256,20 +307,20 @@ async def do_metadata(client, args, out) -> int:
         resp = answers[args.member]
         if isinstance(resp, DLedgerError):
             raise resp
-        emit(out, args, {"member": args.member, **meta_json(resp), "peers": resp.peers},
-             f"{args.member}: {meta_text(resp)}; leader {resp.leader_id}")
+        emit(out, args, {"member": args.member, **meta_json(resp, args.member), "peers": resp.peers},
+             f"{args.member}: {meta_text(resp, args.member)}; leader {resp.leader_id}")
         return 0
     leader = next((r.leader_id for r in answers.values() if not isinstance(r, DLedgerError) and r.leader_id), None)
     addresses = client.transport.members
     if args.json:
         members_json = {mid: ({"address": addresses[mid], "error": describe_error(r)} if isinstance(r, DLedgerError)
-                              else {"address": addresses[mid], **meta_json(r)}) for mid, r in answers.items()}
+                              else {"address": addresses[mid], **meta_json(r, mid)}) for mid, r in answers.items()}
         print(json.dumps({"group": client.group, "leader": leader, "members": members_json}, sort_keys=True),
               file=out)
     else:
         print(f"group {client.group}, leader {leader or '(none known)'}", file=out)
         for mid, r in answers.items():
-            what = f"unreachable: {describe_error(r)}" if isinstance(r, DLedgerError) else meta_text(r)
+            what = f"unreachable: {describe_error(r)}" if isinstance(r, DLedgerError) else meta_text(r, mid)
             print(f"  {mid:4} {addresses[mid]:21} {what}", file=out)
     if all(isinstance(r, DLedgerError) for r in answers.values()):
         return 1
@@ -281,14 +332,31 @@ def check(resp: Any) -> None:
         raise DLedgerError(resp.response_code, "", leader_id=resp.leader_id)
 
 
-def meta_json(resp: Any) -> dict[str, Any]:
-    return {"group": resp.group, "leader": resp.leader_id, "role": resp.role, "term": resp.term,
+def meta_json(resp: Any, member: str) -> dict[str, Any]:
+    """One member's metadata as JSON; fields a Java DLedger member does not send are null (role is inferred)."""
+    return {"group": resp.group, "leader": resp.leader_id, "role": resp.role or infer_role(resp, member),
+            "term": resp.term,
             "begin": resp.ledger_begin_index, "end": resp.ledger_end_index, "committed": resp.committed_index}
 
 
-def meta_text(resp: Any) -> str:
-    return (f"{resp.role:9} term {resp.term}  log {resp.ledger_begin_index}..{resp.ledger_end_index}  "
+def meta_text(resp: Any, member: str) -> str:
+    """One member's metadata as text.
+
+    Java DLedger members answer only Java's fields (group, leaderId, term, peers): their role is worked
+    out from ``leaderId`` and the log range is shown as unknown, instead of failing on the missing fields.
+    """
+    role = resp.role or infer_role(resp, member)
+    if resp.ledger_end_index is None:
+        return f"{role:9} term {resp.term}  (no log range: member does not report it, e.g. Java DLedger)"
+    return (f"{role:9} term {resp.term}  log {resp.ledger_begin_index}..{resp.ledger_end_index}  "
             f"committed {resp.committed_index}")
+
+
+def infer_role(resp: Any, member: str) -> str:
+    """The role of ``member`` when its answer does not say (Java DLedger): from the ``leaderId`` it reports."""
+    if not resp.leader_id:
+        return "CANDIDATE"
+    return "LEADER" if resp.leader_id == member else "FOLLOWER"
 
 
 async def do_transfer(client, args, out) -> int:

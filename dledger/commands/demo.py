@@ -19,6 +19,7 @@ from pathlib import Path
 from twisted.internet.defer import Deferred
 from twisted.internet.task import react
 
+from dledger.commands.argtypes import positive_int
 from dledger.errors import ConfigError, DLedgerError
 from dledger.launcher import LocalGroup, durable_store
 
@@ -30,7 +31,7 @@ def register(subparsers) -> None:
                     "directory, append entries, SIGKILL the leader, show the failover, restart it, show it "
                     "caught up and verify that every member's log is identical. Takes well under a minute.")
     p.add_argument("--store", default=None, help="store type (default: mmap, else lmdb; must be durable)")
-    p.add_argument("--entries", type=int, default=10, help="entries appended before and after the failover")
+    p.add_argument("--entries", type=positive_int, default=10, help="entries appended before and after the failover")
     p.add_argument("--dir", default=None, help="directory for stores and logs (default: a new temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the directory (stores and member logs) afterwards")
     p.set_defaults(func=cmd_demo)

@@ -11,6 +11,7 @@ import base64
 import json
 import sys
 
+from dledger.commands.argtypes import non_negative_int, positive_int
 from dledger.errors import StoreError
 from dledger.store import offline
 
@@ -32,8 +33,10 @@ def register(subparsers) -> None:
                        description="Print entries (verified as they are read), one per line, or as JSON lines "
                                    "with the body in base64 and as text when it is printable.")
     _common(d)
-    d.add_argument("--from", dest="start", type=int, default=None, metavar="I", help="first index (default: begin)")
-    d.add_argument("--to", dest="stop", type=int, default=None, metavar="J", help="last index (default: end)")
+    d.add_argument("--from", dest="start", type=non_negative_int, default=None, metavar="I",
+                   help="first index (default: begin)")
+    d.add_argument("--to", dest="stop", type=non_negative_int, default=None, metavar="J",
+                   help="last index (default: end)")
     d.add_argument("--json", action="store_true", help="JSON lines")
     d.set_defaults(func=cmd_dump)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -42,9 +45,9 @@ def register(subparsers) -> None:
 def _common(p) -> None:
     p.add_argument("dir", help="member dir (dledger-<id>), its lmdb/ dir, or the storeBaseDir holding one member")
     p.add_argument("--type", choices=offline.KINDS, default=None, help="store type (default: detected)")
-    p.add_argument("--data-file-size", type=int, default=None, metavar="BYTES",
+    p.add_argument("--data-file-size", type=positive_int, default=None, metavar="BYTES",
                    help="mmap data file size (default: the size of the files found)")
-    p.add_argument("--index-file-size", type=int, default=None, metavar="BYTES",
+    p.add_argument("--index-file-size", type=positive_int, default=None, metavar="BYTES",
                    help="mmap index file size (default: the size of the files found)")
     p.add_argument("--java-compat", action="store_true",
                    help="accept bodyCrc 0 (stores written by Java DLedger 0.3.2)")

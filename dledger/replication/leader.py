@@ -18,7 +18,7 @@ from dledger.codes import EntryType, PushType, ResponseCode
 from dledger.entry import HEADER_SIZE, Entry, EntryList
 from dledger.errors import DLedgerError
 from dledger.messages import PushEntryRequest
-from dledger.replication.rules import Step, after_compare, first_compare_index, new_commit_index
+from dledger.replication.rules import Step, after_compare, first_compare_index, new_commit_index, truncate_reason
 
 log = Logger()
 
@@ -226,16 +226,16 @@ class EntryDispatcher:
             self._change(Step.APPEND, nxt.index)
             self.leader.watermark_changed(self)
         elif nxt.step is Step.TRUNCATE:
-            self._truncate(nxt.index)
+            self._truncate(nxt.index, resp.end_index)
             return
         else:
             self._change(Step.COMPARE, nxt.index)
         self.pump()
 
-    def _truncate(self, index: int) -> None:
+    def _truncate(self, index: int, follower_end: int | None = None) -> None:
         self._change(Step.TRUNCATE, index)
         self.outstanding = True
-        log.info("{leader}: truncating {peer} at index {index}", leader=self.leader.self_id, peer=self.peer,
+        log.info("{leader}: {peer}: " + truncate_reason(follower_end), leader=self.leader.self_id, peer=self.peer,
                  index=index)
         self._send(self._push(PushType.TRUNCATE, entry=self.leader.store.get(index)),
                    lambda resp: self._on_truncate(resp, index),

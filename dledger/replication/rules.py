@@ -76,3 +76,15 @@ def new_commit_index(current: int, watermarks: list[int], members: int, term_sta
     if q > current and term_start_index >= 0 and q >= term_start_index:
         return q
     return current
+
+
+def truncate_reason(follower_end: int | None) -> str:
+    """Why the leader sends a TRUNCATE, for its log line: a fresh or wiped follower is filled, not repaired.
+
+    A follower whose log is empty (a new group, a wiped store) also starts with a TRUNCATE at the
+    leader's first index; saying "truncating" there reads like damage when nothing is wrong.
+    """
+    if follower_end is not None and follower_end < 0:
+        return "its log is empty; sending it our log from index {index}"
+    where = f" (it ends at {follower_end})" if follower_end is not None else ""
+    return "truncating it at index {index} to repair its log" + where + "; normal after a crash or a long absence"

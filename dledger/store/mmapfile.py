@@ -220,6 +220,7 @@ class MmapLogStore:
         self.committed_index = rec.committed
         self._refresh_tails()
         self._make_recovery_durable(rec, checkpoint)
+        claimed = checkpoint.committed_index if checkpoint is not None else -1
         if rec.forced and checkpoint is not None and checkpoint.committed_index > rec.committed:
             # Never claim, even after a crash right now, a committed index the log no longer holds.
             checkpoint = Checkpoint(end_index=rec.end, committed_index=rec.committed)
@@ -232,9 +233,12 @@ class MmapLogStore:
         self._checkpoint_written = checkpoint
         self._open = True
         msg = "mmap store {dir}: {summary}"
+        if claimed > rec.end:  # committed entries are missing here: an operator must hear of it
+            rec.notes.append(f"the checkpoint claims more than the log holds: committed index {claimed} but "
+                             f"entries only up to {rec.end} (see docs/operations.md, Troubleshooting)")
         if rec.forced:
             log.error(msg, dir=str(self.member_dir), summary=rec.summary())
-        elif rec.cut:
+        elif rec.cut or claimed > rec.end:
             log.warn(msg, dir=str(self.member_dir), summary=rec.summary())
         else:
             log.info(msg, dir=str(self.member_dir), summary=rec.summary())

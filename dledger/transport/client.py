@@ -77,6 +77,8 @@ class Backoff:
 class _ClientFactory(Factory):
     """Builds the protocol of one outgoing connection (it does not serve requests)."""
 
+    noisy = False  # no "Starting factory <... object at 0x...>" line per (re)connection
+
     def __init__(self, client: RemotingClient):
         self.client = client
 

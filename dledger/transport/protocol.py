@@ -335,6 +335,8 @@ class RemotingProtocol(Protocol):
 class RemotingServerFactory(Factory):
     """Builds serving protocols for a listening port and remembers the live ones (to close them on stop)."""
 
+    noisy = False  # no "Starting factory <... object at 0x...>" line per listen
+
     def __init__(self, clock: IReactorTime, handler: Any, *, max_frame_size: int = remoting.DEFAULT_MAX_FRAME_SIZE,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT):
         self.clock = clock
