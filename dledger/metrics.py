@@ -35,7 +35,7 @@ from twisted.logger import Logger
 from twisted.python.threadable import isInIOThread
 
 from dledger.codes import Role
-from dledger.stats import Histogram
+from dledger.stats import Histogram, lag_entries
 
 log = Logger()
 
@@ -83,7 +83,7 @@ def take_snapshot(server: Any) -> Snapshot:
     replicator = server.replicator
     if replicator is not None and state.role is Role.LEADER:
         for peer in state.peers:
-            snap.lag[peer] = max(0, snap.end - replicator.peer_watermark(peer))
+            snap.lag[peer] = lag_entries(snap.begin, snap.end, replicator.peer_known(peer))
     stats = server.stats
     if stats is not None:
         snap.histograms = {
@@ -174,8 +174,8 @@ class MemberCollector:
         yield gauge("dledger_entry_store_size", "Bytes of the data log from the first to the last entry",
                     snap.store_bytes)
         yield gauge("dledger_pending_appends", "Appends waiting on the leader for their quorum", snap.pending)
-        lag = GaugeMetricFamily("dledger_lag_entries_count", "Entries the leader has that a follower does not "
-                                "(leader only)", labels=[*base, "remote_id"])
+        lag = GaugeMetricFamily("dledger_lag_entries_count", "Entries the leader has that a follower is not known "
+                                "to hold (unknown: all of them; leader only)", labels=[*base, "remote_id"])
         for peer, value in sorted(snap.lag.items()):
             lag.add_metric([*ids, peer], value)
         yield lag

@@ -117,14 +117,17 @@ class EntryHandler:
         self._matched, self._matched_epoch = -1, (-1, None)
 
     def _on_commit(self, req: PushEntryRequest, d: Deferred) -> None:
-        """Adopt the leader's commit index; if we hold entries not yet matched in this term, ask for a COMPARE.
+        """Adopt the leader's commit index; if we lack committed entries or hold unmatched ones, ask for a COMPARE.
 
         After a restart (or any gap in what we know) our tail may hold entries
         that were truncated before the crash but never flushed; committing
         them by position alone could commit the wrong entries.
         """
         matched = self._matched if self._matched_epoch == (req.term, req.leader_id) else -1
-        if self._current(req) and matched < self.store.ledger_end_index and req.commit_index > matched:
+        end = self.store.ledger_end_index
+        if self._current(req) and (req.commit_index > end or (matched < end and req.commit_index > matched)):
+            # Committed entries we do not hold (a wiped or recovered store) must be re-sent: SUCCESS here
+            # would tell the leader we are in sync and leave us empty until the next client write.
             self._reply(d, req, ResponseCode.INCONSISTENT_STATE)
             return
         self._adopt_commit(req)

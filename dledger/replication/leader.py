@@ -106,6 +106,33 @@ class EntryDispatcher:
         self.gen = 0  # bumps on every state change; replies to older generations are ignored
         self._retry = None
         self.stopped = False
+        # Whether the follower answered its last request: while it does not, what it holds is unknown
+        # (a restarted follower may come back with a wiped or recovered store).
+        self.in_contact = False
+
+    def known_index(self) -> int:
+        """The highest index this follower is known to hold: its watermark while it answers, else -1 (unknown)."""
+        return self.watermark if self.in_contact else -1
+
+    def _shrunk(self, resp) -> bool:
+        """Believe what the follower says it holds when that is less than its watermark (True if so).
+
+        A follower's log can shrink behind the leader's back only by losing its store (wiped, or cut by
+        recovery); its watermark must then come down, or the leader would think it in sync for good and
+        report no lag (issue #9: an emptied follower answered COMMIT with SUCCESS and was never refilled).
+        Only the entry handler's own answers (SUCCESS, INCONSISTENT_STATE) carry its ledger range.
+        """
+        code = resp.response_code
+        if code in (ResponseCode.SUCCESS, ResponseCode.INCONSISTENT_STATE) and resp.end_index < self.watermark:
+            log.warn("{leader}: {peer} holds entries only up to {end} but had acknowledged {mark} "
+                     "(store wiped or recovered?): repairing it", leader=self.leader.self_id, peer=self.peer,
+                     end=resp.end_index, mark=self.watermark)
+            self.watermark = resp.end_index
+            return True
+        return False
+
+    def _lost_contact(self) -> None:
+        self.in_contact = False
 
     # -- state ---------------------------------------------------------------------------
     def _change(self, step: Step, index: int) -> None:
@@ -150,10 +177,12 @@ class EntryDispatcher:
 
         def reply(resp):
             if gen == self.gen and not self.stopped:
+                self.in_contact = True
                 on_reply(resp)
 
         def failed(f):
             if gen == self.gen and not self.stopped:
+                self._lost_contact()
                 on_fail(f.value)
 
         d.addCallbacks(reply, failed)
@@ -219,6 +248,7 @@ class EntryDispatcher:
         if code not in (ResponseCode.SUCCESS, ResponseCode.INCONSISTENT_STATE):
             self._retry_later(f"COMPARE answered {code.name}")
             return
+        self._shrunk(resp)
         nxt = after_compare(self.compare_index, code, resp.begin_index, resp.end_index,
                             store.ledger_begin_index, store.ledger_end_index)
         if nxt.step is Step.APPEND:
@@ -277,10 +307,12 @@ class EntryDispatcher:
 
     def _on_commit_reply(self, resp) -> None:
         self.outstanding = False
-        if resp.response_code is ResponseCode.SUCCESS:
+        shrunk = self._shrunk(resp)
+        if resp.response_code is ResponseCode.SUCCESS and not shrunk:
             self.pump()
         else:
-            self._retry_later(f"COMMIT answered {resp.response_code.name}")
+            # The follower lacks entries we thought it held (or cannot vouch for them): compare again.
+            self._retry_later(f"COMMIT answered {resp.response_code.name} (follower end {resp.end_index})")
 
     def _on_commit_fail(self, exc) -> None:
         self.outstanding = False
@@ -430,6 +462,11 @@ class LeaderReplicator:
     def peer_watermark(self, peer: str) -> int:
         d = self.dispatchers.get(peer)
         return d.watermark if d is not None else -1
+
+    def peer_known(self, peer: str) -> int:
+        """The highest index ``peer`` is known to hold now (-1: unknown); what the lag metric counts from."""
+        d = self.dispatchers.get(peer)
+        return d.known_index() if d is not None else -1
 
     def wait_peer(self, peer: str, index: int) -> Deferred:
         """Fires once ``peer`` is known to hold ``index`` (leadership transfer waits for this)."""
