@@ -18,6 +18,7 @@ from dledger.codes import EntryType, PushType, ResponseCode
 from dledger.entry import HEADER_SIZE, Entry, EntryList
 from dledger.errors import DLedgerError
 from dledger.messages import PushEntryRequest
+from dledger.ratelog import RateLimitedLog
 from dledger.replication.rules import Step, after_compare, first_compare_index, new_commit_index
 
 log = Logger()
@@ -163,6 +164,53 @@ class EntryDispatcher:
             self._retry.cancel()
         self._retry = None
 
+    # -- reading the leader's log -------------------------------------------------------------
+    def _read(self, index: int) -> Entry | None:
+        """Entry ``index`` from the leader's store, or None after reporting it unreadable (see _unreadable)."""
+        try:
+            return self.leader.store.get(index)
+        except DLedgerError as exc:
+            self._unreadable(index, exc)
+            return None
+
+    def _read_range(self, begin: int) -> list[Entry]:
+        """A batch from ``begin``; if an entry in it is unreadable, the readable entries before it.
+
+        The follower then gets everything up to the damaged entry, and the next push starts at that
+        entry, whose read failure is reported (``_unreadable``) with its exact index.
+        """
+        lead = self.leader
+        try:
+            return lead.store.get_range(begin, lead.max_batch_entries, lead.max_batch_bytes)
+        except DLedgerError as exc:
+            out: list[Entry] = []
+            total = 0
+            for index in range(begin, min(lead.store.ledger_end_index, begin + lead.max_batch_entries - 1) + 1):
+                try:
+                    entry = lead.store.get(index)
+                except DLedgerError as exc2:
+                    if not out:
+                        self._unreadable(index, exc2)
+                    return out
+                total += entry.size
+                if out and total > lead.max_batch_bytes:
+                    break
+                out.append(entry)
+            if not out:
+                self._unreadable(begin, exc)
+            return out
+
+    def _unreadable(self, index: int, exc: DLedgerError) -> None:
+        """The leader cannot read an entry this follower needs: report it, and try again a heartbeat later.
+
+        Retrying at once would spin; the leader (LeaderReplicator.entry_unreadable) logs it and decides
+        whether to hand leadership to a member that holds the entry.
+        """
+        self._change(Step.COMPARE, -1)
+        self.leader.entry_unreadable(self.peer, index, exc)
+        if self._retry is None and not self.stopped:
+            self._retry = self.leader.clock.callLater(self.leader.heartbeat, self._retry_now)
+
     # -- sending ---------------------------------------------------------------------------
     def _push(self, type_: PushType, *, entry=None, batch=None) -> PushEntryRequest:
         lead = self.leader
@@ -197,8 +245,11 @@ class EntryDispatcher:
                 return
             self.compare_index = first_compare_index(self.compare_index, store.ledger_begin_index,
                                                      store.ledger_end_index)
+            entry = self._read(self.compare_index)
+            if entry is None:
+                return
             self.outstanding = True
-            self._send(self._push(PushType.COMPARE, entry=store.get(self.compare_index)),
+            self._send(self._push(PushType.COMPARE, entry=entry),
                        self._on_compare, lambda exc: self._retry_later(f"COMPARE failed: {exc}"))
         elif self.step is Step.APPEND:
             self._pump_append()
@@ -214,11 +265,15 @@ class EntryDispatcher:
                 return
             if lead.batch_push:
                 batch = lead.recent.get_range(self.write_index, lead.max_batch_entries, lead.max_batch_bytes) \
-                    or store.get_range(self.write_index, lead.max_batch_entries, lead.max_batch_bytes)
+                    or self._read_range(self.write_index)
+                if not batch:
+                    return
                 req = self._push(PushType.APPEND, batch=batch)
                 first, last = batch[0].index, batch[-1].index
             else:
-                entry = store.get(self.write_index)
+                entry = self._read(self.write_index)
+                if entry is None:
+                    return
                 req = self._push(PushType.APPEND, entry=entry)
                 first = last = entry.index
             self.in_flight[first] = last
@@ -263,11 +318,14 @@ class EntryDispatcher:
         self.pump()
 
     def _truncate(self, index: int) -> None:
+        entry = self._read(index)
+        if entry is None:
+            return
         self._change(Step.TRUNCATE, index)
         self.outstanding = True
         log.info("{leader}: truncating {peer} at index {index}", leader=self.leader.self_id, peer=self.peer,
                  index=index)
-        self._send(self._push(PushType.TRUNCATE, entry=self.leader.store.get(index)),
+        self._send(self._push(PushType.TRUNCATE, entry=entry),
                    lambda resp: self._on_truncate(resp, index),
                    lambda exc: self._retry_later(f"TRUNCATE failed: {exc}"))
 
@@ -343,6 +401,7 @@ class LeaderReplicator:
         self.term_start_index = -1
         self.self_durable = server.store.flushed_index
         self.recent = RecentEntries()
+        self.damage_log = RateLimitedLog(log, self.clock, interval=60.0)
         self._durable_wanted = -1  # highest index whose durability was asked for
         self._durable_waiting = False
         self._waiters: list[tuple[str, int, Deferred]] = []
@@ -462,6 +521,20 @@ class LeaderReplicator:
     def peer_watermark(self, peer: str) -> int:
         d = self.dispatchers.get(peer)
         return d.watermark if d is not None else -1
+
+    def entry_unreadable(self, peer: str, index: int, exc: DLedgerError) -> None:
+        """An entry a follower needs cannot be read from this member's store (e.g. its body CRC fails).
+
+        Logged as an error (once per index and interval, with the store's file and offset), then handed
+        to the server, which marks the store damaged (no more standing for election) and moves
+        leadership to a member holding the entry (:func:`dledger.replication.rules.damaged_leader_action`).
+        """
+        self.damage_log.error(("unreadable", index), "{id}: cannot read entry {index} to replicate it to {peer}: "
+                              "{why}; this member's store is damaged (see 'store damaged' in operations.md)",
+                              id=self.self_id, index=index, peer=peer, why=exc.message or exc)
+        report = getattr(self.server, "store_damaged", None)
+        if report is not None:
+            report(index, exc)
 
     def peer_known(self, peer: str) -> int:
         """The highest index ``peer`` is known to hold now (-1: unknown); what the lag metric counts from."""
