@@ -18,10 +18,17 @@ from dledger.codes import EntryType, PushType, ResponseCode
 from dledger.entry import HEADER_SIZE, Entry, EntryList
 from dledger.errors import DLedgerError
 from dledger.messages import PushEntryRequest
-from dledger.ratelog import RateLimitedLog
+from dledger.ratelog import RateLimitedLog, RateLimiter
 from dledger.replication.rules import Step, after_compare, first_compare_index, new_commit_index
+from dledger.stats import lag_entries
 
 log = Logger()
+
+#: A follower more than this many entries behind the leader gets an info line (and another when it has
+#: caught up); see "What it logs" in docs/operations.md.
+BEHIND_LOG_ENTRIES = 1000
+#: While a follower does not answer, the leader repeats one summary line per this many seconds.
+DOWN_SUMMARY_INTERVAL = 60.0
 
 
 class RecentEntries:
@@ -110,6 +117,9 @@ class EntryDispatcher:
         # Whether the follower answered its last request: while it does not, what it holds is unknown
         # (a restarted follower may come back with a wiped or recovered store).
         self.in_contact = False
+        self.down_since: float | None = None  # when the follower stopped answering (None: it answers)
+        self.failures = 0  # requests that failed since then
+        self.behind = False  # an info line said it is more than BEHIND_LOG_ENTRIES behind
 
     def known_index(self) -> int:
         """The highest index this follower is known to hold: its watermark while it answers, else -1 (unknown)."""
@@ -132,8 +142,48 @@ class EntryDispatcher:
             return True
         return False
 
-    def _lost_contact(self) -> None:
+    def _lost_contact(self, why: object) -> None:
+        """A request failed: one line when the follower stops answering, then only the periodic summary."""
         self.in_contact = False
+        lead = self.leader
+        if self.down_since is None:
+            self.down_since = lead.clock.seconds()
+            self.failures = 1
+            lead.follower_log.warn(("down", self.peer), "{id}: follower {peer} does not answer: {why}",
+                                   id=lead.self_id, peer=self.peer, why=why)
+            lead.down_summaries.check(self.peer)  # the summary starts one interval from now
+        else:
+            self.failures += 1
+
+    def _answering(self) -> None:
+        self.in_contact = True
+        if self.down_since is not None:
+            lead = self.leader
+            lead.down_summaries.forget(self.peer)
+            lead.follower_log.info(("up", self.peer), "{id}: follower {peer} answers again after {secs:.1f}s "
+                                   "({n} failed requests)", id=lead.self_id, peer=self.peer,
+                                   secs=lead.clock.seconds() - self.down_since, n=self.failures)
+            self.down_since = None
+            self.failures = 0
+
+    def report(self) -> None:
+        """Once per heartbeat: the periodic summary while down, and the fell-behind / caught-up lines."""
+        lead = self.leader
+        store = lead.store
+        lag = lag_entries(store.ledger_begin_index, store.ledger_end_index, self.known_index())
+        if self.down_since is not None and lead.down_summaries.check(self.peer) is not None:
+            log.warn("{id}: follower {peer} still does not answer after {secs:.0f}s ({n} failed requests); "
+                     "its lag is {lag} entries", id=lead.self_id, peer=self.peer,
+                     secs=lead.clock.seconds() - self.down_since, n=self.failures, lag=lag)
+        if not self.behind and lag > lead.behind_log_entries:
+            self.behind = True
+            log.info("{id}: follower {peer} is {lag} entries behind (leader end {end}, follower known to hold up "
+                     "to {known})", id=lead.self_id, peer=self.peer, lag=lag, end=store.ledger_end_index,
+                     known=self.known_index())
+        elif self.behind and lag == 0:
+            self.behind = False
+            log.info("{id}: follower {peer} has caught up (index {end})", id=lead.self_id, peer=self.peer,
+                     end=store.ledger_end_index)
 
     # -- state ---------------------------------------------------------------------------
     def _change(self, step: Step, index: int) -> None:
@@ -225,12 +275,12 @@ class EntryDispatcher:
 
         def reply(resp):
             if gen == self.gen and not self.stopped:
-                self.in_contact = True
+                self._answering()
                 on_reply(resp)
 
         def failed(f):
             if gen == self.gen and not self.stopped:
-                self._lost_contact()
+                self._lost_contact(f.value)
                 on_fail(f.value)
 
         d.addCallbacks(reply, failed)
@@ -402,6 +452,9 @@ class LeaderReplicator:
         self.self_durable = server.store.flushed_index
         self.recent = RecentEntries()
         self.damage_log = RateLimitedLog(log, self.clock, interval=60.0)
+        self.follower_log = RateLimitedLog(log, self.clock, interval=10.0)  # a flapping follower: one line per 10 s
+        self.down_summaries = RateLimiter(self.clock, DOWN_SUMMARY_INTERVAL)
+        self.behind_log_entries = BEHIND_LOG_ENTRIES
         self._durable_wanted = -1  # highest index whose durability was asked for
         self._durable_waiting = False
         self._waiters: list[tuple[str, int, Deferred]] = []
@@ -490,6 +543,7 @@ class LeaderReplicator:
                 d.send_commit()
             elif d.step is Step.COMPARE:
                 d.pump()
+            d.report()
         self._commit_timer = self.clock.callLater(self.heartbeat, self._periodic_commit)
 
     # -- quorum -------------------------------------------------------------------------------
