@@ -118,3 +118,40 @@ def test_mmap_read_error_names_file_offset_and_index(tmp_path):
     assert data_file.name in info.value.message and f"offset {pos}" in info.value.message
     assert "entry 2" in info.value.message
     fired(store.shutdown())
+
+
+def test_follower_that_cannot_read_a_compared_entry_says_so_once():
+    """A follower whose own entry fails on read answers the COMPARE INCONSISTENT_STATE and logs one error line."""
+    from dledger.codes import PushType
+    from dledger.messages import PushEntryRequest
+
+    cluster = Cluster(3, seed=6)
+    cluster.start()
+    leader_id = cluster.wait_for_leader()
+    leader = cluster.servers[leader_id]
+    client = cluster.client()
+    ds = [client.append(b"x%d" % i) for i in range(5)]
+    assert cluster.run_until(lambda: all(d.called for d in ds))
+    peer = leader.state.peers[0]
+    follower = cluster.servers[peer]
+    assert cluster.run_until(lambda: follower.store.ledger_end_index == leader.store.ledger_end_index)
+    entry = leader.store.get(3)
+
+    def broken(index):
+        raise DLedgerError(ResponseCode.DISK_ERROR, f"entry {index} in data/00000000000000000000 is damaged")
+    follower.store.get = broken
+    lines, observer = errors_logged()
+    replies = []
+    try:
+        for _ in range(3):
+            req = PushEntryRequest(group="g0", remote_id=peer, local_id=leader_id, leader_id=leader_id,
+                                   term=leader.state.curr_term, commit_index=leader.store.committed_index,
+                                   type=PushType.COMPARE, entry=entry)
+            follower.entry_handler.handle_push(req).addCallback(replies.append)
+    finally:
+        globalLogPublisher.removeObserver(observer)
+        cluster.crash(peer)
+        cluster.stop()
+    assert [r.response_code for r in replies] == [ResponseCode.INCONSISTENT_STATE] * 3
+    texts = [e["log_format"].format(**e) for e in lines if "log_format" in e]
+    assert len([t for t in texts if "cannot read entry 3" in t and "00000000000000000000" in t]) == 1, texts

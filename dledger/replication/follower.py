@@ -179,9 +179,12 @@ class EntryHandler:
             self._reply(d, req, ResponseCode.INCONSISTENT_STATE)
             return
         self._clear_waiting("TRUNCATE")
+        was_empty = self.store.ledger_end_index < 0
         index = self.store.truncate(req.entry, req.term, req.leader_id)
         self.flusher.cancel_above(index - 1, f"truncated at {index}")
-        log.info("{id}: truncated to index {index} for leader {leader} (term {term})", id=self.state.self_id,
+        # An empty log (new group, wiped store) is filled, not repaired: say so, so that it does not read as damage.
+        what = "log was empty; starting it at index {index}" if was_empty else "truncated to index {index}"
+        log.info("{id}: " + what + " for leader {leader} (term {term})", id=self.state.self_id,
                  index=index, leader=req.leader_id, term=req.term)
         self._match(req, index)
         self._adopt_commit(req)
