@@ -156,8 +156,13 @@ class EntryHandler:
         self._clear_waiting("COMPARE")
         try:
             same = self.store.get(req.entry.index) == req.entry
-        except DLedgerError:
+        except DLedgerError as exc:
             same = False
+            if exc.code is ResponseCode.DISK_ERROR:  # damaged here: say so, the leader's compare alone would not
+                self._refusals.error(("unreadable", req.entry.index), "{id}: cannot read entry {index} of this "
+                                     "member's log to compare it with leader {leader}: {why}; the store is damaged "
+                                     "(see 'store damaged' in operations.md)", id=self.state.self_id,
+                                     index=req.entry.index, leader=req.leader_id, why=exc.message or exc)
         if same:
             self._match(req, req.entry.index)
         self._reply(d, req, ResponseCode.SUCCESS if same else ResponseCode.INCONSISTENT_STATE)
@@ -179,12 +184,9 @@ class EntryHandler:
             self._reply(d, req, ResponseCode.INCONSISTENT_STATE)
             return
         self._clear_waiting("TRUNCATE")
-        was_empty = self.store.ledger_end_index < 0
         index = self.store.truncate(req.entry, req.term, req.leader_id)
         self.flusher.cancel_above(index - 1, f"truncated at {index}")
-        # An empty log (new group, wiped store) is filled, not repaired: say so, so that it does not read as damage.
-        what = "log was empty; starting it at index {index}" if was_empty else "truncated to index {index}"
-        log.info("{id}: " + what + " for leader {leader} (term {term})", id=self.state.self_id,
+        log.info("{id}: truncated to index {index} for leader {leader} (term {term})", id=self.state.self_id,
                  index=index, leader=req.leader_id, term=req.term)
         self._match(req, index)
         self._adopt_commit(req)

@@ -220,7 +220,7 @@ class EntryDispatcher:
         try:
             return self.leader.store.get(index)
         except DLedgerError as exc:
-            self._unreadable(index, exc)
+            self._read_failed(index, exc)
             return None
 
     def _read_range(self, begin: int) -> list[Entry]:
@@ -240,15 +240,21 @@ class EntryDispatcher:
                     entry = lead.store.get(index)
                 except DLedgerError as exc2:
                     if not out:
-                        self._unreadable(index, exc2)
+                        self._read_failed(index, exc2)
                     return out
                 total += entry.size
                 if out and total > lead.max_batch_bytes:
                     break
                 out.append(entry)
             if not out:
-                self._unreadable(begin, exc)
+                self._read_failed(begin, exc)
             return out
+
+    def _read_failed(self, index: int, exc: DLedgerError) -> None:
+        if exc.code is ResponseCode.DISK_ERROR:
+            self._unreadable(index, exc)
+        else:  # not damage (e.g. the range moved under us): compare again, as after any failure
+            self._retry_later(f"reading entry {index} failed: {exc}")
 
     def _unreadable(self, index: int, exc: DLedgerError) -> None:
         """The leader cannot read an entry this follower needs: report it, and try again a heartbeat later.
