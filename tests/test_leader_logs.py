@@ -48,3 +48,31 @@ def test_a_down_follower_costs_one_line_then_a_summary_per_interval_and_lag_line
     assert len(behind) == 1 and len(again) == 1 and len(caught) == 1, about
     assert len(about) == 6, about
     assert all(lv == "warn" for lv, t in about if "answer:" in t or "still" in t)
+
+
+def test_a_follower_refusing_entries_is_a_warning_on_the_leader_not_a_debug_line():
+    """A follower answering 411 to every push makes the leader warn (rate-limited), instead of stalling silently."""
+    from dledger.codes import ResponseCode
+    from dledger.errors import DLedgerError
+
+    cluster = Cluster(3, seed=12)
+    cluster.start()
+    leader_id = cluster.wait_for_leader()
+    leader = cluster.servers[leader_id]
+    peer = leader.state.peers[0]
+
+    def refuse(entries, term, leader_id):
+        raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "entry has bodyCrc 0 and acceptJavaZeroCrc is false")
+    cluster.servers[peer].entry_handler._append_batch = refuse
+    lines, observer = capture()
+    try:
+        client = cluster.client()
+        ds = [client.append(b"x") for _ in range(3)]
+        assert cluster.run_until(lambda: all(d.called for d in ds), 30)
+        cluster.run(25)
+    finally:
+        globalLogPublisher.removeObserver(observer)
+        cluster.stop()
+    refused = [(lv, t) for lv, t in lines if f"follower {peer} refuses entries" in t]
+    assert refused and all(lv == "warn" for lv, _ in refused)
+    assert len(refused) <= 4, "one line per 10 s, not one per retry"

@@ -32,6 +32,7 @@ async def lag_of(reactor, group, leader, peer):
     return None
 
 
+@pytest.mark.filterwarnings("ignore:Using readBody:DeprecationWarning")
 @pytest_twisted.ensureDeferred
 async def test_wiped_follower_in_an_idle_group_catches_up_within_two_heartbeats(tmp_path, reactor):
     """rm -rf of a follower's store, restart, no client writes: it holds the leader's log within 2 heartbeats."""

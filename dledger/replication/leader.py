@@ -387,6 +387,8 @@ class EntryDispatcher:
 
     def _on_truncate(self, resp, index: int) -> None:
         self.outstanding = False
+        if resp.response_code is ResponseCode.UNEXPECTED_ARGUMENT:
+            self._refused(index, index)
         if resp.response_code is not ResponseCode.SUCCESS:
             self._retry_later(f"TRUNCATE answered {resp.response_code.name}")
             return
@@ -408,7 +410,16 @@ class EntryDispatcher:
             gen = self.gen
             self.leader.clock.callLater(self.leader.push_timeout, self._check_repeated, gen, first, last)
         else:
+            if code is ResponseCode.UNEXPECTED_ARGUMENT:
+                self._refused(first, last)
             self._retry_later(f"APPEND {first}-{last} answered {code.name}")
+
+    def _refused(self, first: int, last: int) -> None:
+        """The follower refuses our entries outright (411): never only a debug line, as a stall would be silent."""
+        lead = self.leader
+        lead.follower_log.warn(("refused", self.peer), "{id}: follower {peer} refuses entries {first}..{last} "
+                               "(UNEXPECTED_ARGUMENT); its log and the reply's remark say why", id=lead.self_id,
+                               peer=self.peer, first=first, last=last)
 
     def _check_repeated(self, gen: int, first: int, last: int) -> None:
         if gen != self.gen or self.stopped or first not in self.in_flight:
