@@ -7,7 +7,7 @@ from dledger.messages import PushEntryRequest
 from dledger.metrics import take_snapshot
 from dledger.store.memory import MemoryTermVoteStore
 from dledger.testing.cluster import Cluster
-from dledger.testing.simdisk import SimulatedDisk
+from dledger.testing.simdisk import SimulatedDisk, preload
 
 
 def committed_everywhere(cluster, count):
@@ -54,6 +54,37 @@ def test_wiped_follower_is_refilled_within_two_heartbeats_of_an_idle_group(seed)
     assert cluster.run_until(lambda: take_snapshot(leader).lag[follower] == 0, heartbeat)
     assert [restarted.get(i) for i in range(end + 1)] == [leader.store.get(i) for i in range(end + 1)]
     assert cluster.leader() == leader_id
+    cluster.stop()
+
+
+@pytest.mark.parametrize("kept", [1, 6, 15])
+def test_follower_whose_recovery_cut_committed_entries_is_refilled_while_idle(kept):
+    """A follower restarted holding only a prefix of what it acknowledged (recovery cut it) is refilled, no writes.
+
+    (A guard: a non-empty prefix was already repaired before issue #9 by the unmatched-tail rule; the empty
+    store of the test above was not.)
+    """
+    cluster = Cluster(3, seed=kept)
+    cluster.start()
+    leader_id = cluster.wait_for_leader()
+    leader = cluster.servers[leader_id]
+    client = cluster.client()
+    ds = [client.append(b"entry-%d" % i) for i in range(20)]
+    assert cluster.run_until(lambda: all(d.called for d in ds) and committed_everywhere(cluster, 20))
+    follower = leader.state.peers[1]
+    heartbeat = leader.config.heart_beat_time_interval_ms / 1000.0
+    end = leader.store.ledger_end_index
+    prefix = [cluster.servers[follower].store.get(i) for i in range(kept)]
+    cluster.crash(follower)
+    cfg = cluster.configs[follower]
+    cluster.disks[follower] = SimulatedDisk(cfg.mapped_file_size_for_entry_data, cfg.max_entry_size)
+    preload(cluster.disks[follower], prefix, kept - 1)
+    cluster.restart(follower)
+    store = cluster.servers[follower].store
+    assert store.ledger_end_index == kept - 1
+    assert cluster.run_until(lambda: store.ledger_end_index == end and store.committed_index == end, 5 * heartbeat)
+    assert cluster.run_until(lambda: take_snapshot(leader).lag[follower] == 0, heartbeat)
+    assert [store.get(i) for i in range(end + 1)] == [leader.store.get(i) for i in range(end + 1)]
     cluster.stop()
 
 
