@@ -6,6 +6,7 @@ from twisted.logger import globalLogPublisher
 from dledger.codes import ResponseCode, Role
 from dledger.entry import Entry
 from dledger.errors import DLedgerError
+from dledger.metrics import take_snapshot
 from dledger.replication.rules import DamageAction, damaged_leader_action
 from dledger.store.memory import MemoryTermVoteStore
 from dledger.testing.cluster import Cluster
@@ -85,6 +86,7 @@ def test_damaged_leader_hands_over_and_the_wiped_follower_catches_up(seed):
         cluster.run(10)
         assert leader.state.role is not Role.LEADER and cluster.servers[wiped].state.role is Role.LEADER
         assert leader.elector.store_damaged and leader.damaged[0] == 5
+        assert take_snapshot(leader).store_damaged == 1 and take_snapshot(cluster.servers[wiped]).store_damaged == 0
         assert vote_rounds == [], "a member with a damaged store never asks for votes"
     finally:
         globalLogPublisher.removeObserver(observer)
