@@ -170,8 +170,10 @@ class LeaderElector:
     def _maintain_as_follower(self) -> None:
         elapsed = self.clock.seconds() - self.last_leader_heartbeat
         if elapsed >= self.leak - EPSILON:
-            log.info("{id}: no heartbeat from {leader} for {s:.3f}s: standing for election in term {term}",
-                     id=self.state.self_id, leader=self.state.leader_id, s=elapsed, term=self.state.curr_term)
+            log.info("{id}: no heartbeat from {leader} for {s:.3f}s: {what} in term {term}",
+                     id=self.state.self_id, leader=self.state.leader_id, s=elapsed, term=self.state.curr_term,
+                     what="standing for election" if self.store_damaged is None
+                     else "waiting for a new leader (store damaged: not standing)")
             self.next_time_to_request_vote = self.clock.seconds()
             self.change_to_candidate(self.state.curr_term)
         else:
