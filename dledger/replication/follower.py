@@ -144,7 +144,9 @@ class EntryHandler:
         end = self.store.ledger_end_index
         if self._current(req) and (req.commit_index > end or (matched < end and req.commit_index > matched)):
             # Committed entries we do not hold (a wiped or recovered store) must be re-sent: SUCCESS here
-            # would tell the leader we are in sync and leave us empty until the next client write.
+            # would tell the leader we are in sync and leave us empty until the next client write.  What we
+            # hold and verified may still be committed (bounded by the matched prefix, so always safe).
+            self._adopt_commit(req)
             self._reply(d, req, ResponseCode.INCONSISTENT_STATE)
             return
         self._adopt_commit(req)
