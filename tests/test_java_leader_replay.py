@@ -75,6 +75,7 @@ def pushed_entries(requests):
 
 
 @pytest.mark.parametrize("run, conn, data_file_size", [
+    ("runF", "n0-n2.0", 4096),    # a new group: the vote for the Java leader, then its first entry
     ("runF", "n0-n2.11", 4096),   # wiped follower, idle leader, then two appends (non-batch pushes)
     ("runG2", "n1-n2.0", 3056),   # wiped follower caught up with one 20-entry batch push
 ])
