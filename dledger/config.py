@@ -124,7 +124,7 @@ class DLedgerConfig:
     disk_space_ratio_to_force_clean: float = 0.85
     enable_disk_force_clean: bool = True
     disk_full_ratio: float = 0.90
-    accept_java_zero_crc: bool = False  # dledger: read Java-written entries whose bodyCrc is 0
+    accept_java_zero_crc: bool = True  # dledger: accept entries whose bodyCrc is 0 (Java-written) as unverified
     lmdb_map_size: int = 1 * GiB  # dledger: initial LMDB map size; grows on demand
     truncate_damaged: bool = False  # dledger: let mmap recovery cut the log at damage it would refuse to cut
     # transport

@@ -36,7 +36,7 @@ from twisted.python.threadable import isInIOThread
 from twisted.web.server import Site
 
 from dledger.codes import Role
-from dledger.stats import Histogram
+from dledger.stats import Histogram, lag_entries
 
 log = Logger()
 
@@ -59,6 +59,7 @@ class Snapshot:
     pending: int = 0
     flushes: int = 0
     lag: dict[str, int] = field(default_factory=dict)
+    store_damaged: int = 0
     histograms: dict[str, Histogram] = field(default_factory=dict)
     peer_histograms: dict[str, dict[str, Histogram]] = field(default_factory=dict)
     appends: dict[str, int] = field(default_factory=dict)
@@ -81,10 +82,11 @@ def take_snapshot(server: Any) -> Snapshot:
     snap.store_bytes = _store_bytes(store)
     snap.pending = len(server.pending)
     snap.flushes = server.flusher.flushes
+    snap.store_damaged = 1 if getattr(server, "damaged", None) is not None else 0
     replicator = server.replicator
     if replicator is not None and state.role is Role.LEADER:
         for peer in state.peers:
-            snap.lag[peer] = max(0, snap.end - replicator.peer_watermark(peer))
+            snap.lag[peer] = lag_entries(snap.begin, snap.end, replicator.peer_known(peer))
     stats = server.stats
     if stats is not None:
         snap.histograms = {
@@ -175,8 +177,10 @@ class MemberCollector:
         yield gauge("dledger_entry_store_size", "Bytes of the data log from the first to the last entry",
                     snap.store_bytes)
         yield gauge("dledger_pending_appends", "Appends waiting on the leader for their quorum", snap.pending)
-        lag = GaugeMetricFamily("dledger_lag_entries_count", "Entries the leader has that a follower does not "
-                                "(leader only)", labels=[*base, "remote_id"])
+        yield gauge("dledger_store_damaged", "1 once an entry of this member's own log was found unreadable "
+                    "(it no longer stands for election; cleared by a restart)", snap.store_damaged)
+        lag = GaugeMetricFamily("dledger_lag_entries_count", "Entries the leader has that a follower is not known "
+                                "to hold (unknown: all of them; leader only)", labels=[*base, "remote_id"])
         for peer, value in sorted(snap.lag.items()):
             lag.add_metric([*ids, peer], value)
         yield lag

@@ -36,11 +36,13 @@ from dledger.messages import (
     PushEntryRequest,
     VoteRequest,
 )
+from dledger.ratelog import RateLimitedLog
 from dledger.replication import appends
 from dledger.replication.durability import Flusher
 from dledger.replication.follower import EntryHandler
 from dledger.replication.leader import LeaderReplicator
 from dledger.replication.pending import PendingAppends
+from dledger.replication.rules import damaged_leader_action
 from dledger.stats import ServerStats
 from dledger.store import base
 
@@ -75,6 +77,10 @@ class DLedgerServer:
         #: Monitoring counters; None (nothing recorded) until :meth:`enable_stats`.
         self.stats: ServerStats | None = None
         self._preferred_timer = None
+        #: ``(index, reason)`` once this member found an entry of its own log unreadable (store damaged);
+        #: cleared only by a restart (after the operator repaired the store).
+        self.damaged: tuple[int, str] | None = None
+        self._damage_log = RateLimitedLog(log, clock, interval=60.0)
         self.elector.observers.append(self._role_changed)
         self.running = False
         if use_plugins:
@@ -379,6 +385,39 @@ class DLedgerServer:
         caught.addCallback(ask)
         caught.addBoth(done)
         return caught
+
+    def store_damaged(self, index: int, exc: Exception) -> None:
+        """An entry of our log cannot be read (e.g. its body CRC fails): stop leading, stop standing.
+
+        A leader that cannot read a committed entry can never bring a follower that lacks it up to
+        date, so the group would stay short of a replica for good (issue #9).  The member marks its
+        store damaged -- the elector then never asks for votes (or takes leadership) until a restart --
+        and, while it leads, hands leadership to a member that holds the entry (decided by
+        :func:`damaged_leader_action`; asked again at every failed read, i.e. about once a heartbeat,
+        until a transfer succeeds).
+        """
+        why = getattr(exc, "message", "") or str(exc)
+        if self.damaged is None:
+            self.damaged = (index, why)
+            self.elector.store_damaged = f"entry {index} of this member's log is unreadable: {why}"
+            log.error("{id}: store damaged: entry {index} cannot be read ({why}); this member will hand over "
+                      "leadership and not stand for election until its store is repaired and it is restarted",
+                      id=self.self_id, index=index, why=why)
+        st = self.state
+        if st.role is not Role.LEADER or self.replicator is None or st.transferee is not None:
+            return
+        known = {peer: self.replicator.peer_known(peer) for peer in st.peers}
+        action = damaged_leader_action(index, self.store.ledger_end_index, known,
+                                       self.config.max_leadership_transfer_wait_index)
+        if action.transfer_to is None:
+            self._damage_log.warn("no-transfer", "{id}: store damaged but leadership cannot be handed over yet: "
+                                  "{why}", id=self.self_id, why=action.why)
+            return
+        log.info("{id}: store damaged: transferring leadership to {to} ({why})", id=self.self_id,
+                 to=action.transfer_to, why=action.why)
+        req = LeadershipTransferRequest(group=self.config.group, term=st.curr_term, transfer_id=self.self_id,
+                                        transferee_id=action.transfer_to)
+        maybeDeferred(self.handle_leadership_transfer, req).addErrback(lambda f: None)
 
     def _check_preferred_leader(self) -> None:
         """As leader, hand leadership to a live, caught-up preferred member (Java's preferredLeaderIds)."""

@@ -32,6 +32,18 @@ COUNT_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024,
 BYTES_BUCKETS: tuple[float, ...] = tuple(float(1 << s) for s in range(6, 25, 2))  # 64 B .. 16 MiB
 
 
+def lag_entries(leader_begin: int, leader_end: int, known: int) -> int:
+    """Entries the leader holds that a follower is not known to hold (``dledger_lag_entries_count``).
+
+    ``known`` is the highest index the follower is known to hold, -1 when unknown (it does not answer,
+    or has not been compared yet): then every entry the leader holds counts, so a wiped or unreachable
+    follower never reads as in sync.
+    """
+    if leader_end < 0:
+        return 0
+    return max(0, leader_end - max(known, leader_begin - 1))
+
+
 class Histogram:
     """Counts per bucket (``value <= bound``; the last slot is +Inf), plus sum and count."""
 

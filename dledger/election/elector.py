@@ -42,6 +42,7 @@ from dledger.messages import (
     VoteRequest,
     VoteResponse,
 )
+from dledger.ratelog import RateLimitedLog
 
 log = Logger()
 
@@ -79,6 +80,10 @@ class LeaderElector:
         self._busy = False  # a vote or heartbeat round is in flight
         self._take: tuple[Deferred, object] | None = None
         self.running = False
+        #: Set (to the reason) when this member's store is found damaged: it then never asks for votes
+        #: nor takes leadership, until a restart after the operator repaired the store (issue #9).
+        self.store_damaged: str | None = None
+        self._damage_log = RateLimitedLog(log, clock, interval=60.0)
 
     # -- lifecycle ------------------------------------------------------------
     def start(self) -> None:
@@ -165,8 +170,10 @@ class LeaderElector:
     def _maintain_as_follower(self) -> None:
         elapsed = self.clock.seconds() - self.last_leader_heartbeat
         if elapsed >= self.leak - EPSILON:
-            log.info("{id}: no heartbeat from {leader} for {s:.3f}s: standing for election in term {term}",
-                     id=self.state.self_id, leader=self.state.leader_id, s=elapsed, term=self.state.curr_term)
+            log.info("{id}: no heartbeat from {leader} for {s:.3f}s: {what} in term {term}",
+                     id=self.state.self_id, leader=self.state.leader_id, s=elapsed, term=self.state.curr_term,
+                     what="standing for election" if self.store_damaged is None
+                     else "waiting for a new leader (store damaged: not standing)")
             self.next_time_to_request_vote = self.clock.seconds()
             self.change_to_candidate(self.state.curr_term)
         else:
@@ -175,6 +182,17 @@ class LeaderElector:
     # -- candidate ---------------------------------------------------------------
     def _maintain_as_candidate(self) -> None:
         now = self.clock.seconds()
+        if self.store_damaged is not None:
+            # Still a voter and a follower of whoever wins; never a candidate asking for votes.  It adopts
+            # a higher term others already use (so their heartbeats and votes reach it), never a new one.
+            self._damage_log.warn("not-standing", "{id}: not standing for election: {why}; repair the store "
+                                  "and restart this member", id=self.state.self_id, why=self.store_damaged)
+            if self.state.known_max_term > self.state.curr_term:
+                self.state.next_term()
+            self.need_increase_term_immediately = False
+            self.next_time_to_request_vote = now + self._vote_interval()
+            self._arm(self.next_time_to_request_vote - now)
+            return
         if self.next_time_to_request_vote - now > EPSILON and not self.need_increase_term_immediately:
             self._arm(self.next_time_to_request_vote - now)
             return
@@ -357,6 +375,8 @@ class LeaderElector:
                                f"{request.take_leadership_ledger_index} required")
         if self._take is not None:
             raise DLedgerError(ResponseCode.LEADER_TRANSFERRING, "already taking leadership")
+        if self.store_damaged is not None:
+            raise DLedgerError(ResponseCode.TAKE_LEADERSHIP_FAILED, f"store damaged: {self.store_damaged}")
         target = request.term + 1
         d: Deferred = Deferred()
         timeout = self.clock.callLater(self.config.leadership_transfer_wait_timeout / 1000.0,

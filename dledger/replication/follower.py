@@ -18,6 +18,7 @@ from twisted.logger import Logger
 from dledger.codes import PushType, ResponseCode
 from dledger.errors import DLedgerError
 from dledger.messages import PushEntryRequest, PushEntryResponse
+from dledger.ratelog import RateLimitedLog
 from dledger.store import base
 
 log = Logger()
@@ -40,6 +41,7 @@ class EntryHandler:
         # Highest index known to match the current leader's log in the current term.
         self._matched = -1
         self._matched_epoch: tuple[int, str | None] = (-1, None)
+        self._refusals = RateLimitedLog(log, clock, interval=30.0)
 
     # -- replies -------------------------------------------------------------------
     def _response(self, req: PushEntryRequest, code: ResponseCode) -> PushEntryResponse:
@@ -51,6 +53,18 @@ class EntryHandler:
     def _reply(self, d: Deferred, req: PushEntryRequest, code: ResponseCode) -> None:
         if not d.called:
             d.callback(self._response(req, code))
+
+    def _refuse(self, d: Deferred, req: PushEntryRequest, exc: DLedgerError) -> None:
+        """Refuse entries we must not store, loudly: an error line (rate-limited per leader) and the reason.
+
+        The reason travels back as the error reply's remark, so the leader's operator can read why (a Java
+        leader's zero CRCs with acceptJavaZeroCrc off stalled a mixed group with only a debug line).
+        """
+        self._refusals.error(("refused", req.leader_id), "{id}: refusing entries {first}..{last} from leader "
+                             "{leader} (term {term}): {why}", id=self.state.self_id, first=req.first_entry_index,
+                             last=req.last_entry_index, leader=req.leader_id, term=req.term, why=exc.message or exc)
+        if not d.called:
+            d.errback(exc)
 
     def _reply_when_durable(self, d: Deferred, req: PushEntryRequest, index: int) -> None:
         def durable(_):
@@ -101,7 +115,10 @@ class EntryHandler:
             else:  # pragma: no cover - the enum has no other members
                 raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"push type {req.type}")
         except DLedgerError as exc:
-            self._reply(d, req, exc.code)
+            if exc.code is ResponseCode.UNEXPECTED_ARGUMENT and req.type in (PushType.APPEND, PushType.TRUNCATE):
+                self._refuse(d, req, exc)
+            else:
+                self._reply(d, req, exc.code)
         return d
 
     def _clear_waiting(self, why: str) -> None:
@@ -117,14 +134,19 @@ class EntryHandler:
         self._matched, self._matched_epoch = -1, (-1, None)
 
     def _on_commit(self, req: PushEntryRequest, d: Deferred) -> None:
-        """Adopt the leader's commit index; if we hold entries not yet matched in this term, ask for a COMPARE.
+        """Adopt the leader's commit index; if we lack committed entries or hold unmatched ones, ask for a COMPARE.
 
         After a restart (or any gap in what we know) our tail may hold entries
         that were truncated before the crash but never flushed; committing
         them by position alone could commit the wrong entries.
         """
         matched = self._matched if self._matched_epoch == (req.term, req.leader_id) else -1
-        if self._current(req) and matched < self.store.ledger_end_index and req.commit_index > matched:
+        end = self.store.ledger_end_index
+        if self._current(req) and (req.commit_index > end or (matched < end and req.commit_index > matched)):
+            # Committed entries we do not hold (a wiped or recovered store) must be re-sent: SUCCESS here
+            # would tell the leader we are in sync and leave us empty until the next client write.  What we
+            # hold and verified may still be committed (bounded by the matched prefix, so always safe).
+            self._adopt_commit(req)
             self._reply(d, req, ResponseCode.INCONSISTENT_STATE)
             return
         self._adopt_commit(req)
@@ -136,8 +158,13 @@ class EntryHandler:
         self._clear_waiting("COMPARE")
         try:
             same = self.store.get(req.entry.index) == req.entry
-        except DLedgerError:
+        except DLedgerError as exc:
             same = False
+            if exc.code is ResponseCode.DISK_ERROR:  # damaged here: say so, the leader's compare alone would not
+                self._refusals.error(("unreadable", req.entry.index), "{id}: cannot read entry {index} of this "
+                                     "member's log to compare it with leader {leader}: {why}; the store is damaged "
+                                     "(see 'store damaged' in operations.md)", id=self.state.self_id,
+                                     index=req.entry.index, leader=req.leader_id, why=exc.message or exc)
         if same:
             self._match(req, req.entry.index)
         self._reply(d, req, ResponseCode.SUCCESS if same else ResponseCode.INCONSISTENT_STATE)
@@ -214,7 +241,10 @@ class EntryHandler:
             try:
                 self._append_batch(req.entries(), req.term, req.leader_id)
             except DLedgerError as exc:  # what was stored before the failing entry stays, as Java's loop leaves it
-                self._reply(d, req, exc.code)
+                if exc.code is ResponseCode.UNEXPECTED_ARGUMENT:
+                    self._refuse(d, req, exc)
+                else:
+                    self._reply(d, req, exc.code)
                 continue
             last = req.last_entry_index
             self._match(req, last)

@@ -18,9 +18,17 @@ from dledger.codes import EntryType, PushType, ResponseCode
 from dledger.entry import HEADER_SIZE, Entry, EntryList
 from dledger.errors import DLedgerError
 from dledger.messages import PushEntryRequest
+from dledger.ratelog import RateLimitedLog, RateLimiter
 from dledger.replication.rules import Step, after_compare, first_compare_index, new_commit_index, truncate_reason
+from dledger.stats import lag_entries
 
 log = Logger()
+
+#: A follower more than this many entries behind the leader gets an info line (and another when it has
+#: caught up); see "What it logs" in docs/operations.md.
+BEHIND_LOG_ENTRIES = 1000
+#: While a follower does not answer, the leader repeats one summary line per this many seconds.
+DOWN_SUMMARY_INTERVAL = 60.0
 
 
 class RecentEntries:
@@ -106,6 +114,76 @@ class EntryDispatcher:
         self.gen = 0  # bumps on every state change; replies to older generations are ignored
         self._retry = None
         self.stopped = False
+        # Whether the follower answered its last request: while it does not, what it holds is unknown
+        # (a restarted follower may come back with a wiped or recovered store).
+        self.in_contact = False
+        self.down_since: float | None = None  # when the follower stopped answering (None: it answers)
+        self.failures = 0  # requests that failed since then
+        self.behind = False  # an info line said it is more than BEHIND_LOG_ENTRIES behind
+
+    def known_index(self) -> int:
+        """The highest index this follower is known to hold: its watermark while it answers, else -1 (unknown)."""
+        return self.watermark if self.in_contact else -1
+
+    def _shrunk(self, resp) -> bool:
+        """Believe what the follower says it holds when that is less than its watermark (True if so).
+
+        A follower's log can shrink behind the leader's back only by losing its store (wiped, or cut by
+        recovery); its watermark must then come down, or the leader would think it in sync for good and
+        report no lag (issue #9: an emptied follower answered COMMIT with SUCCESS and was never refilled).
+        Only the entry handler's own answers (SUCCESS, INCONSISTENT_STATE) carry its ledger range.
+        """
+        code = resp.response_code
+        if code in (ResponseCode.SUCCESS, ResponseCode.INCONSISTENT_STATE) and resp.end_index < self.watermark:
+            log.warn("{leader}: {peer} holds entries only up to {end} but had acknowledged {mark} "
+                     "(store wiped or recovered?): repairing it", leader=self.leader.self_id, peer=self.peer,
+                     end=resp.end_index, mark=self.watermark)
+            self.watermark = resp.end_index
+            return True
+        return False
+
+    def _lost_contact(self, why: object) -> None:
+        """A request failed: one line when the follower stops answering, then only the periodic summary."""
+        self.in_contact = False
+        lead = self.leader
+        if self.down_since is None:
+            self.down_since = lead.clock.seconds()
+            self.failures = 1
+            lead.follower_log.warn(("down", self.peer), "{id}: follower {peer} does not answer: {why}",
+                                   id=lead.self_id, peer=self.peer, why=why)
+            lead.down_summaries.check(self.peer)  # the summary starts one interval from now
+        else:
+            self.failures += 1
+
+    def _answering(self) -> None:
+        self.in_contact = True
+        if self.down_since is not None:
+            lead = self.leader
+            lead.down_summaries.forget(self.peer)
+            lead.follower_log.info(("up", self.peer), "{id}: follower {peer} answers again after {secs:.1f}s "
+                                   "({n} failed requests)", id=lead.self_id, peer=self.peer,
+                                   secs=lead.clock.seconds() - self.down_since, n=self.failures)
+            self.down_since = None
+            self.failures = 0
+
+    def report(self) -> None:
+        """Once per heartbeat: the periodic summary while down, and the fell-behind / caught-up lines."""
+        lead = self.leader
+        store = lead.store
+        lag = lag_entries(store.ledger_begin_index, store.ledger_end_index, self.known_index())
+        if self.down_since is not None and lead.down_summaries.check(self.peer) is not None:
+            log.warn("{id}: follower {peer} still does not answer after {secs:.0f}s ({n} failed requests); "
+                     "its lag is {lag} entries", id=lead.self_id, peer=self.peer,
+                     secs=lead.clock.seconds() - self.down_since, n=self.failures, lag=lag)
+        if not self.behind and lag > lead.behind_log_entries:
+            self.behind = True
+            log.info("{id}: follower {peer} is {lag} entries behind (leader end {end}, follower known to hold up "
+                     "to {known})", id=lead.self_id, peer=self.peer, lag=lag, end=store.ledger_end_index,
+                     known=self.known_index())
+        elif self.behind and lag == 0:
+            self.behind = False
+            log.info("{id}: follower {peer} has caught up (index {end})", id=lead.self_id, peer=self.peer,
+                     end=store.ledger_end_index)
 
     # -- state ---------------------------------------------------------------------------
     def _change(self, step: Step, index: int) -> None:
@@ -136,6 +214,59 @@ class EntryDispatcher:
             self._retry.cancel()
         self._retry = None
 
+    # -- reading the leader's log -------------------------------------------------------------
+    def _read(self, index: int) -> Entry | None:
+        """Entry ``index`` from the leader's store, or None after reporting it unreadable (see _unreadable)."""
+        try:
+            return self.leader.store.get(index)
+        except DLedgerError as exc:
+            self._read_failed(index, exc)
+            return None
+
+    def _read_range(self, begin: int) -> list[Entry]:
+        """A batch from ``begin``; if an entry in it is unreadable, the readable entries before it.
+
+        The follower then gets everything up to the damaged entry, and the next push starts at that
+        entry, whose read failure is reported (``_unreadable``) with its exact index.
+        """
+        lead = self.leader
+        try:
+            return lead.store.get_range(begin, lead.max_batch_entries, lead.max_batch_bytes)
+        except DLedgerError as exc:
+            out: list[Entry] = []
+            total = 0
+            for index in range(begin, min(lead.store.ledger_end_index, begin + lead.max_batch_entries - 1) + 1):
+                try:
+                    entry = lead.store.get(index)
+                except DLedgerError as exc2:
+                    if not out:
+                        self._read_failed(index, exc2)
+                    return out
+                total += entry.size
+                if out and total > lead.max_batch_bytes:
+                    break
+                out.append(entry)
+            if not out:
+                self._read_failed(begin, exc)
+            return out
+
+    def _read_failed(self, index: int, exc: DLedgerError) -> None:
+        if exc.code is ResponseCode.DISK_ERROR:
+            self._unreadable(index, exc)
+        else:  # not damage (e.g. the range moved under us): compare again, as after any failure
+            self._retry_later(f"reading entry {index} failed: {exc}")
+
+    def _unreadable(self, index: int, exc: DLedgerError) -> None:
+        """The leader cannot read an entry this follower needs: report it, and try again a heartbeat later.
+
+        Retrying at once would spin; the leader (LeaderReplicator.entry_unreadable) logs it and decides
+        whether to hand leadership to a member that holds the entry.
+        """
+        self._change(Step.COMPARE, -1)
+        self.leader.entry_unreadable(self.peer, index, exc)
+        if self._retry is None and not self.stopped:
+            self._retry = self.leader.clock.callLater(self.leader.heartbeat, self._retry_now)
+
     # -- sending ---------------------------------------------------------------------------
     def _push(self, type_: PushType, *, entry=None, batch=None) -> PushEntryRequest:
         lead = self.leader
@@ -150,10 +281,12 @@ class EntryDispatcher:
 
         def reply(resp):
             if gen == self.gen and not self.stopped:
+                self._answering()
                 on_reply(resp)
 
         def failed(f):
             if gen == self.gen and not self.stopped:
+                self._lost_contact(f.value)
                 on_fail(f.value)
 
         d.addCallbacks(reply, failed)
@@ -168,8 +301,11 @@ class EntryDispatcher:
                 return
             self.compare_index = first_compare_index(self.compare_index, store.ledger_begin_index,
                                                      store.ledger_end_index)
+            entry = self._read(self.compare_index)
+            if entry is None:
+                return
             self.outstanding = True
-            self._send(self._push(PushType.COMPARE, entry=store.get(self.compare_index)),
+            self._send(self._push(PushType.COMPARE, entry=entry),
                        self._on_compare, lambda exc: self._retry_later(f"COMPARE failed: {exc}"))
         elif self.step is Step.APPEND:
             self._pump_append()
@@ -185,11 +321,15 @@ class EntryDispatcher:
                 return
             if lead.batch_push:
                 batch = lead.recent.get_range(self.write_index, lead.max_batch_entries, lead.max_batch_bytes) \
-                    or store.get_range(self.write_index, lead.max_batch_entries, lead.max_batch_bytes)
+                    or self._read_range(self.write_index)
+                if not batch:
+                    return
                 req = self._push(PushType.APPEND, batch=batch)
                 first, last = batch[0].index, batch[-1].index
             else:
-                entry = store.get(self.write_index)
+                entry = self._read(self.write_index)
+                if entry is None:
+                    return
                 req = self._push(PushType.APPEND, entry=entry)
                 first = last = entry.index
             self.in_flight[first] = last
@@ -219,6 +359,7 @@ class EntryDispatcher:
         if code not in (ResponseCode.SUCCESS, ResponseCode.INCONSISTENT_STATE):
             self._retry_later(f"COMPARE answered {code.name}")
             return
+        self._shrunk(resp)
         nxt = after_compare(self.compare_index, code, resp.begin_index, resp.end_index,
                             store.ledger_begin_index, store.ledger_end_index)
         if nxt.step is Step.APPEND:
@@ -233,16 +374,21 @@ class EntryDispatcher:
         self.pump()
 
     def _truncate(self, index: int, follower_end: int | None = None) -> None:
+        entry = self._read(index)
+        if entry is None:
+            return
         self._change(Step.TRUNCATE, index)
         self.outstanding = True
         log.info("{leader}: {peer}: " + truncate_reason(follower_end), leader=self.leader.self_id, peer=self.peer,
                  index=index)
-        self._send(self._push(PushType.TRUNCATE, entry=self.leader.store.get(index)),
+        self._send(self._push(PushType.TRUNCATE, entry=entry),
                    lambda resp: self._on_truncate(resp, index),
                    lambda exc: self._retry_later(f"TRUNCATE failed: {exc}"))
 
     def _on_truncate(self, resp, index: int) -> None:
         self.outstanding = False
+        if resp.response_code is ResponseCode.UNEXPECTED_ARGUMENT:
+            self._refused(index, index)
         if resp.response_code is not ResponseCode.SUCCESS:
             self._retry_later(f"TRUNCATE answered {resp.response_code.name}")
             return
@@ -264,7 +410,16 @@ class EntryDispatcher:
             gen = self.gen
             self.leader.clock.callLater(self.leader.push_timeout, self._check_repeated, gen, first, last)
         else:
+            if code is ResponseCode.UNEXPECTED_ARGUMENT:
+                self._refused(first, last)
             self._retry_later(f"APPEND {first}-{last} answered {code.name}")
+
+    def _refused(self, first: int, last: int) -> None:
+        """The follower refuses our entries outright (411): never only a debug line, as a stall would be silent."""
+        lead = self.leader
+        lead.follower_log.warn(("refused", self.peer), "{id}: follower {peer} refuses entries {first}..{last} "
+                               "(UNEXPECTED_ARGUMENT); its log and the reply's remark say why", id=lead.self_id,
+                               peer=self.peer, first=first, last=last)
 
     def _check_repeated(self, gen: int, first: int, last: int) -> None:
         if gen != self.gen or self.stopped or first not in self.in_flight:
@@ -277,10 +432,12 @@ class EntryDispatcher:
 
     def _on_commit_reply(self, resp) -> None:
         self.outstanding = False
-        if resp.response_code is ResponseCode.SUCCESS:
+        shrunk = self._shrunk(resp)
+        if resp.response_code is ResponseCode.SUCCESS and not shrunk:
             self.pump()
         else:
-            self._retry_later(f"COMMIT answered {resp.response_code.name}")
+            # The follower lacks entries we thought it held (or cannot vouch for them): compare again.
+            self._retry_later(f"COMMIT answered {resp.response_code.name} (follower end {resp.end_index})")
 
     def _on_commit_fail(self, exc) -> None:
         self.outstanding = False
@@ -311,6 +468,10 @@ class LeaderReplicator:
         self.term_start_index = -1
         self.self_durable = server.store.flushed_index
         self.recent = RecentEntries()
+        self.damage_log = RateLimitedLog(log, self.clock, interval=60.0)
+        self.follower_log = RateLimitedLog(log, self.clock, interval=10.0)  # a flapping follower: one line per 10 s
+        self.down_summaries = RateLimiter(self.clock, DOWN_SUMMARY_INTERVAL)
+        self.behind_log_entries = BEHIND_LOG_ENTRIES
         self._durable_wanted = -1  # highest index whose durability was asked for
         self._durable_waiting = False
         self._waiters: list[tuple[str, int, Deferred]] = []
@@ -399,6 +560,7 @@ class LeaderReplicator:
                 d.send_commit()
             elif d.step is Step.COMPARE:
                 d.pump()
+            d.report()
         self._commit_timer = self.clock.callLater(self.heartbeat, self._periodic_commit)
 
     # -- quorum -------------------------------------------------------------------------------
@@ -430,6 +592,25 @@ class LeaderReplicator:
     def peer_watermark(self, peer: str) -> int:
         d = self.dispatchers.get(peer)
         return d.watermark if d is not None else -1
+
+    def entry_unreadable(self, peer: str, index: int, exc: DLedgerError) -> None:
+        """An entry a follower needs cannot be read from this member's store (e.g. its body CRC fails).
+
+        Logged as an error (once per index and interval, with the store's file and offset), then handed
+        to the server, which marks the store damaged (no more standing for election) and moves
+        leadership to a member holding the entry (:func:`dledger.replication.rules.damaged_leader_action`).
+        """
+        self.damage_log.error(("unreadable", index), "{id}: cannot read entry {index} to replicate it to {peer}: "
+                              "{why}; this member's store is damaged (see 'store damaged' in operations.md)",
+                              id=self.self_id, index=index, peer=peer, why=exc.message or exc)
+        report = getattr(self.server, "store_damaged", None)
+        if report is not None:
+            report(index, exc)
+
+    def peer_known(self, peer: str) -> int:
+        """The highest index ``peer`` is known to hold now (-1: unknown); what the lag metric counts from."""
+        d = self.dispatchers.get(peer)
+        return d.known_index() if d is not None else -1
 
     def wait_peer(self, peer: str, index: int) -> Deferred:
         """Fires once ``peer`` is known to hold ``index`` (leadership transfer waits for this)."""

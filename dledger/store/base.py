@@ -102,15 +102,22 @@ def check_body_crc(entry: Entry, accept_zero_crc: bool) -> None:
     """A follower stores the leader's bytes as they are, so it refuses a body whose CRC does not match.
 
     Storing it would only make recovery cut the log there later.  A zero CRC
-    (Java DLedger 0.3.2 leaders) passes when ``acceptJavaZeroCrc`` is set.
+    (Java DLedger 0.3.2 leaders) passes unverified when ``acceptJavaZeroCrc`` is set (the default, so a
+    member of a mixed group follows a Java leader); when an operator turned it off the error says so.
     """
     if entry.body_crc == 0 and accept_zero_crc:
         return
     actual = body_crc(entry.body)
-    if actual != entry.body_crc:
+    if actual == entry.body_crc:
+        return
+    if entry.body_crc == 0:
         raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
-                           f"entry {entry.index}: body crc32c is {actual & 0xFFFFFFFF:#010x} but the entry says "
-                           f"{entry.body_crc & 0xFFFFFFFF:#010x} (set acceptJavaZeroCrc for Java leaders)")
+                           f"entry {entry.index} has bodyCrc 0 (written by a Java DLedger leader, which computes no "
+                           f"CRC) and acceptJavaZeroCrc is false on this member: set acceptJavaZeroCrc = true (the "
+                           f"default) to follow a Java leader")
+    raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                       f"entry {entry.index}: body crc32c is {actual & 0xFFFFFFFF:#010x} but the entry says "
+                       f"{entry.body_crc & 0xFFFFFFFF:#010x} (damaged on the leader or in transit)")
 
 
 def check_follower_entry(entry: Entry, write_pos: int, file_size: int, max_size: int, accept_zero_crc: bool) -> int:

@@ -304,15 +304,20 @@ class RemotingProtocol(Protocol):
 
     def _respond(self, result: Any, header: Header, request: Any) -> None:
         """Write the reply to ``request`` (a failure becomes its error reply, as :func:`base.answer` does)."""
+        remark = None
         try:
             if isinstance(result, Failure):
+                exc = result.value
+                if isinstance(exc, DLedgerError) and exc.code is ResponseCode.UNEXPECTED_ARGUMENT and exc.message:
+                    # A refused argument says why, for the peer's operator (Java ignores a remark on code 200).
+                    remark = str(exc)
                 result = failure_response(request, result)
             body = remoting.encode_body(result)
         except Exception:
             self.log.failure("cannot encode the reply to request {code} from {peer}; answering INTERNAL_ERROR",
                              code=header.code, peer=self.peer)
             body = remoting.error_body(header, ResponseCode.INTERNAL_ERROR)
-        self._write_reply(header, body)
+        self._write_reply(header, body, remark)
         self._request_done(None)
 
     def _request_done(self, _: Any) -> None:
