@@ -304,15 +304,18 @@ class RemotingProtocol(Protocol):
 
     def _respond(self, result: Any, header: Header, request: Any) -> None:
         """Write the reply to ``request`` (a failure becomes its error reply, as :func:`base.answer` does)."""
+        remark = None
         try:
             if isinstance(result, Failure):
+                if isinstance(result.value, DLedgerError) and result.value.message:
+                    remark = result.value.message[:500]  # says what was wrong (e.g. why a push was refused)
                 result = failure_response(request, result)
             body = remoting.encode_body(result)
         except Exception:
             self.log.failure("cannot encode the reply to request {code} from {peer}; answering INTERNAL_ERROR",
                              code=header.code, peer=self.peer)
             body = remoting.error_body(header, ResponseCode.INTERNAL_ERROR)
-        self._write_reply(header, body)
+        self._write_reply(header, body, remark)
         self._request_done(None)
 
     def _request_done(self, _: Any) -> None:
