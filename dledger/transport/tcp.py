@@ -29,6 +29,7 @@ from dledger.interfaces import ITransport
 from dledger.messages import PushEntryRequest, RequestOrResponse
 from dledger.plugin_types import TransportType
 from dledger.transport.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, Backoff, RemotingClient
+from dledger.transport.limits import AcceptGuard, ConnectionLimits, guard_accept
 from dledger.transport.protocol import DEFAULT_MAX_IN_FLIGHT, BinaryBodyRefused, RemotingServerFactory
 
 
@@ -76,6 +77,7 @@ class TcpTransport:
         self.binary_refused: set[str] = set()
         self.port: IListeningPort | None = None
         self._factory: RemotingServerFactory | None = None
+        self.accept_guard: AcceptGuard | None = None
 
     # -- ITransport ---------------------------------------------------------------------
     def start(self, handler: Any) -> Deferred:
@@ -83,7 +85,8 @@ class TcpTransport:
         if self.port is not None:
             return fail(RuntimeError("transport already started"))
         self._factory = RemotingServerFactory(self.reactor, handler, max_frame_size=self.config.max_frame_size,
-                                              max_in_flight=self.max_in_flight)
+                                              max_in_flight=self.max_in_flight,
+                                              limits=ConnectionLimits.from_config(self.config))
         try:
             endpoint = serverFromString(self.reactor, self.listen)
         except (ValueError, KeyError, TypeError) as exc:
@@ -92,6 +95,7 @@ class TcpTransport:
 
         def listening(port: IListeningPort) -> IListeningPort:
             self.port = port
+            self.accept_guard = guard_accept(port, self.reactor)
             self.log.info("{member} of group {group} serving remoting on {address}",
                           member=self.config.self_id, group=self.config.group, address=port.getHost())
             return port
@@ -104,6 +108,8 @@ class TcpTransport:
         A stopped transport stays stopped (later sends fail with NETWORK_ERROR); build a new one to restart.
         """
         waits = [self.client.close()]
+        if self.accept_guard is not None:
+            self.accept_guard.cancel()
         if self.port is not None:
             port, self.port = self.port, None
             waits.append(maybeDeferred(port.stopListening))
