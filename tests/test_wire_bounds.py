@@ -162,6 +162,12 @@ def test_member_state_never_hands_an_unstorable_term_to_the_store():
     assert store.saved == [(INT64_MAX, None)]
 
 
+def test_member_state_refuses_a_persisted_term_beyond_64_bits():
+    """A currterm bricked by the old bug (term 10**30) is a clear start-up error, not struct.error on every append."""
+    with pytest.raises(ValueError, match="beyond the signed 64-bit"):
+        MemberState("n0", ["n0", "n1", "n2"], TermStore(HUGE))
+
+
 def test_member_state_accepts_max_term_and_one_increment():
     """MAX_TERM from the wire still leaves one +1 that fits the field."""
     store = TermStore(1)

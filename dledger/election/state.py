@@ -34,6 +34,9 @@ class MemberState:
         self.curr_term, self.vote_for = term_store.load()
         if self.curr_term < 0:
             raise ValueError(f"term store holds a negative term {self.curr_term}")
+        if self.curr_term > INT64_MAX:  # persisted by a member without wire bounds (issue #9, item 13)
+            raise ValueError(f"term store holds term {str(self.curr_term)[:24]}, beyond the signed 64-bit term "
+                             f"field: no entry of that term can be written; reset the term/vote file")
         self.role = Role.CANDIDATE
         self.leader_id: str | None = None
         self.known_max_term = self.curr_term
