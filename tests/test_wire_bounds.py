@@ -315,3 +315,27 @@ def test_entry_codec_header_is_what_the_bounds_protect():
     encode_entry(Entry(b"", MAX_INDEX, INT64_MAX, INT64_MAX))
     with pytest.raises(struct.error):
         HEADER.pack(1, 48, INT64_MAX + 1, 0, 0, 0, 0, 0, 0)
+
+
+class Raising:
+    def __init__(self, error):
+        self.error = error
+
+    def handle_request(self, request):
+        raise self.error
+
+
+@pytest.mark.parametrize("error, remark", [
+    (DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "TRUNCATE at index 5009 is past our end 9"),
+     "TRUNCATE at index 5009 is past our end 9"),
+    (DLedgerError(ResponseCode.NOT_LEADER, "n1 is FOLLOWER", leader_id="n0"), None),
+])
+def test_unexpected_argument_replies_say_what_was_wrong(error, remark):
+    """A 411 carries its reason in the header remark; other error replies stay byte-identical to Java's (none)."""
+    proto = RemotingServerFactory(MemoryReactorClock(), Raising(error)).buildProtocol(None)
+    transport = StringTransport()
+    proto.makeConnection(transport)
+    proto.dataReceived(remoting.encode_request(PushEntryRequest(group="g0", type=PushType.COMMIT), 4))
+    (frame,) = remoting.split_frames(transport.value())
+    assert frame.header.remark == remark
+    assert remoting.decode_body(messages.PushEntryResponse, frame.body).code == error.code

@@ -112,6 +112,8 @@ class BufferBudget:
 
     def update(self, proto: Any, buffered: int) -> bool:
         """Record that ``proto`` now buffers ``buffered`` bytes; True if it must stop reading."""
+        if not buffered and proto not in self._held:
+            return False  # the common case: every frame of the read was complete
         old = self._held.pop(proto, 0)
         if buffered:
             self._held[proto] = buffered

@@ -403,8 +403,9 @@ class RemotingProtocol(Protocol):
         remark = None
         try:
             if isinstance(result, Failure):
-                if isinstance(result.value, DLedgerError) and result.value.message:
-                    remark = result.value.message[:500]  # says what was wrong (e.g. why a push was refused)
+                exc = result.value
+                if isinstance(exc, DLedgerError) and exc.code is ResponseCode.UNEXPECTED_ARGUMENT and exc.message:
+                    remark = exc.message[:500]  # what was wrong (other replies stay byte-identical to Java's)
                 result = failure_response(request, result)
             body = remoting.encode_body(result)
         except Exception:
