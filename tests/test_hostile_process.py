@@ -9,6 +9,7 @@ and log files are byte for byte what they were, and the group keeps committing.
 import hashlib
 import socket
 import struct
+import sys
 
 import pytest
 import pytest_twisted
@@ -149,4 +150,53 @@ async def test_hostile_frames_change_nothing_on_disk_and_the_group_keeps_committ
     finally:
         for s in socks:
             s.close()
+        group.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_idle_connection_flood_under_a_low_fd_limit_leaves_the_group_working(tmp_path, reactor):
+    """Under ``ulimit -n 64``, 200 idle connections to a follower: one accept line, no traceback, commits go on."""
+    wrapper = tmp_path / "python-ulimit"
+    wrapper.write_text(f'#!/bin/sh\nulimit -n 64 || exit 99\nexec "{sys.executable}" "$@"\n', encoding="utf-8")
+    wrapper.chmod(0o755)
+    group = LocalGroup(tmp_path / "g", n=3, store=STORE, preset="fast", reactor=reactor, python=str(wrapper),
+                       options={"connectionIdleTimeoutMs": 6000})
+    admin = group.client(request_timeout=1.0)
+    socks = []
+    try:
+        group.start()
+        for mid in group.ids:
+            await group.wait_ready(admin, mid, 30)
+        leader = (await group.wait_for_leader(admin, 15)).leader_id
+        follower = next(mid for mid in group.ids if mid != leader)
+        for i in range(10):
+            await admin.append(f"before {i}".encode())
+        for _ in range(200):  # non-blocking connects: the ones not accepted wait in the backlog
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", group.members[follower].port))
+            socks.append(s)
+        log_path = group.members[follower].log_path
+        await group.wait_for(lambda: "refusing a connection" in log_path.read_text(errors="replace"), 15,
+                             "the follower to refuse connections beyond its descriptor budget")
+        for i in range(50):
+            await admin.append(f"during {i}".encode())
+
+        async def caught_up():
+            metas = [await group.metadata(admin, mid) for mid in group.ids]
+            if any(m is None for m in metas):
+                return False
+            return len({(m.ledger_end_index, m.committed_index) for m in metas}) == 1
+
+        await group.wait_for(caught_up, 60, "the flooded follower to hold and commit everything")
+        text = group.members[follower].log_path.read_text(encoding="utf-8", errors="replace")
+        assert "Traceback" not in text
+        assert "accepting at most" in text  # maxConnections lowered to what ulimit -n leaves
+        refusals = [line for line in text.splitlines() if "refusing a connection" in line]
+        assert 1 <= len(refusals) <= 4, refusals  # one per 10 s, not one per connection
+        assert len(text.splitlines()) < 100
+    finally:
+        for s in socks:
+            s.close()
+        await admin.close()
         group.close()

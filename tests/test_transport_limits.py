@@ -69,6 +69,22 @@ def test_idle_deadline_table(last, serving, now, expect):
     assert L.idle_deadline(last, serving, now, 10.0) == expect
 
 
+@pytest.mark.parametrize("max_conn, soft, open_fds, expect", [
+    (1024, None, 10, 1024), (1024, 1 << 20, 10, 1024), (1024, 128, 20, 128 - 20 - L.FD_RESERVE),
+    (1024, 40, 20, 1), (10, 128, 20, 10), (1024, 128, None, 1024),
+])
+def test_fd_connection_cap_table(max_conn, soft, open_fds, expect):
+    """Incoming connections never take the descriptors the store and peers need (ulimit -n minus a reserve)."""
+    assert L.fd_connection_cap(max_conn, soft, open_fds) == expect
+
+
+def test_limits_within_fds_lower_both_connection_limits():
+    """A low descriptor limit lowers maxConnections and, if needed, maxConnectionsPerAddress."""
+    capped = ConnectionLimits().within_fds(128, 16)
+    assert capped.max_connections == 128 - 16 - L.FD_RESERVE == capped.max_connections_per_address
+    assert ConnectionLimits().within_fds(None, None) == ConnectionLimits()
+
+
 # -- config -------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("options, message", [

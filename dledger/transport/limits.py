@@ -23,7 +23,8 @@ The decisions are the pure functions below; :mod:`dledger.transport.protocol` ap
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from typing import Any
 
 from twisted.logger import Logger
@@ -51,6 +52,14 @@ class ConnectionLimits:
     max_buffered_per_connection: int = 17 * MiB
     max_buffered_total: int = 64 * MiB
 
+    def within_fds(self, soft_limit: int | None, open_fds: int | None) -> ConnectionLimits:
+        """These limits with ``max_connections`` lowered to what the descriptor limit allows (see fd_connection_cap)."""
+        cap = fd_connection_cap(self.max_connections, soft_limit, open_fds)
+        if cap >= self.max_connections:
+            return self
+        return replace(self, max_connections=cap,
+                       max_connections_per_address=min(self.max_connections_per_address, cap))
+
     @classmethod
     def from_config(cls, config: Any) -> ConnectionLimits:
         """The limits a member's configuration asks for."""
@@ -59,6 +68,40 @@ class ConnectionLimits:
                    idle_timeout=config.connection_idle_timeout_ms / 1000.0,
                    max_buffered_per_connection=config.max_buffered_bytes_per_connection,
                    max_buffered_total=config.max_buffered_bytes_total)
+
+
+#: File descriptors kept free for everything but incoming connections (store files and checkpoints,
+#: outgoing connections to peers, log files): running out there fails writes, not just accepts.
+FD_RESERVE = 32
+
+
+def fd_connection_cap(max_connections: int, soft_limit: int | None, open_fds: int | None,
+                      reserve: int = FD_RESERVE) -> int:
+    """``maxConnections`` lowered so that incoming connections never take the descriptors the store needs.
+
+    ``soft_limit`` is the process's descriptor limit (``ulimit -n``) and ``open_fds`` how many it holds
+    already (None when unknown: no change).  At least one connection is always allowed.
+    """
+    if soft_limit is None or open_fds is None or soft_limit < 0:
+        return max_connections
+    return max(1, min(max_connections, soft_limit - open_fds - reserve))
+
+
+def fd_usage() -> tuple[int | None, int | None]:
+    """``(soft descriptor limit, descriptors open now)`` of this process, None where unknown."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        soft = None if soft == resource.RLIM_INFINITY else soft
+    except (ImportError, OSError, ValueError):
+        soft = None
+    for path in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return soft, len(os.listdir(path))
+        except OSError:
+            continue
+    return soft, None
 
 
 def admission_refusal(open_connections: int, from_address: int, limits: ConnectionLimits) -> str | None:

@@ -29,7 +29,7 @@ from dledger.interfaces import ITransport
 from dledger.messages import PushEntryRequest, RequestOrResponse
 from dledger.plugin_types import TransportType
 from dledger.transport.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, Backoff, RemotingClient
-from dledger.transport.limits import AcceptGuard, ConnectionLimits, guard_accept
+from dledger.transport.limits import AcceptGuard, ConnectionLimits, fd_usage, guard_accept
 from dledger.transport.protocol import DEFAULT_MAX_IN_FLIGHT, BinaryBodyRefused, RemotingServerFactory
 
 
@@ -84,9 +84,16 @@ class TcpTransport:
         """Listen on ``config.listen`` (default ``tcp:<own port>:interface=<own host>``); fires with the port."""
         if self.port is not None:
             return fail(RuntimeError("transport already started"))
+        limits = ConnectionLimits.from_config(self.config)
+        soft, open_fds = fd_usage()
+        capped = limits.within_fds(soft, open_fds)
+        if capped is not limits:
+            self.log.warn("{member}: accepting at most {n} connections, not maxConnections {m}: the file descriptor "
+                          "limit is {soft} (ulimit -n) and {used} are in use; raise the limit to allow more",
+                          member=self.config.self_id, n=capped.max_connections, m=limits.max_connections,
+                          soft=soft, used=open_fds)
         self._factory = RemotingServerFactory(self.reactor, handler, max_frame_size=self.config.max_frame_size,
-                                              max_in_flight=self.max_in_flight,
-                                              limits=ConnectionLimits.from_config(self.config))
+                                              max_in_flight=self.max_in_flight, limits=capped)
         try:
             endpoint = serverFromString(self.reactor, self.listen)
         except (ValueError, KeyError, TypeError) as exc:
