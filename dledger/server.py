@@ -72,7 +72,8 @@ class DLedgerServer:
                                           push_timeout=config.max_push_time_out_ms / 1000.0,
                                           on_commit=self.committed_advanced,
                                           append_window=append_window(config.max_pending_size,
-                                                                      config.max_batch_push_size))
+                                                                      config.max_batch_push_size),
+                                          max_waiting=config.max_pending_size)
         self.commit_feed = CommitFeed(store, clock, self.self_id)
         self.replicator: LeaderReplicator | None = None
         #: Monitoring counters; None (nothing recorded) until :meth:`enable_stats`.

@@ -211,6 +211,25 @@ def test_check_append_table(indexes, end, window, ok):
     assert (pushcheck.check_append(indexes, end, window) is None) == ok
 
 
+@pytest.mark.parametrize("first, waiting, ok", [(10, 5, True), (11, 4, True), (11, 5, False), (10, 99, True)])
+def test_check_append_bounds_the_waiting_table(first, waiting, ok):
+    """A push that would wait for a gap is refused once maxPendingSize pushes wait; the next in order never is."""
+    assert (pushcheck.check_append([first], 9, 100, waiting, 5) is None) == ok
+
+
+def test_far_appends_cannot_fill_the_waiting_table():
+    """Forged APPENDs within the window but past the end stop being parked at maxPendingSize."""
+    h, store, clock, _ = handler()
+    h.max_waiting = 3
+    codes = []
+    for i in range(5):
+        d = h.handle_push(push(PushType.APPEND, entry=Entry(b"x", 20 + i, 1, 0).sealed()))
+        d.addErrback(lambda f: codes.append(f.value.code))
+    assert len(h._waiting) == 3 and codes == [ResponseCode.UNEXPECTED_ARGUMENT] * 2
+    clock.advance(2)  # the parked ones time out (INCONSISTENT_STATE) and free the table
+    assert h._waiting == {} and store.ledger_end_index == 9
+
+
 def test_append_window_covers_the_leaders_pipeline():
     """Default config: 1000 pushes of 256 KiB of 48-byte entries."""
     assert pushcheck.append_window(1000, 256 * 1024) == 1000 * (256 * 1024 // 48 + 1)

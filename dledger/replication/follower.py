@@ -33,9 +33,11 @@ class EntryHandler:
     """Applies the leader's pushes to this member's store."""
 
     def __init__(self, state, store, flusher, clock, *, push_timeout: float,
-                 on_commit: Callable[[], None] = lambda: None, append_window: int = DEFAULT_APPEND_WINDOW):
+                 on_commit: Callable[[], None] = lambda: None, append_window: int = DEFAULT_APPEND_WINDOW,
+                 max_waiting: int = DLedgerConfig.max_pending_size):
         self.state = state
         self.append_window = append_window
+        self.max_waiting = max_waiting
         self.refusals = RateLimitedLog(log, clock)
         # (term, leader, index) of the last COMPARE received: a reset TRUNCATE must follow one (pushcheck)
         self._compared: tuple[int, str | None, int] | None = None
@@ -135,7 +137,7 @@ class EntryHandler:
             return pushcheck.check_truncate(req.entry.index, store.ledger_begin_index, store.ledger_end_index, index)
         elif req.type is PushType.APPEND:
             return pushcheck.check_append([e.index for e in req.entries()], store.ledger_end_index,
-                                          self.append_window)
+                                          self.append_window, len(self._waiting), self.max_waiting)
         return None
 
     def _clear_waiting(self, why: str) -> None:

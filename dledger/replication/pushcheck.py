@@ -38,8 +38,13 @@ def append_window(max_pending_size: int, max_batch_push_size: int) -> int:
     return max(1, max_pending_size) * max(1, max_batch_push_size // HEADER_SIZE + 1)
 
 
-def check_append(indexes: Sequence[int], end: int, window: int) -> str | None:
-    """Why an APPEND carrying entries ``indexes`` is a protocol error for a log ending at ``end``; None if fine."""
+def check_append(indexes: Sequence[int], end: int, window: int, waiting: int = 0,
+                 max_waiting: int | None = None) -> str | None:
+    """Why an APPEND carrying entries ``indexes`` is a protocol error for a log ending at ``end``; None if fine.
+
+    ``waiting`` pushes already wait for a gap; one more that would wait (it starts past ``end + 1``) is
+    refused when ``max_waiting`` (the leader's in-flight limit, ``maxPendingSize``) are waiting already.
+    """
     if not indexes:
         return None  # "APPEND without entries" is answered by the handler itself
     first = indexes[0]
@@ -49,6 +54,9 @@ def check_append(indexes: Sequence[int], end: int, window: int) -> str | None:
     if first > end + 1 + window:
         return (f"APPEND at index {first} is {first - end - 1} entries past our end {end}; a leader never "
                 f"has more than {window} in flight (maxPendingSize x maxBatchPushSize)")
+    if max_waiting is not None and first > end + 1 and waiting >= max_waiting:
+        return (f"APPEND at index {first} would wait for a gap after our end {end}, but {waiting} pushes wait "
+                f"already (maxPendingSize {max_waiting})")
     return None
 
 
