@@ -131,6 +131,11 @@ class DLedgerConfig:
     transport_type: str = "tcp"  # dledger: plugin name (tcp, inprocess, ...)
     listen: str = ""  # dledger: endpoint string; default tcp:<port of selfId>
     max_frame_size: int = 16 * MiB  # dledger: larger frames are refused
+    max_connections: int = 1024  # dledger: incoming connections per member
+    max_connections_per_address: int = 256  # dledger: incoming connections from one host
+    connection_idle_timeout_ms: int = 120000  # dledger: close a connection with no complete frame for this long
+    max_buffered_bytes_per_connection: int = 17 * MiB  # dledger: unfinished-frame bytes per connection
+    max_buffered_bytes_total: int = 64 * MiB  # dledger: unfinished-frame bytes across connections; reading pauses
     # election
     enable_leader_elector: bool = True
     heart_beat_time_interval_ms: int = 2000
@@ -312,6 +317,7 @@ def _validate(cfg: DLedgerConfig) -> None:
     if cfg.max_leadership_transfer_wait_index < 0:
         raise ConfigError("maxLeadershipTransferWaitIndex: must be >= 0")
     _check_sizes(cfg)
+    _validate_connection_limits(cfg)
 
 
 #: The smallest ``maxFrameSize`` accepted: room for a remoting header and an empty request.
@@ -342,6 +348,25 @@ def _check_sizes(cfg: DLedgerConfig) -> None:
         raise ConfigError(f"maxEntrySize: {cfg.max_entry_size} does not fit in a frame of maxFrameSize "
                           f"{cfg.max_frame_size} bytes (Base64 plus header); use at most {limit}, or raise "
                           f"maxFrameSize")
+
+
+
+
+def _validate_connection_limits(cfg: DLedgerConfig) -> None:
+    """The transport's resource limits (issue #9, item 14): positive, and consistent with maxFrameSize."""
+    for n in ("max_connections", "max_connections_per_address", "connection_idle_timeout_ms",
+              "max_buffered_bytes_per_connection", "max_buffered_bytes_total"):
+        if getattr(cfg, n) <= 0:
+            raise ConfigError(f"{_camel(n)}: must be > 0, got {getattr(cfg, n)}")
+    if cfg.max_connections_per_address > cfg.max_connections:
+        raise ConfigError(f"maxConnectionsPerAddress ({cfg.max_connections_per_address}) must not exceed "
+                          f"maxConnections ({cfg.max_connections})")
+    if cfg.max_buffered_bytes_per_connection < cfg.max_frame_size:
+        raise ConfigError(f"maxBufferedBytesPerConnection ({cfg.max_buffered_bytes_per_connection}) must be at "
+                          f"least maxFrameSize ({cfg.max_frame_size}), or no frame of that size could arrive")
+    if cfg.max_buffered_bytes_total < cfg.max_buffered_bytes_per_connection:
+        raise ConfigError(f"maxBufferedBytesTotal ({cfg.max_buffered_bytes_total}) must be at least "
+                          f"maxBufferedBytesPerConnection ({cfg.max_buffered_bytes_per_connection})")
 
 
 def make_config(*, preset: str = "default", file: str | Path | None = None,

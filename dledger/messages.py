@@ -222,11 +222,121 @@ def entry_to_wire(entry: Entry) -> dict[str, Any]:
 
 
 def entry_from_wire(obj: dict[str, Any]) -> Entry:
-    body = binascii.a2b_base64(obj.get("body") or "", strict_mode=True)
-    return Entry(body=body, index=int(obj.get("index", -1)), term=int(obj.get("term", -1)),
-                 pos=int(obj.get("pos", -1)), magic=int(obj.get("magic", 1)),
-                 channel=int(obj.get("channel", 0)), chain_crc=int(obj.get("chainCrc", 0)),
-                 body_crc=int(obj.get("bodyCrc", 0)))
+    """An entry from its JSON object; every integer must be a JSON integer within its field's bounds."""
+    body = obj.get("body") or ""
+    if not isinstance(body, str):
+        raise ValueError("entry.body: expected base64 text")
+    fields = {}
+    for key, name, default in _ENTRY_KEYS:
+        value = obj.get(key, default)
+        if value is None:
+            value = default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"entry.{key}: expected an integer, got {value!r:.40}")
+        fields[name] = check_bounds(f"entry.{key}", value, ENTRY_BOUNDS[name])
+    return Entry(body=binascii.a2b_base64(body, strict_mode=True), **fields)
+
+
+#: (wire key, Entry attribute, default when absent) of an entry's integer fields
+_ENTRY_KEYS = (("index", "index", -1), ("term", "term", -1), ("pos", "pos", -1), ("magic", "magic", 1),
+               ("channel", "channel", 0), ("chainCrc", "chain_crc", 0), ("bodyCrc", "body_crc", 0))
+
+
+# -- bounds of integers from the wire ---------------------------------------
+#
+# Why: every term, index and position a member receives may end up in a fixed-width field on disk
+# (signed 64-bit in the entry header, index record, ``currterm`` and ``checkpoint``; signed 32-bit
+# sizes).  A value that does not fit used to be accepted and persisted, after which every write
+# failed with ``struct.error`` and the group was bricked (issue #9, item 13).  So every integer is
+# checked here, once, when a message is decoded: nothing out of range reaches a member's state.
+
+INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+INT64_MAX = 2 ** 63 - 1
+#: The largest term a message may carry: one below the signed 64-bit field, so that a member can
+#: still move to ``term + 1`` (``nextTerm``) and persist it.
+MAX_TERM = INT64_MAX - 1
+#: The largest index a message may carry: ``index + 1`` (the next entry) must still fit.
+MAX_INDEX = INT64_MAX - 1
+MAX_POS = INT64_MAX
+
+
+class Bounds(typing.NamedTuple):
+    """The accepted range of one integer field (inclusive) and what the range stands for."""
+
+    lo: int
+    hi: int
+    why: str
+
+
+TERM = Bounds(-1, MAX_TERM, "signed 64-bit term with room for +1")
+INDEX = Bounds(-1, MAX_INDEX, "signed 64-bit index with room for +1")
+POSITION = Bounds(-1, MAX_POS, "signed 64-bit byte position")
+SIZE = Bounds(0, INT32_MAX, "32-bit size or count")
+INT32 = Bounds(INT32_MIN, INT32_MAX, "Java int")
+
+#: Bounds of message fields by attribute name (every message class uses the same name for the same thing).
+FIELD_BOUNDS: dict[str, Bounds] = {
+    "term": TERM, "ledger_end_term": TERM,
+    "index": INDEX, "ledger_end_index": INDEX, "ledger_begin_index": INDEX, "begin_index": INDEX,
+    "end_index": INDEX, "commit_index": INDEX, "committed_index": INDEX, "take_leadership_ledger_index": INDEX,
+    "index_list": INDEX,  # each element
+    "pos": POSITION,
+    "count": SIZE, "total_size": SIZE,
+    "max_size": INT32, "code": INT32,
+}
+#: Bounds of a transported entry's fields: a placed entry has index, term and position >= 0.
+ENTRY_BOUNDS: dict[str, Bounds] = {
+    "index": Bounds(0, MAX_INDEX, INDEX.why), "term": Bounds(0, MAX_TERM, TERM.why),
+    "pos": Bounds(0, MAX_POS, POSITION.why), "magic": INT32, "channel": INT32, "chain_crc": INT32,
+    "body_crc": INT32,
+}
+
+
+def bounds_error(name: str, value: int, bounds: Bounds) -> str | None:
+    """Why ``value`` cannot be accepted for field ``name`` (None if it is within ``bounds``)."""
+    if bounds.lo <= value <= bounds.hi:
+        return None
+    shown = str(value) if abs(value) < 10 ** 24 else f"{str(value)[:12]}... ({len(str(abs(value)))} digits)"
+    return f"{name} = {shown} is out of range [{bounds.lo}, {bounds.hi}] ({bounds.why})"
+
+
+def check_bounds(name: str, value: int, bounds: Bounds) -> int:
+    """``value`` if within ``bounds``, else ValueError saying which field and which range."""
+    error = bounds_error(name, value, bounds)
+    if error is not None:
+        raise ValueError(error)
+    return value
+
+
+def entry_bounds_error(entry: Entry, where: str = "entry") -> str | None:
+    """Why a transported entry's integers are out of range (None if all fit)."""
+    for name, bounds in ENTRY_BOUNDS.items():
+        error = bounds_error(f"{where}.{name}", getattr(entry, name), bounds)
+        if error is not None:
+            return error
+    return None
+
+
+def message_bounds_error(msg: RequestOrResponse) -> str | None:
+    """Why some integer of ``msg`` (its entries included) is out of range; None if all fit.
+
+    :func:`from_wire` applies the same bounds field by field; this checks a message built another way
+    (the binary PUSH decoder attaches entries after reading the JSON meta).
+    """
+    for name, bounds in FIELD_BOUNDS.items():
+        value = getattr(msg, name, None)
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if type(v) is int:
+                error = bounds_error(name, v, bounds)
+                if error is not None:
+                    return error
+    entries = msg.entries() if isinstance(msg, PushEntryRequest) else getattr(msg, "entries", None) or []
+    for i, e in enumerate(entries):
+        error = entry_bounds_error(e, f"entry #{i}")
+        if error is not None:
+            return error
+    return None
 
 
 _PLAIN = frozenset({int, str, bool, float})
@@ -361,12 +471,31 @@ def _converter(kind: Any) -> _Converter:
     return lambda value, key: value
 
 
+def _bounded(read: _Converter, name: str, bounds: Bounds) -> _Converter:
+    """``read`` followed by the bounds check of field ``name`` (each element of a list)."""
+
+    def read_bounded(value: Any, key: str) -> Any:
+        out = read(value, key)
+        for v in out if isinstance(out, list) else (out,):
+            if type(v) is int:
+                check_bounds(key, v, bounds)
+        return out
+
+    return read_bounded
+
+
 def _readers(cls: type) -> dict[str, tuple[str, _Converter]]:
     readers = _READERS.get(cls)
     if readers is None:
         hints = typing.get_type_hints(cls)
-        readers = _READERS[cls] = {camel(f.name): (f.name, _converter(hints[f.name]))
-                                   for f in dataclasses.fields(cls)}
+        readers = {}
+        for f in dataclasses.fields(cls):
+            read = _converter(hints[f.name])
+            bounds = FIELD_BOUNDS.get(f.name)
+            if bounds is not None:
+                read = _bounded(read, f.name, bounds)
+            readers[camel(f.name)] = (f.name, read)
+        _READERS[cls] = readers
     return readers
 
 

@@ -42,6 +42,7 @@ from dledger.replication.durability import Flusher
 from dledger.replication.follower import EntryHandler
 from dledger.replication.leader import LeaderReplicator
 from dledger.replication.pending import PendingAppends
+from dledger.replication.pushcheck import append_window
 from dledger.replication.rules import damaged_leader_action
 from dledger.stats import ServerStats
 from dledger.store import base
@@ -71,7 +72,10 @@ class DLedgerServer:
         self.elector = LeaderElector(config, state, store, transport, clock, rng)
         self.entry_handler = EntryHandler(state, store, self.flusher, clock,
                                           push_timeout=config.max_push_time_out_ms / 1000.0,
-                                          on_commit=self.committed_advanced)
+                                          on_commit=self.committed_advanced,
+                                          append_window=append_window(config.max_pending_size,
+                                                                      config.max_batch_push_size),
+                                          max_waiting=config.max_pending_size)
         self.commit_feed = CommitFeed(store, clock, self.self_id)
         self.replicator: LeaderReplicator | None = None
         #: Monitoring counters; None (nothing recorded) until :meth:`enable_stats`.

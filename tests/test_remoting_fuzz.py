@@ -8,6 +8,7 @@ import random
 import struct
 from pathlib import Path
 
+import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.internet.defer import succeed
@@ -230,3 +231,57 @@ def test_protocol_fed_random_bytes_never_raises(data):
     assert not [e for e in events if e.get("log_failure") is not None]
     for frame in remoting.split_frames(transport.value()):
         assert frame.header.is_response
+
+
+# -- out-of-range integers (issue #9, item 13) ---------------------------------------------------------
+
+_WIRE_INT_KEYS = sorted({messages.camel(name) for name in messages.FIELD_BOUNDS})
+_HOSTILE_INTS = st.one_of(st.integers(), st.integers(min_value=2 ** 31 - 2, max_value=2 ** 31 + 2),
+                          st.integers(min_value=2 ** 63 - 3, max_value=2 ** 64 + 2),
+                          st.integers(min_value=-(2 ** 64), max_value=-2), st.sampled_from([10 ** 30, -10 ** 30]))
+
+
+def _all_ints_in_bounds(msg) -> bool:
+    return messages.message_bounds_error(msg) is None
+
+
+@FUZZ
+@given(code=st.sampled_from([int(c) for c in messages.RPCS]), is_response=st.booleans(),
+       ints=st.dictionaries(st.sampled_from(_WIRE_INT_KEYS), _HOSTILE_INTS, min_size=1, max_size=5),
+       entry_ints=st.dictionaries(st.sampled_from(["index", "term", "pos", "magic", "bodyCrc"]), _HOSTILE_INTS,
+                                  max_size=3))
+def test_out_of_range_integers_are_refused_or_decoded_within_bounds(code, is_response, ints, entry_ints):
+    """Random (often out-of-range) integers in any field of any request or response: refused, or within bounds."""
+    entry = messages.entry_to_wire(Entry(b"e", 1, 1, 0).sealed())
+    entry.update(entry_ints)
+    body = {"group": "g0", **ints, "entry": entry, "entries": [entry], "batchEntry": [entry]}
+    payload = json.dumps(body).encode()
+    header = remoting.Header(200, 3, remoting.FLAG_RESPONSE) if is_response else remoting.Header(code, 3)
+    frame = remoting.decode_frame(remoting.encode_frame(header, payload))
+    cls = messages.RPCS[messages.RequestCode(code)][1 if is_response else 0]
+    try:
+        msg = remoting.decode_response(frame, cls) if is_response else remoting.decode_request(frame)
+    except remoting.BodyError as exc:
+        assert "out of range" in str(exc) or "expected" in str(exc)
+        return
+    assert _all_ints_in_bounds(msg)
+
+
+@FUZZ
+@given(index=_HOSTILE_INTS, term=_HOSTILE_INTS, pos=_HOSTILE_INTS, meta_term=_HOSTILE_INTS,
+       commit=_HOSTILE_INTS)
+def test_binary_push_with_out_of_range_integers_is_refused_or_within_bounds(index, term, pos, meta_term, commit):
+    """Binary PUSH entries and meta carrying random 64-bit (and wider) integers never decode out of bounds."""
+    header_fields = [index, term, pos]
+    if not all(-(2 ** 63) <= v < 2 ** 63 for v in header_fields):
+        index, term, pos = (max(-(2 ** 63), min(v, 2 ** 63 - 1)) for v in header_fields)
+    entry = struct.pack(">iiqqqiiii", 1, 49, index, term, pos, 0, 0, 0, 1) + b"z"
+    meta = json.dumps({"group": "g0", "term": meta_term, "commitIndex": commit, "type": "APPEND"}).encode()
+    body = struct.pack(">BBIII", 1, 0, len(meta), 1, crc32c.crc32c(entry)) + meta + entry
+    frame = remoting.decode_frame(remoting.encode_frame(remoting.Header(51004, 1, ext_fields=dict(
+        remoting.BINARY_EXT_FIELDS)), body))
+    try:
+        msg = remoting.decode_request(frame)
+    except remoting.BinaryBodyError:
+        return
+    assert _all_ints_in_bounds(msg)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
+from twisted.internet.error import ConnectionLost
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
@@ -329,11 +330,27 @@ def test_successful_reply_resets_the_backoff():
     pump = net.connect()
     result_of(d)
     assert link.failures == 0
+    pump.client.transport.disconnectReason = ConnectionLost("reset by peer")  # a loss, not a clean close
     pump.server.transport.loseConnection()
     net.flush()
     assert link.failures == 1 and link.backing_off
     net.reactor.advance(0.1)
     assert not link.backing_off
+
+
+def test_clean_close_of_an_idle_connection_does_not_back_off():
+    """A server closing a connection no request waits on (its idle timeout) costs no backoff: the next send connects."""
+    net = Net(Echo())
+    link = net.client.client.link("127.0.0.1:20911")
+    first = net.client.send("n0", messages.HeartBeatRequest(group="g0"))
+    net.connect()
+    result_of(first)
+    net.pump.server.transport.loseConnection()
+    net.flush()
+    assert link.protocol is None and not link.backing_off and link.failures == 0
+    d = net.client.send("n0", messages.HeartBeatRequest(group="g0", term=7))
+    net.connect()
+    assert result_of(d).term == 7
 
 
 def test_reconnects_after_a_lost_connection():

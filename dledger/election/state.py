@@ -11,8 +11,10 @@ from __future__ import annotations
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from dledger.codes import Role
+from dledger.codes import ResponseCode, Role
+from dledger.errors import DLedgerError
 from dledger.interfaces import IMemberState
+from dledger.messages import INT64_MAX, MAX_TERM
 
 log = Logger()
 
@@ -32,6 +34,9 @@ class MemberState:
         self.curr_term, self.vote_for = term_store.load()
         if self.curr_term < 0:
             raise ValueError(f"term store holds a negative term {self.curr_term}")
+        if self.curr_term > INT64_MAX:  # persisted by a member without wire bounds (issue #9, item 13)
+            raise ValueError(f"term store holds term {str(self.curr_term)[:24]}, beyond the signed 64-bit term "
+                             f"field: no entry of that term can be written; reset the term/vote file")
         self.role = Role.CANDIDATE
         self.leader_id: str | None = None
         self.known_max_term = self.curr_term
@@ -64,6 +69,12 @@ class MemberState:
     def _persist(self, term: int, vote_for: str | None) -> None:
         if term < self.curr_term:
             raise AssertionError(f"term would go back from {self.curr_term} to {term}")
+        if not 0 <= term <= INT64_MAX:
+            # Last line of defence: messages are bounds-checked when decoded (messages.FIELD_BOUNDS), but a
+            # term the term/vote store cannot hold must never reach it (issue #9: a persisted 10**30 bricked
+            # every member).
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                               f"term {term} does not fit the signed 64-bit term field; not persisted")
         self.term_store.save(term, vote_for)
         self.curr_term, self.vote_for = term, vote_for
 
@@ -86,6 +97,10 @@ class MemberState:
         if term < self.curr_term:
             log.warn("{id}: ignoring candidate change to stale term {term} (current {curr})",
                      id=self.self_id, term=term, curr=self.curr_term)
+            return False
+        if term > MAX_TERM:  # decoding refuses such terms; never let one become the next persisted term
+            log.warn("{id}: ignoring candidate change to term {term}: beyond the largest term {max}",
+                     id=self.self_id, term=term, max=MAX_TERM)
             return False
         self.known_max_term = max(self.known_max_term, term)
         self.role = Role.CANDIDATE

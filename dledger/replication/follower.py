@@ -16,20 +16,31 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from dledger.codes import PushType, ResponseCode
+from dledger.config import DLedgerConfig
 from dledger.errors import DLedgerError
 from dledger.messages import PushEntryRequest, PushEntryResponse
 from dledger.ratelog import RateLimitedLog
+from dledger.replication import pushcheck
 from dledger.store import base
 
 log = Logger()
+
+#: The APPEND window of a follower built without one: what the default configuration allows a leader.
+DEFAULT_APPEND_WINDOW = pushcheck.append_window(DLedgerConfig.max_pending_size, DLedgerConfig.max_batch_push_size)
 
 
 class EntryHandler:
     """Applies the leader's pushes to this member's store."""
 
     def __init__(self, state, store, flusher, clock, *, push_timeout: float,
-                 on_commit: Callable[[], None] = lambda: None):
+                 on_commit: Callable[[], None] = lambda: None, append_window: int = DEFAULT_APPEND_WINDOW,
+                 max_waiting: int = DLedgerConfig.max_pending_size):
         self.state = state
+        self.append_window = append_window
+        self.max_waiting = max_waiting
+        self.refusals = RateLimitedLog(log, clock)
+        # (term, leader, index) of the last COMPARE received: a reset TRUNCATE must follow one (pushcheck)
+        self._compared: tuple[int, str | None, int] | None = None
         self.store = store
         self.flusher = flusher
         self.clock = clock
@@ -103,6 +114,13 @@ class EntryHandler:
     # -- entry point -------------------------------------------------------------------
     def handle_push(self, req: PushEntryRequest) -> Deferred:
         d: Deferred = Deferred()
+        refusal = self._protocol_error(req)
+        if refusal is not None:
+            self.refusals.warn(("push refused", req.type), "{id}: refusing a {type} push from {leader} "
+                               "(term {term}): {why}", id=self.state.self_id, type=req.type.name,
+                               leader=req.leader_id, term=req.term, why=refusal)
+            d.errback(DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, refusal))
+            return d
         try:
             if req.type is PushType.APPEND:
                 self._on_append(req, d)
@@ -120,6 +138,23 @@ class EntryHandler:
             else:
                 self._reply(d, req, exc.code)
         return d
+
+    def _protocol_error(self, req: PushEntryRequest) -> str | None:
+        """Why ``req`` is not a push a real leader would send now (see :mod:`pushcheck`); None if it may proceed.
+
+        Checked before anything else, so a refused push changes nothing, on disk or in memory.
+        """
+        store = self.store
+        if req.type is PushType.COMPARE and req.entry is not None:
+            self._compared = (req.term, req.leader_id, req.entry.index)
+        elif req.type is PushType.TRUNCATE and req.entry is not None:
+            compared = self._compared
+            index = compared[2] if compared is not None and compared[:2] == (req.term, req.leader_id) else None
+            return pushcheck.check_truncate(req.entry.index, store.ledger_begin_index, store.ledger_end_index, index)
+        elif req.type is PushType.APPEND:
+            return pushcheck.check_append([e.index for e in req.entries()], store.ledger_end_index,
+                                          self.append_window, len(self._waiting), self.max_waiting)
+        return None
 
     def _clear_waiting(self, why: str) -> None:
         waiting, self._waiting = self._waiting, {}

@@ -9,6 +9,7 @@ queueing, and there is never more than one attempt in flight per address.
 
 from __future__ import annotations
 
+import errno
 import random
 import re
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, fail, gatherResults, succeed
 from twisted.internet.endpoints import clientFromString, quoteStringArgument
+from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IDelayedCall, IStreamClientEndpoint
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
@@ -24,6 +26,7 @@ from twisted.python.failure import Failure
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
 from dledger.messages import RequestOrResponse
+from dledger.ratelog import RateLimiter
 from dledger.transport import remoting
 from dledger.transport.protocol import DEFAULT_MAX_IN_FLIGHT, RemotingProtocol
 
@@ -72,6 +75,16 @@ class Backoff:
         exponent = min(max(failures, 1) - 1, 64)
         base = min(self.maximum, self.initial * self.factor ** exponent)
         return base * (1.0 - self.jitter * self.rng.random())
+
+
+def _out_of_descriptors(failure: Failure) -> bool:
+    """The connect failed because this process (or the system) has no file descriptor left."""
+    exc = failure.value
+    code = getattr(exc, "errno", None)
+    os_error = getattr(exc, "osError", None)  # twisted.internet.error.ConnectError(osError, string)
+    if code is None and os_error is not None:
+        code = os_error if isinstance(os_error, int) else getattr(os_error, "errno", None)
+    return code in (errno.EMFILE, errno.ENFILE)
 
 
 class _ClientFactory(Factory):
@@ -176,8 +189,18 @@ class Link:
             return
         self.last_error = failure.getErrorMessage() or failure.type.__name__
         delay = self._back_off()
-        self.log.info("cannot connect to {address}: {error}; next attempt in {delay:.2f}s",
-                      address=self.address, error=self.last_error, delay=delay)
+        # One line per address and error per interval: a peer that stays down, or a process out of file
+        # descriptors, must not write a line per attempt (issue #9: 8,914 lines from one EMFILE condition).
+        held = self.client.limiter.check((self.address, self.last_error))
+        if held is not None:
+            suffix = f" ({held} similar lines suppressed)" if held else ""
+            if _out_of_descriptors(failure):
+                self.log.warn("cannot connect to {address}: out of file descriptors ({error}); raise the limit "
+                              "(ulimit -n) or lower maxConnections; next attempt in {delay:.2f}s{suffix}",
+                              address=self.address, error=self.last_error, delay=delay, suffix=suffix)
+            else:
+                self.log.info("cannot connect to {address}: {error}; next attempt in {delay:.2f}s{suffix}",
+                              address=self.address, error=self.last_error, delay=delay, suffix=suffix)
         self._fail_waiting(f"cannot connect to {self.address}: {self.last_error}")
 
     def _lost(self, protocol: RemotingProtocol, reason: Failure) -> None:
@@ -185,6 +208,10 @@ class Link:
             return
         self.protocol = None
         if not self._closed:
+            if protocol.pending == 0 and reason is not None and reason.check(ConnectionDone):
+                # The server closed a connection we were not waiting on (its connectionIdleTimeoutMs, as Java's
+                # remoting server does after 120 s): nothing failed, so the next send connects at once.
+                return
             self.last_error = f"connection lost: {reason.getErrorMessage() if reason else 'closed'}"
             self._back_off()
 
@@ -260,6 +287,7 @@ class RemotingClient:
         self.max_frame_size = max_frame_size
         self.max_in_flight = max_in_flight
         self.backoff = backoff if backoff is not None else Backoff()
+        self.limiter = RateLimiter(reactor)
         self.links: dict[str, Link] = {}
         self._closed = False
 

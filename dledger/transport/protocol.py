@@ -25,8 +25,16 @@ from dledger import messages
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
 from dledger.interfaces import IBatchRequestHandler
+from dledger.ratelog import RateLimiter
 from dledger.transport import remoting
 from dledger.transport.base import failure_response
+from dledger.transport.limits import (
+    BufferBudget,
+    ConnectionLimits,
+    admission_refusal,
+    idle_deadline,
+    over_connection_cap,
+)
 from dledger.transport.remoting import (
     REMOTING_SUCCESS,
     BodyError,
@@ -86,8 +94,15 @@ class RemotingProtocol(Protocol):
 
     def __init__(self, clock: IReactorTime, handler: Any = None, *,
                  max_frame_size: int = remoting.DEFAULT_MAX_FRAME_SIZE,
-                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT):
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, limits: ConnectionLimits | None = None,
+                 budget: BufferBudget | None = None, limiter: RateLimiter | None = None):
         self.clock = clock
+        self.limits = limits
+        self.budget = budget
+        self.limiter = limiter if limiter is not None else RateLimiter(clock)
+        self._idle_timer: IDelayedCall | None = None
+        self._last_frame = 0.0
+        self._budget_paused = False
         self.handler = handler
         self.max_frame_size = max_frame_size
         self.max_in_flight = max_in_flight
@@ -129,6 +144,70 @@ class RemotingProtocol(Protocol):
                 set_no_delay(True)
             except Exception:  # not a TCP socket (unix, fake transports): nothing to tune
                 pass
+        if self.limits is not None and self.limits.idle_timeout > 0:
+            self._last_frame = self.clock.seconds()
+            self._idle_timer = self.clock.callLater(self.limits.idle_timeout, self._idle_check)
+
+    def _warn(self, key: Any, fmt: str, **kw: Any) -> None:
+        """A warning, at most one per ``key`` per interval (hostile input repeats; the log must not)."""
+        held = self.limiter.check(key)
+        if held is None:
+            return
+        if held:
+            fmt += " ({suppressed} similar lines suppressed)"
+            kw["suppressed"] = held
+        self.log.warn(fmt, **kw)
+
+    @property
+    def peer_host(self) -> str:
+        """The remote host (the rate-limiting key: one noisy host does not mute another)."""
+        try:
+            return str(getattr(self.transport.getPeer(), "host", "?"))
+        except Exception:
+            return "?"
+
+    # -- limits (serving connections only) -------------------------------------------------
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        if self._closing:
+            return
+        now = self.clock.seconds()
+        deadline = idle_deadline(self._last_frame, self._in_flight, now, self.limits.idle_timeout)
+        if deadline is not None:
+            self._idle_timer = self.clock.callLater(max(0.0, deadline - now), self._idle_check)
+            return
+        buffered = self._splitter.buffered
+        if buffered:
+            self._warn(("unfinished frame", self.peer_host), "closing connection from {peer}: no complete frame "
+                       "for {s:g}s with {n} bytes of an unfinished frame buffered (connectionIdleTimeoutMs)",
+                       peer=self.peer, s=self.limits.idle_timeout, n=buffered)
+            self._abandon(abort=True)
+        else:
+            self.log.debug("closing connection from {peer}: idle for {s:g}s (connectionIdleTimeoutMs)",
+                           peer=self.peer, s=self.limits.idle_timeout)
+            self._abandon()
+
+    def _account(self) -> None:
+        """After a read: close a connection over its buffer cap; stop reading while the port is over its total."""
+        buffered = self._splitter.buffered
+        refusal = over_connection_cap(buffered, self.limits)
+        if refusal is not None:
+            self._warn(("over cap", self.peer_host), "closing connection from {peer}: {why}", peer=self.peer,
+                       why=refusal)
+            self._abandon(abort=True)
+            return
+        if self.budget is not None and self.budget.update(self, buffered) and not self._budget_paused:
+            self._budget_paused = True
+            self._warn(("budget", self.peer_host), "pausing reads from {peer}: {total} bytes of unfinished "
+                       "frames buffered on this port (maxBufferedBytesTotal {cap})", peer=self.peer,
+                       total=self.budget.total, cap=self.limits.max_buffered_total)
+            self.transport.pauseProducing()
+
+    def budget_resumed(self) -> None:
+        """The port's buffered total fell: read again (unless too many requests are still being served)."""
+        self._budget_paused = False
+        if self.is_open and not self._paused:
+            self.transport.resumeProducing()
 
     def when_lost(self) -> Deferred:
         """A Deferred that fires (with None) once the connection is closed."""
@@ -151,6 +230,11 @@ class RemotingProtocol(Protocol):
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[override]
         self._closing = True
         self.connected = False
+        if self._idle_timer is not None and self._idle_timer.active():
+            self._idle_timer.cancel()
+        self._idle_timer = None
+        if self.budget is not None:
+            self.budget.forget(self)
         if self.on_lost is not None:
             self.on_lost(self, reason)
         self.fail_pending(f"connection to {self.peer} lost: {reason.getErrorMessage() if reason else 'closed'}")
@@ -173,8 +257,10 @@ class RemotingProtocol(Protocol):
         if self._closing:
             return
         requests: list[tuple[Header, Any]] = []
+        framed = False
         try:
             for frame in self._splitter.feed(data):
+                framed = True
                 if frame.header.is_response:
                     self._reply_received(frame)
                 else:
@@ -182,18 +268,27 @@ class RemotingProtocol(Protocol):
                 if self._closing:
                     break
         except FrameError as exc:
-            self.log.warn("closing connection from {peer}: {error}", peer=self.peer, error=exc)
+            self._warn(("bad frame", self.peer_host), "closing connection from {peer}: {error}", peer=self.peer,
+                       error=exc)
             self._abandon()
         except Exception:
             self.log.failure("closing connection from {peer}: unexpected error while reading", peer=self.peer)
             self._abandon()
+        if self.limits is not None and not self._closing:
+            if framed:
+                self._last_frame = self.clock.seconds()
+            self._account()
         if requests:  # those before a broken frame are served as they would have been one by one
             self._serve(requests)
 
-    def _abandon(self) -> None:
+    def _abandon(self, abort: bool = False) -> None:
+        """Close: flushing what we wrote, or (``abort``, for a hostile peer) at once without waiting for it."""
         if not self._closing:
             self._closing = True
-            self.transport.loseConnection()
+            if abort and hasattr(self.transport, "abortConnection"):
+                self.transport.abortConnection()
+            else:
+                self.transport.loseConnection()
 
     # -- client side ----------------------------------------------------------------
     def send_request(self, request: messages.RequestOrResponse, timeout: float, *,
@@ -249,8 +344,8 @@ class RemotingProtocol(Protocol):
         try:
             response = remoting.decode_response(frame, call.response_cls)
         except BodyError as exc:
-            self.log.warn("undecodable reply {opaque} from {peer}: {error}", opaque=header.opaque,
-                          peer=self.peer, error=exc)
+            self._warn(("bad reply", self.peer_host), "undecodable reply {opaque} from {peer}: {error}",
+                       opaque=header.opaque, peer=self.peer, error=exc)
             call.deferred.errback(DLedgerError(ResponseCode.NETWORK_ERROR, f"undecodable reply: {exc}"))
             return
         call.deferred.callback(response)
@@ -262,12 +357,13 @@ class RemotingProtocol(Protocol):
         try:
             request = remoting.decode_request(frame)
         except UnknownRequestCodeError as exc:
-            self.log.warn("request from {peer}: {error}; answering UNSUPPORTED", peer=self.peer, error=exc)
+            self._warn(("unsupported", self.peer_host), "request from {peer}: {error}; answering UNSUPPORTED",
+                       peer=self.peer, error=exc)
             self._write_reply(header, remoting.error_body(header, ResponseCode.UNSUPPORTED), str(exc))
             return
         except BodyError as exc:
-            self.log.warn("request {code} from {peer}: {error}; answering UNEXPECTED_ARGUMENT",
-                          code=header.code, peer=self.peer, error=exc)
+            self._warn(("bad request", self.peer_host), "request {code} from {peer}: {error}; answering "
+                       "UNEXPECTED_ARGUMENT", code=header.code, peer=self.peer, error=exc)
             self._write_reply(header, remoting.error_body(header, ResponseCode.UNEXPECTED_ARGUMENT), str(exc)[:500])
             return
         if self.handler is None:
@@ -309,8 +405,9 @@ class RemotingProtocol(Protocol):
             if isinstance(result, Failure):
                 exc = result.value
                 if isinstance(exc, DLedgerError) and exc.code is ResponseCode.UNEXPECTED_ARGUMENT and exc.message:
-                    # A refused argument says why, for the peer's operator (Java ignores a remark on code 200).
-                    remark = str(exc)
+                    # A refused argument says why, for the peer's operator (other replies stay byte-identical
+                    # to Java's, which sends no remark).
+                    remark = exc.message[:500]
                 result = failure_response(request, result)
             body = remoting.encode_body(result)
         except Exception:
@@ -324,7 +421,7 @@ class RemotingProtocol(Protocol):
         self._in_flight -= 1
         if self._paused and self._in_flight <= self.max_in_flight // 2:
             self._paused = False
-            if self.is_open:
+            if self.is_open and not self._budget_paused:
                 self.transport.resumeProducing()
 
     def _write_reply(self, header: Header, body: bytes, remark: str | None = None) -> None:
@@ -338,22 +435,54 @@ class RemotingProtocol(Protocol):
 
 
 class RemotingServerFactory(Factory):
-    """Builds serving protocols for a listening port and remembers the live ones (to close them on stop)."""
+    """Builds serving protocols for a listening port and remembers the live ones (to close them on stop).
+
+    With ``limits`` it refuses connections beyond ``maxConnections`` / ``maxConnectionsPerAddress`` (closed as
+    soon as accepted, one rate-limited line per address) and gives every connection the idle timeout and the
+    per-connection and port-wide buffer caps (:mod:`dledger.transport.limits`).
+    """
 
     noisy = False  # no "Starting factory <... object at 0x...>" line per listen
 
     def __init__(self, clock: IReactorTime, handler: Any, *, max_frame_size: int = remoting.DEFAULT_MAX_FRAME_SIZE,
-                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT):
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, limits: ConnectionLimits | None = None):
         self.clock = clock
         self.handler = handler
         self.max_frame_size = max_frame_size
         self.max_in_flight = max_in_flight
+        self.limits = limits
+        self.budget = BufferBudget(limits) if limits is not None else None
+        self.limiter = RateLimiter(clock)
         self.connections: set[RemotingProtocol] = set()
+        self.per_address: dict[str, int] = {}
+        self.refused = 0
 
-    def buildProtocol(self, addr: Any) -> RemotingProtocol:
+    def buildProtocol(self, addr: Any) -> RemotingProtocol | None:
+        host = str(getattr(addr, "host", addr))
+        if self.limits is not None:
+            refusal = admission_refusal(len(self.connections), self.per_address.get(host, 0), self.limits)
+            if refusal is not None:
+                self.refused += 1
+                held = self.limiter.check(("refused", host))
+                if held is not None:
+                    suffix = f" ({held} similar lines suppressed)" if held else ""
+                    RemotingProtocol.log.warn("refusing a connection from {host}: {why}{suffix}", host=host,
+                                              why=refusal, suffix=suffix)
+                return None  # Twisted closes the accepted socket
         proto = RemotingProtocol(self.clock, self.handler, max_frame_size=self.max_frame_size,
-                                 max_in_flight=self.max_in_flight)
+                                 max_in_flight=self.max_in_flight, limits=self.limits, budget=self.budget,
+                                 limiter=self.limiter)
         proto.factory = self
         self.connections.add(proto)
-        proto.when_lost().addCallback(lambda _: self.connections.discard(proto))
+        self.per_address[host] = self.per_address.get(host, 0) + 1
+
+        def gone(_):
+            self.connections.discard(proto)
+            left = self.per_address.get(host, 1) - 1
+            if left > 0:
+                self.per_address[host] = left
+            else:
+                self.per_address.pop(host, None)
+
+        proto.when_lost().addCallback(gone)
         return proto

@@ -498,6 +498,10 @@ def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRe
         raise BinaryBodyError(f"binary PUSH entry #{len(entries)}: {exc}", header) from None
     if off != end:
         raise BinaryBodyError(f"binary PUSH body has {end - off} bytes after its {count} entries", header)
+    for i, entry in enumerate(entries):
+        error = messages.entry_bounds_error(entry, f"binary PUSH entry #{i}")
+        if error is not None:
+            raise BinaryBodyError(error, header)
     if flags & _FLAG_BATCH:
         if not entries:
             raise BinaryBodyError("binary PUSH marked batch but carries no entries", header)

@@ -29,6 +29,7 @@ from dledger.interfaces import ITransport
 from dledger.messages import PushEntryRequest, RequestOrResponse
 from dledger.plugin_types import TransportType
 from dledger.transport.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, Backoff, RemotingClient
+from dledger.transport.limits import AcceptGuard, ConnectionLimits, fd_usage, guard_accept
 from dledger.transport.protocol import DEFAULT_MAX_IN_FLIGHT, BinaryBodyRefused, RemotingServerFactory
 
 
@@ -76,14 +77,23 @@ class TcpTransport:
         self.binary_refused: set[str] = set()
         self.port: IListeningPort | None = None
         self._factory: RemotingServerFactory | None = None
+        self.accept_guard: AcceptGuard | None = None
 
     # -- ITransport ---------------------------------------------------------------------
     def start(self, handler: Any) -> Deferred:
         """Listen on ``config.listen`` (default ``tcp:<own port>:interface=<own host>``); fires with the port."""
         if self.port is not None:
             return fail(RuntimeError("transport already started"))
+        limits = ConnectionLimits.from_config(self.config)
+        soft, open_fds = fd_usage()
+        capped = limits.within_fds(soft, open_fds)
+        if capped is not limits:
+            self.log.warn("{member}: accepting at most {n} connections, not maxConnections {m}: the file descriptor "
+                          "limit is {soft} (ulimit -n) and {used} are in use; raise the limit to allow more",
+                          member=self.config.self_id, n=capped.max_connections, m=limits.max_connections,
+                          soft=soft, used=open_fds)
         self._factory = RemotingServerFactory(self.reactor, handler, max_frame_size=self.config.max_frame_size,
-                                              max_in_flight=self.max_in_flight)
+                                              max_in_flight=self.max_in_flight, limits=capped)
         try:
             endpoint = serverFromString(self.reactor, self.listen)
         except (ValueError, KeyError, TypeError) as exc:
@@ -92,6 +102,7 @@ class TcpTransport:
 
         def listening(port: IListeningPort) -> IListeningPort:
             self.port = port
+            self.accept_guard = guard_accept(port, self.reactor)
             self.log.info("{member} of group {group} serving remoting on {address}",
                           member=self.config.self_id, group=self.config.group, address=port.getHost())
             return port
@@ -104,6 +115,8 @@ class TcpTransport:
         A stopped transport stays stopped (later sends fail with NETWORK_ERROR); build a new one to restart.
         """
         waits = [self.client.close()]
+        if self.accept_guard is not None:
+            self.accept_guard.cancel()
         if self.port is not None:
             port, self.port = self.port, None
             waits.append(maybeDeferred(port.stopListening))
