@@ -232,36 +232,44 @@ _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(DLedgerConfig)}
 
 
 def _coerce(name: str, value: Any) -> Any:
-    kind = _FIELD_TYPES[name]
     if name == "extras":
         if not isinstance(value, Mapping):
             raise ConfigError(f"extras: expected a table, got {value!r}")
         return dict(value)
+    return coerce_typed(_camel(name), _FIELD_TYPES[name], value)
+
+
+def coerce_typed(label: str, kind: str, value: Any) -> Any:
+    """``value`` as a ``kind`` option (``"bool"``, ``"int"``, ``"float"``, ``"str"``); ConfigError naming ``label``.
+
+    One rule for core options and plugin options (:mod:`dledger.plugins`):
+    TOML values and command-line strings are accepted alike.
+    """
     if kind == "bool":
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
-        raise ConfigError(f"{_camel(name)}: expected true or false, got {value!r}")
+        raise ConfigError(f"{label}: expected true or false, got {value!r}")
     if kind == "int":
         if isinstance(value, bool):
-            raise ConfigError(f"{_camel(name)}: expected an integer, got {value!r}")
+            raise ConfigError(f"{label}: expected an integer, got {value!r}")
         if isinstance(value, int):
             return value
         if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
             return int(value)
-        raise ConfigError(f"{_camel(name)}: expected an integer, got {value!r}")
+        raise ConfigError(f"{label}: expected an integer, got {value!r}")
     if kind == "float":
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         try:
             return float(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{_camel(name)}: expected a number, got {value!r}") from None
+            raise ConfigError(f"{label}: expected a number, got {value!r}") from None
     if kind == "str":
         if isinstance(value, (str, int)) and not isinstance(value, bool):
             return str(value)
-        raise ConfigError(f"{_camel(name)}: expected a string, got {value!r}")
+        raise ConfigError(f"{label}: expected a string, got {value!r}")
     return value
 
 
