@@ -13,12 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from dledger.codes import ResponseCode, Role
 from dledger.entry import HEADER_SIZE, Entry
 from dledger.errors import AppendHookError, BatchAppendError, DLedgerError
 from dledger.messages import AppendEntryRequest, AppendEntryResponse
+from dledger.ratelog import RateLimitedLog
+
+log = Logger()
 
 
 def check_append(server: Any, request: AppendEntryRequest, queued: int) -> list[bytes]:
@@ -88,6 +92,7 @@ def append_requests(server: Any, requests: Sequence[AppendEntryRequest]) -> list
             if end > len(stored):
                 results[i] = Failure(error)
                 if isinstance(error, AppendHookError):
+                    _hook_failed(server, error)
                     rest = todo[k + 1:]  # only this request failed: go on with the others
                 else:
                     for j, _ in todo[k + 1:]:
@@ -104,3 +109,11 @@ def append_requests(server: Any, requests: Sequence[AppendEntryRequest]) -> list
         replicator.recent.extend(all_stored)
         replicator.entries_appended(all_stored[-1].index)
     return results
+
+
+def _hook_failed(server: Any, error: AppendHookError) -> None:
+    """The client only sees the code (Java's reply shape): say why on the leader, at most once per 10 s."""
+    hook_log = getattr(server, "_hook_failure_log", None)
+    if hook_log is None:
+        hook_log = server._hook_failure_log = RateLimitedLog(log, server.clock)
+    hook_log.warn("append-hook", "{id}: append refused: {error}", id=server.self_id, error=error)
