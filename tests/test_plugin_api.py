@@ -1,4 +1,4 @@
-"""The plugin API beyond the hook registry: append hooks against NOOPs and failures, reads by position, services under twistd."""
+"""The plugin API beyond the registry: append hooks vs NOOPs and failures, reads by position, services under twistd."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
+from test_plugins import own_plugins_only
 from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -24,8 +25,6 @@ from dledger.store.memory import MemoryLogStore
 from dledger.store.mmapfile import MmapLogStore
 from dledger.testing import Cluster
 from dledger.testing.store_contract import FakeMemberState, fired
-
-from test_plugins import own_plugins_only
 
 
 @pytest.fixture
@@ -282,7 +281,7 @@ def test_cluster_members_read_the_same_committed_bytes(pm):
 @pytest.mark.network
 @pytest_twisted.ensureDeferred
 async def test_member_service_runs_plugin_services_inside_the_member_lifetime(pm, monkeypatch, reactor):
-    """Under `twistd dledger`'s MemberService a plugin service starts once the member serves and stops before the store closes."""
+    """Under MemberService (twistd) a plugin service starts once the member serves and stops before the store closes."""
     from twisted.application.service import Service
     from twisted.internet import task
 
