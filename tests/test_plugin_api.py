@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import tempfile
 from pathlib import Path
 
@@ -331,3 +332,115 @@ async def test_member_service_runs_plugin_services_inside_the_member_lifetime(pm
     assert log == [("start", True), ("flushed", True, True)]
     assert closed == [log]  # the store closed after the service had flushed
     assert member.stopped_cleanly
+
+
+# -- a third-party plugin in real twistd processes -----------------------------------------------------
+
+FAKE_PLUGIN = '''
+from twisted.application.service import Service
+from twisted.internet import reactor, task
+from zope.interface import implementer
+
+from dledger.hookspecs import hookimpl
+from dledger.interfaces import ILeaderReadyListener
+from dledger.plugin_types import ExtraOption
+
+
+def note(server, line):
+    with open(server.config.extras["fakeplug.events"], "a") as fh:
+        fh.write(line + "\\n")
+
+
+class Recorder(Service):
+    def __init__(self, server):
+        self.server = server
+
+    def startService(self):
+        super().startService()
+        note(self.server, f"start serving={self.server.running}")
+
+    def stopService(self):
+        super().stopService()
+        def flushed():
+            note(self.server, f"flushed serving={self.server.running}")
+        return task.deferLater(reactor, 0.2, flushed)
+
+
+@implementer(ILeaderReadyListener)
+class Ready:
+    def __init__(self, server):
+        self.server = server
+
+    def leader_ready(self, term):
+        note(self.server, "ready")
+
+
+@hookimpl
+def dledger_extra_options():
+    return [ExtraOption("fakeplug.events", "plugin-events.txt", "file the fake plugin writes its events to"),
+            ExtraOption("fakeplug.count", 3, "a number", int)]
+
+
+@hookimpl
+def dledger_services(server, collection):
+    Recorder(server).setServiceParent(collection)
+
+
+@hookimpl
+def dledger_leader_ready_listeners(server):
+    return [Ready(server)]
+'''
+
+
+@pytest.fixture
+def fake_plugin_path(tmp_path, monkeypatch):
+    """A fake installed distribution 'fakeplug' in the 'dledger' entry-point group, visible to child processes."""
+    root = tmp_path / "site"
+    root.mkdir()
+    (root / "fakeplug.py").write_text(FAKE_PLUGIN)
+    dist = root / "fakeplug-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fakeplug\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[dledger]\nfakeplug = fakeplug\n")
+    monkeypatch.setenv("PYTHONPATH", str(root))
+    return root
+
+
+@pytest.mark.process
+def test_twistd_help_and_validation_include_a_third_party_plugins_options(fake_plugin_path):
+    """`twistd dledger --help` lists an installed plugin's options; a wrong type is refused with one line."""
+    import subprocess
+    import sys
+
+    from dledger.launcher import TWISTD, child_env
+
+    out = subprocess.run([sys.executable, "-c", TWISTD, "dledger", "--help"], env=child_env(), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "fakeplug.events (str, default 'plugin-events.txt')" in out.stdout
+    assert "fakeplug.count (int, default 3)" in out.stdout
+    out = subprocess.run([sys.executable, "-c", TWISTD, "-n", "--pidfile=", "dledger", "--id", "n0", "--peers",
+                          "n0-127.0.0.1:20911", "--plugin-opt", "fakeplug.count=many"], env=child_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "plugins.fakeplug.count: expected an integer, got 'many'" in out.stdout + out.stderr
+
+
+@pytest.mark.process
+@pytest_twisted.ensureDeferred
+async def test_twistd_member_runs_a_plugins_service_and_leader_ready(fake_plugin_path, tmp_path, reactor):
+    """A twistd member starts a plugin's service once serving, tells it leader-ready, and awaits its stop on SIGTERM."""
+    from dledger.launcher import LocalGroup
+
+    group = LocalGroup(tmp_path / "group", n=1, store="memory", reactor=reactor)
+    events = tmp_path / "group" / "plugin-events.txt"
+    try:
+        group.start()
+        await group.wait_for(lambda: group.log_lines("n0", "dledger member "), 20, "the summary line")
+        await group.wait_for(lambda: events.exists() and "ready" in events.read_text(), 20, "leader ready")
+        group.signal("n0", signal.SIGTERM)
+        assert await group.wait_exit("n0", 20) == 0
+        assert events.read_text().splitlines() == ["start serving=True", "ready", "flushed serving=True"]
+        assert group.log_lines("n0", "stopped cleanly")
+    finally:
+        group.close()
