@@ -385,7 +385,7 @@ def test_leader_ready_listener_added_late_is_told_at_once(pm):
 
 def test_hook_dledger_services(pm):
     """Plugin services start after the member serves and are stopped (awaited) before the store closes."""
-    from twisted.application.service import Service
+    from twisted.application.service import IServiceCollection, Service
     from twisted.internet.defer import Deferred
 
     from dledger.testing import Cluster
@@ -399,7 +399,7 @@ def test_hook_dledger_services(pm):
 
         def startService(self):
             super().startService()
-            log.append(("start", self.server.self_id, self.server.running, self.server.elector is not None))
+            log.append(("start", self.server.self_id, self.server.running, self.server.store.closed))
 
         def stopService(self):
             super().stopService()
@@ -410,11 +410,12 @@ def test_hook_dledger_services(pm):
     class P:
         @hookimpl
         def dledger_services(self, server, collection):
+            assert IServiceCollection.providedBy(collection)
             Broker(server).setServiceParent(collection)
     pm.register(P())
     cluster = Cluster(3, plugin_manager=pm)
     cluster.start()
-    assert sorted(log) == [("start", mid, True, True) for mid in ("n0", "n1", "n2")]
+    assert sorted(log) == [("start", mid, True, False) for mid in ("n0", "n1", "n2")]
     cluster.wait_for_leader()
     servers = dict(cluster.servers)
     done = cluster.stop()
