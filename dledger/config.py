@@ -238,30 +238,50 @@ _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(DLedgerConfig)}
 
 
 def _coerce(name: str, value: Any) -> Any:
-    kind = _FIELD_TYPES[name]
     if name == "extras":
         if not isinstance(value, Mapping):
             raise ConfigError(f"extras: expected a table, got {value!r}")
         return dict(value)
+    return coerce_typed(_camel(name), _FIELD_TYPES[name], value)
+
+
+def coerce_typed(label: str, kind: str, value: Any, *, text: bool = False) -> Any:
+    """``value`` as a ``kind`` option (``"bool"``, ``"int"``, ``"float"``, ``"str"``); ConfigError naming ``label``.
+
+    One rule for core options and plugin options (:mod:`dledger.plugins`). Core options come from
+    TOML, which has real numbers and booleans, so a quoted ``"100"`` or ``"yes"`` there is refused
+    (``text=False``): the docs promise wrong types are refused, and a string that looks like a number
+    is usually a value meant for another option. Plugin options may also come from
+    ``--plugin-opt name=value`` on a command line, where every value is text, so they are parsed
+    from text (``text=True``: ``"5"``, ``"true"``/``"yes"``/``"1"``).
+    """
+    unquoted = "" if text else " (unquoted)"
     if kind == "bool":
-        # TOML has real booleans; "yes" or "1" in a file is a mistake, not a spelling of true.
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{_camel(name)}: expected true or false (a TOML boolean, unquoted), got {value!r}")
+        if text and isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        what = "true or false" if text else "true or false (a TOML boolean, unquoted)"
+        raise ConfigError(f"{label}: expected {what}, got {value!r}")
     if kind == "int":
-        # A quoted number ("100") is refused: the docs promise wrong types are refused, and a string
-        # that happens to look like a number is usually a value meant for another option.
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{_camel(name)}: expected an integer (unquoted), got {value!r}")
+        if text and isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+            return int(value)
+        raise ConfigError(f"{label}: expected an integer{unquoted}, got {value!r}")
     if kind == "float":
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        raise ConfigError(f"{_camel(name)}: expected a number (unquoted), got {value!r}")
+        if text and isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{label}: expected a number{unquoted}, got {value!r}")
     if kind == "str":
         if isinstance(value, (str, int)) and not isinstance(value, bool):
             return str(value)
-        raise ConfigError(f"{_camel(name)}: expected a string, got {value!r}")
+        raise ConfigError(f"{label}: expected a string, got {value!r}")
     return value
 
 

@@ -58,3 +58,12 @@ class BatchAppendError(DLedgerError):
         super().__init__(cause.code, cause.message, leader_id=cause.leader_id)
         self.cause = cause
         self.stored = stored
+
+
+class AppendHookError(DLedgerError):
+    """An append hook raised on a leader append: that entry (and its request) fails, the leader goes on.
+
+    The code is the hook's own if it raised a :class:`DLedgerError` (a hook
+    may refuse a body with UNEXPECTED_ARGUMENT, say), INTERNAL_ERROR for any
+    other exception; the message names the hook, the entry and the error.
+    """

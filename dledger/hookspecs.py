@@ -52,6 +52,46 @@ def dledger_commit_listeners(server):
 def dledger_extra_options():
     """Return a list of :class:`dledger.plugin_types.ExtraOption` this plugin accepts.
 
-    Values come from the ``[plugins]`` table of the TOML config or
-    ``--plugin-opt name=value`` and reach the plugin as ``config.extras``.
+    A dotted name ``"myplugin.port"`` is the key ``port`` of the TOML table
+    ``[plugins.myplugin]`` (or ``--plugin-opt myplugin.port=VALUE``); a plain
+    name is a key of ``[plugins]``.  ``coerce`` is the option's type (``int``,
+    ``float``, ``bool``, ``str`` are checked like core options; any other
+    callable converts or raises ValueError).  Values reach the plugin as
+    ``server.config.extras[name]``, defaults filled in, on every path that
+    builds a server (``twistd dledger``, ``DLedgerServer``, ``dledger.testing.Cluster``),
+    and ``twistd dledger --help`` lists them.
+    """
+
+
+@hookspec
+def dledger_services(server, collection):
+    """Add Twisted services for ``server`` to ``collection`` (an ``IServiceCollection``).
+
+    Call ``my_service.setServiceParent(collection)``, as ``twistd`` plugins
+    do with the application's ``MultiService``.  Called once when a server is
+    built.  The services start after the member serves (store open,
+    transport listening, election running) and stop -- in reverse order, each
+    ``stopService()`` Deferred awaited -- before the member stops serving
+    and closes its store.
+    """
+
+
+@hookspec
+def dledger_leader_ready_listeners(server):
+    """Return a list of ``ILeaderReadyListener`` to attach to ``server``.
+
+    ``leader_ready(term)`` is called once per term in which this member leads
+    *and* its term's first entry (the NOOP) is committed: every entry of
+    earlier terms is committed then, so the leader's log is complete.
+    """
+
+
+@hookspec(historic=True)
+def dledger_add_hookspecs(pluginmanager):
+    """Add new hook specifications: ``pluginmanager.add_hookspecs(module_or_class)`` (as pytest's ``pytest_addhooks``).
+
+    Called for every plugin as it is registered (historic), before its own
+    hook implementations are checked, so a plugin may define hooks for its
+    own plugins and implement them in the same module.  Call them with
+    ``pluginmanager.hook.<name>(...)``.
     """

@@ -223,3 +223,42 @@ class ICommitListener(Interface):
 
         May return a Deferred to slow delivery down; the next batch waits for it.
         """
+
+
+class ILeaderReadyListener(Interface):
+    """Told when its member leads and its term's first entry is committed (:mod:`dledger.leader_ready`)."""
+
+    def leader_ready(term: int) -> object:
+        """Called once per term in which the member becomes leader-ready, after the LEADER role change was delivered.
+
+        May return a Deferred; later listeners and events wait for it.  The
+        member may lose leadership at any time after; role-change handlers
+        are told as usual.
+        """
+
+
+class IPositionReader(Interface):
+    """Optional store capability: raw bytes of the data log by byte position, committed bytes only.
+
+    Positions are those of :attr:`dledger.entry.Entry.pos` (the same on
+    every member): an entry's encoded bytes lie at ``[pos, pos + size)``,
+    and the tail of a data file an entry did not fit in holds a blank marker
+    then zeros, as DLedger's data files do.  A reader never returns bytes
+    past :meth:`committed_position`, so what it returns never changes.
+    Check with ``IPositionReader.providedBy(store)``.
+    """
+
+    def begin_position() -> int:
+        """Position of the first byte still kept (the first entry's ``pos``; where the log will start if empty)."""
+
+    def committed_position() -> int:
+        """Position just past the last committed entry (:meth:`begin_position` when nothing is committed)."""
+
+    def read_at(pos: int, size: int) -> bytes:
+        """``size`` bytes of the data log from ``pos``.
+
+        DLedgerError(INDEX_OUT_OF_RANGE) if the range ends past
+        :meth:`committed_position`, INDEX_LESS_THAN_LOCAL_BEGIN if it starts
+        before :meth:`begin_position`, UNEXPECTED_ARGUMENT for a negative
+        position or size.
+        """

@@ -35,11 +35,29 @@ class TransportType:
     description: str = ""
 
 
+#: Option types checked with the same rules (and messages) as core options.
+CORE_TYPES: dict[Any, str] = {bool: "bool", int: "int", float: "float", str: "str"}
+
+
 @dataclass(frozen=True)
 class ExtraOption:
-    """A configuration option a plugin adds (``[plugins]`` table in TOML, ``--plugin-opt`` on the command line)."""
+    """A configuration option a plugin adds (``[plugins]`` table in TOML, ``--plugin-opt`` on the command line).
+
+    ``name`` may be dotted: ``"myplugin.port"`` is key ``port`` of the TOML
+    table ``[plugins.myplugin]`` and ``--plugin-opt myplugin.port=VALUE``.
+    ``coerce`` is the option's type: ``int``, ``float``, ``bool`` or ``str``
+    are validated like core options (``plugins.myplugin.port: expected an
+    integer, got 'x'``); any other callable converts a value or raises
+    ValueError/TypeError, and must accept its own result (a config may be
+    resolved twice).  ``default`` is used as it is (``None`` for "unset").
+    """
 
     name: str
     default: Any
     help: str
     coerce: Callable[[Any], Any] = str
+
+    @property
+    def type_name(self) -> str:
+        """What ``--help`` shows as the option's type."""
+        return CORE_TYPES.get(self.coerce) or getattr(self.coerce, "__name__", "value")

@@ -9,15 +9,19 @@ off third-party autoloading, as ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` does).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pluggy
 
 from dledger import hookspecs
+from dledger.config import coerce_typed
 from dledger.errors import ConfigError
+from dledger.plugin_types import CORE_TYPES
 
 GROUP = "dledger"
 DISABLE_AUTOLOAD_ENV = "DLEDGER_DISABLE_PLUGIN_AUTOLOAD"
@@ -38,6 +42,8 @@ def make_plugin_manager(*, autoload: bool | None = None) -> pluggy.PluginManager
     """A fresh manager with the hook specs, entry-point plugins and built-ins registered."""
     pm = pluggy.PluginManager(GROUP)
     pm.add_hookspecs(hookspecs)
+    # Historic: every plugin registered from now on may add hook specs before its own hooks are checked.
+    pm.hook.dledger_add_hookspecs.call_historic(kwargs={"pluginmanager": pm})
     if autoload is None:
         autoload = not os.environ.get(DISABLE_AUTOLOAD_ENV)
     if autoload:
@@ -140,20 +146,72 @@ def get_transport_type(name: str, pm: pluggy.PluginManager | None = None):
         raise ConfigError(f"transportType: unknown transport {name!r}; installed: {', '.join(sorted(known))}") from None
 
 
-def resolve_extras(extras: dict[str, Any], pm: pluggy.PluginManager | None = None) -> dict[str, Any]:
-    """Plugin option values with defaults filled in; unknown names are a ConfigError."""
+def flatten_extras(extras: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"rocketmq": {"port": 1}}`` (a ``[plugins.rocketmq]`` TOML table) as ``{"rocketmq.port": 1}``."""
+    out: dict[str, Any] = {}
+    for key, value in extras.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten_extras(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def coerce_option(opt: Any, value: Any) -> Any:
+    """``value`` for plugin option ``opt``: core types as core options are checked, else its ``coerce``."""
+    label = f"plugins.{opt.name}"
+    kind = CORE_TYPES.get(opt.coerce)
+    if kind is not None:
+        return coerce_typed(label, kind, value, text=True)
+    try:
+        return opt.coerce(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{label}: bad value {value!r} (expected {opt.type_name}): {exc}") from None
+
+
+def resolve_extras(extras: Mapping[str, Any], pm: pluggy.PluginManager | None = None) -> dict[str, Any]:
+    """Plugin option values (nested tables flattened to dotted names) with defaults filled in.
+
+    Unknown names and values of the wrong type are a one-line ConfigError.
+    """
     declared = extra_options(pm)
     out = {name: opt.default for name, opt in declared.items()}
-    for key, value in extras.items():
+    for key, value in flatten_extras(extras).items():
         opt = declared.get(key)
         if opt is None:
             raise ConfigError(f"plugins.{key}: no installed plugin declares this option "
                               f"(known: {', '.join(sorted(declared)) or 'none'})")
-        try:
-            out[key] = opt.coerce(value)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"plugins.{key}: bad value {value!r}: {exc}") from None
+        out[key] = coerce_option(opt, value)
     return out
+
+
+def resolve_config(config: Any, pm: pluggy.PluginManager | None = None) -> Any:
+    """``config`` with its ``extras`` resolved (:func:`resolve_extras`): what a server runs with."""
+    return config.replace(extras=resolve_extras(config.extras, pm))
+
+
+def plugin_options(config: Any, plugin: str) -> dict[str, Any]:
+    """The options of one plugin by their short names: ``{"port": ...}`` for ``myplugin.port``."""
+    prefix = plugin + "."
+    return {name[len(prefix):]: value for name, value in config.extras.items() if name.startswith(prefix)}
+
+
+def options_help(pm: pluggy.PluginManager | None = None) -> str:
+    """The plugin options section of ``twistd dledger --help`` (empty when no plugin declares one)."""
+    try:
+        declared = extra_options(pm)
+    except Exception as exc:
+        return f"\nPlugin options: cannot list them: {exc}\n"
+    if not declared:
+        return ""
+    lines = ["", "Plugin options (--plugin-opt NAME=VALUE, or NAME's key in the TOML [plugins] table,",
+             "e.g. [plugins.rocketmq] listen = ... for rocketmq.listen):"]
+    for name in sorted(declared):
+        opt = declared[name]
+        lines.append(f"  {name} ({opt.type_name}, default {opt.default!r})")
+        lines.append(f"      {opt.help}")
+    return "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True)
@@ -163,6 +221,7 @@ class ServerExtensions:
     role_change_handlers: list
     append_hooks: list
     commit_listeners: list
+    leader_ready_listeners: list = dataclasses.field(default_factory=list)
 
 
 def server_extensions(server: Any, pm: pluggy.PluginManager | None = None) -> ServerExtensions:
@@ -176,4 +235,10 @@ def server_extensions(server: Any, pm: pluggy.PluginManager | None = None) -> Se
         flat(pm.hook.dledger_role_change_handlers(server=server)),
         flat(pm.hook.dledger_append_hooks(server=server)),
         flat(pm.hook.dledger_commit_listeners(server=server)),
+        flat(pm.hook.dledger_leader_ready_listeners(server=server)),
     )
+
+
+def add_services(server: Any, collection: Any, pm: pluggy.PluginManager | None = None) -> None:
+    """Let every plugin add its services for ``server`` to ``collection`` (``dledger_services``)."""
+    (pm or get_plugin_manager()).hook.dledger_services(server=server, collection=collection)

@@ -24,6 +24,7 @@ from dledger.election.state import MemberState
 from dledger.entry import Entry
 from dledger.errors import DLedgerError
 from dledger.interfaces import IBatchRequestHandler
+from dledger.leader_ready import LeaderReady
 from dledger.messages import (
     AppendEntryRequest,
     GetEntriesRequest,
@@ -44,6 +45,7 @@ from dledger.replication.leader import LeaderReplicator
 from dledger.replication.pending import PendingAppends
 from dledger.replication.pushcheck import append_window
 from dledger.replication.rules import damaged_leader_action
+from dledger.services import MemberServices
 from dledger.stats import ServerStats
 from dledger.store import base
 
@@ -59,6 +61,8 @@ class DLedgerServer:
 
     def __init__(self, config, state: MemberState, store, transport, clock, *,
                  rng: random.Random | None = None, plugin_manager=None, use_plugins: bool = True):
+        if use_plugins:
+            config = plugins.resolve_config(config, plugin_manager)  # plugin option defaults, checked types
         self.config = config
         self.state = state
         self.store = store
@@ -77,6 +81,10 @@ class DLedgerServer:
                                                                       config.max_batch_push_size),
                                           max_waiting=config.max_pending_size)
         self.commit_feed = CommitFeed(store, clock, self.self_id)
+        #: "Leader ready" events (:mod:`dledger.leader_ready`).
+        self.leader_ready = LeaderReady(self)
+        #: Plugin services (:mod:`dledger.services`): started after the member serves, stopped before it stops.
+        self.services = MemberServices(self.self_id, clock)
         self.replicator: LeaderReplicator | None = None
         #: Monitoring counters; None (nothing recorded) until :meth:`enable_stats`.
         self.stats: ServerStats | None = None
@@ -95,6 +103,9 @@ class DLedgerServer:
                 store.add_append_hook(hook)
             for listener in ext.commit_listeners:
                 self.add_commit_listener(listener)
+            for listener in ext.leader_ready_listeners:
+                self.add_leader_ready_listener(listener)
+            plugins.add_services(self, self.services, plugin_manager)
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -140,6 +151,10 @@ class DLedgerServer:
         """Register an ``ICommitListener`` (receives committed entries in order)."""
         self.commit_feed.add(listener)
 
+    def add_leader_ready_listener(self, listener) -> None:
+        """Register an ``ILeaderReadyListener`` (told once per term this member leads with that term committed)."""
+        self.leader_ready.add(listener)
+
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> Deferred:
         """Recover the store, start serving and stand for election."""
@@ -148,7 +163,16 @@ class DLedgerServer:
             raise AssertionError("store reports committed index past its end")
         d = maybeDeferred(self.transport.start, self)
         d.addCallback(lambda _: self._started())
+        d.addCallback(lambda _: self._start_services())
         return d
+
+    def _start_services(self):
+        """Plugin services start once the member serves; if one cannot, the member stops and start() fails."""
+        try:
+            self.services.start()
+        except Exception:
+            failure = Failure()
+            return self.stop().addBoth(lambda _: failure)
 
     def _started(self) -> None:
         self.running = True
@@ -163,9 +187,11 @@ class DLedgerServer:
     @inlineCallbacks
     def stop(self):
         """Stop timers, answer everything pending, stop the transport and close the store (flushed)."""
-        if not self.running:
+        if not self.running or self.services.stopping:
             return
+        yield self.services.stop()  # plugin services may still use the member until they have stopped
         self.running = False
+        self.leader_ready.stop()
         self.elector.stop()
         if self._preferred_timer is not None and self._preferred_timer.active():
             self._preferred_timer.cancel()
@@ -182,6 +208,8 @@ class DLedgerServer:
     def crash(self) -> None:
         """Stop dead, as a killed process would: no flush, no goodbye (for tests and simulations)."""
         self.running = False
+        self.services.stop()  # not awaited: a killed process's services just vanish (their timers stop here)
+        self.leader_ready.stop()
         self.elector.stop()
         if self.replicator is not None:
             self.replicator.stop()
@@ -207,6 +235,7 @@ class DLedgerServer:
         """The committed index moved: answer appends, feed listeners, tell idle followers."""
         self.pending.resolve_upto(self.store.committed_index)
         self.commit_feed.advanced()
+        self.leader_ready.check()
         if self.replicator is not None:
             self.replicator.schedule_pump()
 

@@ -81,6 +81,10 @@ class Options(usage.Options):
             raise usage.UsageError(f"--plugin-opt: expected name=value, got {value!r}")
         self["plugin_opts"][name.strip()] = val.strip()
 
+    def getUsage(self, width: int | None = None) -> str:
+        """The usage text, then every option installed plugins declare (name, type, default, help)."""
+        return super().getUsage(width) + plugins.options_help()
+
     def postOptions(self) -> None:
         for key, allowed in (("preset", tuple(PRESETS)), ("flush-policy", FLUSH_POLICIES),
                              ("log-level", tuple(logfilter.LEVELS))):
@@ -118,7 +122,7 @@ def build_config(options: Options) -> DLedgerConfig:
     if options["truncate-damaged"]:
         overrides["truncate_damaged"] = True
     config = make_config(preset=options["preset"] or "default", file=options["config"], **overrides)
-    extras = dict(config.extras)
+    extras = plugins.flatten_extras(config.extras)  # [plugins.<name>] tables as dotted names
     extras.update(options["plugin_opts"])
     resolved = plugins.resolve_extras(extras)
     plugins.get_store_type(config.store_type)

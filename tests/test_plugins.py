@@ -208,8 +208,332 @@ def test_hook_dledger_extra_options(pm):
     assert plugins.resolve_extras({"sync_interval": "5"}, pm)["sync_interval"] == 5
     with pytest.raises(ConfigError, match="plugins.color: no installed plugin"):
         plugins.resolve_extras({"color": "red"}, pm)
-    with pytest.raises(ConfigError, match="plugins.sync_interval: bad value"):
+    with pytest.raises(ConfigError, match="^plugins.sync_interval: expected an integer, got .often.$"):
         plugins.resolve_extras({"sync_interval": "often"}, pm)
+
+
+def test_extra_options_come_from_plugin_tables_and_dotted_plugin_opts(pm):
+    """A dotted option is the key of a [plugins.<name>] table or --plugin-opt name.opt=value; flat keys still work."""
+    class P:
+        @hookimpl
+        def dledger_extra_options(self):
+            return [ExtraOption("rmq.port", 10911, "broker port", int), ExtraOption("rmq.enabled", False, "on", bool),
+                    ExtraOption("flat", "x", "an old-style option")]
+    pm.register(P())
+    nested = plugins.resolve_extras({"rmq": {"port": 1, "enabled": "yes"}, "flat": "y"}, pm)
+    assert nested == {"rmq.port": 1, "rmq.enabled": True, "flat": "y"}
+    assert plugins.resolve_extras({"rmq.port": "2"}, pm)["rmq.port"] == 2
+    with pytest.raises(ConfigError, match=r"^plugins.rmq.port: expected an integer, got 'abc'$"):
+        plugins.resolve_extras({"rmq": {"port": "abc"}}, pm)
+    with pytest.raises(ConfigError, match=r"^plugins.rmq.enabled: expected true or false, got 3$"):
+        plugins.resolve_extras({"rmq": {"enabled": 3}}, pm)
+    with pytest.raises(ConfigError, match=r"^plugins.rmq.colour: no installed plugin declares this option"):
+        plugins.resolve_extras({"rmq": {"colour": "red"}}, pm)
+    assert plugins.plugin_options(SimpleNamespace(extras=nested), "rmq") == {"port": 1, "enabled": True}
+
+
+def test_plugin_option_with_custom_coerce_names_its_type(pm):
+    """A custom coerce's failure is a one-line ConfigError naming the option and the expected type."""
+    def endpoint(value):
+        if not str(value).startswith("tcp:"):
+            raise ValueError("not a tcp endpoint")
+        return str(value)
+    class P:
+        @hookimpl
+        def dledger_extra_options(self):
+            return [ExtraOption("rmq.listen", None, "endpoint", endpoint)]
+    pm.register(P())
+    assert plugins.resolve_extras({}, pm) == {"rmq.listen": None}
+    with pytest.raises(ConfigError, match=r"^plugins.rmq.listen: bad value 'udp:1' \(expected endpoint\): not a tcp"):
+        plugins.resolve_extras({"rmq.listen": "udp:1"}, pm)
+
+
+def test_plugin_option_defaults_reach_embedded_servers_and_clusters(pm):
+    """DLedgerServer (embedded) and testing.Cluster members get plugin option defaults and checked values."""
+    from dledger.config import make_config
+    from dledger.server import DLedgerServer
+    from dledger.testing import Cluster
+
+    class P:
+        @hookimpl
+        def dledger_extra_options(self):
+            return [ExtraOption("rmq.port", 10911, "broker port", int)]
+    pm.register(P())
+    config = make_config(transport_type="inprocess", extras={"rmq": {"port": "7"}})
+    from dledger.testing import SimClock
+    from dledger.transport.inprocess import InProcessNetwork
+    clock = SimClock()
+    server = DLedgerServer.build(config, clock=clock, transport=InProcessNetwork(clock).transport("n0"),
+                                 plugin_manager=pm)
+    assert server.config.extras == {"rmq.port": 7}
+    cluster = Cluster(3, plugin_manager=pm)
+    cluster.start()
+    assert all(s.config.extras == {"rmq.port": 10911} for s in cluster.servers.values())
+    with pytest.raises(ConfigError, match="plugins.rmq.port: expected an integer"):
+        Cluster(1, plugin_manager=pm, extras={"rmq.port": "x"}).start()
+
+
+def test_twistd_help_lists_plugin_options(pm, monkeypatch):
+    """`twistd dledger --help` shows every plugin option with its type, default and help."""
+    from dledger import tap
+
+    class P:
+        @hookimpl
+        def dledger_extra_options(self):
+            return [ExtraOption("rmq.listen", "tcp:10911", "where the broker listens"),
+                    ExtraOption("rmq.sync_interval", 10, "seconds between metadata syncs", int)]
+    pm.register(P())
+    monkeypatch.setattr(plugins, "_manager", pm)
+    usage = str(tap.Options())
+    assert "--plugin-opt" in usage and "Plugin options" in usage
+    assert "rmq.listen (str, default 'tcp:10911')" in usage and "where the broker listens" in usage
+    assert "rmq.sync_interval (int, default 10)" in usage
+
+
+def test_twistd_options_validate_plugin_options(pm, monkeypatch, tmp_path):
+    """twistd dledger fills plugin defaults, reads [plugins.<name>] tables and refuses a wrong type in one line."""
+    from twisted.python import usage as tusage
+
+    from dledger import tap
+
+    class P:
+        @hookimpl
+        def dledger_extra_options(self):
+            return [ExtraOption("rmq.port", 10911, "broker port", int), ExtraOption("rmq.name", "b", "name")]
+    pm.register(P())
+    monkeypatch.setattr(plugins, "_manager", pm)
+    conf = tmp_path / "d.toml"
+    conf.write_text('[plugins.rmq]\nname = "broker-a"\n')
+    opts = tap.Options()
+    opts.parseOptions(["--config", str(conf), "--plugin-opt", "rmq.port=5"])
+    assert opts.config.extras == {"rmq.port": 5, "rmq.name": "broker-a"}
+    with pytest.raises(tusage.UsageError, match=r"^plugins.rmq.port: expected an integer, got 'five'$"):
+        tap.Options().parseOptions(["--plugin-opt", "rmq.port=five"])
+
+
+from zope.interface import implementer as _implementer  # noqa: E402
+
+from dledger.interfaces import ILeaderReadyListener  # noqa: E402
+
+
+@_implementer(ILeaderReadyListener)
+class ReadyRecorder:
+    def __init__(self, server, events):
+        self.server, self.events = server, events
+
+    def leader_ready(self, term):
+        store, rep = self.server.store, self.server.replicator
+        self.events.append(("ready", self.server.self_id, term, store.committed_index >= rep.term_start_index >= 0))
+
+
+@implementer(IRoleChangeHandler)
+class RoleRecorder:
+    def __init__(self, server, events):
+        self.server, self.events = server, events
+
+    def role_changed(self, term, role):
+        self.events.append((role.name, self.server.self_id, term))
+
+
+def test_hook_dledger_leader_ready_listeners(pm):
+    """Only the leader is told leader_ready(term), after its LEADER role change and once its NOOP committed."""
+    from dledger.testing import Cluster
+
+    events = []
+
+    class P:
+        @hookimpl
+        def dledger_leader_ready_listeners(self, server):
+            return [ReadyRecorder(server, events)]
+
+        @hookimpl
+        def dledger_role_change_handlers(self, server):
+            return [RoleRecorder(server, events)]
+    pm.register(P())
+    cluster = Cluster(3, seed=3, plugin_manager=pm)
+    cluster.start()
+    leader = cluster.wait_for_leader()
+    term = cluster.servers[leader].state.curr_term
+    assert cluster.run_until(lambda: any(e[0] == "ready" for e in events), 10)
+    cluster.run(1.0)
+    ready = [e for e in events if e[0] == "ready"]
+    assert ready == [("ready", leader, term, True)]
+    assert events.index(("LEADER", leader, term)) < events.index(ready[0])
+    assert cluster.servers[leader].leader_ready.is_ready
+    # A new leader (new term) is told again; the old one never is.
+    cluster.crash(leader)
+    new = cluster.wait_for_leader()
+    assert cluster.run_until(lambda: len([e for e in events if e[0] == "ready"]) == 2, 10)
+    new_term = cluster.servers[new].state.curr_term
+    assert [e for e in events if e[0] == "ready"][1] == ("ready", new, new_term, True) and new_term > term
+
+
+def test_leader_ready_listener_added_late_is_told_at_once(pm):
+    """A listener added while its member is already leader-ready hears about the current term."""
+    from dledger.testing import Cluster
+
+    cluster = Cluster(1, plugin_manager=pm)
+    cluster.start()
+    leader = cluster.wait_for_leader()
+    server = cluster.servers[leader]
+    assert cluster.run_until(lambda: server.leader_ready.is_ready, 5)
+    events = []
+    server.add_leader_ready_listener(ReadyRecorder(server, events))
+    cluster.run(0.1)
+    assert events == [("ready", leader, server.state.curr_term, True)]
+
+
+def test_hook_dledger_services(pm):
+    """Plugin services start after the member serves and are stopped (awaited) before the store closes."""
+    from twisted.application.service import IServiceCollection, Service
+    from twisted.internet.defer import Deferred
+
+    from dledger.testing import Cluster
+
+    log = []
+    stopping = {}
+
+    class Broker(Service):
+        def __init__(self, server):
+            self.server = server
+
+        def startService(self):
+            super().startService()
+            log.append(("start", self.server.self_id, self.server.running, self.server.store.closed))
+
+        def stopService(self):
+            super().stopService()
+            log.append(("stop", self.server.self_id, self.server.store.closed))
+            stopping[self.server.self_id] = d = Deferred()
+            return d
+
+    class P:
+        @hookimpl
+        def dledger_services(self, server, collection):
+            assert IServiceCollection.providedBy(collection)
+            Broker(server).setServiceParent(collection)
+    pm.register(P())
+    cluster = Cluster(3, plugin_manager=pm)
+    cluster.start()
+    assert sorted(log) == [("start", mid, True, False) for mid in ("n0", "n1", "n2")]
+    cluster.wait_for_leader()
+    servers = dict(cluster.servers)
+    done = cluster.stop()
+    cluster.run(1.0)
+    assert sorted(log[3:]) == [("stop", mid, False) for mid in ("n0", "n1", "n2")]
+    assert not done.called and not any(s.store.closed for s in servers.values())  # waits for the services
+    for d in stopping.values():
+        d.callback(None)
+    cluster.run(1.0)
+    assert done.called and all(s.store.closed for s in servers.values())
+
+
+def test_plugin_service_that_never_stops_does_not_hang_the_member(pm):
+    """A plugin service whose stopService never fires is given up on after stop_timeout; the store still closes."""
+    from twisted.application.service import Service
+    from twisted.internet.defer import Deferred
+
+    from dledger.testing import Cluster
+
+    class Stuck(Service):
+        def stopService(self):
+            super().stopService()
+            return Deferred()
+
+    class P:
+        @hookimpl
+        def dledger_services(self, server, collection):
+            Stuck().setServiceParent(collection)
+    pm.register(P())
+    cluster = Cluster(1, plugin_manager=pm)
+    cluster.start()
+    server = cluster.servers["n0"]
+    done = cluster.stop()
+    cluster.run(server.services.stop_timeout - 1)
+    assert not done.called
+    cluster.run(2)
+    assert done.called and server.store.closed
+
+
+def test_plugin_service_that_cannot_start_fails_the_member_start(pm):
+    """A plugin service raising in startService fails server.start() and the member is stopped again."""
+    from twisted.application.service import Service
+
+    from dledger.testing import Cluster
+
+    class Broken(Service):
+        def startService(self):
+            raise OSError("port 10911 in use")
+
+    class P:
+        @hookimpl
+        def dledger_services(self, server, collection):
+            Broken().setServiceParent(collection)
+    pm.register(P())
+    cluster = Cluster(1, plugin_manager=pm)
+    server = cluster._make("n0")
+    d = server.start()
+    failures = []
+    d.addErrback(failures.append)
+    cluster.run(1.0)
+    assert failures and "port 10911 in use" in str(failures[0].value)
+    assert not server.running and server.store.closed
+
+
+def test_hook_dledger_add_hookspecs(pm):
+    """A plugin adds its own hook specs; its plugins implement them and are checked like dledger's hooks."""
+    from dledger.hookspecs import hookspec
+
+    class MySpecs:
+        @hookspec
+        def myplugin_topics(self, broker):
+            """Topics to create on ``broker``."""
+
+    class Owner:
+        @hookimpl
+        def dledger_add_hookspecs(self, pluginmanager):
+            pluginmanager.add_hookspecs(MySpecs)
+
+    class Extension:
+        @hookimpl
+        def myplugin_topics(self, broker):
+            return [f"{broker}-orders"]
+
+    pm.register(Owner())
+    pm.register(Extension())
+    pm.check_pending()
+    assert pm.hook.myplugin_topics(broker="b0") == [["b0-orders"]]
+
+    class Typo:
+        @hookimpl
+        def myplugin_topic(self, broker):
+            return []
+    pm.register(Typo())
+    with pytest.raises(Exception, match="unknown hook 'myplugin_topic'"):
+        pm.check_pending()
+
+
+def test_added_hookspecs_apply_to_the_plugin_that_adds_them(pm):
+    """A plugin may add specs and implement them in the same object (the historic call runs at registration)."""
+    from dledger.hookspecs import hookspec
+
+    class Specs:
+        @hookspec
+        def myplugin_hello(self):
+            """Say hello."""
+
+    class Both:
+        @hookimpl
+        def dledger_add_hookspecs(self, pluginmanager):
+            pluginmanager.add_hookspecs(Specs)
+
+        @hookimpl
+        def myplugin_hello(self):
+            return "hello"
+
+    pm.register(Both())
+    pm.check_pending()
+    assert pm.hook.myplugin_hello() == ["hello"]
 
 
 # -- meta-tests ----------------------------------------------------------------

@@ -16,7 +16,7 @@ from zope.interface.verify import verifyObject
 from dledger.codes import ResponseCode
 from dledger.config import make_config
 from dledger.entry import Entry
-from dledger.errors import StoreError
+from dledger.errors import AppendHookError, BatchAppendError, StoreError
 from dledger.interfaces import IRetainingLogStore, ITermVoteStore
 from dledger.plugins import get_store_type
 from dledger.store.mmapfile import MmapLogStore
@@ -356,7 +356,7 @@ def test_failing_append_hook_leaves_nothing_behind(member_dir, state):
             raise RuntimeError("boom")
 
     store.add_append_hook(Boom())
-    with pytest.raises(RuntimeError):
+    with pytest.raises(AppendHookError, match="RuntimeError: boom"):
         store.append_as_leader(Entry(body=b"ghost", term=1))
     assert store.ledger_end_index == 2
     assert_reopens_intact(store, member_dir, state, 2)
@@ -430,7 +430,7 @@ def test_batch_follower_bad_crc_keeps_the_entries_before_it(member_dir, state):
 
 
 def test_failing_hook_in_a_batch_keeps_the_entries_before_it(member_dir, state):
-    """A hook that raises on the third entry of a batch: the first two are stored, the hook's error propagates."""
+    """A hook raising on the third entry of a batch: the first two are stored, the batch fails with the hook error."""
     store = open_mmap(member_dir, state)
 
     class BoomOnThird:
@@ -439,8 +439,9 @@ def test_failing_hook_in_a_batch_keeps_the_entries_before_it(member_dir, state):
                 raise RuntimeError("boom")
 
     store.add_append_hook(BoomOnThird())
-    with pytest.raises(RuntimeError):
+    with pytest.raises(BatchAppendError) as info:
         store.append_batch_as_leader([Entry(body=b, term=1) for b in bodies(4)])
+    assert isinstance(info.value.cause, AppendHookError) and len(info.value.stored) == 2
     assert store.ledger_end_index == 1 and store.get(1).body == bodies(2)[1]
     assert_reopens_intact(store, member_dir, state, 1)
 

@@ -11,7 +11,7 @@ import enum
 import functools
 from collections.abc import Callable, Sequence
 
-from dledger.codes import ResponseCode, Role
+from dledger.codes import EntryType, ResponseCode, Role
 from dledger.entry import (
     BODY_OFFSET,
     HEADER_SIZE,
@@ -23,7 +23,7 @@ from dledger.entry import (
     place_entry,
     seal_crc_in_place,
 )
-from dledger.errors import BatchAppendError, DLedgerError
+from dledger.errors import AppendHookError, BatchAppendError, DLedgerError
 from dledger.interfaces import IBatchLogStore
 
 
@@ -233,18 +233,39 @@ def first_index_of_term(term_of: Callable[[int], int], term: int, begin: int, en
 
 
 def seal_leader_entry(entry: Entry, index: int, pos: int, hooks: list) -> Entry:
-    """The entry a leader stores: placed at ``index``/``pos``, rewritten by append hooks, CRC sealed last."""
+    """The entry a leader stores: placed at ``index``/``pos``, rewritten by append hooks, CRC sealed last.
+
+    Hooks see user entries only: a NOOP (the leader's own term-start entry)
+    is not an application's, and a hook that chokes on its empty body must
+    not keep a leader from starting its term.  A hook that raises (or changes
+    the buffer's length) fails this entry with :class:`AppendHookError`, a
+    DLedgerError, so the store's batch rule applies: earlier entries stay,
+    nothing of this one is written.
+    """
     stored = Entry(entry.body, index, entry.term, pos, entry.magic, 0, 0, 0)
-    if not hooks:
+    if not hooks or entry.magic == EntryType.NOOP:
         stored.body_crc = body_crc(entry.body)
         return stored
     buf = bytearray(stored.size)
     encode_entry_into(buf, 0, stored)
     for hook in hooks:
-        hook.before_append(stored, buf, BODY_OFFSET)
+        try:
+            hook.before_append(stored, buf, BODY_OFFSET)
+        except Exception as exc:
+            raise hook_error(hook, index, exc) from exc
+        if len(buf) != stored.size:
+            raise AppendHookError(ResponseCode.INTERNAL_ERROR, f"append hook {hook!r} changed the length of entry "
+                                  f"{index} from {stored.size} to {len(buf)} bytes")
     stored.body_crc = seal_crc_in_place(buf, 0, stored.size)
     stored.body = bytes(buf[BODY_OFFSET:])
     return stored
+
+
+def hook_error(hook, index: int, exc: Exception) -> AppendHookError:
+    """The error a leader append fails with when ``hook`` raised ``exc`` on entry ``index``."""
+    code = exc.code if isinstance(exc, DLedgerError) else ResponseCode.INTERNAL_ERROR
+    detail = exc.message if isinstance(exc, DLedgerError) else f"{type(exc).__name__}: {exc}"
+    return AppendHookError(code, f"append hook {hook!r} failed on entry {index}: {detail}")
 
 
 # -- batches ---------------------------------------------------------------------

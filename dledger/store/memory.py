@@ -14,12 +14,12 @@ from zope.interface import implementer
 
 from dledger.entry import Entry
 from dledger.hookspecs import hookimpl
-from dledger.interfaces import IBatchLogStore, ITermVoteStore
+from dledger.interfaces import IBatchLogStore, IPositionReader, ITermVoteStore
 from dledger.plugin_types import StoreType
-from dledger.store import base
+from dledger.store import base, positions
 
 
-@implementer(IBatchLogStore)
+@implementer(IBatchLogStore, IPositionReader)
 class MemoryLogStore:
     """A list of entries plus the begin/end/committed bookkeeping."""
 
@@ -144,6 +144,22 @@ class MemoryLogStore:
         self.committed_index = base.next_committed_index(
             self.committed_index, term, self.member_state.curr_term, index,
             self.ledger_begin_index, self.ledger_end_index)
+
+    # -- reads by position (IPositionReader) ----------------------------------
+    def begin_position(self) -> int:
+        """The first entry's ``pos`` (where the next entry goes when the log is empty)."""
+        return self.get(self.ledger_begin_index).pos if self.ledger_end_index >= 0 else self._write_pos
+
+    def committed_position(self) -> int:
+        """Just past the last committed entry; :meth:`begin_position` when nothing here is committed."""
+        if self.ledger_end_index < 0 or self.committed_index < self.ledger_begin_index:
+            return self.begin_position()
+        return positions.end_of(self.get(self.committed_index))
+
+    def read_at(self, pos: int, size: int) -> bytes:
+        """Committed data-log bytes rebuilt from the entries (the bytes an mmap member holds there)."""
+        positions.check_read(pos, size, self.begin_position(), self.committed_position())
+        return positions.read_entries(self.get, self.ledger_begin_index, self.committed_index, pos, size)
 
 
 @implementer(ITermVoteStore)

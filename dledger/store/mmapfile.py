@@ -51,9 +51,9 @@ from dledger.entry import (
 )
 from dledger.errors import BatchAppendError, DLedgerError, StoreError
 from dledger.hookspecs import hookimpl
-from dledger.interfaces import IBatchLogStore, IRetainingLogStore
+from dledger.interfaces import IBatchLogStore, IPositionReader, IRetainingLogStore
 from dledger.plugin_types import StoreType
-from dledger.store import base
+from dledger.store import base, positions
 from dledger.store.base import TruncateAction
 from dledger.store.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from dledger.store.groupcommit import FlushPlan, GroupCommit
@@ -75,7 +75,7 @@ _REPAIR_LOOKBACK = 64
 _RELEASE_STEP = 1 << 20
 
 
-@implementer(IRetainingLogStore, IBatchLogStore)
+@implementer(IRetainingLogStore, IBatchLogStore, IPositionReader)
 class MmapLogStore:
     """Data and index files under ``member_dir``; see the module docstring.
 
@@ -424,8 +424,8 @@ class MmapLogStore:
         its index records) before the blank marker and the new file, so the
         blank marker rules are those of one-entry appends.  The first failing
         entry stops the batch; what was written before it stays.  A hook that
-        raises (anything but a DLedgerError) propagates as it is, after the
-        entries before its own were written.
+        raises fails its entry with AppendHookError (see
+        :func:`base.seal_leader_entry`), after the entries before it were written.
         """
         run = _Run(self._write_pos)
         stored: list[Entry] = []
@@ -733,6 +733,34 @@ class MmapLogStore:
         self.committed_index = base.next_committed_index(
             self.committed_index, term, self.member_state.curr_term, index,
             self.ledger_begin_index, self.ledger_end_index)
+
+    # -- reads by position (IPositionReader) ----------------------------------
+    def begin_position(self) -> int:
+        """The first entry's ``pos`` (where the next entry goes when the log is empty)."""
+        return self._begin_pos if self.ledger_end_index >= 0 else self._write_pos
+
+    def committed_position(self) -> int:
+        """Just past the last committed entry; :meth:`begin_position` when nothing here is committed."""
+        if self.ledger_end_index < 0 or self.committed_index < self.ledger_begin_index:
+            return self.begin_position()
+        rec = self._record(self.committed_index)
+        return rec[1] + rec[2]
+
+    def read_at(self, pos: int, size: int) -> bytes:
+        """Committed bytes of the data files, straight from the mappings (a read may span files)."""
+        if not self._open:
+            raise DLedgerError(ResponseCode.DISK_ERROR, f"mmap store {self.member_dir} is not open")
+        positions.check_read(pos, size, self.begin_position(), self.committed_position())
+        out = bytearray()
+        end = pos + size
+        while pos < end:
+            f = self._data.file_for(pos)
+            if f is None:
+                raise DLedgerError(ResponseCode.DISK_ERROR, f"no data file holds position {pos}")
+            upto = min(end, f.end)
+            out += f.mm[pos - f.start:upto - f.start]
+            pos = upto
+        return bytes(out)
 
     # -- durability ------------------------------------------------------------
     def flush(self) -> Deferred:

@@ -16,7 +16,10 @@ and :meth:`Cluster.leader_elected`.  The network is an
 :class:`InProcessNetwork` that can partition, drop, delay, duplicate and
 reorder.  Each member's log lives on a :class:`SimulatedDisk` by default, so
 ``crash(id)`` loses what was not flushed, like a power cut; pass
-``store_factory`` to use another store.
+``store_factory`` to use another store.  Members run every registered
+plugin (hooks, option defaults, services) like ``twistd dledger`` members;
+pass ``plugin_manager`` to use a manager of your own, and plugin options as
+``extras={"myplugin.port": 1}``.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ class Cluster:
     def __init__(self, n: int = 3, *, seed: int = 0, clock=None, preset: str = "fast", group: str = "g0",
                  faults: FaultSettings | None = None, store_factory: Callable | None = None,
                  handlers: Callable | None = None, ids: list[str] | None = None, tear_on_crash: bool = True,
-                 **options):
+                 plugin_manager=None, **options):
         self.clock = clock if clock is not None else SimClock()
         self.seed = seed
         self.rng = random.Random(seed)
@@ -55,6 +58,8 @@ class Cluster:
         self.store_factory = store_factory
         self.handlers = handlers
         self.tear_on_crash = tear_on_crash
+        #: The pluggy manager members take their hooks, options and services from (None: the process-wide one).
+        self.plugin_manager = plugin_manager
         self.servers: dict[str, DLedgerServer] = {}
         self.down: set[str] = set()
         self._clients = 0
@@ -68,7 +73,8 @@ class Cluster:
             store = lambda cfg, state: self.disks[mid].open(state)
         server = DLedgerServer.build(config, clock=self.clock, store=store, term_store=self.term_stores[mid],
                                      transport=self.network.transport(mid),
-                                     rng=random.Random(self.rng.randrange(1 << 30)))
+                                     rng=random.Random(self.rng.randrange(1 << 30)),
+                                     plugin_manager=self.plugin_manager)
         if self.handlers is not None:
             for handler in self.handlers(mid, server) or ():
                 server.add_role_change_handler(handler)

@@ -1,0 +1,120 @@
+"""Plugin services of one member: started after it serves, stopped (flushed) before it stops serving.
+
+A plugin adds Twisted services (its own listening endpoints, its own timers)
+through the ``dledger_services(server, collection)`` hook, the way ``twistd``
+plugins receive the application's ``IServiceCollection``.  The member owns
+the collection -- not twistd's top ``MultiService`` -- because the order
+matters: a plugin service may read the store or append through the server
+until its ``stopService()`` Deferred fires, so every plugin service has
+stopped before the member stops its transport and closes its store, under
+``twistd dledger``, for embedded :class:`~dledger.server.DLedgerServer`\\ s and
+in :class:`dledger.testing.Cluster` alike.
+"""
+
+from __future__ import annotations
+
+from twisted.application.service import MultiService
+from twisted.internet.defer import Deferred, inlineCallbacks, maybeDeferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+log = Logger()
+
+#: Seconds a member waits for one plugin service's ``stopService()`` before it goes on stopping.
+STOP_TIMEOUT = 30.0
+
+
+class MemberServices(MultiService):
+    """The ``IServiceCollection`` plugins add a member's services to.
+
+    :meth:`start` starts the children in the order they were added;
+    :meth:`stop` stops them in reverse order, one at a time, waiting for each
+    ``stopService()`` Deferred (at most ``stop_timeout`` seconds each: a
+    service that never finishes stopping is logged and left behind rather
+    than hanging the member's shutdown).  A failing ``stopService`` is logged
+    and does not keep the others from stopping.
+    """
+
+    def __init__(self, member_id: str, clock, *, stop_timeout: float = STOP_TIMEOUT):
+        super().__init__()
+        self.member_id = member_id
+        self.clock = clock
+        self.stop_timeout = stop_timeout
+        #: True while :meth:`stop` waits for the services (the member is stopping).
+        self.stopping = False
+
+    def start(self) -> None:
+        """Start every service; if one raises, those already started are stopped again and the error propagates."""
+        if self.running:
+            return
+        self.running = 1
+        started = []
+        try:
+            for svc in self:
+                svc.startService()
+                started.append(svc)
+        except Exception:
+            failure = Failure()
+            log.failure("{id}: plugin service {svc!r} failed to start", failure, id=self.member_id, svc=svc)
+            self.running = 0
+            for other in reversed(started):
+                maybeDeferred(other.stopService).addErrback(lambda f: None)
+            failure.raiseException()
+
+    @inlineCallbacks
+    def stop(self):
+        """Stop every running service, last added first, each awaited (bounded by ``stop_timeout``)."""
+        if not self.running:
+            return
+        self.running = 0
+        self.stopping = True
+        try:
+            yield self._stop_each()
+        finally:
+            self.stopping = False
+
+    @inlineCallbacks
+    def _stop_each(self):
+        for svc in reversed(list(self)):
+            if not svc.running:
+                continue
+            try:
+                yield _bounded(maybeDeferred(svc.stopService), self.stop_timeout, self.clock)
+            except _StopTimedOut:
+                log.error("{id}: plugin service {svc!r} did not finish stopping within {t} s; going on without it",
+                          id=self.member_id, svc=svc, t=self.stop_timeout)
+            except Exception:
+                log.failure("{id}: plugin service {svc!r} failed to stop", id=self.member_id, svc=svc)
+
+    def startService(self) -> None:
+        self.start()
+
+    def stopService(self) -> Deferred:
+        return self.stop()
+
+
+class _StopTimedOut(Exception):
+    pass
+
+
+def _bounded(d: Deferred, timeout: float, clock) -> Deferred:
+    """A Deferred with ``d``'s result, or failing with _StopTimedOut after ``timeout`` seconds (``d`` not cancelled)."""
+    out: Deferred = Deferred()
+
+    def expire() -> None:
+        if not out.called:
+            out.errback(_StopTimedOut())
+
+    timer = clock.callLater(timeout, expire)
+
+    def done(result):
+        if timer.active():
+            timer.cancel()
+        if not out.called:
+            if isinstance(result, Failure):
+                out.errback(result)
+            else:
+                out.callback(result)
+
+    d.addBoth(done)
+    return out

@@ -1,0 +1,67 @@
+"""Reading the data log by byte position (:class:`dledger.interfaces.IPositionReader`), committed bytes only.
+
+The bounds rule is one pure function, :func:`check_read`.  The mmap store
+reads its mapped files; stores without a byte layout of their own (memory,
+LMDB) rebuild the same bytes from their entries with :func:`read_entries`:
+every entry's encoding at its ``pos``, and where an entry did not fit the
+rest of a data file, the blank marker and zeros an mmap store holds there.
+So every store answers a read with the bytes a Java DLedger data file holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dledger.codes import ResponseCode
+from dledger.entry import Entry, encode_blank, encode_entry
+from dledger.errors import DLedgerError
+
+
+def check_read(pos: int, size: int, begin: int, committed: int) -> None:
+    """Refuse a read of ``size`` bytes at ``pos`` unless it lies within ``[begin, committed)``."""
+    if pos < 0 or size < 0:
+        raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"read of {size} bytes at position {pos}: "
+                           f"position and size must be >= 0")
+    if pos + size > committed:
+        raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, f"read of {size} bytes at position {pos} ends at "
+                           f"{pos + size}, past the committed position {committed}")
+    if pos < begin:
+        raise DLedgerError(ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN, f"read at position {pos} is before the "
+                           f"first position kept, {begin}")
+
+
+def end_of(entry: Entry) -> int:
+    """The position just past ``entry``."""
+    return entry.pos + entry.size
+
+
+def read_entries(get: Callable[[int], Entry], begin_index: int, last_index: int, pos: int, size: int) -> bytes:
+    """``size`` bytes from ``pos`` rebuilt from entries ``begin_index..last_index`` (bounds already checked).
+
+    The entry holding ``pos`` is found by binary search (positions grow with
+    the index), then entries are encoded in order; a gap between two entries
+    is the end of a data file: a blank marker, then zeros.
+    """
+    if size == 0:
+        return b""
+    lo, hi = begin_index, last_index
+    while lo < hi:  # the last entry starting at or before pos
+        mid = (lo + hi + 1) // 2
+        if get(mid).pos <= pos:
+            lo = mid
+        else:
+            hi = mid - 1
+    out = bytearray()
+    cursor = get(lo).pos
+    end = pos + size
+    index = lo
+    while cursor < end and index <= last_index:
+        e = get(index)
+        if e.pos > cursor:
+            gap = e.pos - cursor
+            out += encode_blank(gap) + bytes(gap - len(encode_blank(gap)))
+        out += encode_entry(e)
+        cursor = end_of(e)
+        index += 1
+    first = get(lo).pos
+    return bytes(out[pos - first:end - first])
