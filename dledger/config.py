@@ -126,6 +126,7 @@ class DLedgerConfig:
     disk_full_ratio: float = 0.90
     accept_java_zero_crc: bool = False  # dledger: read Java-written entries whose bodyCrc is 0
     lmdb_map_size: int = 1 * GiB  # dledger: initial LMDB map size; grows on demand
+    adopt_store: bool = False  # dledger: take over a store whose identity names another group/member (once)
     # transport
     transport_type: str = "tcp"  # dledger: plugin name (tcp, inprocess, ...)
     listen: str = ""  # dledger: endpoint string; default tcp:<port of selfId>

@@ -30,6 +30,18 @@ class StoreError(Exception):
     """A store cannot be opened or used (bad layout, unreadable files)."""
 
 
+class StoreInUseError(StoreError):
+    """Another process holds the store directory's lock: its message is the one line an operator reads."""
+
+
+class StoreOwnerError(StoreError):
+    """The store belongs to another group or member (its identity record says which); ``--adopt-store`` overrides."""
+
+
+class TermVoteLostError(StoreError):
+    """The term/vote record of a store that holds a log is missing or damaged; the message names the repair."""
+
+
 class BatchAppendError(DLedgerError):
     """A batch append stopped at one entry: ``stored`` were appended before it, nothing after.
 

@@ -25,13 +25,13 @@ from typing import Any
 from twisted.application import service
 from twisted.internet.defer import Deferred, fail, gatherResults, maybeDeferred
 from twisted.internet.endpoints import serverFromString
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python import usage
 
 from dledger import plugins
 from dledger.config import FLUSH_POLICIES, PRESETS, DLedgerConfig, make_config
 from dledger.diskio import BlockingIO
-from dledger.errors import ConfigError
+from dledger.errors import ConfigError, StoreError
 
 log = Logger()
 
@@ -54,6 +54,11 @@ class Options(usage.Options):
         ["flush-policy", None, None, "sync (fsync before acknowledging, default) or async (Java's behaviour)"],
         ["listen", None, None, "server endpoint for peers and clients (default tcp:<own port>:interface=<own host>)"],
         ["metrics", None, None, "serve Prometheus metrics on this server endpoint, e.g. tcp:9108:interface=127.0.0.1"],
+    ]
+
+    optFlags = [
+        ["adopt-store", None, "take over a store whose identity record names another group or member, and "
+                              "rewrite the record (a deliberate move; see docs/operations.md)"],
     ]
 
     def __init__(self) -> None:
@@ -98,6 +103,8 @@ _OPTION_TO_CONFIG = {
 def build_config(options: Options) -> DLedgerConfig:
     """The member's config: preset, then the file, then the command line; plugins and extras checked."""
     overrides = {name: options[opt] for opt, name in _OPTION_TO_CONFIG.items() if options[opt] is not None}
+    if options["adopt-store"]:
+        overrides["adopt_store"] = True
     config = make_config(preset=options["preset"] or "default", file=options["config"], **overrides)
     extras = dict(config.extras)
     extras.update(options["plugin_opts"])
@@ -197,7 +204,14 @@ class MemberService(service.Service):
 
     def _start_failed(self, failure: Any) -> None:
         err = failure.value.subFailure if hasattr(failure.value, "subFailure") else failure
-        log.failure("dledger {id}: could not start; exiting with status 1", err, id=self.config.self_id)
+        if isinstance(err.value, StoreError):
+            # An operator's mistake (store in use, another member's store, lost term/vote): one line, the
+            # traceback only at debug level.
+            log.error("dledger {id}: could not start: {error}; exiting with status 1", id=self.config.self_id,
+                      error=str(err.value))
+            log.failure("dledger {id}: start-up failure", err, id=self.config.self_id, level=LogLevel.debug)
+        else:
+            log.failure("dledger {id}: could not start; exiting with status 1", err, id=self.config.self_id)
         self.exit_status = 1
         self.ready.errback(err)
         self.ready.addErrback(lambda f: None)

@@ -14,8 +14,9 @@ import pytest
 
 from dledger.cli import main
 from dledger.entry import Entry
-from dledger.store.lmdbstore import LmdbLogStore
+from dledger.store.lmdbstore import LmdbLogStore, LmdbTermVoteStore
 from dledger.store.mmapfile import MmapLogStore
+from dledger.store.termvote import FileTermVoteStore
 from dledger.testing.store_contract import FakeMemberState, bodies, fired
 
 GOLDEN = Path(__file__).parent / "golden" / "java-dledger-0.3.2"
@@ -38,6 +39,7 @@ def mmap_store(tmp_path) -> Path:
     store.append_as_leader(Entry(body="unicodé ✓".encode(), term=1))
     store.update_committed_index(1, 35)
     fired(store.shutdown())
+    FileTermVoteStore(member).save(1, "n0")
     return tmp_path / "base"
 
 
@@ -51,6 +53,9 @@ def lmdb_store(tmp_path) -> Path:
     store.update_committed_index(1, 10)
     fired(store.flush())
     fired(store.shutdown())
+    term_store = LmdbTermVoteStore(member / "lmdb", map_size=1 << 20)
+    term_store.save(1, "n3")
+    term_store.close()
     return member
 
 

@@ -40,9 +40,10 @@ from dledger.errors import DLedgerError, StoreError
 from dledger.hookspecs import hookimpl
 from dledger.interfaces import IBatchLogStore, ITermVoteStore
 from dledger.plugin_types import StoreType
-from dledger.store import base
+from dledger.store import base, ownership
 from dledger.store.base import TruncateAction
 from dledger.store.groupcommit import FlushPlan, GroupCommit
+from dledger.store.ownership import Decision, TermVote
 
 log = Logger()
 
@@ -51,6 +52,12 @@ _KEY = struct.Struct(">Q")
 _INT = struct.Struct(">q")
 _MAP_FULL = object()
 ENV_DIR = "lmdb"
+
+
+def member_dir_of(env_dir: str | Path) -> Path:
+    """The member directory an environment belongs to (``<member dir>/lmdb``), where its lock and identity live."""
+    env_dir = Path(env_dir)
+    return env_dir.parent if env_dir.name == ENV_DIR else env_dir
 
 
 def key(index: int) -> bytes:
@@ -110,6 +117,16 @@ class SharedEnv:
         raw = txn.get(name, db=self.meta)
         return None if raw is None else _INT.unpack(raw)[0]
 
+    def last_term(self, txn) -> int | None:
+        """Term of the last stored entry (None: no entries; UNKNOWN_TERM if it does not decode)."""
+        cursor = txn.cursor(db=self.entries)
+        if not cursor.last():
+            return None
+        try:
+            return decode_entry(cursor.value(), accept_zero_crc=True, verify_crc=False, exact=True).term
+        except CodecError:
+            return ownership.UNKNOWN_TERM
+
     def read_term_vote(self, txn) -> tuple[int, str | None] | None:
         """``(term, vote)`` from the ``termvote`` database, None if never saved; StoreError if damaged."""
         term = txn.get(b"currTerm", db=self.termvote)
@@ -162,7 +179,7 @@ class LmdbLogStore:
     def __init__(self, path: str | Path, member_state, *, data_file_size: int = 1 * GiB,
                  max_entry_size: int = 4 * MiB, map_size: int = 1 * GiB, flush_policy: str = "sync",
                  flush_interval_ms: int = 10, accept_zero_crc: bool = False, clock=None,
-                 blocking_io: diskio.BlockingIO = diskio.INLINE):
+                 blocking_io: diskio.BlockingIO = diskio.INLINE, owner: ownership.Owner | None = None):
         if flush_policy not in FLUSH_POLICIES:
             raise ValueError(f"flush policy {flush_policy!r} is not one of {FLUSH_POLICIES}")
         self.path = Path(path)
@@ -192,6 +209,9 @@ class LmdbLogStore:
         self._epoch = 0
         self._gc = GroupCommit(blocking_io, self._prepare_flush)
         self._timer: LoopingCall | None = None
+        #: Who opens the store (the identity check); the member directory is locked at startup either way.
+        self.owner = owner
+        self._claim: ownership.Claim | None = None
 
     @classmethod
     def from_config(cls, config, member_state, *, clock=None, blocking_io=None, **_unused) -> LmdbLogStore:
@@ -201,7 +221,8 @@ class LmdbLogStore:
                    data_file_size=config.mapped_file_size_for_entry_data, max_entry_size=config.max_entry_size,
                    map_size=config.lmdb_map_size, flush_policy=config.flush_policy,
                    flush_interval_ms=config.flush_file_interval, accept_zero_crc=config.accept_java_zero_crc,
-                   clock=clock, blocking_io=blocking_io or diskio.INLINE)
+                   clock=clock, blocking_io=blocking_io or diskio.INLINE,
+                   owner=ownership.Owner.from_config(config))
 
     # -- life cycle ------------------------------------------------------------
     @property
@@ -219,7 +240,12 @@ class LmdbLogStore:
         """Open the environment and load begin/end/committed; the last entry must decode."""
         if self._shared is not None:
             return
-        self._shared = SharedEnv.acquire(self.path, self.map_size)
+        self._claim = ownership.claim(member_dir_of(self.path), self.owner)
+        try:
+            self._shared = SharedEnv.acquire(self.path, self.map_size)
+        except BaseException:
+            self._release_claim()
+            raise
         shared = self._shared
         with shared.env.begin() as txn:
             cursor = txn.cursor(db=shared.entries)
@@ -233,6 +259,7 @@ class LmdbLogStore:
                 except DLedgerError as exc:
                     shared.release()
                     self._shared = None
+                    self._release_claim()
                     raise StoreError(f"LMDB store {self.path}: {exc.message}") from None
                 committed = shared.read_int(txn, b"committed")
                 self.ledger_begin_index, self.ledger_end_index = begin, end
@@ -258,6 +285,10 @@ class LmdbLogStore:
             return None
         return self._gc.request().addErrback(lambda f: log.failure("periodic flush failed", f))
 
+    def _release_claim(self) -> None:
+        ownership.release(self._claim)
+        self._claim = None
+
     def shutdown(self) -> Deferred:
         if self._shared is None:
             return succeed(None)
@@ -269,6 +300,7 @@ class LmdbLogStore:
             if self._shared is not None:
                 self._shared.release()
                 self._shared = None
+            self._release_claim()
             return result
 
         d.addBoth(close)
@@ -282,6 +314,7 @@ class LmdbLogStore:
         if self._shared is not None:
             self._shared.release()
             self._shared = None
+        self._release_claim()
 
     # -- appends ---------------------------------------------------------------
     def _place(self, size: int) -> int:
@@ -472,21 +505,50 @@ def _lowest(a: int | None, b: int | None) -> int | None:
 class LmdbTermVoteStore:
     """``currTerm``/``voteLeader`` in the ``termvote`` database of the member's environment; durable per save."""
 
-    def __init__(self, path: str | Path, map_size: int = 1 * GiB):
+    def __init__(self, path: str | Path, map_size: int = 1 * GiB, owner: ownership.Owner | None = None):
         self.path = Path(path)
         self.map_size = map_size
+        self.owner = owner
         self._shared: SharedEnv | None = None
+        self._claim: ownership.Claim | None = None
 
     def _env(self) -> SharedEnv:
+        if self._claim is None:
+            self._claim = ownership.claim(member_dir_of(self.path), self.owner)
         if self._shared is None:
             self._shared = SharedEnv.acquire(self.path, self.map_size)
         return self._shared
 
     def load(self) -> tuple[int, str | None]:
+        """The saved term and vote; the same rule as ``currterm`` (see :mod:`.ownership`) when there is none."""
+        try:
+            return self._load()
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self) -> tuple[int, str | None]:
+        member_dir = member_dir_of(self.path)
+        had_identity = (member_dir / ownership.IDENTITY_NAME).exists()
         shared = self._env()
+        problem, saved = "", None
         with shared.env.begin() as txn:
-            saved = shared.read_term_vote(txn)
-        return saved or (0, None)
+            try:
+                saved = shared.read_term_vote(txn)
+                state = TermVote.OK if saved is not None else TermVote.MISSING
+                problem = "is missing"
+            except StoreError as exc:
+                state, problem = TermVote.DAMAGED, f"is damaged ({str(exc).removeprefix(f'{self.path}: ')})"
+            last = None if state is TermVote.OK else shared.last_term(txn)
+        decision = ownership.term_vote_decision(state, last, had_identity)
+        if decision is Decision.REFUSE:
+            raise ownership.refuse(f"the term/vote record of LMDB store {self.path}", problem, member_dir, last)
+        if decision is Decision.FRESH:
+            self.save(0, None)
+            saved = (0, None)
+        if self.owner is not None:
+            self._claim.record_identity(self.owner)
+        return saved
 
     def save(self, term: int, vote_for: str | None) -> None:
         if term < 0:
@@ -505,10 +567,13 @@ class LmdbTermVoteStore:
         if self._shared is not None:
             self._shared.release()
             self._shared = None
+        ownership.release(self._claim)
+        self._claim = None
 
 
 def _term_store(config) -> LmdbTermVoteStore:
-    return LmdbTermVoteStore(Path(config.member_dir) / ENV_DIR, config.lmdb_map_size)
+    return LmdbTermVoteStore(Path(config.member_dir) / ENV_DIR, config.lmdb_map_size,
+                             ownership.Owner.from_config(config))
 
 
 @hookimpl

@@ -53,7 +53,7 @@ from dledger.errors import BatchAppendError, DLedgerError, StoreError
 from dledger.hookspecs import hookimpl
 from dledger.interfaces import IBatchLogStore, IRetainingLogStore
 from dledger.plugin_types import StoreType
-from dledger.store import base
+from dledger.store import base, ownership
 from dledger.store.base import TruncateAction
 from dledger.store.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from dledger.store.groupcommit import FlushPlan, GroupCommit
@@ -92,7 +92,8 @@ class MmapLogStore:
                  checkpoint_interval_ms: int = 3000, clean_interval_ms: int = 1000,
                  retention: RetentionPolicy | None = None, accept_zero_crc: bool = False,
                  clock=None, blocking_io: diskio.BlockingIO = diskio.INLINE, disk_usage=None,
-                 full_verify: bool = False, release_flushed_pages: bool = True):
+                 full_verify: bool = False, release_flushed_pages: bool = True,
+                 owner: ownership.Owner | None = None):
         if index_file_size <= 0 or index_file_size % INDEX_UNIT_SIZE:
             raise ValueError(f"index file size {index_file_size} is not a positive multiple of {INDEX_UNIT_SIZE}")
         if data_file_size < HEADER_SIZE + MIN_BLANK_LEN:
@@ -114,6 +115,9 @@ class MmapLogStore:
         self.io = blocking_io
         self.full_verify = full_verify
         self.release_flushed_pages = release_flushed_pages
+        #: Who opens the store (the identity check); the directory is locked at startup either way.
+        self.owner = owner
+        self._claim: ownership.Claim | None = None
         self._disk_usage = disk_usage or (lambda: diskio.disk_used_ratio(self.member_dir))
         self.ledger_begin_index = -1
         self.ledger_end_index = -1
@@ -152,7 +156,8 @@ class MmapLogStore:
                    max_entry_size=config.max_entry_size, flush_policy=config.flush_policy,
                    flush_interval_ms=config.flush_file_interval, checkpoint_interval_ms=config.check_point_interval,
                    retention=RetentionPolicy.from_config(config), accept_zero_crc=config.accept_java_zero_crc,
-                   clock=clock, blocking_io=blocking_io or diskio.INLINE, disk_usage=disk_usage)
+                   clock=clock, blocking_io=blocking_io or diskio.INLINE, disk_usage=disk_usage,
+                   owner=ownership.Owner.from_config(config))
 
     # -- state -----------------------------------------------------------------
     @property
@@ -181,9 +186,19 @@ class MmapLogStore:
 
     # -- life cycle ------------------------------------------------------------
     def startup(self) -> None:
-        """Open the files, recover (see :mod:`.recovery`), make the repairs durable, start the timers."""
+        """Lock the directory (before anything is read or repaired), then open and recover; see :meth:`_startup`."""
         if self._open:
             return
+        self._claim = ownership.claim(self.member_dir, self.owner)
+        try:
+            self._startup()
+        except BaseException:
+            ownership.release(self._claim)
+            self._claim = None
+            raise
+
+    def _startup(self) -> None:
+        """Open the files, recover (see :mod:`.recovery`), make the repairs durable, start the timers."""
         self.member_dir.mkdir(parents=True, exist_ok=True)
         data = MappedFileList(self.member_dir / "data", self.data_file_size, kind="data")
         index = MappedFileList(self.member_dir / "index", self.index_file_size, kind="index")
@@ -297,6 +312,8 @@ class MmapLogStore:
         self._graveyard = []
         self._set_data_tail(None)
         self._set_index_tail(None)
+        ownership.release(self._claim)  # last: the files are closed, another process may have them
+        self._claim = None
 
     def _close_file(self, f: MappedFile) -> None:
         """Close a removed file now, or after the running flush round (it may be syncing its descriptor)."""
@@ -882,7 +899,7 @@ def _disk_error(exc: OSError, index: int) -> DLedgerError:
 
 
 def _term_store(config) -> FileTermVoteStore:
-    return FileTermVoteStore(config.member_dir)
+    return FileTermVoteStore(config.member_dir, ownership.Owner.from_config(config))
 
 
 @hookimpl
