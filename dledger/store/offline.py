@@ -31,7 +31,8 @@ def locate(path: str | Path, kind: str | None = None) -> tuple[str, Path]:
     if not p.is_dir():
         raise StoreError(f"{p} is not a directory")
     lmdb_dir = p if (p / "data.mdb").exists() else (p / "lmdb" if (p / "lmdb" / "data.mdb").exists() else None)
-    is_mmap = (p / "data").is_dir() or (p / "index").is_dir() or (p / "checkpoint").exists()
+    is_mmap = (p / "data").is_dir() or (p / "index").is_dir() or (p / "checkpoint").exists() or \
+        (p / "currterm").exists()
     if kind == "lmdb" and lmdb_dir is not None or kind is None and lmdb_dir is not None and not is_mmap:
         return "lmdb", lmdb_dir
     if kind == "mmap" and is_mmap or kind is None and is_mmap and lmdb_dir is None:
