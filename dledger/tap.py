@@ -25,7 +25,7 @@ from typing import Any
 from twisted.application import service
 from twisted.internet.defer import Deferred, fail, gatherResults, maybeDeferred
 from twisted.internet.endpoints import serverFromString
-from twisted.logger import Logger, LogLevel
+from twisted.logger import Logger
 from twisted.python import usage
 
 from dledger import plugins
@@ -205,11 +205,10 @@ class MemberService(service.Service):
     def _start_failed(self, failure: Any) -> None:
         err = failure.value.subFailure if hasattr(failure.value, "subFailure") else failure
         if isinstance(err.value, StoreError):
-            # An operator's mistake (store in use, another member's store, lost term/vote): one line, the
-            # traceback only at debug level.
-            log.error("dledger {id}: could not start: {error}; exiting with status 1", id=self.config.self_id,
-                      error=str(err.value))
-            log.failure("dledger {id}: start-up failure", err, id=self.config.self_id, level=LogLevel.debug)
+            # An operator's mistake (store in use, another member's store, lost term/vote): one line, no
+            # traceback (twistd shows every level; wt/ops adds --log-level and the debug traceback).
+            log.error("dledger {id}: could not start: {reason}; exiting with status 1", id=self.config.self_id,
+                      reason=str(err.value))
         else:
             log.failure("dledger {id}: could not start; exiting with status 1", err, id=self.config.self_id)
         self.exit_status = 1
