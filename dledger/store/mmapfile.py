@@ -92,8 +92,7 @@ class MmapLogStore:
                  checkpoint_interval_ms: int = 3000, clean_interval_ms: int = 1000,
                  retention: RetentionPolicy | None = None, accept_zero_crc: bool = False,
                  clock=None, blocking_io: diskio.BlockingIO = diskio.INLINE, disk_usage=None,
-                 full_verify: bool = False, release_flushed_pages: bool = True,
-                 owner: ownership.Owner | None = None):
+                 full_verify: bool = False, release_flushed_pages: bool = True):
         if index_file_size <= 0 or index_file_size % INDEX_UNIT_SIZE:
             raise ValueError(f"index file size {index_file_size} is not a positive multiple of {INDEX_UNIT_SIZE}")
         if data_file_size < HEADER_SIZE + MIN_BLANK_LEN:
@@ -115,9 +114,6 @@ class MmapLogStore:
         self.io = blocking_io
         self.full_verify = full_verify
         self.release_flushed_pages = release_flushed_pages
-        #: Who opens the store (the identity check); the directory is locked at startup either way.
-        self.owner = owner
-        self._claim: ownership.Claim | None = None
         self._disk_usage = disk_usage or (lambda: diskio.disk_used_ratio(self.member_dir))
         self.ledger_begin_index = -1
         self.ledger_end_index = -1
@@ -144,6 +140,9 @@ class MmapLogStore:
         self._open = False
         self._set_data_tail(None)
         self._set_index_tail(None)
+        #: Who opens the store (a member: its identity is checked); the directory is locked at startup either way.
+        self.owner: ownership.Owner | None = None
+        self._claim: ownership.Claim | None = None
 
     @classmethod
     def from_config(cls, config, member_state, *, clock=None, blocking_io=None, disk_usage=None) -> MmapLogStore:
@@ -156,8 +155,7 @@ class MmapLogStore:
                    max_entry_size=config.max_entry_size, flush_policy=config.flush_policy,
                    flush_interval_ms=config.flush_file_interval, checkpoint_interval_ms=config.check_point_interval,
                    retention=RetentionPolicy.from_config(config), accept_zero_crc=config.accept_java_zero_crc,
-                   clock=clock, blocking_io=blocking_io or diskio.INLINE, disk_usage=disk_usage,
-                   owner=ownership.Owner.from_config(config))
+                   clock=clock, blocking_io=blocking_io or diskio.INLINE, disk_usage=disk_usage)
 
     # -- state -----------------------------------------------------------------
     @property
@@ -898,6 +896,13 @@ def _disk_error(exc: OSError, index: int) -> DLedgerError:
     return DLedgerError(code, f"cannot write entry {index}: {exc}")
 
 
+def _log_store(config, member_state, **kwargs) -> MmapLogStore:
+    """A member's log store: :meth:`MmapLogStore.from_config`, owned by the member (identity checked at startup)."""
+    store = MmapLogStore.from_config(config, member_state, **kwargs)
+    store.owner = ownership.Owner.from_config(config)
+    return store
+
+
 def _term_store(config) -> FileTermVoteStore:
     return FileTermVoteStore(config.member_dir, ownership.Owner.from_config(config))
 
@@ -906,7 +911,7 @@ def _term_store(config) -> FileTermVoteStore:
 def dledger_store_types():
     return [StoreType(
         name="mmap",
-        make_log_store=MmapLogStore.from_config,
+        make_log_store=_log_store,
         make_term_store=_term_store,
         description="DLedger's memory-mapped data/index files (Java-compatible); currterm file",
     )]
