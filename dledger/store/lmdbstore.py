@@ -179,7 +179,7 @@ class LmdbLogStore:
     def __init__(self, path: str | Path, member_state, *, data_file_size: int = 1 * GiB,
                  max_entry_size: int = 4 * MiB, map_size: int = 1 * GiB, flush_policy: str = "sync",
                  flush_interval_ms: int = 10, accept_zero_crc: bool = False, clock=None,
-                 blocking_io: diskio.BlockingIO = diskio.INLINE, owner: ownership.Owner | None = None):
+                 blocking_io: diskio.BlockingIO = diskio.INLINE):
         if flush_policy not in FLUSH_POLICIES:
             raise ValueError(f"flush policy {flush_policy!r} is not one of {FLUSH_POLICIES}")
         self.path = Path(path)
@@ -209,8 +209,8 @@ class LmdbLogStore:
         self._epoch = 0
         self._gc = GroupCommit(blocking_io, self._prepare_flush)
         self._timer: LoopingCall | None = None
-        #: Who opens the store (the identity check); the member directory is locked at startup either way.
-        self.owner = owner
+        #: Who opens the store (a member: its identity is checked); the member directory is locked at startup anyway.
+        self.owner: ownership.Owner | None = None
         self._claim: ownership.Claim | None = None
 
     @classmethod
@@ -221,8 +221,7 @@ class LmdbLogStore:
                    data_file_size=config.mapped_file_size_for_entry_data, max_entry_size=config.max_entry_size,
                    map_size=config.lmdb_map_size, flush_policy=config.flush_policy,
                    flush_interval_ms=config.flush_file_interval, accept_zero_crc=config.accept_java_zero_crc,
-                   clock=clock, blocking_io=blocking_io or diskio.INLINE,
-                   owner=ownership.Owner.from_config(config))
+                   clock=clock, blocking_io=blocking_io or diskio.INLINE)
 
     # -- life cycle ------------------------------------------------------------
     @property
@@ -237,15 +236,19 @@ class LmdbLogStore:
         self._hooks.append(hook)
 
     def startup(self) -> None:
-        """Open the environment and load begin/end/committed; the last entry must decode."""
+        """Lock the member directory (before anything is opened), then open; see :meth:`_startup`."""
         if self._shared is not None:
             return
         self._claim = ownership.claim(member_dir_of(self.path), self.owner)
         try:
-            self._shared = SharedEnv.acquire(self.path, self.map_size)
+            self._startup()
         except BaseException:
             self._release_claim()
             raise
+
+    def _startup(self) -> None:
+        """Open the environment and load begin/end/committed; the last entry must decode."""
+        self._shared = SharedEnv.acquire(self.path, self.map_size)
         shared = self._shared
         with shared.env.begin() as txn:
             cursor = txn.cursor(db=shared.entries)
@@ -259,7 +262,6 @@ class LmdbLogStore:
                 except DLedgerError as exc:
                     shared.release()
                     self._shared = None
-                    self._release_claim()
                     raise StoreError(f"LMDB store {self.path}: {exc.message}") from None
                 committed = shared.read_int(txn, b"committed")
                 self.ledger_begin_index, self.ledger_end_index = begin, end
@@ -571,6 +573,13 @@ class LmdbTermVoteStore:
         self._claim = None
 
 
+def _log_store(config, member_state, **kwargs) -> LmdbLogStore:
+    """A member's log store: :meth:`LmdbLogStore.from_config`, owned by the member (identity checked at startup)."""
+    store = LmdbLogStore.from_config(config, member_state, **kwargs)
+    store.owner = ownership.Owner.from_config(config)
+    return store
+
+
 def _term_store(config) -> LmdbTermVoteStore:
     return LmdbTermVoteStore(Path(config.member_dir) / ENV_DIR, config.lmdb_map_size,
                              ownership.Owner.from_config(config))
@@ -580,7 +589,7 @@ def _term_store(config) -> LmdbTermVoteStore:
 def dledger_store_types():
     return [StoreType(
         name="lmdb",
-        make_log_store=LmdbLogStore.from_config,
+        make_log_store=_log_store,
         make_term_store=_term_store,
         description="LMDB: entries keyed by big-endian index, metadata and term/vote in the same environment",
     )]
