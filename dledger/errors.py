@@ -30,18 +30,6 @@ class StoreError(Exception):
     """A store cannot be opened or used (bad layout, unreadable files)."""
 
 
-class StoreInUseError(StoreError):
-    """Another process holds the store directory's lock: its message is the one line an operator reads."""
-
-
-class StoreOwnerError(StoreError):
-    """The store belongs to another group or member (its identity record says which); ``--adopt-store`` overrides."""
-
-
-class TermVoteLostError(StoreError):
-    """The term/vote record of a store that holds a log is missing or damaged; the message names the repair."""
-
-
 class BatchAppendError(DLedgerError):
     """A batch append stopped at one entry: ``stored`` were appended before it, nothing after.
 
@@ -54,3 +42,16 @@ class BatchAppendError(DLedgerError):
         super().__init__(cause.code, cause.message, leader_id=cause.leader_id)
         self.cause = cause
         self.stored = stored
+
+
+class StoreInUseError(StoreError):
+    """Another process holds the store directory's lock: its message is the one line an operator reads."""
+
+
+class StoreOwnerError(StoreError):
+    """The store belongs to another group or member (its identity record says which); ``--adopt-store`` overrides."""
+
+
+class TermVoteLostError(StoreError):
+    """The term/vote record of a store that holds a log is missing or damaged; the message names the repair."""
+
