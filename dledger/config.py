@@ -112,6 +112,7 @@ class DLedgerConfig:
     # stores
     store_type: str = "memory"  # dledger: plugin name (memory, mmap, lmdb, ...)
     store_base_dir: str = "/tmp/dledgerstore"
+    adopt_store: bool = False  # dledger: take over a store whose identity names another group/member (once)
     mapped_file_size_for_entry_data: int = 1 * GiB
     mapped_file_size_for_entry_index: int = 5242880 * INDEX_UNIT_SIZE  # 160 MiB
     max_entry_size: int = 4 * MiB  # dledger: refuse larger entries with a clear error

@@ -67,3 +67,16 @@ class AppendHookError(DLedgerError):
     may refuse a body with UNEXPECTED_ARGUMENT, say), INTERNAL_ERROR for any
     other exception; the message names the hook, the entry and the error.
     """
+
+
+class StoreInUseError(StoreError):
+    """Another process holds the store directory's lock: its message is the one line an operator reads."""
+
+
+class StoreOwnerError(StoreError):
+    """The store belongs to another group or member (its identity record says which); ``--adopt-store`` overrides."""
+
+
+class TermVoteLostError(StoreError):
+    """The term/vote record of a store that holds a log is missing or damaged; the message names the repair."""
+

@@ -204,6 +204,9 @@ class DLedgerServer:
         self.flusher.stop()
         yield maybeDeferred(self.transport.stop)
         yield maybeDeferred(self.store.shutdown)
+        close = getattr(self.state.term_store, "close", None)
+        if close is not None:
+            close()  # releases the store directory's lock (dledger.store.ownership) with the log store's
 
     def crash(self) -> None:
         """Stop dead, as a killed process would: no flush, no goodbye (for tests and simulations)."""

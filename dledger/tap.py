@@ -67,6 +67,8 @@ class Options(usage.Options):
         ["truncate-damaged", None, "mmap store: let start-up recovery cut the log at damage it would otherwise "
                                    "refuse to cut (committed or verified entries after it are dropped and "
                                    "re-fetched from the leader); config option truncateDamaged"],
+        ["adopt-store", None, "take over a store whose identity record names another group or member, and "
+                              "rewrite the record (a deliberate move; see docs/operations.md)"],
     ]
 
     def __init__(self) -> None:
@@ -121,6 +123,8 @@ def build_config(options: Options) -> DLedgerConfig:
     overrides = {name: options[opt] for opt, name in _OPTION_TO_CONFIG.items() if options[opt] is not None}
     if options["truncate-damaged"]:
         overrides["truncate_damaged"] = True
+    if options["adopt-store"]:
+        overrides["adopt_store"] = True
     config = make_config(preset=options["preset"] or "default", file=options["config"], **overrides)
     extras = plugins.flatten_extras(config.extras)  # [plugins.<name>] tables as dotted names
     extras.update(options["plugin_opts"])

@@ -14,8 +14,9 @@ import pytest
 
 from dledger.cli import main
 from dledger.entry import Entry
-from dledger.store.lmdbstore import LmdbLogStore
+from dledger.store.lmdbstore import LmdbLogStore, LmdbTermVoteStore
 from dledger.store.mmapfile import MmapLogStore
+from dledger.store.termvote import FileTermVoteStore
 from dledger.testing.store_contract import FakeMemberState, bodies, fired
 
 GOLDEN = Path(__file__).parent / "golden" / "java-dledger-0.3.2"
@@ -38,6 +39,7 @@ def mmap_store(tmp_path) -> Path:
     store.append_as_leader(Entry(body="unicodé ✓".encode(), term=1))
     store.update_committed_index(1, 35)
     fired(store.shutdown())
+    FileTermVoteStore(member).save(1, "n0")
     return tmp_path / "base"
 
 
@@ -51,6 +53,9 @@ def lmdb_store(tmp_path) -> Path:
     store.update_committed_index(1, 10)
     fired(store.flush())
     fired(store.shutdown())
+    term_store = LmdbTermVoteStore(member / "lmdb", map_size=1 << 20)
+    term_store.save(1, "n3")
+    term_store.close()
     return member
 
 
@@ -249,3 +254,101 @@ def test_golden_tree_is_untouched():
     assert names == {"checkpoint", "checkpoint.bak", "currterm", "currterm.bak", "data", "index"}
     assert sorted(p.name for p in (GOLDEN / "store" / "n0" / "dledger-n0" / "data").iterdir()) == \
         ["00000000000000000000", "00000000000000003056", "00000000000000006112"]
+
+
+# -- term/vote and identity (issue #9 items 3 and 5) ---------------------------------------------------
+@pytest.mark.parametrize("damage", ["missing", "garbage"])
+def test_verify_reports_a_lost_or_damaged_currterm(capsys, mmap_store, damage):
+    """A missing or garbage currterm under a log is a problem naming reset-vote, not status OK."""
+    member = mmap_store / "dledger-n0"
+    (member / "currterm.bak").unlink(missing_ok=True)
+    if damage == "missing":
+        (member / "currterm").unlink()
+    else:
+        (member / "currterm").write_bytes(b"currTerm=banana\n")
+    code, out, _ = run(capsys, "store", "verify", str(member))
+    assert code == 1, out
+    assert "status:    CORRUPT: " in out and "status:    OK" not in out
+    assert f"currterm is {damage if damage == 'missing' else 'damaged'}" in out
+    assert f"dledger store reset-vote {member} --term 2" in out
+    code, out, _ = run(capsys, "store", "verify", str(member), "--json")
+    assert code == 1 and "reset-vote" in json.loads(out)["problems"][0]
+
+
+def test_verify_new_empty_store_without_currterm_is_ok(capsys, tmp_path):
+    """An empty store nobody started yet has no currterm and that is fine."""
+    member = tmp_path / "dledger-n0"
+    store = MmapLogStore(member, FakeMemberState(), data_file_size=1024, index_file_size=256)
+    store.startup()
+    fired(store.shutdown())
+    code, out, _ = run(capsys, "store", "verify", str(member))
+    assert code == 0 and "status:    OK" in out and "no term/vote record yet" in out
+
+
+def test_reset_vote_refuses_a_small_term_then_repairs(capsys, mmap_store):
+    """reset-vote refuses N below last log term + 1 (exit 2), then writes N with no vote; verify is OK again."""
+    member = mmap_store / "dledger-n0"
+    for name in ("currterm", "currterm.bak"):
+        (member / name).unlink(missing_ok=True)
+    code, _, err = run(capsys, "store", "reset-vote", str(member), "--term", "1")
+    assert code == 2 and "--term 1 is too small: it must be at least 2 (last log term 1)" in err
+    assert not (member / "currterm").exists()
+    code, out, _ = run(capsys, "store", "reset-vote", str(mmap_store), "--term", "5")
+    assert code == 0 and "term 5, no vote" in out
+    assert (member / "currterm").read_bytes() == b"voteLeader=\ncurrTerm=5\n"
+    code, out, _ = run(capsys, "store", "verify", str(member))
+    assert code == 0 and "currterm: term 5, voted for nobody" in out
+    code, _, err = run(capsys, "store", "reset-vote", str(member), "--term", "5")
+    assert code == 2 and "at least 6" in err, "never back or sideways from a readable term"
+
+
+def test_reset_vote_refuses_a_store_in_use(capsys, mmap_store):
+    """reset-vote takes the lock: on a running member's store it fails with 'in use by pid N'."""
+    from dledger.store import ownership
+    member = mmap_store / "dledger-n0"
+    fd = ownership.lock_dir(member)
+    try:
+        before = (member / "currterm").read_bytes()
+        code, _, err = run(capsys, "store", "reset-vote", str(member), "--term", "9")
+        assert code == 2 and f"store dir {member} is in use by pid {os.getpid()}" in err
+        assert (member / "currterm").read_bytes() == before
+        code, out, _ = run(capsys, "store", "verify", str(member))
+        assert code == 0 and f"in use by pid {os.getpid()}" in out, "verify reads a locked store, noting it"
+    finally:
+        os.close(fd)
+
+
+def test_reset_vote_lmdb(capsys, lmdb_store):
+    """The LMDB term/vote record: verify reports it missing, reset-vote restores it above the last term."""
+    from dledger.store.lmdbstore import SharedEnv
+    shared = SharedEnv.acquire(lmdb_store / "lmdb")
+    with shared.env.begin(write=True) as txn:
+        txn.drop(shared.termvote, delete=False)
+    shared.release()
+    code, out, _ = run(capsys, "store", "verify", str(lmdb_store))
+    assert code == 1 and "term/vote record of LMDB store" in out and "--term 2" in out
+    code, _, err = run(capsys, "store", "reset-vote", str(lmdb_store), "--term", "0")
+    assert code == 2 and "at least 2" in err
+    code, out, _ = run(capsys, "store", "reset-vote", str(lmdb_store), "--term", "3")
+    assert code == 0
+    code, out, _ = run(capsys, "store", "verify", str(lmdb_store))
+    assert code == 0 and "term 3, voted for nobody" in out
+
+
+def test_verify_and_dump_show_the_identity(capsys, tmp_path):
+    """verify prints the identity record (and it is in --json); dump names it on stderr."""
+    from dledger.config import make_config
+    from dledger.plugins import get_store_type
+    cfg = make_config(store_base_dir=str(tmp_path), store_type="mmap", group="g7", self_id="n0",
+                      mapped_file_size_for_entry_data=4096, mapped_file_size_for_entry_index=512)
+    ts = get_store_type("mmap").make_term_store(cfg)
+    ts.load()
+    ts.close()
+    code, out, _ = run(capsys, "store", "verify", str(cfg.member_dir))
+    assert code == 0 and "identity:  group g7, member n0, store id " in out
+    code, out, _ = run(capsys, "store", "verify", str(cfg.member_dir), "--json")
+    assert json.loads(out)["identity"]["group"] == "g7"
+    code, out, err = run(capsys, "store", "dump", str(cfg.member_dir))
+    assert code == 0 and "identity: group g7, member n0" in err and out == ""
+    code, out, _ = run(capsys, "store", "verify", str(GOLDEN / "store" / "n1" / "dledger-n1"), "--java-compat")
+    assert "identity:  none (a Java DLedger or older store" in out

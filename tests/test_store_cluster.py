@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from dledger.cli import main
-from dledger.store.lmdbstore import LmdbLogStore
+from dledger.store.lmdbstore import LmdbLogStore, LmdbTermVoteStore
 from dledger.store.mmapfile import MmapLogStore
+from dledger.store.termvote import FileTermVoteStore
 from dledger.testing.cluster import Cluster
 
 
@@ -58,6 +59,12 @@ def test_group_replicates_restarts_and_verifies(tmp_path, kind, capsys):
     cluster.run(1)
 
     for mid in cluster.ids:
+        # The simulated members keep term and vote in memory; a real member keeps them beside its log.
+        saved = cluster.term_stores[mid]
+        durable = (FileTermVoteStore(tmp_path / f"dledger-{mid}") if kind == "mmap"
+                   else LmdbTermVoteStore(tmp_path / f"dledger-{mid}" / "lmdb", 1 << 20))
+        durable.save(saved.term, saved.vote_for)
+        durable.close()
         code = main(["store", "verify", str(tmp_path / f"dledger-{mid}")])
         out = capsys.readouterr().out
         assert code == 0, out

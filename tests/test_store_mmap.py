@@ -666,7 +666,7 @@ def test_missing_currterm_with_backup_is_an_error(member_dir):
     store.save(2, "n1")
     store.save(3, "n1")
     (member_dir / "currterm").unlink()
-    with pytest.raises(StoreError, match="restore it"):
+    with pytest.raises(StoreError, match="currterm is missing but currterm.bak exists.*reset-vote .* --term 3"):
         FileTermVoteStore(member_dir).load()
 
 

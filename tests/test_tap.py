@@ -215,3 +215,12 @@ def test_member_process_tunes_the_garbage_collector(monkeypatch):
     monkeypatch.setattr(gc, "set_threshold", lambda *t: calls.append(t))
     tap.tune_gc()
     assert calls == ["freeze", (50_000, 20, 100)]
+
+
+def test_adopt_store_flag_and_config_option(tmp_path):
+    """--adopt-store (or adoptStore in the config file) sets adopt_store; it is off by default."""
+    assert parse("--id", "n0", "--peers", PEERS).config.adopt_store is False
+    assert parse("--id", "n0", "--peers", PEERS, "--adopt-store").config.adopt_store is True
+    cfg = tmp_path / "d.toml"
+    cfg.write_text("adoptStore = true\n")
+    assert parse("--config", str(cfg), "--id", "n0", "--peers", PEERS).config.adopt_store is True

@@ -40,9 +40,10 @@ from dledger.errors import DamagedStoreError, DLedgerError, StoreError
 from dledger.hookspecs import hookimpl
 from dledger.interfaces import IBatchLogStore, IPositionReader, ITermVoteStore
 from dledger.plugin_types import StoreType
-from dledger.store import base, positions
+from dledger.store import base, ownership, positions
 from dledger.store.base import TruncateAction
 from dledger.store.groupcommit import FlushPlan, GroupCommit
+from dledger.store.ownership import Decision, TermVote
 
 log = Logger()
 
@@ -51,6 +52,12 @@ _KEY = struct.Struct(">Q")
 _INT = struct.Struct(">q")
 _MAP_FULL = object()
 ENV_DIR = "lmdb"
+
+
+def member_dir_of(env_dir: str | Path) -> Path:
+    """The member directory an environment belongs to (``<member dir>/lmdb``), where its lock and identity live."""
+    env_dir = Path(env_dir)
+    return env_dir.parent if env_dir.name == ENV_DIR else env_dir
 
 
 def key(index: int) -> bytes:
@@ -109,6 +116,16 @@ class SharedEnv:
         """A ``meta`` value (``begin``, ``end``, ``committed``), None if absent."""
         raw = txn.get(name, db=self.meta)
         return None if raw is None else _INT.unpack(raw)[0]
+
+    def last_term(self, txn) -> int | None:
+        """Term of the last stored entry (None: no entries; UNKNOWN_TERM if it does not decode)."""
+        cursor = txn.cursor(db=self.entries)
+        if not cursor.last():
+            return None
+        try:
+            return decode_entry(cursor.value(), accept_zero_crc=True, verify_crc=False, exact=True).term
+        except CodecError:
+            return ownership.UNKNOWN_TERM
 
     def read_term_vote(self, txn) -> tuple[int, str | None] | None:
         """``(term, vote)`` from the ``termvote`` database, None if never saved; StoreError if damaged."""
@@ -193,6 +210,9 @@ class LmdbLogStore:
         self._epoch = 0
         self._gc = GroupCommit(blocking_io, self._prepare_flush)
         self._timer: LoopingCall | None = None
+        #: Who opens the store (a member: its identity is checked); the member directory is locked at startup anyway.
+        self.owner: ownership.Owner | None = None
+        self._claim: ownership.Claim | None = None
 
     @classmethod
     def from_config(cls, config, member_state, *, clock=None, blocking_io=None, **_unused) -> LmdbLogStore:
@@ -218,9 +238,18 @@ class LmdbLogStore:
         self._hooks.append(hook)
 
     def startup(self) -> None:
-        """Open the environment and load begin/end/committed; the last entry must decode."""
+        """Lock the member directory (before anything is opened), then open; see :meth:`_startup`."""
         if self._shared is not None:
             return
+        self._claim = ownership.claim(member_dir_of(self.path), self.owner)
+        try:
+            self._startup()
+        except BaseException:
+            self._release_claim()
+            raise
+
+    def _startup(self) -> None:
+        """Open the environment and load begin/end/committed; the last entry must decode."""
         self._shared = SharedEnv.acquire(self.path, self.map_size)
         shared = self._shared
         with shared.env.begin() as txn:
@@ -284,6 +313,10 @@ class LmdbLogStore:
             return None
         return self._gc.request().addErrback(lambda f: log.failure("periodic flush failed", f))
 
+    def _release_claim(self) -> None:
+        ownership.release(self._claim)
+        self._claim = None
+
     def shutdown(self) -> Deferred:
         if self._shared is None:
             return succeed(None)
@@ -295,6 +328,7 @@ class LmdbLogStore:
             if self._shared is not None:
                 self._shared.release()
                 self._shared = None
+            self._release_claim()
             return result
 
         d.addBoth(close)
@@ -308,6 +342,7 @@ class LmdbLogStore:
         if self._shared is not None:
             self._shared.release()
             self._shared = None
+        self._release_claim()
 
     # -- appends ---------------------------------------------------------------
     def _place(self, size: int) -> int:
@@ -514,21 +549,50 @@ def _lowest(a: int | None, b: int | None) -> int | None:
 class LmdbTermVoteStore:
     """``currTerm``/``voteLeader`` in the ``termvote`` database of the member's environment; durable per save."""
 
-    def __init__(self, path: str | Path, map_size: int = 1 * GiB):
+    def __init__(self, path: str | Path, map_size: int = 1 * GiB, owner: ownership.Owner | None = None):
         self.path = Path(path)
         self.map_size = map_size
+        self.owner = owner
         self._shared: SharedEnv | None = None
+        self._claim: ownership.Claim | None = None
 
     def _env(self) -> SharedEnv:
+        if self._claim is None:
+            self._claim = ownership.claim(member_dir_of(self.path), self.owner)
         if self._shared is None:
             self._shared = SharedEnv.acquire(self.path, self.map_size)
         return self._shared
 
     def load(self) -> tuple[int, str | None]:
+        """The saved term and vote; the same rule as ``currterm`` (see :mod:`.ownership`) when there is none."""
+        try:
+            return self._load()
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self) -> tuple[int, str | None]:
+        member_dir = member_dir_of(self.path)
+        had_identity = (member_dir / ownership.IDENTITY_NAME).exists()
         shared = self._env()
+        problem, saved = "", None
         with shared.env.begin() as txn:
-            saved = shared.read_term_vote(txn)
-        return saved or (0, None)
+            try:
+                saved = shared.read_term_vote(txn)
+                state = TermVote.OK if saved is not None else TermVote.MISSING
+                problem = "is missing"
+            except StoreError as exc:
+                state, problem = TermVote.DAMAGED, f"is damaged ({str(exc).removeprefix(f'{self.path}: ')})"
+            last = None if state is TermVote.OK else shared.last_term(txn)
+        decision = ownership.term_vote_decision(state, last, had_identity)
+        if decision is Decision.REFUSE:
+            raise ownership.refuse(f"the term/vote record of LMDB store {self.path}", problem, member_dir, last)
+        if decision is Decision.FRESH:
+            self.save(0, None)
+            saved = (0, None)
+        if self.owner is not None:
+            self._claim.record_identity(self.owner)
+        return saved
 
     def save(self, term: int, vote_for: str | None) -> None:
         if term < 0:
@@ -547,17 +611,27 @@ class LmdbTermVoteStore:
         if self._shared is not None:
             self._shared.release()
             self._shared = None
+        ownership.release(self._claim)
+        self._claim = None
+
+
+def _log_store(config, member_state, **kwargs) -> LmdbLogStore:
+    """A member's log store: :meth:`LmdbLogStore.from_config`, owned by the member (identity checked at startup)."""
+    store = LmdbLogStore.from_config(config, member_state, **kwargs)
+    store.owner = ownership.Owner.from_config(config)
+    return store
 
 
 def _term_store(config) -> LmdbTermVoteStore:
-    return LmdbTermVoteStore(Path(config.member_dir) / ENV_DIR, config.lmdb_map_size)
+    return LmdbTermVoteStore(Path(config.member_dir) / ENV_DIR, config.lmdb_map_size,
+                             ownership.Owner.from_config(config))
 
 
 @hookimpl
 def dledger_store_types():
     return [StoreType(
         name="lmdb",
-        make_log_store=LmdbLogStore.from_config,
+        make_log_store=_log_store,
         make_term_store=_term_store,
         description="LMDB: entries keyed by big-endian index, metadata and term/vote in the same environment",
     )]

@@ -53,7 +53,7 @@ from dledger.errors import BatchAppendError, DLedgerError, StoreError
 from dledger.hookspecs import hookimpl
 from dledger.interfaces import IBatchLogStore, IPositionReader, IRetainingLogStore
 from dledger.plugin_types import StoreType
-from dledger.store import base, positions
+from dledger.store import base, ownership, positions
 from dledger.store.base import TruncateAction
 from dledger.store.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from dledger.store.groupcommit import FlushPlan, GroupCommit
@@ -141,6 +141,9 @@ class MmapLogStore:
         self._open = False
         self._set_data_tail(None)
         self._set_index_tail(None)
+        #: Who opens the store (a member: its identity is checked); the directory is locked at startup either way.
+        self.owner: ownership.Owner | None = None
+        self._claim: ownership.Claim | None = None
 
     @classmethod
     def from_config(cls, config, member_state, *, clock=None, blocking_io=None, disk_usage=None) -> MmapLogStore:
@@ -183,9 +186,19 @@ class MmapLogStore:
 
     # -- life cycle ------------------------------------------------------------
     def startup(self) -> None:
-        """Open the files, recover (see :mod:`.recovery`), make the repairs durable, start the timers."""
+        """Lock the directory (before anything is read or repaired), then open and recover; see :meth:`_startup`."""
         if self._open:
             return
+        self._claim = ownership.claim(self.member_dir, self.owner)
+        try:
+            self._startup()
+        except BaseException:
+            ownership.release(self._claim)
+            self._claim = None
+            raise
+
+    def _startup(self) -> None:
+        """Open the files, recover (see :mod:`.recovery`), make the repairs durable, start the timers."""
         self.member_dir.mkdir(parents=True, exist_ok=True)
         data = MappedFileList(self.member_dir / "data", self.data_file_size, kind="data")
         index = MappedFileList(self.member_dir / "index", self.index_file_size, kind="index")
@@ -315,6 +328,8 @@ class MmapLogStore:
         self._graveyard = []
         self._set_data_tail(None)
         self._set_index_tail(None)
+        ownership.release(self._claim)  # last: the files are closed, another process may have them
+        self._claim = None
 
     def _close_file(self, f: MappedFile) -> None:
         """Close a removed file now, or after the running flush round (it may be syncing its descriptor)."""
@@ -933,15 +948,22 @@ def _disk_error(exc: OSError, index: int) -> DLedgerError:
     return DLedgerError(code, f"cannot write entry {index}: {exc}")
 
 
+def _log_store(config, member_state, **kwargs) -> MmapLogStore:
+    """A member's log store: :meth:`MmapLogStore.from_config`, owned by the member (identity checked at startup)."""
+    store = MmapLogStore.from_config(config, member_state, **kwargs)
+    store.owner = ownership.Owner.from_config(config)
+    return store
+
+
 def _term_store(config) -> FileTermVoteStore:
-    return FileTermVoteStore(config.member_dir)
+    return FileTermVoteStore(config.member_dir, ownership.Owner.from_config(config))
 
 
 @hookimpl
 def dledger_store_types():
     return [StoreType(
         name="mmap",
-        make_log_store=MmapLogStore.from_config,
+        make_log_store=_log_store,
         make_term_store=_term_store,
         description="DLedger's memory-mapped data/index files (Java-compatible); currterm file",
     )]

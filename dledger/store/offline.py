@@ -15,11 +15,13 @@ from pathlib import Path
 
 from dledger.entry import INDEX_UNIT_SIZE, CodecError, Entry, decode_entry
 from dledger.errors import StoreError
+from dledger.store import ownership, termvote
 from dledger.store.checkpoint import read_checkpoint
 from dledger.store.indexlog import IndexLog
 from dledger.store.mappedfiles import MappedFileList
+from dledger.store.ownership import UNKNOWN_TERM, Decision, TermVote
 from dledger.store.recovery import damage_line, find_damage, judge
-from dledger.store.scan import decode_at, first_entry, has_java_zero_crc, scan_forward
+from dledger.store.scan import decode_at, first_entry, has_java_zero_crc, scan_forward, where
 from dledger.store.termvote import FileTermVoteStore
 
 KINDS = ("mmap", "lmdb")
@@ -31,7 +33,8 @@ def locate(path: str | Path, kind: str | None = None) -> tuple[str, Path]:
     if not p.is_dir():
         raise StoreError(f"{p} is not a directory")
     lmdb_dir = p if (p / "data.mdb").exists() else (p / "lmdb" if (p / "lmdb" / "data.mdb").exists() else None)
-    is_mmap = (p / "data").is_dir() or (p / "index").is_dir() or (p / "checkpoint").exists()
+    is_mmap = (p / "data").is_dir() or (p / "index").is_dir() or (p / "checkpoint").exists() or \
+        (p / "currterm").exists()
     if kind == "lmdb" and lmdb_dir is not None or kind is None and lmdb_dir is not None and not is_mmap:
         return "lmdb", lmdb_dir
     if kind == "mmap" and is_mmap or kind is None and is_mmap and lmdb_dir is None:
@@ -62,6 +65,8 @@ class Report:
     problems: list[str] = field(default_factory=list)
     problem_at: str | None = None
     notes: list[str] = field(default_factory=list)
+    identity: dict | None = None
+    in_use_by: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -76,7 +81,7 @@ class Report:
         return {"kind": self.kind, "path": str(self.path), "ok": self.ok, "entries": self.entries,
                 "begin": self.begin, "end": self.end, "end_term": self.end_term, "committed": self.committed,
                 "files": self.files, "problems": self.problems, "first_problem_at": self.problem_at,
-                "notes": self.notes}
+                "notes": self.notes, "identity": self.identity, "in_use_by": self.in_use_by}
 
 
 def _file_size(directory: Path) -> int | None:
@@ -151,6 +156,7 @@ class MmapReader:
 def verify_mmap(member_dir: Path, *, data_file_size: int | None = None, index_file_size: int | None = None,
                 accept_zero_crc: bool = False) -> Report:
     report = Report("mmap", Path(member_dir))
+    _identity(report, Path(member_dir))
     try:
         reader = MmapReader(member_dir, data_file_size=data_file_size, index_file_size=index_file_size,
                             accept_zero_crc=accept_zero_crc)
@@ -227,12 +233,66 @@ def _verify_mmap(reader: MmapReader, report: Report) -> None:
                            f"flushed entries are missing")
         if note:
             report.notes.append(f"checkpoint: {note}")
-    if (reader.member_dir / "currterm").exists():
-        try:
-            term, vote = FileTermVoteStore(reader.member_dir).load()
-            report.notes.append(f"currterm: term {term}, voted for {vote or 'nobody'}")
-        except StoreError as exc:
-            report.problem(str(exc))
+    state, saved, problem, known = termvote.read_state(reader.member_dir)
+    if saved is not None:
+        report.notes.append(f"currterm: term {saved[0]}, voted for {saved[1] or 'nobody'}")
+    else:
+        last = report.end_term if report.end >= 0 else mmap_last_term(reader.member_dir)
+        _check_term_vote(report, state, str(reader.member_dir / termvote.NAME), problem, reader.member_dir, last,
+                         known)
+
+
+def _identity(report: Report, member_dir: Path) -> None:
+    """Record the identity record (or its absence, or why it is unreadable) and whether a member runs here."""
+    try:
+        report.identity = ownership.read_identity(member_dir)
+    except StoreError as exc:
+        report.problem(str(exc))
+    report.in_use_by = ownership.holder(member_dir)
+    if report.in_use_by is not None:
+        report.notes.append(f"in use by pid {report.in_use_by} (a running member): the end of the log may be "
+                            f"changing while this runs")
+
+
+def _check_term_vote(report: Report, state: TermVote, where: str, problem: str, member_dir: Path,
+                     last: int | None, known: tuple[int, ...] = ()) -> None:
+    """A missing or damaged term/vote record is a problem wherever a member would refuse to start on it."""
+    decision = ownership.term_vote_decision(state, last, report.identity is not None)
+    if decision is Decision.REFUSE:
+        report.problem(ownership.lost_message(where, problem, member_dir, last, known,
+                                              outcome="a member refuses to start on this store"))
+    else:
+        report.notes.append("no term/vote record yet (a new store: a member starts at term 0)")
+
+
+def mmap_last_term(member_dir: str | Path) -> int | None:
+    """The term of the last entry of an mmap log, read-only: None for no data, UNKNOWN_TERM for undecodable data.
+
+    For the term/vote rule (:mod:`.ownership`), so it runs before recovery
+    and must not write: it maps the files read-only (sizes from the files),
+    starts at the checkpoint's end when its index record checks out and
+    walks to the end accepting zero CRCs (the term is all it wants).
+    """
+    member_dir = Path(member_dir)
+    data_dir = member_dir / "data"
+    if not data_dir.is_dir() or not any(not p.name.endswith(".tmp") for p in data_dir.iterdir()):
+        return None
+    try:
+        reader = MmapReader(member_dir, accept_zero_crc=True)
+    except StoreError:
+        return UNKNOWN_TERM
+    try:
+        first, _why = reader.first()
+        if first is None:
+            return UNKNOWN_TERM if any(f.first_nonzero(0) >= 0 for f in reader.data.files) else None
+        start = first
+        checkpoint, _note = read_checkpoint(member_dir)
+        if checkpoint is not None and checkpoint.end_index > first.index:
+            start = reader.entry_via_index(checkpoint.end_index) or first
+        result = scan_forward(reader.data, start.pos, start.index, -1, accept_zero_crc=True, check_tail=False)
+        return max(start.term, result.last_term)
+    finally:
+        reader.close()
 
 
 def iter_mmap(member_dir: Path, start: int | None, stop: int | None, *, data_file_size: int | None = None,
@@ -271,9 +331,10 @@ def iter_mmap(member_dir: Path, start: int | None, stop: int | None, *, data_fil
 
 
 def verify_lmdb(env_dir: Path, *, accept_zero_crc: bool = False) -> Report:
-    from dledger.store.lmdbstore import SharedEnv  # lmdb is only needed for LMDB stores
+    from dledger.store.lmdbstore import SharedEnv, member_dir_of  # lmdb is only needed for LMDB stores
 
     report = Report("lmdb", Path(env_dir))
+    _identity(report, member_dir_of(env_dir))
     size = os.path.getsize(Path(env_dir) / "data.mdb")
     report.files = [f"data.mdb: {size} bytes"]
     try:
@@ -311,9 +372,10 @@ def verify_lmdb(env_dir: Path, *, accept_zero_crc: bool = False) -> Report:
             meta = {name: shared.read_int(txn, name.encode()) for name in ("begin", "end", "committed")}
             try:
                 saved = shared.read_term_vote(txn)
+                state, problem = (TermVote.OK if saved is not None else TermVote.MISSING), "is missing"
             except StoreError as exc:
-                report.problem(str(exc))
-                saved = None
+                saved, state, problem = None, TermVote.DAMAGED, f"is damaged ({exc})"
+            last_term = shared.last_term(txn)
     finally:
         shared.release()
     report.committed, report.committed_source = meta["committed"], "meta"
@@ -322,6 +384,9 @@ def verify_lmdb(env_dir: Path, *, accept_zero_crc: bool = False) -> Report:
                        f"[{report.begin}, {report.end}]")
     if saved is not None:
         report.notes.append(f"term {saved[0]}, voted for {saved[1] or 'nobody'}")
+    else:
+        _check_term_vote(report, state, f"the term/vote record of LMDB store {env_dir}", problem,
+                         member_dir_of(env_dir), last_term)
     return report
 
 

@@ -4,8 +4,10 @@ Java's ``MemberState`` writes ``voteLeader=n1\\ncurrTerm=1\\n`` (voteLeader
 first, an empty value when this member has not voted in the term) and keeps
 the previous content in ``currterm.bak``.  A vote is a promise: the file is
 replaced atomically and fsynced before :meth:`FileTermVoteStore.save`
-returns, and a damaged file stops the member with a StoreError instead of
-letting it start at term 0 and vote twice.
+returns, and a missing or damaged file on a store that holds a log stops
+the member with a :class:`~dledger.errors.TermVoteLostError` (naming
+``dledger store reset-vote``) instead of letting it start at term 0 and vote
+twice (see :mod:`.ownership`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from zope.interface import implementer
 from dledger import diskio
 from dledger.errors import StoreError
 from dledger.interfaces import ITermVoteStore
+from dledger.store import ownership
+from dledger.store.ownership import Decision, TermVote
 from dledger.store.properties import format_properties, int_property, parse_properties
 
 NAME = "currterm"
@@ -33,26 +37,76 @@ def decode_term_vote(data: bytes, path: str | Path) -> tuple[int, str | None]:
     return term, (vote or None)
 
 
+def read_state(member_dir: str | Path) -> tuple[TermVote, tuple[int, str | None] | None, str, tuple[int, ...]]:
+    """What ``currterm`` holds, read-only: ``(state, (term, vote) or None, problem, terms still readable)``.
+
+    ``problem`` says what is wrong ("is missing", "is damaged (...)");
+    the readable terms (of ``currterm.bak``) raise the floor of a reset.
+    """
+    path = Path(member_dir) / NAME
+    backup = path.with_name(NAME + ".bak")
+    known: tuple[int, ...] = ()
+    try:
+        known = (decode_term_vote(backup.read_bytes(), backup)[0],)
+    except (OSError, StoreError):
+        pass
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        if backup.exists():
+            return TermVote.DAMAGED, None, f"is missing but {backup.name} exists", known
+        return TermVote.MISSING, None, "is missing", known
+    except OSError as exc:
+        return TermVote.DAMAGED, None, f"cannot be read ({exc.strerror})", known
+    try:
+        return TermVote.OK, decode_term_vote(data, path), "", known
+    except StoreError as exc:
+        detail = str(exc).removeprefix(f"{path}: ")
+        return TermVote.DAMAGED, None, f"is damaged ({detail})", known
+
+
 @implementer(ITermVoteStore)
 class FileTermVoteStore:
-    """``<member_dir>/currterm`` (plus ``.bak``), read once at :meth:`load`, rewritten on every :meth:`save`."""
+    """``<member_dir>/currterm`` (plus ``.bak``), read once at :meth:`load`, rewritten on every :meth:`save`.
 
-    def __init__(self, member_dir: str | Path):
+    :meth:`load` first claims the directory (:func:`.ownership.claim`: the
+    exclusive lock and, with an ``owner``, the identity check), then applies
+    the term/vote rule: a missing or damaged file on a store that holds a
+    log, or that a member started on before, is a :class:`TermVoteLostError`
+    naming ``dledger store reset-vote``; a new store starts at term 0 and
+    gets its ``currterm`` (then its identity record) at once.
+    """
+
+    def __init__(self, member_dir: str | Path, owner: ownership.Owner | None = None):
         self.member_dir = Path(member_dir)
         self.path = self.member_dir / NAME
+        self.owner = owner
+        self._claim: ownership.Claim | None = None
 
     def load(self) -> tuple[int, str | None]:
+        if self._claim is None:
+            self._claim = ownership.claim(self.member_dir, self.owner)
         try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            backup = self.path.with_name(NAME + ".bak")
-            if backup.exists():
-                raise StoreError(f"{self.path} is missing but {backup} exists: restore it (or copy the backup "
-                                 f"over it) so this member does not forget a vote") from None
-            return 0, None
-        except OSError as exc:
-            raise StoreError(f"{self.path}: cannot read ({exc})") from None
-        return decode_term_vote(data, self.path)
+            return self._load()
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self) -> tuple[int, str | None]:
+        from dledger.store.offline import mmap_last_term  # offline reads currterm with this module
+
+        had_identity = (self.member_dir / ownership.IDENTITY_NAME).exists()
+        state, saved, problem, known = read_state(self.member_dir)
+        last = None if state is TermVote.OK else mmap_last_term(self.member_dir)
+        decision = ownership.term_vote_decision(state, last, had_identity)
+        if decision is Decision.REFUSE:
+            raise ownership.refuse(str(self.path), problem, self.member_dir, last, known)
+        if decision is Decision.FRESH:
+            self.save(0, None)
+            saved = (0, None)
+        if self.owner is not None:
+            self._claim.record_identity(self.owner)
+        return saved
 
     def save(self, term: int, vote_for: str | None) -> None:
         if term < 0:
@@ -61,4 +115,5 @@ class FileTermVoteStore:
         diskio.write_atomic(self.path, encode_term_vote(term, vote_for), backup=True)
 
     def close(self) -> None:
-        pass
+        ownership.release(self._claim)
+        self._claim = None
