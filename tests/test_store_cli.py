@@ -112,14 +112,15 @@ def test_verify_reports_stale_index_and_json(capsys, mmap_store):
 
 
 def test_verify_java_golden_store(capsys):
-    """The Java store verifies with --java-compat and fails without it, explaining why."""
+    """The Java store verifies by default (zero CRCs count as unverified, as on members); --strict-crc refuses it."""
     member = GOLDEN / "store" / "n1" / "dledger-n1"
-    code, out, _ = run(capsys, "store", "verify", str(member), "--java-compat")
-    assert code == 0, out
-    assert "entries:   21 (begin 0, end 20, end term 1)" in out and "committed: 20 (checkpoint)" in out
-    assert "currterm: term 1, voted for n1" in out
-    code, out, _ = run(capsys, "store", "verify", str(GOLDEN / "store" / "n1"))
-    assert code == 1 and "--java-compat" in out
+    for extra in ([], ["--java-compat"]):
+        code, out, _ = run(capsys, "store", "verify", str(member), *extra)
+        assert code == 0, out
+        assert "entries:   21 (begin 0, end 20, end term 1)" in out and "committed: 20 (checkpoint)" in out
+        assert "currterm: term 1, voted for n1" in out
+    code, out, _ = run(capsys, "store", "verify", str(GOLDEN / "store" / "n1"), "--strict-crc")
+    assert code == 1 and "bodyCrc 0" in out and "--strict-crc" in out
 
 
 def test_verify_java_oversize_store(capsys):

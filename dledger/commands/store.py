@@ -65,8 +65,15 @@ def _common(p) -> None:
                    help="mmap data file size (default: the size of the files found)")
     p.add_argument("--index-file-size", type=positive_int, default=None, metavar="BYTES",
                    help="mmap index file size (default: the size of the files found)")
-    p.add_argument("--java-compat", action="store_true",
-                   help="accept bodyCrc 0 (stores written by Java DLedger 0.3.2)")
+    # Members accept bodyCrc 0 as "unverified" by default (acceptJavaZeroCrc = true: entries a Java
+    # leader pushed carry it), so the tools read what a member reads; --strict-crc checks like a
+    # member configured with acceptJavaZeroCrc = false.
+    crc = p.add_mutually_exclusive_group()
+    crc.add_argument("--strict-crc", dest="java_compat", action="store_false",
+                     help="refuse bodyCrc 0 (as a member with acceptJavaZeroCrc = false does)")
+    crc.add_argument("--java-compat", dest="java_compat", action="store_true",
+                     help="accept bodyCrc 0 as unverified, as members do by default (the default; kept for scripts)")
+    p.set_defaults(java_compat=True)
 
 
 def cmd_verify(args) -> int:

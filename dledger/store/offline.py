@@ -21,8 +21,7 @@ from dledger.store.indexlog import IndexLog
 from dledger.store.mappedfiles import MappedFileList
 from dledger.store.ownership import UNKNOWN_TERM, Decision, TermVote
 from dledger.store.recovery import damage_line, find_damage, judge
-from dledger.store.scan import decode_at, first_entry, has_java_zero_crc, scan_forward, where
-from dledger.store.termvote import FileTermVoteStore
+from dledger.store.scan import decode_at, first_entry, has_java_zero_crc, scan_forward
 
 KINDS = ("mmap", "lmdb")
 
@@ -181,7 +180,7 @@ def _verify_mmap(reader: MmapReader, report: Report) -> None:
     if first is None and why and not reader.accept_zero_crc:
         probe, _ = first_entry(data, accept_zero_crc=True)
         if probe is not None and has_java_zero_crc(data, probe.pos):
-            why = f"{why} -- entries carry bodyCrc 0 (Java DLedger 0.3.2?); use --java-compat"
+            why = f"{why} -- entries carry bodyCrc 0 (Java DLedger 0.3.2?); leave out --strict-crc to accept them"
     checkpoint, ck_note = read_checkpoint(reader.member_dir)
     committed = checkpoint.committed_index if checkpoint is not None else -1
     result = None
