@@ -173,7 +173,7 @@ def _write_round(shared: SharedEnv, rnd: _Round):
 
 
 @implementer(IBatchLogStore, IPositionReader)
-class LmdbLogStore:
+class LmdbLogStore(positions.EntryPositionReader):
     """Entries in LMDB; see the module docstring."""
 
     def __init__(self, path: str | Path, member_state, *, data_file_size: int = 1 * GiB,
@@ -474,22 +474,6 @@ class LmdbLogStore:
         self.committed_index = base.next_committed_index(
             self.committed_index, term, self.member_state.curr_term, index,
             self.ledger_begin_index, self.ledger_end_index)
-
-    # -- reads by position (IPositionReader) ----------------------------------
-    def begin_position(self) -> int:
-        """The first entry's ``pos`` (where the next entry goes when the log is empty)."""
-        return self.get(self.ledger_begin_index).pos if self.ledger_end_index >= 0 else self._write_pos
-
-    def committed_position(self) -> int:
-        """Just past the last committed entry; :meth:`begin_position` when nothing here is committed."""
-        if self.ledger_end_index < 0 or self.committed_index < self.ledger_begin_index:
-            return self.begin_position()
-        return positions.end_of(self.get(self.committed_index))
-
-    def read_at(self, pos: int, size: int) -> bytes:
-        """Committed data-log bytes rebuilt from the entries (LMDB keeps entries by index, not a byte layout)."""
-        positions.check_read(pos, size, self.begin_position(), self.committed_position())
-        return positions.read_entries(self.get, self.ledger_begin_index, self.committed_index, pos, size)
 
     # -- durability ------------------------------------------------------------
     def flush(self) -> Deferred:

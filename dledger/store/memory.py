@@ -20,7 +20,7 @@ from dledger.store import base, positions
 
 
 @implementer(IBatchLogStore, IPositionReader)
-class MemoryLogStore:
+class MemoryLogStore(positions.EntryPositionReader):
     """A list of entries plus the begin/end/committed bookkeeping."""
 
     def __init__(self, member_state, *, data_file_size: int = 1 << 30, max_entry_size: int = 4 << 20):
@@ -144,22 +144,6 @@ class MemoryLogStore:
         self.committed_index = base.next_committed_index(
             self.committed_index, term, self.member_state.curr_term, index,
             self.ledger_begin_index, self.ledger_end_index)
-
-    # -- reads by position (IPositionReader) ----------------------------------
-    def begin_position(self) -> int:
-        """The first entry's ``pos`` (where the next entry goes when the log is empty)."""
-        return self.get(self.ledger_begin_index).pos if self.ledger_end_index >= 0 else self._write_pos
-
-    def committed_position(self) -> int:
-        """Just past the last committed entry; :meth:`begin_position` when nothing here is committed."""
-        if self.ledger_end_index < 0 or self.committed_index < self.ledger_begin_index:
-            return self.begin_position()
-        return positions.end_of(self.get(self.committed_index))
-
-    def read_at(self, pos: int, size: int) -> bytes:
-        """Committed data-log bytes rebuilt from the entries (the bytes an mmap member holds there)."""
-        positions.check_read(pos, size, self.begin_position(), self.committed_position())
-        return positions.read_entries(self.get, self.ledger_begin_index, self.committed_index, pos, size)
 
 
 @implementer(ITermVoteStore)

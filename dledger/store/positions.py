@@ -65,3 +65,27 @@ def read_entries(get: Callable[[int], Entry], begin_index: int, last_index: int,
         index += 1
     first = get(lo).pos
     return bytes(out[pos - first:end - first])
+
+
+class EntryPositionReader:
+    """:class:`~dledger.interfaces.IPositionReader` for stores that keep entries, not a byte layout (memory, LMDB).
+
+    A mixin: the store provides ``get(index)``, ``ledger_begin_index``, ``ledger_end_index``,
+    ``committed_index`` and ``_write_pos`` (where its next entry goes); reads are rebuilt with
+    :func:`read_entries`, so they answer with the bytes an mmap member holds at those positions.
+    """
+
+    def begin_position(self) -> int:
+        """The first entry's ``pos`` (where the next entry goes when the log is empty)."""
+        return self.get(self.ledger_begin_index).pos if self.ledger_end_index >= 0 else self._write_pos
+
+    def committed_position(self) -> int:
+        """Just past the last committed entry; :meth:`begin_position` when nothing here is committed."""
+        if self.ledger_end_index < 0 or self.committed_index < self.ledger_begin_index:
+            return self.begin_position()
+        return end_of(self.get(self.committed_index))
+
+    def read_at(self, pos: int, size: int) -> bytes:
+        """Committed data-log bytes rebuilt from the entries (the bytes an mmap member holds there)."""
+        check_read(pos, size, self.begin_position(), self.committed_position())
+        return read_entries(self.get, self.ledger_begin_index, self.committed_index, pos, size)
