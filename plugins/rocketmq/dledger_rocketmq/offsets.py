@@ -179,6 +179,14 @@ class DelayOffsetTable:
         self.version += 1
         return True
 
+    def reset(self, level: int, offset: int) -> bool:
+        """Set ``level`` to ``offset`` even backwards (the queue no longer reaches the old offset)."""
+        if self._table.get(level) == offset:
+            return False
+        self._table[level] = offset
+        self.version += 1
+        return True
+
     def merge(self, other: DelayOffsetTable) -> int:
         """Take ``other``'s offsets where they are ahead (a slave's sync); returns how many moved."""
         return sum(self.advance(level, off) for level, off in other.items().items())
