@@ -55,6 +55,7 @@ GOOD = encode_offset_commits([ONE, OffsetCommit("cg2", "%RETRY%cg2", 0, -1)])
     (b"RMQC\x01\x00\x01\x00\x00", "commit 0 group length 0 not in 1..255"),
     (b"RMQC\x01\x00\x01\x00\x05ab", "commit 0 truncated in its group"),
     (b"RMQC\x01\x00\x01\x00\x01\xff\x00\x01T" + bytes(12), "commit 0 group is not UTF-8"),
+    (b"RMQC\x01\x00\x01\x00\x01@\x00\x01T" + bytes(12), "commit 0 group contains '@'"),
     (b"RMQC\x01\x00\x02" + GOOD[7:7 + 4 + 3 + 12], "commit 1 truncated in its group length"),
 ])
 def test_malformed_bodies_raise_one_line(body, message):
@@ -70,6 +71,7 @@ def test_malformed_bodies_raise_one_line(body, message):
     ([OffsetCommit("g", "", 0, 0)], "empty topic"),
     ([OffsetCommit("g" * 256, "T", 0, 0)], "group of 256 bytes exceeds 255"),
     ([OffsetCommit("g", "T", 1 << 31, 0)], "queue id 2147483648 out of int32 range"),
+    ([OffsetCommit("g@x", "T", 0, 0)], "group 'g@x' contains '@'"),
     ([OffsetCommit("g", "T", 0, 1 << 63)], "out of int64 range"),
 ])
 def test_bad_commits_refused_when_encoding(commits, message):
@@ -78,7 +80,7 @@ def test_bad_commits_refused_when_encoding(commits, message):
         encode_offset_commits(commits)
 
 
-names = st.text(min_size=1, max_size=40).filter(lambda s: len(s.encode()) <= 255)
+names = st.text(min_size=1, max_size=40).filter(lambda s: len(s.encode()) <= 255 and "@" not in s)
 commits = st.builds(OffsetCommit, names, names, st.integers(-(1 << 31), (1 << 31) - 1),
                     st.integers(-(1 << 63), (1 << 63) - 1))
 

@@ -10,6 +10,8 @@ from conftest import GOLDEN, STORE
 from dledger_rocketmq import fastjson
 from dledger_rocketmq.control import OffsetCommit, decode_control, encode_offset_commits
 from dledger_rocketmq.offsets import ConsumerOffsetTable, DelayOffsetTable
+from hypothesis import given
+from hypothesis import strategies as st
 
 CONFIG = STORE / "config"
 FRAMES = GOLDEN / "frames"
@@ -129,6 +131,29 @@ def test_every_member_applying_the_log_agrees():
             m.apply_entry(i, e)
     assert {m.to_json() for m in members} == {members[0].to_json()}
     assert members[0].query("g", "T", 0) == 3 and members[0].query("g", "T", 1) == 5
+
+
+def test_bad_commit_changes_nothing():
+    """A batch with one invalid commit (an '@' in a name) raises before changing any offset."""
+    table = ConsumerOffsetTable()
+    with pytest.raises(ValueError, match="containing '@'"):
+        table.apply([OffsetCommit("g", "T", 0, 5), OffsetCommit("a@b", "T", 0, 1)])
+    assert len(table) == 0 and table.version == 0
+
+
+offset_names = st.text(alphabet="abcXYZ%_-0123456789", min_size=1, max_size=12)
+
+
+@given(st.lists(st.builds(OffsetCommit, offset_names, offset_names, st.integers(0, 2000),
+                          st.integers(-1, 1 << 62)), max_size=30))
+def test_json_round_trip(commits):
+    """to_json -> from_json gives the same offsets, in the same bytes (pretty and compact)."""
+    table = ConsumerOffsetTable()
+    table.apply(commits)
+    for pretty in (True, False):
+        again = ConsumerOffsetTable.from_json(table.to_json(pretty=pretty))
+        assert sorted(again.items()) == sorted(table.items())
+        assert again.to_json(pretty=pretty) == table.to_json(pretty=pretty)
 
 
 def test_merge_never_backwards():

@@ -73,6 +73,8 @@ def is_control(body: bytes | bytearray | memoryview) -> bool:
 def _name(what: str, text: str) -> bytes:
     if not isinstance(text, str) or not text:
         raise ControlError(f"offset commit: empty {what}")
+    if "@" in text:
+        raise ControlError(f"offset commit: {what} {text!r} contains '@' (RocketMQ's topic@group separator)")
     data = text.encode("utf-8")
     if len(data) > MAX_NAME_LENGTH:
         raise ControlError(f"offset commit: {what} of {len(data)} bytes exceeds {MAX_NAME_LENGTH}")
@@ -128,9 +130,12 @@ def decode_control(body: bytes | bytearray | memoryview) -> ControlEntry | None:
             if pos + length > len(data):
                 raise ControlError(f"control entry: commit {n} truncated in its {what}", pos)
             try:
-                names.append(data[pos:pos + length].decode("utf-8"))
+                name = data[pos:pos + length].decode("utf-8")
             except UnicodeDecodeError:
                 raise ControlError(f"control entry: commit {n} {what} is not UTF-8", pos) from None
+            if "@" in name:
+                raise ControlError(f"control entry: commit {n} {what} contains '@'", pos)
+            names.append(name)
             pos += length
         if pos + _TAIL.size > len(data):
             raise ControlError(f"control entry: commit {n} truncated in its queue id/offset", pos)

@@ -89,8 +89,6 @@ class ConsumerOffsetTable:
     # -- changes ----------------------------------------------------------
 
     def _set(self, commit: OffsetCommit, reset: bool) -> bool:
-        if SEPARATOR in commit.topic or SEPARATOR in commit.group:
-            raise ValueError(f"offset commit: {SEPARATOR!r} in topic {commit.topic!r} or group {commit.group!r}")
         queues = self._table.setdefault(f"{commit.topic}{SEPARATOR}{commit.group}", {})
         old = queues.get(commit.queue_id)
         if old is not None and (old == commit.offset or (old > commit.offset and not reset)):
@@ -105,6 +103,11 @@ class ConsumerOffsetTable:
         where the commits come from (committed control entries, or a local or
         synced source); both obey the same rule, it only shows in logs/stats.
         """
+        commits = list(commits)
+        for c in commits:  # all or nothing: check every commit before changing any
+            if not c.topic or not c.group or SEPARATOR in c.topic or SEPARATOR in c.group:
+                raise ValueError(f"offset commit: topic {c.topic!r} / group {c.group!r} empty or containing "
+                                 f"{SEPARATOR!r}")
         changed = sum(self._set(c, reset) for c in commits)
         if changed:
             self.version += 1
