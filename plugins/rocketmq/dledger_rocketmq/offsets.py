@@ -21,8 +21,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from twisted.logger import Logger
+
 from dledger_rocketmq import fastjson
-from dledger_rocketmq.control import ControlEntry, OffsetCommit
+from dledger_rocketmq.control import ControlEntry, ControlError, OffsetCommit, decode_control
+
+log = Logger(namespace="dledger_rocketmq.offsets")
 
 SEPARATOR = "@"
 #: ConsumerOffsetManager's ``new ConcurrentHashMap<>(512)`` (iteration order of the file).
@@ -120,6 +124,24 @@ class ConsumerOffsetTable:
         changed = self.apply(entry.commits, reset=entry.is_reset)
         self.applied_index = index
         return changed
+
+    def on_control(self, index: int, body: bytes) -> int:
+        """The dispatcher's ``on_control(entry_index, body)`` callback: decode and apply a committed entry once.
+
+        A malformed body is logged and skipped (every member skips it alike,
+        so the tables stay equal); it still counts as applied.
+        """
+        if index <= self.applied_index:
+            return 0
+        try:
+            entry = decode_control(body)
+            if entry is None:
+                raise ControlError("not a control entry (no RMQC prefix)", 0)
+            return self.apply_entry(index, entry)
+        except ValueError as exc:  # ControlError, or a name apply refuses
+            log.warn("skipping the control entry at index {index}: {err}", index=index, err=exc)
+            self.applied_index = index
+            return 0
 
     def merge(self, other: ConsumerOffsetTable) -> int:
         """Take ``other``'s offsets where they are ahead (a slave's sync from its master); never backwards."""
