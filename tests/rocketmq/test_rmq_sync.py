@@ -6,7 +6,7 @@ import pytest
 from conftest import GOLDEN, STORE
 from dledger_rocketmq.control import OffsetCommit
 from dledger_rocketmq.metadata import BrokerMetadata, topic_config
-from dledger_rocketmq.sync import ORDER, SlaveSync, SyncKind, apply_sync
+from dledger_rocketmq.sync import ORDER, SlaveSync, SyncKind, apply_sync, master_body
 from test_rmq_offsets import frame_body
 from twisted.internet import defer, task
 
@@ -175,3 +175,19 @@ def test_not_started_does_not_fetch(tmp_path):
     assert master.calls == []
     sync.startService()
     assert len(master.calls) == 4
+
+
+@pytest.mark.parametrize("kind", list(SyncKind))
+def test_master_answers_with_golden_bodies(tmp_path, golden_dir_meta, kind):
+    """A master built from the golden files answers each GET_ALL_* with the golden body byte for byte."""
+    assert master_body(golden_dir_meta, kind) == GOLDEN_BODIES[kind]
+
+
+@pytest.fixture
+def golden_dir_meta(tmp_path):
+    """BrokerMetadata loaded from a copy of the golden config files."""
+    import shutil
+    shutil.copytree(STORE / "config", tmp_path / "store" / "config")
+    meta = BrokerMetadata(tmp_path / "store", cluster_name="RaftCluster", broker_name="RaftNode00")
+    meta.load()
+    return meta

@@ -197,7 +197,8 @@ class DelayedDelivery(service.Service):
     def startService(self) -> None:
         super().startService()
         for level in range(1, len(self.levels) + 1):
-            self._schedule(level, self.first_delay)
+            if level not in self._runs:  # a run still in flight from before a stop schedules itself
+                self._schedule(level, self.first_delay)
 
     def stopService(self) -> defer.Deferred:
         """Cancel every timer; fires once the puts in flight have ended (their offsets are kept)."""
