@@ -1,6 +1,7 @@
 """Operator mistakes on the ``dledger`` command: one line, the right exit status, no traceback, nothing left behind."""
 
 import io
+import os
 import signal
 import subprocess
 import sys
@@ -257,3 +258,35 @@ def test_client_library_refuses_bad_timeouts_up_front(options, message):
     with pytest.raises(ValueError) as info:
         connect(DOWN, "g0", reactor=Clock(), **options)
     assert message in str(info.value)
+
+
+def test_bench_store_signal_inside_a_flush_is_raised_between_batches(tmp_path, monkeypatch):
+    """A SIGTERM arriving inside the inline benchmark's flush (a Deferred chain) still stops it with exit 143.
+
+    The signal used to raise inside the flush's callbacks, which turned it into "flush failed: signal 15"
+    and the benchmark went on (seen as a hang in CI).
+    """
+    from dledger.bench import store as store_bench
+    from dledger.cli import Terminated
+
+    real_make_store = store_bench.make_store
+
+    def make_store(*a, **kw):
+        store = real_make_store(*a, **kw)
+        real_flush = store.flush
+
+        def flush():
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered while the flush's Deferred chain runs
+            return real_flush()
+        store.flush = flush
+        return store
+
+    monkeypatch.setattr(store_bench, "make_store", make_store)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    opts = store_bench.StoreBenchOptions(store="mmap", size=16, count=10_000, batch=10, flush="sync", io="inline",
+                                         data_file_size=1 << 20, index_file_size=32 << 10)
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated):
+        store_bench.run_inline(opts)
+    assert signal.getsignal(signal.SIGTERM) == previous
+    assert list(tmp_path.glob("dledger-bench-*")) == []

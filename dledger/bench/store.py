@@ -11,6 +11,7 @@ how little of each flush the reactor itself spends.  Figures go to
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -100,9 +101,40 @@ def _result(opts: StoreBenchOptions, store, seconds: float, rss_mib) -> StoreBen
                             stats.summary() if stats is not None else {}, rss_mib)
 
 
+@contextlib.contextmanager
+def _signals_between_batches():
+    """SIGTERM/SIGINT only set a flag here; the loop raises between batches (``check()``).
+
+    Why: an exception raised by a signal handler lands in whatever code runs at that moment; inside
+    the store's flush (a Deferred callback chain, which catches every exception) it became "flush
+    failed: signal 15" and the benchmark went on instead of stopping and removing its directory.
+    """
+    import signal
+    import threading
+
+    from dledger.cli import Terminated
+
+    received: list[int] = []
+
+    def check() -> None:
+        if received:
+            raise Terminated(received[0]) if received[0] == signal.SIGTERM else KeyboardInterrupt()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield check
+        return
+    previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield check
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_inline(opts: StoreBenchOptions) -> StoreBenchResult:
     """Run with blocking I/O on this thread; the async timer runs on a Clock advanced by the wall clock."""
-    with _directory(opts) as directory:
+    with _directory(opts) as directory, _signals_between_batches() as check_signals:
         clock = task.Clock()
         store = make_store(opts, directory, FakeMemberState(), clock=clock, blocking_io=diskio.INLINE)
         store.startup()
@@ -113,6 +145,7 @@ def run_inline(opts: StoreBenchOptions) -> StoreBenchResult:
         t0 = last = time.perf_counter()
         done = 0
         while done < opts.count:
+            check_signals()
             n = min(opts.batch, opts.count - done)
             for _ in range(n):
                 append(Entry(body=body, term=1))
