@@ -171,7 +171,7 @@ class RoleManager:
     def _start_wait(self, term: int) -> None:
         self._stop_wait()
         self._term, self._ready, self._started = term, False, self.server.clock.seconds()
-        self._timer = self.server.clock.callLater(self.timeout, self._check)
+        self._timer = self.server.clock.callLater(self.timeout, self._check, True)
         log.info("{id}: leader of term {t}; waiting for the log to commit and be dispatched before becoming "
                  "master", id=self.server.self_id, t=term)
         if self.server.leader_ready.is_ready and self.server.leader_ready.ready_term == term:
@@ -193,7 +193,8 @@ class RoleManager:
         self._term = -1
         self._ready = False
 
-    def _check(self) -> None:
+    def _check(self, deadline: bool = False) -> None:
+        """Decide (``deadline``: called by the wait's timer, so the time is up whatever float sums say)."""
         term = self._term
         if term == -1:
             return
@@ -203,7 +204,8 @@ class RoleManager:
         step = leader_step(leader_of_term=st.role is Role.LEADER and st.curr_term == term,
                            leader_ready=self._ready, ledger_end=store.ledger_end_index,
                            committed=store.committed_index, dispatched=dispatched,
-                           elapsed=server.clock.seconds() - self._started, timeout=self.timeout)
+                           elapsed=self.timeout if deadline else server.clock.seconds() - self._started,
+                           timeout=self.timeout)
         if step is Step.WAIT:
             if self._ready and not dispatched and (self._dispatch_wait is None or self._dispatch_wait.called):
                 self._wait_dispatch()
@@ -218,7 +220,7 @@ class RoleManager:
                      "handing leadership on", id=server.self_id, s=self.timeout, t=term, why=why)
             self._hand_over(term)
             self._started = server.clock.seconds()
-            self._timer = server.clock.callLater(self.timeout, self._check)
+            self._timer = server.clock.callLater(self.timeout, self._check, True)
             return
         self._stop_wait()
         self.rebuild()
