@@ -20,6 +20,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from dledger.errors import DLedgerError
+from dledger_rocketmq import oldlog
 from dledger_rocketmq.commitlog import CommitLog, PutResult, PutStatus  # noqa: F401 (part of the facade's API)
 from dledger_rocketmq.consumequeue import DEFAULT_FILE_SIZE, tag_hash
 from dledger_rocketmq.dispatch import Dispatcher
@@ -93,6 +94,8 @@ class BrokerOptions:
     master_wait_timeout: float = 30.0
     flush_interval: float = 1.0
     offset_check_in_slave: bool = False
+    commitlog_dir: str = ""
+    commitlog_file_size: int = 0
 
 
 def parse_host(text: str) -> Address:
@@ -122,8 +125,12 @@ class Broker(Service):
         self.roles = RoleManager(server, self.dispatcher, rebuild=self._rebuild_table,
                                  on_master=on_master or (lambda m: None), on_slave=on_slave or (lambda m: None),
                                  timeout=options.master_wait_timeout)
+        old, divided = None, 0
+        if options.commitlog_dir:  # a plain CommitLog to continue (seed 003): before the store opens
+            old, divided = oldlog.prepare(server, options.commitlog_dir.replace("{id}", server.self_id),
+                                          options.commitlog_file_size or server.config.mapped_file_size_for_entry_data)
         self.commitlog = CommitLog(server, store_host=self.store_host, max_message_size=options.max_message_size,
-                                   writable=self.roles.is_master)
+                                   divided=divided, old_reader=old, writable=self.roles.is_master)
         #: The consumer offset table (meta's ``offsets.ConsumerOffsetTable``); None until wired.
         self.offsets = None
         self._flush_timer = None

@@ -36,6 +36,10 @@ OPTIONS = {
     "flushConsumeQueueInterval": ("flush_interval", 1.0, float,
                                   "seconds between consume-queue fsyncs (0: at stop only)"),
     "offsetCheckInSlave": ("offset_check_in_slave", False, bool, "a slave corrects bad pull offsets too"),
+    "storePathCommitLog": ("commitlog_dir", "", str, "an existing plain CommitLog directory to continue (migration; "
+                           "'{id}' is the member id); empty: none"),
+    "mappedFileSizeCommitLog": ("commitlog_file_size", 0, int,
+                                "old CommitLog file size in bytes (0: mappedFileSizeForEntryData)"),
 }
 
 
