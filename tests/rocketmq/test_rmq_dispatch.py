@@ -91,3 +91,18 @@ def test_units_past_the_committed_end_are_dropped_at_start(tmp_path):
     nb = broker_for(cluster.servers[follower])
     assert all(u.physical_offset < 10 ** 9 for _, u in queue_units(nb, "T", 0))
     assert cluster.run_until(lambda: queue_units(nb, "T", 0) == queue_units(b, "T", 0), 20)
+
+
+def test_a_new_leaders_noop_is_no_dispatch_lag(tmp_path):
+    """After a leader change with no new message, the NOOP at the log's tail does not count as lag anywhere."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    put(cluster, b, msg())
+    assert settled(cluster)
+    cluster.crash(b.server.self_id)
+    new = master(cluster)
+    store = new.server.store
+    assert store.get(store.committed_index).is_noop  # the new term's NOOP ends the committed log
+    assert cluster.run_until(lambda: all(broker_for(s).server.store.committed_index == store.committed_index
+                                         for s in cluster.servers.values()), 10)
+    assert all(broker_for(s).lag() == 0 for s in cluster.servers.values())

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from twisted.internet.defer import Deferred, succeed
+from twisted.logger import Logger
 from zope.interface import implementer
 
 from dledger.codes import ResponseCode, Role
@@ -57,6 +58,8 @@ from dledger_rocketmq.message import (
     message_id,
     patch_physical_offset,
 )
+
+log = Logger()
 
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
@@ -243,6 +246,9 @@ class CommitLog:
             d = server.handle_append(AppendEntryRequest(group=server.config.group, batch_msgs=bodies))
         except DLedgerError as exc:
             d = exc
+        except Exception as exc:  # a bug below us must not leave the caller without an answer
+            log.failure("{id}: put failed", id=server.self_id)
+            d = DLedgerError(ResponseCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
         finally:
             self.putting = False
         stored = store.ledger_end_index - before

@@ -155,10 +155,16 @@ class Dispatcher:
 
     # -- catching up ------------------------------------------------------------------------------
     def lag(self) -> int:
-        """Committed bytes not dispatched yet (RocketMQ's dispatchBehindBytes)."""
+        """Committed bytes not dispatched yet (RocketMQ's dispatchBehindBytes); 0 once caught up.
+
+        A tail of NOOPs (a new leader's first entry) is never delivered to
+        the dispatcher, so it does not count as lag.
+        """
         store = self.server.store
-        return max(store.committed_position() - self.dispatched_position, 0) if self.dispatched_index >= 0 \
-            else max(store.committed_position() - store.begin_position(), 0)
+        if self.caught_up(store.committed_index):
+            return 0
+        done = self.dispatched_position if self.dispatched_index >= 0 else store.begin_position()
+        return max(store.committed_position() - done, 0)
 
     def caught_up(self, index: int) -> bool:
         """Has every entry up to ``index`` that the feed delivers (all but NOOPs) been dispatched?
