@@ -89,10 +89,10 @@ def test_master_killed_twice_loses_nothing_and_switches_only_after_catch_up(tmp_
             br = broker_for(s)
             if not getattr(br, "_watched", False):
                 br._watched = True
-                br.roles.on_master = lambda m, br=br: switches.append(
+                br.master_callbacks.append(lambda _b, br=br: switches.append(
                     (br.server.self_id, br.dispatcher.caught_up(br.server.store.committed_index),
                      br.server.store.committed_index >= br.server.store.ledger_end_index,
-                     dict(br.commitlog.offsets) == {("T", 0): br.max_offset("T", 0)} or br.max_offset("T", 0) == 0))
+                     dict(br.commitlog.offsets) == {("T", 0): br.max_offset("T", 0)} or br.max_offset("T", 0) == 0)))
     watch()
     acked = []
     for _round in range(3):
@@ -139,3 +139,20 @@ def test_a_leader_that_cannot_catch_up_hands_leadership_on(tmp_path):
     assert cluster.run_until(lambda: nb.server.state.role is not Role.LEADER, 10), "never handed leadership on"
     assert cluster.clock.seconds() - led_at >= 2.0  # not before the bound
     assert nb.role == SLAVE and master(cluster).server.self_id != stuck
+
+
+def test_role_callbacks_run_in_order_and_a_failing_one_does_not_stop_the_switch(tmp_path):
+    """Master callbacks run on the new master, slave callbacks on every slave; a raising callback is only logged."""
+    cluster = broker_cluster(tmp_path)
+    calls = []
+    for s in cluster.servers.values():
+        br = broker_for(s)
+        br.master_callbacks += [lambda b: (_ for _ in ()).throw(RuntimeError("boom")),
+                                lambda b: calls.append(("master", b.server.self_id, b.broker_id))]
+        br.slave_callbacks.append(lambda b: calls.append(("slave", b.server.self_id, b.broker_id)))
+    b = master(cluster)
+    cluster.run(1.0)
+    assert ("master", b.server.self_id, 0) in calls
+    slaves = {mid for kind, mid, _ in calls if kind == "slave"}
+    assert slaves >= set(cluster.servers) - {b.server.self_id}
+    assert [c for c in calls if c[0] == "master"] == [("master", b.server.self_id, 0)]

@@ -113,8 +113,8 @@ class Broker(Service):
 
     def __init__(self, server, options: BrokerOptions | None = None, *,
                  on_control: Callable[[int, bytes], object] | None = None,
-                 on_master: Callable[[RoleManager], object] | None = None,
-                 on_slave: Callable[[RoleManager], object] | None = None):
+                 on_master: Callable[[Broker], object] | None = None,
+                 on_slave: Callable[[Broker], object] | None = None):
         self.server = server
         self.options = options = options or BrokerOptions()
         root = options.store_dir or str(Path(server.config.store_base_dir) / f"rocketmq-{server.self_id}")
@@ -123,7 +123,8 @@ class Broker(Service):
         self.dispatcher = Dispatcher(server, self.root, file_size=options.consume_queue_file_size,
                                      on_control=on_control)
         self.roles = RoleManager(server, self.dispatcher, rebuild=self._rebuild_table,
-                                 on_master=on_master or (lambda m: None), on_slave=on_slave or (lambda m: None),
+                                 on_master=lambda m: self._tell(self.master_callbacks, "master"),
+                                 on_slave=lambda m: self._tell(self.slave_callbacks, "slave"),
                                  timeout=options.master_wait_timeout)
         old, divided = None, 0
         if options.commitlog_dir:  # a plain CommitLog to continue (seed 003): before the store opens
@@ -131,6 +132,10 @@ class Broker(Service):
                                           options.commitlog_file_size or server.config.mapped_file_size_for_entry_data)
         self.commitlog = CommitLog(server, store_host=self.store_host, max_message_size=options.max_message_size,
                                    divided=divided, old_reader=old, writable=self.roles.is_master)
+        #: Called with the broker when it becomes master (start delayed delivery, stop the metadata sync) and
+        #: when it becomes (or stays, on a master change) slave (start / restart the sync), in order.
+        self.master_callbacks: list[Callable[[Broker], object]] = [on_master] if on_master else []
+        self.slave_callbacks: list[Callable[[Broker], object]] = [on_slave] if on_slave else []
         #: The consumer offset table (meta's ``offsets.ConsumerOffsetTable``); None until wired.
         self.offsets = None
         self._flush_timer = None
@@ -167,6 +172,14 @@ class Broker(Service):
         except OSError as exc:
             log.error("{id}: consume-queue flush failed: {exc}", id=self.server.self_id, exc=exc)
         self._schedule_flush()
+
+    def _tell(self, callbacks: list, what: str) -> None:
+        """Run role callbacks; one that raises is logged and does not stop the others or the switch."""
+        for cb in list(callbacks):
+            try:
+                cb(self)
+            except Exception:
+                log.failure("{id}: {what} callback {cb!r} failed", id=self.server.self_id, what=what, cb=cb)
 
     def _rebuild_table(self) -> None:
         """A new master's topic-queue table: the next offset of every consume queue (dispatch has caught up)."""
