@@ -11,7 +11,7 @@ closes (queues flushed).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from dledger_rocketmq import oldlog
 from dledger_rocketmq.commitlog import CommitLog, PutResult, PutStatus  # noqa: F401 (part of the facade's API)
 from dledger_rocketmq.consumequeue import DEFAULT_FILE_SIZE, tag_hash
 from dledger_rocketmq.dispatch import Dispatcher
-from dledger_rocketmq.message import DEFAULT_MAX_MESSAGE_SIZE, Address, MessageRecord, host_flags
+from dledger_rocketmq.message import DEFAULT_MAX_MESSAGE_SIZE, Address, MessageRecord
 from dledger_rocketmq.roles import MASTER, RoleManager
 
 log = Logger()
@@ -197,17 +197,13 @@ class Broker(Service):
         return self.roles.broker_id if self.roles.is_master() else self.roles.slave_id
 
     # -- puts ---------------------------------------------------------------------------------
-    def _stamped(self, msg: MessageRecord) -> MessageRecord:
-        return replace(msg, store_host=self.store_host,
-                       sys_flag=host_flags(msg.sys_flag, msg.born_host, self.store_host))
-
     def put_message(self, msg: MessageRecord) -> Deferred:
         """Store one message; fires with a :class:`PutResult` (SERVICE_NOT_AVAILABLE on a slave)."""
-        return self.commitlog.put([self._stamped(msg)])
+        return self.commitlog.put([msg])
 
     def put_messages(self, msgs: Sequence[MessageRecord]) -> Deferred:
         """Store a batch as one dledger batch with consecutive queue offsets; fires with a :class:`PutResult`."""
-        return self.commitlog.put([self._stamped(m) for m in msgs])
+        return self.commitlog.put(list(msgs))
 
     # -- reads ------------------------------------------------------------------------------------
     def _queue(self, topic: str, queue_id: int):

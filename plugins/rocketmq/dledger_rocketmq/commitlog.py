@@ -55,6 +55,7 @@ from dledger_rocketmq.message import (
     Address,
     MessageRecord,
     encode_record,
+    host_flags,
     message_id,
     patch_physical_offset,
 )
@@ -226,7 +227,12 @@ class CommitLog:
 
     # -- puts ------------------------------------------------------------------------------
     def put(self, records: Sequence[MessageRecord]) -> Deferred:
-        """Append ``records`` as one dledger batch; fires with a :class:`PutResult` (never errbacks)."""
+        """Append ``records`` as one dledger batch; fires with a :class:`PutResult` (never errbacks).
+
+        Each record is stored with this broker's STOREHOST (and the sysFlag
+        IPv6 bits that go with it), its planned queue offset, and the
+        physical offset and store time the append hook writes.
+        """
         server = self.server
         if not records:
             return succeed(PutResult(PutStatus.MESSAGE_ILLEGAL, error="no message"))
@@ -235,7 +241,10 @@ class CommitLog:
                                      error=f"{server.self_id} is not the master"))
         offsets = plan_offsets(self.offsets, records)
         try:
-            bodies = [encode_record(replace(r, queue_offset=q, physical_offset=0), max_size=self.max_message_size)
+            host = self.store_host
+            bodies = [encode_record(replace(r, queue_offset=q, physical_offset=0, store_host=host,
+                                            sys_flag=host_flags(r.sys_flag, r.born_host, host)),
+                                    max_size=self.max_message_size)
                       for r, q in zip(records, offsets, strict=True)]
         except CodecError as exc:
             return succeed(PutResult(PutStatus.MESSAGE_ILLEGAL, error=str(exc)))

@@ -28,6 +28,7 @@ lost in a power cut is re-dispatched at the next start.
 from __future__ import annotations
 
 import shutil
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,9 +41,22 @@ from dledger.errors import DLedgerError
 from dledger.interfaces import ICommitListener
 from dledger.ratelog import RateLimitedLog
 from dledger_rocketmq.commitlog import CONTROL_PREFIX, is_record_body
-from dledger_rocketmq.consumequeue import DEFAULT_FILE_SIZE, ConsumeQueues
-from dledger_rocketmq.errors import CodecError, StoreLayoutError
-from dledger_rocketmq.message import decode_record
+from dledger_rocketmq.consumequeue import (
+    DEFAULT_FILE_SIZE,
+    DELAY_LEVELS_MS,
+    ConsumeQueues,
+    Unit,
+    is_dispatched,
+    tags_code,
+)
+from dledger_rocketmq.errors import CodecError, CorruptRecordError, StoreLayoutError
+from dledger_rocketmq.message import (
+    BORN_HOST_POSITION,
+    BORNHOST_V6_FLAG,
+    STOREHOST_V6_FLAG,
+    MessageRecord,
+    decode_record,
+)
 
 log = Logger()
 
@@ -60,6 +74,43 @@ def entry_kind(body: bytes) -> str:
     if is_record_body(body):
         return EntryKind.RECORD
     return EntryKind.FOREIGN
+
+
+_HEAD = struct.Struct(">iiiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP
+_I64 = struct.Struct(">q")
+_I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+
+
+def index_fields(body: bytes, levels: tuple[int, ...] = DELAY_LEVELS_MS) -> tuple[str, int, int, Unit] | None:
+    """``(topic, queue_id, queue_offset, unit)`` of a committed record; None if it gets no unit.
+
+    What :func:`~dledger_rocketmq.consumequeue.unit_for` gives for the
+    decoded record, without decoding hosts or copying the body (dispatch
+    runs on every member for every message).  CorruptRecordError if the
+    field lengths do not add up to TOTALSIZE = the body's length.
+    """
+    try:
+        size, _magic, _crc, qid, _flag, qoff, phys, sys_flag, _born = _HEAD.unpack_from(body, 0)
+        pos = BORN_HOST_POSITION + (20 if sys_flag & BORNHOST_V6_FLAG else 8)
+        store_ts = _I64.unpack_from(body, pos)[0]
+        pos += 8 + (20 if sys_flag & STOREHOST_V6_FLAG else 8) + 12  # store host, reconsume times, prepared offset
+        pos += 4 + _I32.unpack_from(body, pos)[0]
+        topic_len = body[pos]
+        topic = body[pos + 1:pos + 1 + topic_len].decode()
+        pos += 1 + topic_len
+        props_len = _I16.unpack_from(body, pos)[0]
+        props = body[pos + 2:pos + 2 + props_len]
+        pos += 2 + props_len
+    except (struct.error, IndexError, UnicodeDecodeError) as exc:
+        raise CorruptRecordError(f"not a valid record: {exc}", 0) from None
+    if size != len(body) or pos != size or props_len < 0:
+        raise CorruptRecordError(f"field lengths add up to {pos}, TOTALSIZE says {size}, entry body has "
+                                 f"{len(body)} bytes", 0)
+    light = MessageRecord(topic, b"", props, qid, 0, qoff, phys, sys_flag, store_timestamp=store_ts)
+    if not is_dispatched(light):
+        return None
+    return topic, qid, qoff, Unit(phys, size, tags_code(light, levels))
 
 
 def resume_physical(queues_end: int, committed_position: int) -> int:
@@ -134,8 +185,13 @@ class Dispatcher:
             kind = entry_kind(body)
             if kind == EntryKind.RECORD:
                 try:
-                    record = decode_record(body, verify_crc=self.verify_crc)
-                    queues.dispatch(record)
+                    if self.verify_crc:
+                        queues.dispatch(decode_record(body, verify_crc=True))
+                    else:
+                        found = index_fields(body, queues.levels)
+                        if found is not None:
+                            topic, qid, qoff, unit = found
+                            queues.queue(topic, qid).append(qoff, unit)
                 except CodecError as exc:
                     self._warn.warn("bad-record", "{id}: entry {i} not dispatched: {exc}",
                                     id=self.server.self_id, i=entry.index, exc=exc)
