@@ -108,3 +108,17 @@ def test_store_dir_option_with_member_id(tmp_path):
     assert settled(cluster)
     for mid in cluster.servers:
         assert (tmp_path / f"rmq-{mid}" / "consumequeue" / "T" / "0").is_dir()
+
+
+@pytest.mark.parametrize("key, value, why", [
+    ("storeHost", "localhost:10911", "not an IP address"),
+    ("storeHost", "10.0.0.1", "expected ip:port"),
+    ("mappedFileSizeConsumeQueue", 1001, "not a positive multiple of 20"),
+    ("masterWaitTimeout", 0, "not a positive number of seconds"),
+])
+def test_bad_option_values_are_one_line_errors(key, value, why):
+    """Bad broker option values fail when the config is read, naming the option and the reason."""
+    pm = plugins.make_plugin_manager()
+    with pytest.raises(Exception, match=f"rocketmq.{key}.*{why}") as info:
+        plugins.resolve_extras({"rocketmq": {key: value}}, pm)
+    assert "\n" not in str(info.value)

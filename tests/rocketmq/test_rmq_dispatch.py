@@ -111,7 +111,6 @@ def test_a_new_leaders_noop_is_no_dispatch_lag(tmp_path):
 def test_index_fields_agree_with_unit_for_on_every_golden_record():
     """The dispatch fast path gives exactly unit_for(decode_record(...)) for all 177 records of the golden store."""
     from conftest import STORE, golden_entries
-
     from dledger_rocketmq.consumequeue import unit_for
     from dledger_rocketmq.dispatch import index_fields
     from dledger_rocketmq.message import decode_record

@@ -16,10 +16,34 @@ import weakref
 
 from dledger.hookspecs import hookimpl
 from dledger.plugin_types import ExtraOption
-from dledger_rocketmq.broker import Broker, BrokerOptions
+from dledger_rocketmq.broker import Broker, BrokerOptions, parse_host
 from dledger_rocketmq.message import DEFAULT_MAX_MESSAGE_SIZE
 
 _brokers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def host_option(value) -> str:
+    """``ip:port`` checked when the config is read (a bad value is a one-line option error, not a traceback)."""
+    text = str(value)
+    addr = parse_host(text)
+    addr.packed()  # a host that is no IP address, or a port out of range, raises here
+    return text
+
+
+def unit_multiple(value) -> int:
+    """A consume-queue file size: a positive multiple of the 20-byte unit."""
+    n = int(value)
+    if n <= 0 or n % 20:
+        raise ValueError(f"{n} is not a positive multiple of 20")
+    return n
+
+
+def positive_seconds(value) -> float:
+    """A timeout in seconds, > 0 (the master wait must be bounded)."""
+    x = float(value)
+    if not x > 0:
+        raise ValueError(f"{value!r} is not a positive number of seconds")
+    return x
 
 #: Option name (``rocketmq.<name>``) -> (BrokerOptions field, default, type, help).
 OPTIONS = {
@@ -27,11 +51,12 @@ OPTIONS = {
     "brokerName": ("broker_name", "broker-a", str, "RocketMQ brokerName of this group"),
     "storeDir": ("store_dir", "", str, "broker store root (consumequeue/, config/); '{id}' is the member id; "
                  "default <storeBaseDir>/rocketmq-<selfId>"),
-    "storeHost": ("store_host", "127.0.0.1:10911", str, "STOREHOST of records and message ids (brokerIP1:port)"),
+    "storeHost": ("store_host", "127.0.0.1:10911", host_option,
+                  "STOREHOST of records and message ids (brokerIP1:port)"),
     "maxMessageSize": ("max_message_size", DEFAULT_MAX_MESSAGE_SIZE, int, "largest record in bytes"),
-    "mappedFileSizeConsumeQueue": ("consume_queue_file_size", 300_000 * 20, int,
+    "mappedFileSizeConsumeQueue": ("consume_queue_file_size", 300_000 * 20, unit_multiple,
                                    "consume-queue file size in bytes (a multiple of 20)"),
-    "masterWaitTimeout": ("master_wait_timeout", 30.0, float,
+    "masterWaitTimeout": ("master_wait_timeout", 30.0, positive_seconds,
                           "seconds a new leader waits for commit + dispatch before handing leadership on"),
     "flushConsumeQueueInterval": ("flush_interval", 1.0, float,
                                   "seconds between consume-queue fsyncs (0: at stop only)"),
