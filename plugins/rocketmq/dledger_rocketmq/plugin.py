@@ -45,6 +45,11 @@ def positive_seconds(value) -> float:
         raise ValueError(f"{value!r} is not a positive number of seconds")
     return x
 
+# What `twistd dledger --help` prints as these options' types.
+host_option.__name__ = "ip:port"
+unit_multiple.__name__ = "int, multiple of 20"
+positive_seconds.__name__ = "float > 0"
+
 #: Option name (``rocketmq.<name>``) -> (BrokerOptions field, default, type, help).
 OPTIONS = {
     "enabled": ("enabled", False, bool, "run the RocketMQ broker layer on this member (default: off, inert)"),
