@@ -35,7 +35,10 @@ class RoleChangeNotifier:
             return
         self._queue.append((term, role))
         if self._running is None:
-            self._running = self._drain()
+            running = self._drain()
+            # A drain whose handlers all answered at once has already finished (its ``finally`` ran before
+            # this assignment): keeping its fired Deferred would make every later notify() only enqueue.
+            self._running = None if running.called else running
 
     @inlineCallbacks
     def _drain(self):

@@ -123,6 +123,7 @@ class MmapLogStore:
         self.recovered: Recovered | None = None
         self._begin_pos = -1
         self._write_pos = 0
+        self._initial_pos = 0
         self._hooks: list = []
         self._data: MappedFileList | None = None
         self._index: MappedFileList | None = None
@@ -184,6 +185,23 @@ class MmapLogStore:
     def add_append_hook(self, hook) -> None:
         self._hooks.append(hook)
 
+    def set_initial_position(self, pos: int) -> None:
+        """Where the first entry goes when :meth:`startup` finds the log empty (default 0).
+
+        For a log that continues another one: a RocketMQ CommitLog migrated
+        to dledger starts its dledger data at the end of the old files
+        (``dividedCommitlogOffset``), so physical offsets never overlap.  A
+        multiple of the data file size (the first data file is named by it);
+        call it before :meth:`startup`; a log that holds entries keeps its
+        own positions (followers take the leader's positions anyway).
+        """
+        if pos < 0 or pos % self.data_file_size:
+            raise ValueError(f"initial position {pos} is not a non-negative multiple of the data file size "
+                             f"{self.data_file_size}")
+        if self._open:
+            raise ValueError("set_initial_position must be called before the store starts")
+        self._initial_pos = pos
+
     # -- life cycle ------------------------------------------------------------
     def startup(self) -> None:
         """Lock the directory (before anything is read or repaired), then open and recover; see :meth:`_startup`."""
@@ -229,7 +247,7 @@ class MmapLogStore:
         self.recovered = rec
         self.ledger_begin_index, self._begin_pos = rec.begin, rec.begin_pos
         self.ledger_end_index, self.ledger_end_term = rec.end, rec.end_term
-        self._write_pos = rec.write_pos if rec.end >= 0 else 0
+        self._write_pos = rec.write_pos if rec.end >= 0 else (0 if data.files else self._initial_pos)
         self.committed_index = rec.committed
         self._refresh_tails()
         self._make_recovery_durable(rec, checkpoint)

@@ -474,6 +474,10 @@ class ConsumeQueues:
             self._queues[key] = ConsumeQueue(self.root, topic, queue_id, file_size=self.file_size)
         return self._queues[key]
 
+    def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        """The queue (topic, queue_id) if it exists (opened at start or written since), without creating it."""
+        return self._queues.get((topic, queue_id))
+
     def queues(self) -> list[ConsumeQueue]:
         return [self._queues[k] for k in sorted(self._queues)]
 

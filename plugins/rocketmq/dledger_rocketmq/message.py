@@ -25,6 +25,7 @@ tools and the tests share one definition of the layout.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import struct
 import zlib
@@ -106,6 +107,15 @@ def body_crc(body: bytes) -> int:
     return zlib.crc32(body) & 0x7FFFFFFF
 
 
+@functools.lru_cache(maxsize=4096)
+def _parse_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """The parsed address (cached: a broker encodes the same few hosts for every message)."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        raise CodecError(f"not an IP address: {host!r}") from None
+
+
 class Address(NamedTuple):
     """A host as a record stores it: IP address text and port (BORNHOST, STOREHOST)."""
 
@@ -113,10 +123,7 @@ class Address(NamedTuple):
     port: int
 
     def _ip(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-        try:
-            return ipaddress.ip_address(self.host)
-        except ValueError:
-            raise CodecError(f"not an IP address: {self.host!r}") from None
+        return _parse_ip(self.host)
 
     @property
     def is_v6(self) -> bool:

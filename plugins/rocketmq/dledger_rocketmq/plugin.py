@@ -1,9 +1,128 @@
 """The pluggy plugin module registered in the ``dledger`` entry-point group.
 
-It implements no hooks yet: the broker service, its options, the append
-hook that writes physical offsets and the commit listener that dispatches
-consume queues need dledger's plugin API to grow first (issue #10).  Being
-registered already proves the packaging: ``dledger plugins`` lists it.
+The plugin is installed in every test environment of the repository, so it
+does **nothing** on a member unless ``rocketmq.enabled`` is true: every hook
+returns no handler, hook, listener or service then.  With it, each member
+gets one :class:`dledger_rocketmq.broker.Broker` (made on first use by any
+hook, kept per server): its append hook, its role-change handler and
+leader-ready listener (roles), and the broker itself as a service (which
+registers the consume-queue dispatcher on the commit feed once the store is
+recovered).
 """
 
 from __future__ import annotations
+
+import weakref
+
+from dledger.hookspecs import hookimpl
+from dledger.plugin_types import ExtraOption
+from dledger_rocketmq.broker import Broker, BrokerOptions, parse_host
+from dledger_rocketmq.message import DEFAULT_MAX_MESSAGE_SIZE
+
+_brokers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def host_option(value) -> str:
+    """``ip:port`` checked when the config is read (a bad value is a one-line option error, not a traceback)."""
+    text = str(value)
+    addr = parse_host(text)
+    addr.packed()  # a host that is no IP address, or a port out of range, raises here
+    return text
+
+
+def unit_multiple(value) -> int:
+    """A consume-queue file size: a positive multiple of the 20-byte unit."""
+    n = int(value)
+    if n <= 0 or n % 20:
+        raise ValueError(f"{n} is not a positive multiple of 20")
+    return n
+
+
+def positive_seconds(value) -> float:
+    """A timeout in seconds, > 0 (the master wait must be bounded)."""
+    x = float(value)
+    if not x > 0:
+        raise ValueError(f"{value!r} is not a positive number of seconds")
+    return x
+
+# What `twistd dledger --help` prints as these options' types.
+host_option.__name__ = "ip:port"
+unit_multiple.__name__ = "int, multiple of 20"
+positive_seconds.__name__ = "float > 0"
+
+#: Option name (``rocketmq.<name>``) -> (BrokerOptions field, default, type, help).
+OPTIONS = {
+    "enabled": ("enabled", False, bool, "run the RocketMQ broker layer on this member (default: off, inert)"),
+    "brokerName": ("broker_name", "broker-a", str, "RocketMQ brokerName of this group"),
+    "storeDir": ("store_dir", "", str, "broker store root (consumequeue/, config/); '{id}' is the member id; "
+                 "default <storeBaseDir>/rocketmq-<selfId>"),
+    "storeHost": ("store_host", "127.0.0.1:10911", host_option,
+                  "STOREHOST of records and message ids (brokerIP1:port)"),
+    "maxMessageSize": ("max_message_size", DEFAULT_MAX_MESSAGE_SIZE, int, "largest record in bytes"),
+    "mappedFileSizeConsumeQueue": ("consume_queue_file_size", 300_000 * 20, unit_multiple,
+                                   "consume-queue file size in bytes (a multiple of 20)"),
+    "masterWaitTimeout": ("master_wait_timeout", 30.0, positive_seconds,
+                          "seconds a new leader waits for commit + dispatch before handing leadership on"),
+    "flushConsumeQueueInterval": ("flush_interval", 1.0, float,
+                                  "seconds between consume-queue fsyncs (0: at stop only)"),
+    "offsetCheckInSlave": ("offset_check_in_slave", False, bool, "a slave corrects bad pull offsets too"),
+    "storePathCommitLog": ("commitlog_dir", "", str, "an existing plain CommitLog directory to continue (migration; "
+                           "'{id}' is the member id); empty: none"),
+    "mappedFileSizeCommitLog": ("commitlog_file_size", 0, int,
+                                "old CommitLog file size in bytes (0: mappedFileSizeForEntryData)"),
+}
+
+
+def options_for(server) -> BrokerOptions | None:
+    """The broker options of ``server``'s config, or None when the broker is not enabled."""
+    extras = server.config.extras
+    if not extras.get("rocketmq.enabled"):
+        return None
+    kw = {}
+    for name, (fld, default, _type, _help) in OPTIONS.items():
+        if fld == "enabled":
+            continue
+        kw[fld] = extras.get(f"rocketmq.{name}", default)
+    return BrokerOptions(**kw)
+
+
+def broker_for(server) -> Broker | None:
+    """The member's Broker (made on first call), or None if ``rocketmq.enabled`` is off."""
+    if server in _brokers:
+        return _brokers[server]
+    options = options_for(server)
+    if options is None:
+        return None
+    broker = _brokers[server] = Broker(server, options)
+    return broker
+
+
+@hookimpl
+def dledger_extra_options():
+    return [ExtraOption(f"rocketmq.{name}", default, help_, type_)
+            for name, (_f, default, type_, help_) in OPTIONS.items()]
+
+
+@hookimpl
+def dledger_append_hooks(server):
+    broker = broker_for(server)
+    return [broker.commitlog.hook] if broker else []
+
+
+@hookimpl
+def dledger_role_change_handlers(server):
+    broker = broker_for(server)
+    return [broker.roles] if broker else []
+
+
+@hookimpl
+def dledger_leader_ready_listeners(server):
+    broker = broker_for(server)
+    return [broker.roles] if broker else []
+
+
+@hookimpl
+def dledger_services(server, collection):
+    broker = broker_for(server)
+    if broker is not None:
+        broker.setServiceParent(collection)

@@ -1,0 +1,280 @@
+"""The Broker facade: one per member with ``rocketmq.enabled``; what the broker port (and tests) call.
+
+It ties the CommitLog on dledger (:mod:`~dledger_rocketmq.commitlog`), the
+consume-queue dispatch (:mod:`~dledger_rocketmq.dispatch`) and role
+switching (:mod:`~dledger_rocketmq.roles`) together and is itself a Twisted
+service of the member (added by the plugin's ``dledger_services`` hook):
+started once the member serves (store recovered), stopped before the store
+closes (queues flushed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+from dledger.errors import DLedgerError
+from dledger_rocketmq import oldlog
+from dledger_rocketmq.commitlog import CommitLog, PutResult, PutStatus  # noqa: F401 (part of the facade's API)
+from dledger_rocketmq.consumequeue import DEFAULT_FILE_SIZE, tag_hash
+from dledger_rocketmq.dispatch import Dispatcher
+from dledger_rocketmq.message import DEFAULT_MAX_MESSAGE_SIZE, Address, MessageRecord
+from dledger_rocketmq.roles import MASTER, RoleManager
+
+log = Logger()
+
+
+class GetStatus(Enum):
+    """RocketMQ's GetMessageStatus (names as in Java)."""
+
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    MESSAGE_WAS_REMOVING = "MESSAGE_WAS_REMOVING"
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+
+
+@dataclass(frozen=True)
+class GetResult:
+    status: GetStatus
+    records: list[bytes]
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+
+
+def next_offset_correction(old: int, new: int, *, is_master: bool, offset_check_in_slave: bool = False) -> int:
+    """RocketMQ's nextOffsetCorrection: a master (or a slave told to) corrects a bad offset; a slave keeps it."""
+    return new if is_master or offset_check_in_slave else old
+
+
+def queue_status(offset: int, min_offset: int, max_offset: int) -> tuple[GetStatus | None, int]:
+    """The status of a pull at ``offset`` before reading, and the corrected next offset (None: read units).
+
+    RocketMQ's DefaultMessageStore.getMessage: an empty queue (max 0) ->
+    NO_MESSAGE_IN_QUEUE (next 0); below min -> OFFSET_TOO_SMALL (next min);
+    exactly max -> OFFSET_OVERFLOW_ONE (next offset); past max ->
+    OFFSET_OVERFLOW_BADLY (next min if min is 0, else max).
+    """
+    if max_offset == 0:
+        return GetStatus.NO_MESSAGE_IN_QUEUE, 0
+    if offset < min_offset:
+        return GetStatus.OFFSET_TOO_SMALL, min_offset
+    if offset == max_offset:
+        return GetStatus.OFFSET_OVERFLOW_ONE, offset
+    if offset > max_offset:
+        return GetStatus.OFFSET_OVERFLOW_BADLY, min_offset if min_offset == 0 else max_offset
+    return None, offset
+
+
+def tag_matches(tag_codes: set[int] | None, unit_tags_code: int) -> bool:
+    """Consume-queue filtering by tag hash (RocketMQ's ExpressionMessageFilter): None or empty = ``*``."""
+    return not tag_codes or unit_tags_code in tag_codes
+
+
+@dataclass(frozen=True)
+class BrokerOptions:
+    """The plugin's options (see :mod:`dledger_rocketmq.plugin`), short names as in RocketMQ."""
+
+    broker_name: str = "broker-a"
+    store_dir: str = ""
+    store_host: str = "127.0.0.1:10911"
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    consume_queue_file_size: int = DEFAULT_FILE_SIZE
+    master_wait_timeout: float = 30.0
+    flush_interval: float = 1.0
+    offset_check_in_slave: bool = False
+    commitlog_dir: str = ""
+    commitlog_file_size: int = 0
+
+
+def parse_host(text: str) -> Address:
+    """``ip:port`` (IPv6 as ``[ip]:port`` or ``ip:port`` with the last colon) -> Address."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"expected ip:port, got {text!r}")
+    return Address(host.strip("[]"), int(port))
+
+
+class Broker(Service):
+    """The broker layer on one member (contract ``broker.Broker``)."""
+
+    name = "rocketmq-broker"
+
+    def __init__(self, server, options: BrokerOptions | None = None, *,
+                 on_control: Callable[[int, bytes], object] | None = None,
+                 on_master: Callable[[Broker], object] | None = None,
+                 on_slave: Callable[[Broker], object] | None = None):
+        self.server = server
+        self.options = options = options or BrokerOptions()
+        root = options.store_dir or str(Path(server.config.store_base_dir) / f"rocketmq-{server.self_id}")
+        self.root = Path(root.replace("{id}", server.self_id))
+        self.store_host = parse_host(options.store_host)
+        self.dispatcher = Dispatcher(server, self.root, file_size=options.consume_queue_file_size,
+                                     on_control=on_control)
+        self.roles = RoleManager(server, self.dispatcher, rebuild=self._rebuild_table,
+                                 on_master=lambda m: self._tell(self.master_callbacks, "master"),
+                                 on_slave=lambda m: self._tell(self.slave_callbacks, "slave"),
+                                 timeout=options.master_wait_timeout)
+        old, divided = None, 0
+        if options.commitlog_dir:  # a plain CommitLog to continue (seed 003): before the store opens
+            old, divided = oldlog.prepare(server, options.commitlog_dir.replace("{id}", server.self_id),
+                                          options.commitlog_file_size or server.config.mapped_file_size_for_entry_data)
+        self.commitlog = CommitLog(server, store_host=self.store_host, max_message_size=options.max_message_size,
+                                   divided=divided, old_reader=old, writable=self.roles.is_master)
+        #: Called with the broker when it becomes master (start delayed delivery, stop the metadata sync) and
+        #: when it becomes (or stays, on a master change) slave (start / restart the sync), in order.
+        self.master_callbacks: list[Callable[[Broker], object]] = [on_master] if on_master else []
+        self.slave_callbacks: list[Callable[[Broker], object]] = [on_slave] if on_slave else []
+        #: The consumer offset table (meta's ``offsets.ConsumerOffsetTable``); None until wired.
+        self.offsets = None
+        self._flush_timer = None
+
+    # -- service ---------------------------------------------------------------------------
+    def startService(self):
+        self.root.mkdir(parents=True, exist_ok=True)
+        start = self.dispatcher.recover()
+        log.info("{id}: broker {name} on {root}: dispatch resumes at index {i} (queues {q})",
+                 id=self.server.self_id, name=self.options.broker_name, root=str(self.root), i=start,
+                 q=len(self.dispatcher.queues.queues()))
+        self.server.add_commit_listener(self.dispatcher)
+        super().startService()
+        self._schedule_flush()
+
+    def stopService(self):
+        super().stopService()
+        if self._flush_timer is not None and self._flush_timer.active():
+            self._flush_timer.cancel()
+        self._flush_timer = None
+        self.roles.stop()
+        self.dispatcher.flush()
+
+    def _schedule_flush(self) -> None:
+        if self.options.flush_interval > 0:
+            self._flush_timer = self.server.clock.callLater(self.options.flush_interval, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_timer = None
+        if not self.running:
+            return
+        try:
+            self.dispatcher.flush()
+        except OSError as exc:
+            log.error("{id}: consume-queue flush failed: {exc}", id=self.server.self_id, exc=exc)
+        self._schedule_flush()
+
+    def _tell(self, callbacks: list, what: str) -> None:
+        """Run role callbacks; one that raises is logged and does not stop the others or the switch."""
+        for cb in list(callbacks):
+            try:
+                cb(self)
+            except Exception:
+                log.failure("{id}: {what} callback {cb!r} failed", id=self.server.self_id, what=what, cb=cb)
+
+    def _rebuild_table(self) -> None:
+        """A new master's topic-queue table: the next offset of every consume queue (dispatch has caught up)."""
+        queues = self.dispatcher.queues
+        self.commitlog.reset_offsets(queues.topic_queue_table() if queues is not None else {})
+
+    # -- role --------------------------------------------------------------------------------
+    @property
+    def role(self) -> str:
+        """"MASTER" once switched (see :mod:`dledger_rocketmq.roles`), else "SLAVE"."""
+        return MASTER if self.roles.is_master() else "SLAVE"
+
+    @property
+    def broker_id(self) -> int:
+        return self.roles.broker_id if self.roles.is_master() else self.roles.slave_id
+
+    # -- puts ---------------------------------------------------------------------------------
+    def put_message(self, msg: MessageRecord) -> Deferred:
+        """Store one message; fires with a :class:`PutResult` (SERVICE_NOT_AVAILABLE on a slave)."""
+        return self.commitlog.put([msg])
+
+    def put_messages(self, msgs: Sequence[MessageRecord]) -> Deferred:
+        """Store a batch as one dledger batch with consecutive queue offsets; fires with a :class:`PutResult`."""
+        return self.commitlog.put(list(msgs))
+
+    # -- reads ------------------------------------------------------------------------------------
+    def _queue(self, topic: str, queue_id: int):
+        queues = self.dispatcher.queues
+        return queues.find(topic, queue_id) if queues is not None else None
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        q = self._queue(topic, queue_id)
+        return q.max_offset if q is not None else 0
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        q = self._queue(topic, queue_id)
+        return q.min_offset if q is not None else 0
+
+    def get_message(self, phys_offset: int, size: int) -> bytes:
+        """Raw committed record bytes at a physical offset (RocketMQ's ``getMessage(offset, size)``)."""
+        return self.commitlog.get_message(phys_offset, size)
+
+    def get_messages(self, group: str, topic: str, queue_id: int, offset: int, max_nums: int,
+                     tag_codes: set[int] | Sequence[int] | None = None) -> GetResult:
+        """Committed records of a queue from ``offset`` with RocketMQ's GetMessageStatus semantics.
+
+        ``tag_codes``: tag hashes to keep (``tag_hash(tag)``), None for all.
+        Units are scanned up to max(800, max_nums) per call, like RocketMQ.
+        """
+        q = self._queue(topic, queue_id)
+        is_master = self.roles.is_master()
+        if q is None:
+            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE,
+                             [], next_offset_correction(offset, 0, is_master=is_master,
+                                                        offset_check_in_slave=self.options.offset_check_in_slave),
+                             0, 0)
+        lo, hi = q.min_offset, q.max_offset
+        status, nxt = queue_status(offset, lo, hi)
+        if status is not None:
+            nxt = next_offset_correction(offset, nxt, is_master=is_master,
+                                         offset_check_in_slave=self.options.offset_check_in_slave)
+            return GetResult(status, [], nxt, lo, hi)
+        codes = set(tag_codes) if tag_codes else None
+        scan = max(16000 // 20, max_nums)
+        records: list[bytes] = []
+        scanned = 0
+        min_phys = self.commitlog.min_physical_offset()
+        for qoff, unit in q.read(offset, scan):
+            scanned = qoff - offset + 1
+            if unit.is_filler or unit.physical_offset < min_phys:
+                continue
+            if not tag_matches(codes, unit.tags_code):
+                continue
+            try:
+                records.append(self.get_message(unit.physical_offset, unit.size))
+            except DLedgerError:
+                scanned -= 1  # not readable (yet): stop before it, the consumer retries from this offset
+                break
+            if len(records) >= max_nums:
+                break
+        nxt = offset + scanned
+        if records:
+            status = GetStatus.FOUND
+        else:
+            status = GetStatus.NO_MATCHED_MESSAGE
+        return GetResult(status, records, nxt, lo, hi)
+
+    def commit_offsets(self, commits) -> Deferred:
+        """Consumer offsets through the log (meta helper's control.py; wired by the lead)."""
+        raise NotImplementedError("consumer offset commits through dledger need dledger_rocketmq.control")
+
+    @staticmethod
+    def tag_code(tag: str) -> int:
+        return tag_hash(tag)
+
+    def lag(self) -> int:
+        """Committed bytes not yet dispatched into consume queues."""
+        return self.dispatcher.lag()

@@ -1,0 +1,146 @@
+"""The CommitLog on dledger: put statuses, the queue-offset rule, the append hook, committed reads."""
+
+from __future__ import annotations
+
+import pytest
+from dledger_rocketmq.commitlog import (
+    PutStatus,
+    advance_offsets,
+    plan_offsets,
+    put_status_for,
+    store_timestamp_position,
+)
+from dledger_rocketmq.message import TRANSACTION_PREPARED_TYPE, Address, MessageRecord, decode_record, encode_record
+from dledger_rocketmq.plugin import broker_for
+from rmq_cluster_util import broker_cluster, master, msg, put
+
+from dledger.codes import ResponseCode
+from dledger.errors import DLedgerError
+
+
+@pytest.mark.parametrize("code, status", [
+    (ResponseCode.SUCCESS, PutStatus.PUT_OK),
+    (ResponseCode.NOT_LEADER, PutStatus.SERVICE_NOT_AVAILABLE),
+    (ResponseCode.INCONSISTENT_LEADER, PutStatus.SERVICE_NOT_AVAILABLE),
+    (ResponseCode.LEADER_NOT_READY, PutStatus.SERVICE_NOT_AVAILABLE),
+    (ResponseCode.DISK_FULL, PutStatus.SERVICE_NOT_AVAILABLE),
+    (ResponseCode.WAIT_QUORUM_ACK_TIMEOUT, PutStatus.OS_PAGECACHE_BUSY),
+    (ResponseCode.LEADER_PENDING_FULL, PutStatus.OS_PAGECACHE_BUSY),
+    (ResponseCode.TERM_CHANGED, PutStatus.UNKNOWN_ERROR),
+    (ResponseCode.INTERNAL_ERROR, PutStatus.UNKNOWN_ERROR),
+    (ResponseCode.UNEXPECTED_ARGUMENT, PutStatus.UNKNOWN_ERROR),
+    (12345, PutStatus.UNKNOWN_ERROR),
+])
+def test_put_status_mapping(code, status):
+    """dledger response codes map to RocketMQ's PutMessageStatus as DLedgerCommitLog maps them."""
+    assert put_status_for(code) is status
+
+
+def R(topic, qid, sys_flag=0):
+    return MessageRecord(topic=topic, body=b"x", queue_id=qid, sys_flag=sys_flag)
+
+
+@pytest.mark.parametrize("table, records, offsets", [
+    ({}, [R("a", 0)], [0]),
+    ({("a", 0): 7}, [R("a", 0), R("a", 0), R("a", 0)], [7, 8, 9]),
+    ({("a", 0): 2, ("b", 1): 5}, [R("a", 0), R("b", 1), R("a", 0)], [2, 5, 3]),
+    ({("a", 0): 4}, [R("a", 0, TRANSACTION_PREPARED_TYPE), R("a", 0)], [0, 4]),
+])
+def test_plan_offsets_is_consecutive_per_queue_and_pure(table, records, offsets):
+    """Planned offsets are consecutive per (topic, queue), skip prepared transactions, and leave the table alone."""
+    before = dict(table)
+    assert plan_offsets(table, records) == offsets
+    assert table == before
+
+
+@pytest.mark.parametrize("stored, expect", [(0, {("a", 0): 7}), (2, {("a", 0): 9}), (3, {("a", 0): 10})])
+def test_advance_offsets_only_by_what_was_stored(stored, expect):
+    """The table advances by the records the store accepted only: a refused put leaves no hole."""
+    table = {("a", 0): 7}
+    records = [R("a", 0)] * 3
+    advance_offsets(table, records, plan_offsets(table, records), stored)
+    assert table == expect
+
+
+def test_store_timestamp_position_follows_the_born_host():
+    """STORETIMESTAMP sits after an 8-byte IPv4 or 20-byte IPv6 BORNHOST, where the codec writes it."""
+    for born in (Address("10.0.0.1", 5), Address("::1", 5)):
+        rec = MessageRecord(topic="t", body=b"b", born_host=born, store_timestamp=0x0102030405060708,
+                            sys_flag=0x10 if born.is_v6 else 0)
+        raw = encode_record(rec)
+        pos = store_timestamp_position(rec.sys_flag)
+        assert raw[pos:pos + 8] == bytes.fromhex("0102030405060708")
+
+
+def test_batch_offsets_contiguous_and_physical_offsets_are_entry_positions(tmp_path):
+    """A batch gets contiguous queue offsets; each record's PHYSICALOFFSET is its entry pos + 48 and reads back."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    r1 = put(cluster, b, [msg(body=b"a%d" % i) for i in range(5)])
+    put_at = cluster.clock.seconds()
+    r2 = put(cluster, b, msg(body=b"single"))
+    assert r1.status is PutStatus.PUT_OK and r2.status is PutStatus.PUT_OK
+    assert (r1.queue_offset, r1.count, r2.queue_offset) == (0, 5, 5)
+    assert len(r1.msg_ids) == 5
+    store = b.server.store
+    last = store.get(store.ledger_end_index)
+    assert r2.physical_offset == last.pos + 48
+    raw = b.get_message(r2.physical_offset, len(last.body))
+    rec = decode_record(raw)
+    assert (rec.body, rec.queue_offset, rec.physical_offset) == (b"single", 5, r2.physical_offset)
+    assert rec.store_timestamp == int(put_at * 1000)  # written by the append hook when the leader stored it
+    assert rec.message_id == r2.msg_id
+    offs = [decode_record(b.get_message(int(mid[16:], 16), _size(b, int(mid[16:], 16)))).queue_offset
+            for mid in r1.msg_ids]
+    assert offs == [0, 1, 2, 3, 4]
+
+
+def _size(broker, phys):
+    return int.from_bytes(broker.get_message(phys, 4), "big")
+
+
+def test_reads_never_return_uncommitted_bytes(tmp_path):
+    """get_message past the committed position fails; max_physical_offset is the committed position."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    put(cluster, b, msg())
+    end = b.commitlog.max_physical_offset()
+    assert end == b.server.store.committed_position()
+    with pytest.raises(DLedgerError) as info:
+        b.get_message(end - 10, 20)
+    assert info.value.code is ResponseCode.INDEX_OUT_OF_RANGE
+
+
+def test_a_slave_refuses_puts_and_leaves_no_offsets(tmp_path):
+    """A put on a slave answers SERVICE_NOT_AVAILABLE and the master's offsets stay contiguous."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    slave = next(broker_for(s) for s in cluster.servers.values() if broker_for(s) is not b)
+    assert put(cluster, slave, msg()).status is PutStatus.SERVICE_NOT_AVAILABLE
+    assert put(cluster, b, msg()).queue_offset == 0
+
+
+def test_a_refused_put_consumes_no_queue_offset(tmp_path):
+    """A put the member refuses at once (pending queue full) does not advance the queue-offset table."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    put(cluster, b, msg())
+    b.server.pending.limit, saved = 0, b.server.pending.limit
+    refused = put(cluster, b, [msg(), msg()])
+    b.server.pending.limit = saved
+    assert refused.status is PutStatus.OS_PAGECACHE_BUSY
+    assert put(cluster, b, msg()).queue_offset == 1
+
+
+def test_raw_dledger_appends_of_records_are_refused(tmp_path):
+    """A RocketMQ record appended by a plain dledger client is refused: only the broker assigns queue offsets."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    out = []
+    b.server.append(encode_record(msg())).addBoth(out.append)
+    assert cluster.run_until(lambda: bool(out), 10)
+    assert isinstance(out[0].value, DLedgerError)
+    assert "through the broker" in str(out[0].value)
+    ok = []
+    b.server.append(b"RMQC\x01payload").addBoth(ok.append)  # control entries pass
+    assert cluster.run_until(lambda: bool(ok), 10) and not hasattr(ok[0], "value")

@@ -1,0 +1,132 @@
+"""Consume-queue dispatch from dledger's commit feed: routing, identical queues everywhere, recovery."""
+
+from __future__ import annotations
+
+import pytest
+from dledger_rocketmq.dispatch import EntryKind, entry_kind, resume_physical
+from dledger_rocketmq.message import encode_record
+from dledger_rocketmq.plugin import broker_for
+from rmq_cluster_util import broker_cluster, master, msg, put, queue_units, settled
+
+
+@pytest.mark.parametrize("body, kind", [
+    (encode_record(msg()), EntryKind.RECORD),
+    (b"RMQC\x01whatever", EntryKind.CONTROL),
+    (b"RMQC", EntryKind.CONTROL),
+    (b"", EntryKind.FOREIGN),
+    (b"hello world", EntryKind.FOREIGN),
+    (b"\x00\x00\x00\x10\xcb\xd41\x94" + bytes(8), EntryKind.FOREIGN),  # a blank record is no message
+])
+def test_entry_kind(body, kind):
+    """Entry bodies are told apart as the contract says: records by magic, control by b'RMQC', the rest foreign."""
+    assert entry_kind(body) == kind
+
+
+@pytest.mark.parametrize("queues_end, committed, expect", [(0, 0, 0), (500, 900, 500), (900, 500, 500)])
+def test_resume_physical_never_past_the_committed_end(queues_end, committed, expect):
+    """After a restart the queues keep units only below the log's committed position."""
+    assert resume_physical(queues_end, committed) == expect
+
+
+def _all_queues(cluster, topic, qid):
+    return {mid: queue_units(broker_for(s), topic, qid) for mid, s in cluster.servers.items()}
+
+
+def test_every_member_has_identical_queues_and_control_entries_go_to_the_callback(tmp_path):
+    """Puts show up with identical physical and queue offsets on every member; RMQC entries reach on_control only."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    controls = {mid: [] for mid in cluster.servers}
+    for mid, s in cluster.servers.items():
+        broker_for(s).dispatcher.on_control = lambda i, body, mid=mid: controls[mid].append(body)
+    put(cluster, b, [msg(queue_id=q, body=b"b%d" % q) for q in (0, 1, 0, 2)])
+    done = []
+    b.server.append(b"RMQC\x01offsets").addBoth(done.append)
+    b.server.append(b"foreign bytes").addBoth(done.append)
+    put(cluster, b, msg(queue_id=1, tags="tagA"))
+    assert settled(cluster)
+    for qid, count in ((0, 2), (1, 2), (2, 1)):
+        seen = _all_queues(cluster, "T", qid)
+        first = next(iter(seen.values()))
+        assert len(first) == count and [o for o, _ in first] == list(range(count))
+        assert all(units == first for units in seen.values()), seen
+    assert all(c == [b"RMQC\x01offsets"] for c in controls.values()), controls
+    assert all(broker_for(s).dispatcher.skipped == 1 for s in cluster.servers.values())
+
+
+def test_restart_resumes_dispatch_and_rebuilds_damaged_queues(tmp_path):
+    """A restarted member resumes after its last indexed record; a damaged queue directory is rebuilt from the log."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    for i in range(6):
+        put(cluster, b, msg(body=b"m%d" % i))
+    assert settled(cluster)
+    follower = next(mid for mid, s in cluster.servers.items() if broker_for(s) is not b)
+    expected = queue_units(b, "T", 0)
+    cluster.crash(follower)
+    cluster.restart(follower)
+    nb = broker_for(cluster.servers[follower])
+    assert nb.dispatcher.start_index() > 0  # resumed, not replayed from the first entry
+    cluster.crash(follower)
+    qdir = tmp_path / f"rocketmq-{follower}" / "consumequeue" / "T" / "0"
+    (qdir / "junk").write_bytes(b"x")  # not a consume-queue file: the directory no longer opens
+    cluster.restart(follower)
+    nb = broker_for(cluster.servers[follower])
+    assert not (qdir / "junk").exists()
+    assert cluster.run_until(lambda: queue_units(nb, "T", 0) == expected, 20), queue_units(nb, "T", 0)
+
+
+def test_units_past_the_committed_end_are_dropped_at_start(tmp_path):
+    """A unit whose record lies past the log's committed position is dropped on start (never served)."""
+    from dledger_rocketmq.consumequeue import ConsumeQueue, Unit
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    put(cluster, b, msg())
+    assert settled(cluster)
+    follower = next(mid for mid, s in cluster.servers.items() if broker_for(s) is not b)
+    cluster.crash(follower)
+    q = ConsumeQueue(tmp_path / f"rocketmq-{follower}", "T", 0, file_size=1000)
+    q.append(q.max_offset, Unit(10 ** 9, 100, 0))  # a unit for a record the log never had
+    cluster.restart(follower)
+    nb = broker_for(cluster.servers[follower])
+    assert all(u.physical_offset < 10 ** 9 for _, u in queue_units(nb, "T", 0))
+    assert cluster.run_until(lambda: queue_units(nb, "T", 0) == queue_units(b, "T", 0), 20)
+
+
+def test_a_new_leaders_noop_is_no_dispatch_lag(tmp_path):
+    """After a leader change with no new message, the NOOP at the log's tail does not count as lag anywhere."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    put(cluster, b, msg())
+    assert settled(cluster)
+    cluster.crash(b.server.self_id)
+    new = master(cluster)
+    store = new.server.store
+    assert store.get(store.committed_index).is_noop  # the new term's NOOP ends the committed log
+    assert cluster.run_until(lambda: all(broker_for(s).server.store.committed_index == store.committed_index
+                                         for s in cluster.servers.values()), 10)
+    assert all(broker_for(s).lag() == 0 for s in cluster.servers.values())
+
+
+def test_index_fields_agree_with_unit_for_on_every_golden_record():
+    """The dispatch fast path gives exactly unit_for(decode_record(...)) for all 177 records of the golden store."""
+    from conftest import STORE, golden_entries
+    from dledger_rocketmq.consumequeue import unit_for
+    from dledger_rocketmq.dispatch import index_fields
+    from dledger_rocketmq.message import decode_record
+    seen = 0
+    for entry in golden_entries(STORE / "dledger-n1" / "data"):
+        rec = decode_record(entry.body, verify_crc=False)
+        assert index_fields(entry.body) == (rec.topic, rec.queue_id, rec.queue_offset, unit_for(rec))
+        seen += 1
+    assert seen == 177
+
+
+@pytest.mark.parametrize("cut", [1, 10, 60])
+def test_index_fields_refuses_a_cut_record(cut):
+    """A record whose bytes do not add up to TOTALSIZE is refused with a CodecError, never mis-indexed."""
+    from dledger_rocketmq.dispatch import index_fields
+    from dledger_rocketmq.errors import CodecError
+    raw = encode_record(msg(tags="A", body=b"0123456789" * 5))
+    with pytest.raises(CodecError):
+        index_fields(raw[:-cut])
