@@ -8,9 +8,7 @@ from dledger.entry import Entry
 from dledger.errors import DLedgerError
 from dledger.metrics import take_snapshot
 from dledger.replication.rules import DamageAction, damaged_leader_action
-from dledger.store.memory import MemoryTermVoteStore
 from dledger.testing.cluster import Cluster
-from dledger.testing.simdisk import SimulatedDisk
 from dledger.testing.store_contract import FakeMemberState, fired
 
 
@@ -42,12 +40,8 @@ def test_damaged_leader_hands_over_and_the_wiped_follower_catches_up(seed):
     """A leader whose entry 5 is unreadable logs it, transfers leadership, never stands again; the follower refills."""
     cluster = Cluster(3, seed=seed)
     cluster.start()
-    leader_id = cluster.wait_for_leader()
+    leader_id = cluster.append_committed([b"entry-%d" % i for i in range(20)])
     leader = cluster.servers[leader_id]
-    client = cluster.client()
-    ds = [client.append(b"entry-%d" % i) for i in range(20)]
-    assert cluster.run_until(lambda: all(d.called for d in ds) and all(
-        s.store.committed_index == leader.store.ledger_end_index for s in cluster.servers.values()))
     end = leader.store.ledger_end_index
 
     # Entry 5 on the leader's disk now fails its CRC check (what a flipped body byte does to mmap's get).
@@ -69,10 +63,7 @@ def test_damaged_leader_hands_over_and_the_wiped_follower_catches_up(seed):
     leader.elector._vote_round = lambda term: (vote_rounds.append(term), real_round(term))
     lines, observer = errors_logged()
     try:
-        cluster.crash(wiped)
-        cfg = cluster.configs[wiped]
-        cluster.disks[wiped] = SimulatedDisk(cfg.mapped_file_size_for_entry_data, cfg.max_entry_size)
-        cluster.term_stores[wiped] = MemoryTermVoteStore()
+        cluster.wipe(wiped)
         cluster.restart(wiped)
         refilled = cluster.servers[wiped].store
         assert cluster.run_until(lambda: refilled.ledger_end_index >= end and refilled.committed_index >= end, 10), \

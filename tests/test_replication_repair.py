@@ -5,24 +5,8 @@ import pytest
 from dledger.codes import PushType, ResponseCode
 from dledger.messages import PushEntryRequest
 from dledger.metrics import take_snapshot
-from dledger.store.memory import MemoryTermVoteStore
 from dledger.testing.cluster import Cluster
 from dledger.testing.simdisk import SimulatedDisk, preload
-
-
-def committed_everywhere(cluster, count):
-    leader = cluster.servers[cluster.leader()]
-    end = leader.store.ledger_end_index
-    return end >= count and all(s.store.committed_index == end and s.store.ledger_end_index == end
-                                for s in cluster.servers.values())
-
-
-def wipe(cluster, mid):
-    """Crash ``mid`` and give it an empty store and term file, as ``rm -rf`` of its store dir would."""
-    cluster.crash(mid)
-    cfg = cluster.configs[mid]
-    cluster.disks[mid] = SimulatedDisk(cfg.mapped_file_size_for_entry_data, cfg.max_entry_size)
-    cluster.term_stores[mid] = MemoryTermVoteStore()
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
@@ -30,16 +14,13 @@ def test_wiped_follower_is_refilled_within_two_heartbeats_of_an_idle_group(seed)
     """A follower restarted with an empty store is refilled by the leader within 2 heartbeats, no client writes."""
     cluster = Cluster(3, seed=seed)
     cluster.start()
-    leader_id = cluster.wait_for_leader()
+    leader_id = cluster.append_committed([b"entry-%d" % i for i in range(20)])
     leader = cluster.servers[leader_id]
-    client = cluster.client()
-    ds = [client.append(b"entry-%d" % i) for i in range(20)]
-    assert cluster.run_until(lambda: all(d.called for d in ds) and committed_everywhere(cluster, 20))
     follower = leader.state.peers[0]
     heartbeat = leader.config.heart_beat_time_interval_ms / 1000.0
     end = leader.store.ledger_end_index
 
-    wipe(cluster, follower)
+    cluster.wipe(follower)
     cluster.run(5 * heartbeat)  # idle: the leader only sends heartbeats and COMMITs
     assert take_snapshot(leader).lag[follower] == end + 1, "a follower that does not answer is not known to hold any"
     cluster.restart(follower)
@@ -66,11 +47,8 @@ def test_follower_whose_recovery_cut_committed_entries_is_refilled_while_idle(ke
     """
     cluster = Cluster(3, seed=kept)
     cluster.start()
-    leader_id = cluster.wait_for_leader()
+    leader_id = cluster.append_committed([b"entry-%d" % i for i in range(20)])
     leader = cluster.servers[leader_id]
-    client = cluster.client()
-    ds = [client.append(b"entry-%d" % i) for i in range(20)]
-    assert cluster.run_until(lambda: all(d.called for d in ds) and committed_everywhere(cluster, 20))
     follower = leader.state.peers[1]
     heartbeat = leader.config.heart_beat_time_interval_ms / 1000.0
     end = leader.store.ledger_end_index
@@ -92,13 +70,10 @@ def test_follower_lacking_committed_entries_answers_commit_inconsistent():
     """A follower asked to commit past its end (its store was emptied) says INCONSISTENT_STATE, never SUCCESS."""
     cluster = Cluster(3, seed=4)
     cluster.start()
-    leader_id = cluster.wait_for_leader()
+    leader_id = cluster.append_committed([b"x" for _ in range(5)])
     leader = cluster.servers[leader_id]
-    client = cluster.client()
-    ds = [client.append(b"x") for _ in range(5)]
-    assert cluster.run_until(lambda: all(d.called for d in ds) and committed_everywhere(cluster, 5))
     follower = leader.state.peers[1]
-    wipe(cluster, follower)
+    cluster.wipe(follower)
     cluster.restart(follower)
     server = cluster.servers[follower]
     assert cluster.run_until(lambda: server.state.leader_id == leader_id, 5)

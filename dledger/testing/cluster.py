@@ -99,6 +99,19 @@ class Cluster:
             server.store.abandon()  # a file store keeps what reached the page cache, like a killed process
         self.down.add(mid)
 
+    def wipe(self, mid: str) -> None:
+        """Crash ``mid`` and give it an empty store and term/vote record, as ``rm -rf`` of its store dir would.
+
+        (Simulated disks only: a cluster built with ``store_factory`` owns its own files.)
+        """
+        if self.store_factory is not None:
+            raise ValueError("wipe() needs the cluster's simulated disks (no store_factory)")
+        if mid in self.servers:
+            self.crash(mid)
+        cfg = self.configs[mid]
+        self.disks[mid] = SimulatedDisk(cfg.mapped_file_size_for_entry_data, cfg.max_entry_size)
+        self.term_stores[mid] = MemoryTermVoteStore()
+
     def restart(self, mid: str) -> None:
         """Start a crashed member again from its durable state."""
         if mid in self.servers:
@@ -211,6 +224,28 @@ class Cluster:
         transport = self.network.transport(name)
         config = self.configs[self.ids[0]]
         return DLedgerClient(transport, config.group, list(self.ids), clock=self.clock, **kw)
+
+    def append_committed(self, bodies, timeout: float = 60.0) -> str:
+        """Append ``bodies`` through a client and run until every running member holds and committed them all.
+
+        Returns the leader's id; AssertionError after ``timeout`` virtual seconds.  The common set-up of a
+        test that needs a group with a committed log before it breaks something.
+        """
+        leader_id = self.wait_for_leader(timeout)
+        client = self.client()
+        ds = [client.append(body) for body in bodies]
+
+        def done() -> bool:
+            leader = self.servers.get(self.leader() or "")
+            if leader is None or not all(d.called for d in ds):
+                return False
+            end = leader.store.ledger_end_index
+            return all(s.store.ledger_end_index == end and s.store.committed_index == end
+                       for s in self.servers.values())
+
+        if not self.run_until(done, timeout):
+            raise AssertionError(f"{len(ds)} appends not committed on every member within {timeout}s")
+        return self.leader() or leader_id
 
     def committed_entries(self, mid: str) -> list:
         """Member ``mid``'s committed log (NOOPs included), for checks."""
