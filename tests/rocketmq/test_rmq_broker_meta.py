@@ -231,3 +231,18 @@ def test_slave_sync_runs_on_slaves_only_when_a_fetch_is_given(tmp_path, monkeypa
     monkeypatch.undo()
     plain = broker_cluster(tmp_path / "plain")
     assert all(broker_for(s).sync is None for s in plain.servers.values())
+
+
+def test_a_commit_waiting_for_dispatch_fails_when_the_broker_stops(tmp_path):
+    """A commit_offsets still waiting for its entry to be dispatched fails with TERM_CHANGED at stop, never hangs."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    b.dispatcher.caught_up = lambda index: False  # this member's dispatch never catches up
+    out = []
+    b.commit_offsets([OffsetCommit("cg", "T", 0, 1)]).addBoth(out.append)
+    cluster.run(2.0)
+    assert out == []
+    stopped = []
+    b.server.stop().addBoth(stopped.append)
+    assert cluster.run_until(lambda: bool(out) and bool(stopped), 40)
+    assert isinstance(out[0].value, DLedgerError) and out[0].value.code is ResponseCode.TERM_CHANGED

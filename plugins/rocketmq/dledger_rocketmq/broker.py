@@ -216,6 +216,7 @@ class Broker(MultiService):
             self._flush_timer.cancel()
         self._flush_timer = None
         self.roles.stop()
+        self.dispatcher.fail_waiters(DLedgerError(ResponseCode.TERM_CHANGED, f"{self.server.self_id} is stopping"))
         d = self._stop_delivery()
 
         def rest(_):

@@ -288,6 +288,13 @@ class Dispatcher:
                 if not d.called:  # a waiter may have been cancelled (its wait timed out)
                     d.callback(self.dispatched_index)
 
+    def fail_waiters(self, exc: Exception) -> None:
+        """Fail every :meth:`wait_dispatched` still waiting (the broker stops: nothing more will be dispatched)."""
+        waiters, self._waiters = self._waiters, []
+        for _, d in waiters:
+            if not d.called:
+                d.errback(exc)
+
     def flush(self) -> None:
         if self.queues is not None:
             self.queues.flush()
