@@ -199,12 +199,9 @@ def test_damaged_metadata_fails_the_member_start_with_one_line(tmp_path):
     cluster.crash(victim)  # the crash's service stop writes the files
     (config / "topics.json").write_text("{ not json")
     (config / "topics.json.bak").unlink(missing_ok=True)
-    server = cluster._make(victim)  # start it by hand to see its start Deferred
-    out = []
-    server.start().addBoth(out.append)
-    assert cluster.run_until(lambda: bool(out), 10)
-    err = out[0].value
-    assert isinstance(err, MetadataError)
+    with pytest.raises(MetadataError) as info:
+        cluster.restart(victim)  # the broker loads its metadata while the member is built
+    err = info.value
     line = start_error_line(err)
     assert line is not None and "topics.json" in line and "\n" not in line
 

@@ -136,7 +136,8 @@ class Broker(MultiService):
     """The broker layer on one member (contract ``broker.Broker``).
 
     Its children: the metadata (``meta``, a :class:`BrokerMetadata` under
-    ``<root>/config``: loaded at start, persisted every ``persist_interval``
+    ``<root>/config``: loaded when the broker is made, i.e. while the member
+    is built at its start, persisted every ``persist_interval``
     and at stop) and, with a ``fetch``, the slave metadata sync.  ``fetch``
     (``fetch(SyncKind) -> Deferred`` of a GET_ALL_* body from the master) is
     what the broker port will provide; without it there is no sync, which
@@ -165,6 +166,10 @@ class Broker(MultiService):
         self.meta = BrokerMetadata(self.root, cluster_name=options.cluster_name, broker_name=options.broker_name,
                                    clock=server.clock, io=self.io, persist_interval=options.persist_interval)
         self.meta.before_snapshot = self._note_applied
+        # Loaded while the member is built (part of its start under twistd): a damaged file without a usable
+        # .bak raises MetadataError, a dledger StoreError, so the start fails with its one line and no
+        # traceback (a plugin service failing later, in startService, is logged with one by dledger.services).
+        self.meta.load()
         self.meta.setServiceParent(self)
         self.dispatcher = Dispatcher(server, self.root, file_size=options.consume_queue_file_size,
                                      on_control=on_control or self._on_control)
@@ -194,9 +199,8 @@ class Broker(MultiService):
 
     # -- service ---------------------------------------------------------------------------
     def startService(self):
-        """Load the metadata (a damaged file fails the start with one line), recover dispatch, start children."""
+        """Recover dispatch (resuming early enough for unapplied control entries), start the children."""
         self.root.mkdir(parents=True, exist_ok=True)
-        self.meta.load()  # MetadataError is a dledger StoreError: the member's start fails with its line
         offsets = self.meta.offsets
         start = self.dispatcher.recover(controls_from=offsets.applied_index + 1)
         log.info("{id}: broker {name} on {root}: dispatch resumes at index {i} (queues {q}, consumer offsets "
