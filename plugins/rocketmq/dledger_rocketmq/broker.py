@@ -1,11 +1,13 @@
 """The Broker facade: one per member with ``rocketmq.enabled``; what the broker port (and tests) call.
 
 It ties the CommitLog on dledger (:mod:`~dledger_rocketmq.commitlog`), the
-consume-queue dispatch (:mod:`~dledger_rocketmq.dispatch`) and role
-switching (:mod:`~dledger_rocketmq.roles`) together and is itself a Twisted
-service of the member (added by the plugin's ``dledger_services`` hook):
-started once the member serves (store recovered), stopped before the store
-closes (queues flushed).
+consume-queue dispatch (:mod:`~dledger_rocketmq.dispatch`), role switching
+(:mod:`~dledger_rocketmq.roles`) and the metadata (:mod:`~dledger_rocketmq.metadata`,
+consumer offsets through the log, :mod:`~dledger_rocketmq.sync`,
+:mod:`~dledger_rocketmq.schedule`) together and is itself a Twisted service
+of the member (added by the plugin's ``dledger_services`` hook): started once
+the member serves (store recovered, metadata loaded), stopped before the
+store closes (delayed delivery stopped, queues flushed, metadata persisted).
 """
 
 from __future__ import annotations
@@ -15,17 +17,29 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from twisted.application.service import Service
-from twisted.internet.defer import Deferred
+from twisted.application.service import MultiService, Service
+from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
 from twisted.logger import Logger
 
+from dledger import diskio
+from dledger.codes import ResponseCode, Role
 from dledger.errors import DLedgerError
+from dledger.messages import AppendEntryRequest
 from dledger_rocketmq import oldlog
 from dledger_rocketmq.commitlog import CommitLog, PutResult, PutStatus  # noqa: F401 (part of the facade's API)
 from dledger_rocketmq.consumequeue import DEFAULT_FILE_SIZE, tag_hash
+from dledger_rocketmq.control import OffsetCommit, encode_offset_commits
 from dledger_rocketmq.dispatch import Dispatcher
-from dledger_rocketmq.message import DEFAULT_MAX_MESSAGE_SIZE, Address, MessageRecord
+from dledger_rocketmq.message import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    PROPERTY_DELAY_TIME_LEVEL,
+    Address,
+    MessageRecord,
+)
+from dledger_rocketmq.metadata import BrokerMetadata
 from dledger_rocketmq.roles import MASTER, RoleManager
+from dledger_rocketmq.schedule import DelayedDelivery, ScheduleQueueReader, to_schedule
+from dledger_rocketmq.sync import SlaveSync, SyncKind
 
 log = Logger()
 
@@ -87,6 +101,7 @@ class BrokerOptions:
     """The plugin's options (see :mod:`dledger_rocketmq.plugin`), short names as in RocketMQ."""
 
     broker_name: str = "broker-a"
+    cluster_name: str = "DefaultCluster"
     store_dir: str = ""
     store_host: str = "127.0.0.1:10911"
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
@@ -96,6 +111,7 @@ class BrokerOptions:
     offset_check_in_slave: bool = False
     commitlog_dir: str = ""
     commitlog_file_size: int = 0
+    persist_interval: float = 5.0
 
 
 def parse_host(text: str) -> Address:
@@ -106,22 +122,57 @@ def parse_host(text: str) -> Address:
     return Address(host.strip("[]"), int(port))
 
 
-class Broker(Service):
-    """The broker layer on one member (contract ``broker.Broker``)."""
+def delayed(record: MessageRecord) -> MessageRecord:
+    """The record a send stores: :func:`~dledger_rocketmq.schedule.to_schedule` for a DELAY level > 0, else itself.
+
+    A byte check first, so ordinary sends do not parse their properties.
+    """
+    if PROPERTY_DELAY_TIME_LEVEL.encode() not in record.properties:
+        return record
+    return to_schedule(record)
+
+
+class Broker(MultiService):
+    """The broker layer on one member (contract ``broker.Broker``).
+
+    Its children: the metadata (``meta``, a :class:`BrokerMetadata` under
+    ``<root>/config``: loaded when the broker is made, i.e. while the member
+    is built at its start, persisted every ``persist_interval``
+    and at stop) and, with a ``fetch``, the slave metadata sync.  ``fetch``
+    (``fetch(SyncKind) -> Deferred`` of a GET_ALL_* body from the master) is
+    what the broker port will provide; without it there is no sync, which
+    consumer offsets do not need (they go through the log).  Delayed delivery
+    runs while master.  ``on_control`` replaces the dispatcher's control
+    callback (default: the consumer offset table's ``on_control``).
+    """
 
     name = "rocketmq-broker"
 
     def __init__(self, server, options: BrokerOptions | None = None, *,
                  on_control: Callable[[int, bytes], object] | None = None,
                  on_master: Callable[[Broker], object] | None = None,
-                 on_slave: Callable[[Broker], object] | None = None):
+                 on_slave: Callable[[Broker], object] | None = None,
+                 fetch: Callable[[SyncKind], Deferred] | None = None,
+                 io: diskio.BlockingIO | None = None):
+        super().__init__()
         self.server = server
         self.options = options = options or BrokerOptions()
         root = options.store_dir or str(Path(server.config.store_base_dir) / f"rocketmq-{server.self_id}")
         self.root = Path(root.replace("{id}", server.self_id))
         self.store_host = parse_host(options.store_host)
+        #: Where the metadata's blocking writes run: the store's BlockingIO (threaded under twistd, inline in
+        #: in-process tests), as the core passes ``blocking_io`` to stores.
+        self.io = io or getattr(server.store, "io", None) or diskio.INLINE
+        self.meta = BrokerMetadata(self.root, cluster_name=options.cluster_name, broker_name=options.broker_name,
+                                   clock=server.clock, io=self.io, persist_interval=options.persist_interval)
+        self.meta.before_snapshot = self._note_applied
+        # Loaded while the member is built (part of its start under twistd): a damaged file without a usable
+        # .bak raises MetadataError, a dledger StoreError, so the start fails with its one line and no
+        # traceback (a plugin service failing later, in startService, is logged with one by dledger.services).
+        self.meta.load()
+        self.meta.setServiceParent(self)
         self.dispatcher = Dispatcher(server, self.root, file_size=options.consume_queue_file_size,
-                                     on_control=on_control)
+                                     on_control=on_control or self._on_control)
         self.roles = RoleManager(server, self.dispatcher, rebuild=self._rebuild_table,
                                  on_master=lambda m: self._tell(self.master_callbacks, "master"),
                                  on_slave=lambda m: self._tell(self.slave_callbacks, "slave"),
@@ -136,28 +187,126 @@ class Broker(Service):
         #: when it becomes (or stays, on a master change) slave (start / restart the sync), in order.
         self.master_callbacks: list[Callable[[Broker], object]] = [on_master] if on_master else []
         self.slave_callbacks: list[Callable[[Broker], object]] = [on_slave] if on_slave else []
-        #: The consumer offset table (meta's ``offsets.ConsumerOffsetTable``); None until wired.
-        self.offsets = None
+        self.sync: SlaveSync | None = None
+        if fetch is not None:
+            self.sync = SlaveSync(self.meta, fetch, clock=server.clock)
+            self.sync.setServiceParent(self)
+        #: Delayed delivery (made when first master: it reads the queues the dispatcher opens at start).
+        self.delivery: DelayedDelivery | None = None
+        self.master_callbacks.insert(0, Broker._master_duties)
+        self.slave_callbacks.insert(0, Broker._slave_duties)
         self._flush_timer = None
 
     # -- service ---------------------------------------------------------------------------
     def startService(self):
+        """Recover dispatch (resuming early enough for unapplied control entries), start the children."""
         self.root.mkdir(parents=True, exist_ok=True)
-        start = self.dispatcher.recover()
-        log.info("{id}: broker {name} on {root}: dispatch resumes at index {i} (queues {q})",
-                 id=self.server.self_id, name=self.options.broker_name, root=str(self.root), i=start,
-                 q=len(self.dispatcher.queues.queues()))
+        offsets = self.meta.offsets
+        start = self.dispatcher.recover(controls_from=offsets.applied_index + 1)
+        log.info("{id}: broker {name} on {root}: dispatch resumes at index {i} (queues {q}, consumer offsets "
+                 "applied up to index {a})", id=self.server.self_id, name=self.options.broker_name,
+                 root=str(self.root), i=start, q=len(self.dispatcher.queues.queues()), a=offsets.applied_index)
+        if self.sync is None:
+            log.info("{id}: slave metadata sync is off until the broker port exists (consumer offsets go through "
+                     "the log and do not need it)", id=self.server.self_id)
         self.server.add_commit_listener(self.dispatcher)
         super().startService()
         self._schedule_flush()
 
     def stopService(self):
-        super().stopService()
+        """Stop delayed delivery (puts in flight end), flush the queues, then the children (metadata persisted)."""
+        Service.stopService(self)
         if self._flush_timer is not None and self._flush_timer.active():
             self._flush_timer.cancel()
         self._flush_timer = None
         self.roles.stop()
-        self.dispatcher.flush()
+        self.dispatcher.fail_waiters(DLedgerError(ResponseCode.TERM_CHANGED, f"{self.server.self_id} is stopping"))
+        d = self._stop_delivery()
+
+        def rest(_):
+            try:
+                self.dispatcher.flush()
+            except OSError as exc:
+                log.error("{id}: consume-queue flush failed: {exc}", id=self.server.self_id, exc=exc)
+            return MultiService.stopService(self)
+        return d.addBoth(rest)
+
+    # -- metadata ------------------------------------------------------------------------------
+    def _on_control(self, index: int, body: bytes) -> object:
+        return self.meta.offsets.on_control(index, body)
+
+    def _note_applied(self) -> None:
+        """Before a snapshot: every control entry up to the dispatched index is in the table, so say so.
+
+        Keeps the replay after a restart short when no control entry came for a while.
+        """
+        offsets, done = self.meta.offsets, self.dispatcher.dispatched_index
+        if done > offsets.applied_index:
+            offsets.applied_index = done
+
+    @property
+    def offsets(self):
+        """The consumer offset table (``meta.offsets``), fed from committed control entries on every member."""
+        return self.meta.offsets
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The group's committed offset in (topic, queue), -1 if none (RocketMQ's queryOffset)."""
+        return self.meta.offsets.query(group, topic, queue_id)
+
+    def commit_offsets(self, commits: Sequence[OffsetCommit], *, reset: bool = False) -> Deferred:
+        """Commit consumer offsets as one control entry through the log (master only).
+
+        Fires with the entry's log index once it is committed *and* applied to
+        this member's table (a following :meth:`query_offset` sees it); fails
+        with a :class:`DLedgerError` (NOT_LEADER on a slave or a leader that is
+        not master yet; ControlError for bad commits).
+        """
+        server = self.server
+        try:
+            body = encode_offset_commits(list(commits), reset=reset)
+        except ValueError as exc:
+            return fail(exc)
+        if server.state.role is not Role.LEADER or not self.roles.is_master():
+            return fail(DLedgerError(ResponseCode.NOT_LEADER, f"{server.self_id} is not the master",
+                                     leader_id=server.state.leader_id))
+        d = maybeDeferred(server.handle_append, AppendEntryRequest(group=server.config.group, body=body))
+
+        def appended(resp):
+            code = getattr(resp, "code", ResponseCode.SUCCESS)
+            if int(code) != int(ResponseCode.SUCCESS):
+                raise DLedgerError(ResponseCode(int(code)), f"offset commit append answered {code}")
+            index = resp.index
+            return self.dispatcher.wait_dispatched(index).addCallback(lambda _: index)
+        return d.addCallback(appended)
+
+    # -- role duties ------------------------------------------------------------------------------
+    def _master_duties(self) -> None:
+        """Become master: stop the metadata sync, start delayed delivery."""
+        if self.sync is not None:
+            self.sync.become_master()
+        if not self.running:
+            return
+        if self.delivery is None:
+            self.delivery = DelayedDelivery(ScheduleQueueReader(self.dispatcher.queues), self.get_message,
+                                            self.put_as_is, self.meta.delay_offsets, clock=self.server.clock)
+        self.delivery.offsets = self.meta.delay_offsets
+        if not self.delivery.running:
+            self.delivery.startService()
+
+    def _slave_duties(self) -> None:
+        """Become (or stay, on a master change) slave: stop delayed delivery, (re)start the sync."""
+        self._stop_delivery()
+        if self.sync is not None:
+            master = self.server.state.leader_id
+            if self.sync.syncing:
+                self.sync.master_changed(master)
+            else:
+                self.sync.become_slave(master)
+
+    def _stop_delivery(self) -> Deferred:
+        if self.delivery is not None and self.delivery.running:
+            return maybeDeferred(self.delivery.stopService)
+        return succeed(None)
 
     def _schedule_flush(self) -> None:
         if self.options.flush_interval > 0:
@@ -198,12 +347,22 @@ class Broker(Service):
 
     # -- puts ---------------------------------------------------------------------------------
     def put_message(self, msg: MessageRecord) -> Deferred:
-        """Store one message; fires with a :class:`PutResult` (SERVICE_NOT_AVAILABLE on a slave)."""
-        return self.commitlog.put([msg])
+        """Store one message; fires with a :class:`PutResult` (SERVICE_NOT_AVAILABLE on a slave).
+
+        A message with a DELAY level > 0 is stored in SCHEDULE_TOPIC_XXXX (:func:`delayed`).
+        """
+        return self.commitlog.put([delayed(msg)])
 
     def put_messages(self, msgs: Sequence[MessageRecord]) -> Deferred:
         """Store a batch as one dledger batch with consecutive queue offsets; fires with a :class:`PutResult`."""
-        return self.commitlog.put(list(msgs))
+        return self.commitlog.put([delayed(m) for m in msgs])
+
+    def put_as_is(self, msg: MessageRecord) -> Deferred:
+        """Store a record without the delay rewrite (delayed delivery's re-put: its DELAY property stays).
+
+        Offsets, store host and store time are stamped as for any put.
+        """
+        return self.commitlog.put([msg])
 
     # -- reads ------------------------------------------------------------------------------------
     def _queue(self, topic: str, queue_id: int):
@@ -266,10 +425,6 @@ class Broker(Service):
         else:
             status = GetStatus.NO_MATCHED_MESSAGE
         return GetResult(status, records, nxt, lo, hi)
-
-    def commit_offsets(self, commits) -> Deferred:
-        """Consumer offsets through the log (meta helper's control.py; wired by the lead)."""
-        raise NotImplementedError("consumer offset commits through dledger need dledger_rocketmq.control")
 
     @staticmethod
     def tag_code(tag: str) -> int:

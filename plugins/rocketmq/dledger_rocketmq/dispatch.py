@@ -118,6 +118,17 @@ def resume_physical(queues_end: int, committed_position: int) -> int:
     return min(queues_end, committed_position)
 
 
+def resume_index(after_records: int, controls_from: int | None, log_begin: int) -> int:
+    """Where dispatch resumes: after the last indexed record, or earlier where control entries may be unapplied.
+
+    Never before the log's first entry (entries before it are gone; the
+    commit feed would skip ahead anyway).
+    """
+    if controls_from is None or controls_from >= after_records:
+        return after_records
+    return max(controls_from, log_begin, 0)
+
+
 @implementer(ICommitListener)
 class Dispatcher:
     """Feeds consume queues from committed entries; tracks what has been dispatched."""
@@ -148,8 +159,16 @@ class Dispatcher:
             shutil.rmtree(self.root / "consumequeue", ignore_errors=True)
             return ConsumeQueues(self.root, file_size=self.file_size)
 
-    def recover(self) -> int:
-        """Open (or rebuild) the queues, drop units past the committed end; returns the index to resume at."""
+    def recover(self, controls_from: int | None = None) -> int:
+        """Open (or rebuild) the queues, drop units past the committed end; returns the index to resume at.
+
+        ``controls_from``: the first index whose control entry may not have
+        been applied yet (the offset table's ``applied_index + 1``, as last
+        persisted).  Dispatch resumes there if that is earlier than after the
+        last indexed record, so control entries committed between the two
+        are applied again after a restart (records in between are replays
+        the queues skip); see :func:`resume_index`.
+        """
         store = self.server.store
         self.queues = self._open()
         committed = store.committed_position()
@@ -172,6 +191,16 @@ class Dispatcher:
             except DLedgerError as exc:  # e.g. before the log's begin (retention): start from the log's begin
                 log.warn("{id}: cannot read the entry at {pos} ({exc}); dispatching from index {i}",
                          id=self.server.self_id, pos=pos, exc=exc, i=self._start)
+        start = resume_index(self._start, controls_from, store.ledger_begin_index)
+        if start < self._start:
+            self._start = start
+            self.dispatched_index = start - 1  # not caught up before those control entries are applied again
+            try:
+                self.dispatched_position = store.get(start).pos if start > 0 else store.begin_position()
+            except (DLedgerError, IndexError):
+                self.dispatched_position = store.begin_position()
+            if self.dispatched_index < 0:
+                self.dispatched_position = 0
         return self._start
 
     # -- ICommitListener ---------------------------------------------------------------------
@@ -258,6 +287,13 @@ class Dispatcher:
             for _, d in ready:
                 if not d.called:  # a waiter may have been cancelled (its wait timed out)
                     d.callback(self.dispatched_index)
+
+    def fail_waiters(self, exc: Exception) -> None:
+        """Fail every :meth:`wait_dispatched` still waiting (the broker stops: nothing more will be dispatched)."""
+        waiters, self._waiters = self._waiters, []
+        for _, d in waiters:
+            if not d.called:
+                d.errback(exc)
 
     def flush(self) -> None:
         if self.queues is not None:

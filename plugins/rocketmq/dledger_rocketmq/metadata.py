@@ -32,6 +32,7 @@ from twisted.internet import defer, task
 from twisted.logger import Logger
 
 from dledger import diskio
+from dledger.errors import StoreError
 from dledger_rocketmq import fastjson
 from dledger_rocketmq.consumequeue import SCHEDULE_TOPIC
 from dledger_rocketmq.offsets import ConsumerOffsetTable, DelayOffsetTable
@@ -59,8 +60,12 @@ SYSTEM_GROUPS = ("TOOLS_CONSUMER", "FILTERSRV_CONSUMER", "SELF_TEST_C_GROUP", "C
                  "CID_ONSAPI_PULL", "CID_ONSAPI_PERMISSION", "CID_ONSAPI_OWNER")
 
 
-class MetadataError(ValueError):
-    """A metadata file (and its .bak) cannot be used; the message names the file and why, on one line."""
+class MetadataError(StoreError, ValueError):
+    """A metadata file (and its .bak) cannot be used; the message names the file and why, on one line.
+
+    A :class:`dledger.errors.StoreError`, so a member whose broker cannot
+    load its metadata fails to start with this one line (no traceback).
+    """
 
 
 def topic_config(name: str, read_queues: int = 16, write_queues: int = 16, perm: int = PERM_READ | PERM_WRITE,
@@ -221,6 +226,9 @@ class BrokerMetadata(service.Service):
         self._written: dict[str, Any] = {}
         self._lock = defer.DeferredLock()
         self._loop: task.LoopingCall | None = None
+        #: Called (no arguments) right before each snapshot is taken, e.g. by the broker to record how far
+        #: the log has been applied (``offsets.applied_index``), so a restart replays less.
+        self.before_snapshot: Any = None
 
     # -- loading ----------------------------------------------------------
 
@@ -321,6 +329,8 @@ class BrokerMetadata(service.Service):
     def persist(self, *, force: bool = False) -> defer.Deferred:
         """Write the changed tables atomically (one write at a time); fires with the file names written."""
         def run() -> defer.Deferred:
+            if self.before_snapshot is not None:
+                self.before_snapshot()
             versions = self._versions()
             files = self.snapshot(force=force)
             if not files:

@@ -6,8 +6,8 @@ returns no handler, hook, listener or service then.  With it, each member
 gets one :class:`dledger_rocketmq.broker.Broker` (made on first use by any
 hook, kept per server): its append hook, its role-change handler and
 leader-ready listener (roles), and the broker itself as a service (which
-registers the consume-queue dispatcher on the commit feed once the store is
-recovered).
+loads its metadata and registers the consume-queue dispatcher on the commit
+feed once the store is recovered; its metadata persists as a child service).
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ positive_seconds.__name__ = "float > 0"
 OPTIONS = {
     "enabled": ("enabled", False, bool, "run the RocketMQ broker layer on this member (default: off, inert)"),
     "brokerName": ("broker_name", "broker-a", str, "RocketMQ brokerName of this group"),
+    "brokerClusterName": ("cluster_name", "DefaultCluster", str,
+                          "RocketMQ brokerClusterName (its system topics in config/topics.json)"),
     "storeDir": ("store_dir", "", str, "broker store root (consumequeue/, config/); '{id}' is the member id; "
                  "default <storeBaseDir>/rocketmq-<selfId>"),
     "storeHost": ("store_host", "127.0.0.1:10911", host_option,
@@ -65,6 +67,8 @@ OPTIONS = {
                           "seconds a new leader waits for commit + dispatch before handing leadership on"),
     "flushConsumeQueueInterval": ("flush_interval", 1.0, float,
                                   "seconds between consume-queue fsyncs (0: at stop only)"),
+    "flushConsumerOffsetInterval": ("persist_interval", 5.0, float,
+                                    "seconds between writes of changed config/*.json metadata (0: at stop only)"),
     "offsetCheckInSlave": ("offset_check_in_slave", False, bool, "a slave corrects bad pull offsets too"),
     "storePathCommitLog": ("commitlog_dir", "", str, "an existing plain CommitLog directory to continue (migration; "
                            "'{id}' is the member id); empty: none"),
