@@ -15,8 +15,11 @@ from __future__ import annotations
 
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, inlineCallbacks, maybeDeferred
-from twisted.logger import Logger
+from twisted.internet.error import CannotListenError
+from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
+
+from dledger.errors import ConfigError, StoreError
 
 log = Logger()
 
@@ -55,7 +58,13 @@ class MemberServices(MultiService):
                 started.append(svc)
         except Exception:
             failure = Failure()
-            log.failure("{id}: plugin service {svc!r} failed to start", failure, id=self.member_id, svc=svc)
+            # The error propagates to whoever starts the member, which reports it (twistd: one line for an
+            # operator's mistake, such as a port in use or a damaged file); a traceback here would say it
+            # twice, so it is kept for debug level unless the error looks like a bug.
+            level = LogLevel.debug if failure.check(ConfigError, StoreError, OSError, CannotListenError) \
+                else LogLevel.critical
+            log.failure("{id}: plugin service {svc!r} failed to start", failure, level=level, id=self.member_id,
+                        svc=svc)
             self.running = 0
             for other in reversed(started):
                 maybeDeferred(other.stopService).addErrback(lambda f: None)

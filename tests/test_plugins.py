@@ -480,6 +480,39 @@ def test_plugin_service_that_cannot_start_fails_the_member_start(pm):
     assert not server.running and server.store.closed
 
 
+@pytest.mark.parametrize("error, level", [
+    (OSError(98, "Address already in use"), "debug"),
+    (RuntimeError("a bug in the plugin"), "critical"),
+])
+def test_plugin_service_start_error_traceback_level(pm, error, level):
+    """An operator's error in a plugin service's start is left to the member's one-line report; a bug is critical."""
+    from twisted.application.service import Service
+    from twisted.logger import globalLogPublisher
+
+    from dledger.testing import Cluster
+
+    class Broken(Service):
+        def startService(self):
+            raise error
+
+    class P:
+        @hookimpl
+        def dledger_services(self, server, collection):
+            Broken().setServiceParent(collection)
+    pm.register(P())
+    cluster = Cluster(1, plugin_manager=pm)
+    server = cluster._make("n0")
+    events = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        server.start().addErrback(lambda f: None)
+        cluster.run(1.0)
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    levels = [e["log_level"].name for e in events if "failed to start" in e.get("log_format", "")]
+    assert levels == [level]
+
+
 def test_hook_dledger_add_hookspecs(pm):
     """A plugin adds its own hook specs; its plugins implement them and are checked like dledger's hooks."""
     from dledger.hookspecs import hookspec
