@@ -31,8 +31,9 @@ import re
 import struct
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
+from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
 
@@ -43,6 +44,7 @@ from dledger_rocketmq.message import (
     PROPERTY_TAGS,
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_NOT_TYPE,
+    TRANSACTION_TYPE_MASK,
     MessageRecord,
 )
 
@@ -90,9 +92,13 @@ def java_string_hash(text: str) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+#: A broker sees few distinct tags and hashes one per message dispatched: remember the last few thousand.
+_cached_string_hash = lru_cache(maxsize=4096)(java_string_hash)
+
+
 def tag_hash(tags: str | None) -> int:
     """``tagsCode`` of a message outside the schedule topic: hashCode of TAGS, 0 when absent or empty."""
-    return java_string_hash(tags) if tags else 0
+    return _cached_string_hash(tags) if tags else 0
 
 
 def parse_delay_levels(text: str = DEFAULT_DELAY_LEVELS) -> tuple[int, ...]:
@@ -118,21 +124,31 @@ def deliver_timestamp(level: int, store_timestamp: int, levels: tuple[int, ...] 
 
 def tags_code(record: MessageRecord, levels: tuple[int, ...] = DELAY_LEVELS_MS) -> int:
     """The unit's third field for ``record``: its delivery time in the schedule topic, else its tag hash."""
-    props = record.property_map
+    return tags_code_of(record.topic, record.property_map, record.store_timestamp, levels)
+
+
+def tags_code_of(topic: str, props: Mapping[str, str], store_timestamp: int,
+                 levels: tuple[int, ...] = DELAY_LEVELS_MS) -> int:
+    """:func:`tags_code` from the three fields it depends on (the dispatcher has them without a record)."""
     code = tag_hash(props.get(PROPERTY_TAGS))
-    if record.topic == SCHEDULE_TOPIC and PROPERTY_DELAY_TIME_LEVEL in props:
+    if topic == SCHEDULE_TOPIC and PROPERTY_DELAY_TIME_LEVEL in props:
         try:
             level = int(props[PROPERTY_DELAY_TIME_LEVEL])
         except ValueError:
             level = 0
         if level > 0:
-            code = deliver_timestamp(level, record.store_timestamp, levels)
+            code = deliver_timestamp(level, store_timestamp, levels)
     return code
 
 
 def is_dispatched(record: MessageRecord) -> bool:
     """Whether a record gets a consume-queue unit: not for prepared or rolled-back transaction messages."""
-    return record.transaction_type in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
+    return is_dispatched_flag(record.sys_flag)
+
+
+def is_dispatched_flag(sys_flag: int) -> bool:
+    """:func:`is_dispatched` from a record's sysFlag."""
+    return sys_flag & TRANSACTION_TYPE_MASK in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
 
 
 def unit_for(record: MessageRecord, levels: tuple[int, ...] = DELAY_LEVELS_MS) -> Unit:

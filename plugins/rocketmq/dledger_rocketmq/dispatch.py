@@ -51,16 +51,16 @@ from dledger_rocketmq.consumequeue import (
     DELAY_LEVELS_MS,
     ConsumeQueues,
     Unit,
-    is_dispatched,
-    tags_code,
+    is_dispatched_flag,
+    tags_code_of,
 )
 from dledger_rocketmq.errors import CodecError, CorruptRecordError, StoreLayoutError
 from dledger_rocketmq.message import (
     BORN_HOST_POSITION,
     BORNHOST_V6_FLAG,
     STOREHOST_V6_FLAG,
-    MessageRecord,
     decode_record,
+    parse_properties,
 )
 
 log = Logger()
@@ -112,10 +112,9 @@ def index_fields(body: bytes, levels: tuple[int, ...] = DELAY_LEVELS_MS) -> tupl
     if size != len(body) or pos != size or props_len < 0:
         raise CorruptRecordError(f"field lengths add up to {pos}, TOTALSIZE says {size}, entry body has "
                                  f"{len(body)} bytes", 0)
-    light = MessageRecord(topic, b"", props, qid, 0, qoff, phys, sys_flag, store_timestamp=store_ts)
-    if not is_dispatched(light):
+    if not is_dispatched_flag(sys_flag):
         return None
-    return topic, qid, qoff, Unit(phys, size, tags_code(light, levels))
+    return topic, qid, qoff, Unit(phys, size, tags_code_of(topic, parse_properties(props), store_ts, levels))
 
 
 def resume_physical(queues_end: int, committed_position: int) -> int:
