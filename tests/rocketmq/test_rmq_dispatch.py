@@ -192,3 +192,14 @@ def test_a_failed_write_puts_the_dispatched_position_back(tmp_path, monkeypatch)
     d.entries_committed(entries[4:])
     assert [q.max_offset for q in d.queues.queues()] == [4, 4] and d.dispatched_index == 7
     d.close()
+
+
+def test_bench_dispatch_runs_on_a_tiny_workload(capsys):
+    """python -m dledger_rocketmq.bench_dispatch runs (tiny workload, few open files) and refuses bad arguments."""
+    from dledger_rocketmq import bench_dispatch
+    assert bench_dispatch.main(["--messages", "60", "--queues", "5", "--batch", "7", "--body", "10",
+                                "--file-size", "100", "--max-open-files", "2"]) == 0
+    assert "messages=60 queues=5 batch=7: dispatch " in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        bench_dispatch.main(["--queues", "0"])
+    assert exc.value.code == 2 and "--queues must be at least 1" in capsys.readouterr().err

@@ -68,13 +68,19 @@ def make_entries(messages: int, queues: int, body_size: int, topic: str = "Bench
     return entries
 
 
-def run(messages: int, queues: int, batch: int, body_size: int, file_size: int) -> dict[str, float]:
-    """Dispatch once into a fresh temporary directory; returns the timings."""
+def run(messages: int, queues: int, batch: int, body_size: int, file_size: int,
+        max_open_files: int | None = None) -> dict[str, float]:
+    """Dispatch once into a fresh temporary directory; returns the timings.
+
+    ``max_open_files`` None: the queues' default (also what works with
+    versions of the queues before the open-file cache, for before/after runs).
+    """
     entries = make_entries(messages, queues, body_size)
     root = tempfile.mkdtemp(prefix="bench-dispatch-")
     try:
         dispatcher = Dispatcher(_Server(), root, file_size=file_size)
-        dispatcher.queues = ConsumeQueues(root, file_size=file_size)
+        opts = {} if max_open_files is None else {"max_open_files": max_open_files}
+        dispatcher.queues = ConsumeQueues(root, file_size=file_size, **opts)
         t0 = time.perf_counter()
         for i in range(0, len(entries), batch):
             dispatcher.entries_committed(entries[i:i + batch])
@@ -101,15 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--body", type=int, default=1024, help="message body bytes (default 1024)")
     parser.add_argument("--file-size", type=int, default=DEFAULT_FILE_SIZE,
                         help=f"consume-queue file size, a multiple of 20 (default {DEFAULT_FILE_SIZE})")
+    parser.add_argument("--max-open-files", type=int, default=None,
+                        help="open consume-queue files kept (default: the queues' default, 256)")
     parser.add_argument("--repeat", type=int, default=1, help="runs, each in a fresh directory (default 1)")
     args = parser.parse_args(argv)
     for name in ("messages", "queues", "batch", "repeat"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
+    if args.max_open_files is not None and args.max_open_files < 1:
+        parser.error("--max-open-files must be at least 1")
     if args.body < 0 or args.file_size < 20 or args.file_size % 20:
         parser.error("--body must be >= 0 and --file-size a positive multiple of 20")
     for _ in range(args.repeat):
-        r = run(args.messages, args.queues, args.batch, args.body, args.file_size)
+        r = run(args.messages, args.queues, args.batch, args.body, args.file_size, args.max_open_files)
         print(f"messages={args.messages} queues={args.queues} batch={args.batch}: "
               f"dispatch {r['units'] / r['dispatch_s']:,.0f} units/s ({r['dispatch_s']:.3f}s), "
               f"flush {r['flush_s'] * 1000:.1f} ms", flush=True)
