@@ -255,7 +255,7 @@ class FdCache:
 
     def fd(self, path: str | Path) -> int:
         """An open fd of ``path`` (opened now if not cached; the least recently used one closed if over capacity)."""
-        key = str(path)
+        key = path if isinstance(path, str) else str(path)
         fd = self._fds.get(key)
         if fd is not None:
             self._fds.move_to_end(key)
@@ -329,6 +329,7 @@ class ConsumeQueue:
         self._own_fds = fds is None
         self._fds = FdCache(STANDALONE_OPEN_FILES) if fds is None else fds
         self._on_change = on_change
+        self._names: dict[int, str] = {}
         # Deferred appends: the encoded units from queue offset _pending_at on, and the state before them.
         self._pending = bytearray()
         self._pending_at = 0
@@ -362,6 +363,13 @@ class ConsumeQueue:
 
     def _path(self, start: int) -> Path:
         return self.dir / file_name(start)
+
+    def _name(self, start: int) -> str:
+        """The file's path as a string (the fd cache's key), built once per file."""
+        name = self._names.get(start)
+        if name is None:
+            name = self._names[start] = str(self._path(start))
+        return name
 
     @property
     def files(self) -> list[Path]:
@@ -418,7 +426,7 @@ class ConsumeQueue:
         while q < self._next and len(out) < max_count:
             start, pos = locate_unit(q, self.file_size)
             n = min(max_count - len(out), self._next - q, (self.file_size - pos) // UNIT_SIZE)
-            data = os.pread(self._fds.fd(self._path(start)), n * UNIT_SIZE, pos)
+            data = os.pread(self._fds.fd(self._name(start)), n * UNIT_SIZE, pos)
             for i in range(len(data) // UNIT_SIZE):
                 out.append((q + i, decode_unit(data, i * UNIT_SIZE)))
             if len(data) < n * UNIT_SIZE:
@@ -510,7 +518,7 @@ class ConsumeQueue:
             elif start < self._files[0]:
                 raise CodecError(f"{self.topic}/{self.queue_id}: file {file_name(start)} is before the queue")
             n = min(len(view), self.file_size - pos)
-            write_at(self._fds.fd(self._path(start)), view[:n], pos)
+            write_at(self._fds.fd(self._name(start)), view[:n], pos)
             if start not in self._dirty:
                 self._dirty.add(start)
                 if self._on_change is not None:
@@ -520,7 +528,7 @@ class ConsumeQueue:
 
     def _remove(self, start: int) -> None:
         """Delete one file of the queue (its cached fd closed first)."""
-        path = self._path(start)
+        path = self._name(start)
         self._fds.drop(path)
         remove_file(path)
         self._dirty.discard(start)
@@ -538,7 +546,7 @@ class ConsumeQueue:
         self.drain()
         for start in sorted(self._dirty):
             path = self._path(start)
-            fd = self._fds.cached(path)
+            fd = self._fds.cached(self._name(start))
             if fd is not None:
                 fsync_fd(fd)
                 continue
@@ -561,7 +569,7 @@ class ConsumeQueue:
             self._fds.close()
         else:
             for start in self._files:
-                self._fds.drop(self._path(start))
+                self._fds.drop(self._name(start))
 
     def truncate_physical(self, end: int) -> int:
         """Drop the units whose record does not lie wholly below ``end`` (the log's committed end).
