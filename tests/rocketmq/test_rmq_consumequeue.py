@@ -345,3 +345,161 @@ def test_consume_queues_refuse_a_bad_queue_directory(tmp_path):
     (tmp_path / "consumequeue" / "T" / "x1").mkdir(parents=True)
     with pytest.raises(StoreLayoutError, match="not a queue id"):
         cq.ConsumeQueues(tmp_path)
+
+
+# -- open files and batched writes (issue #10: cheap dispatch) -------------------------------------------
+
+def test_appends_reuse_one_open_file_instead_of_opening_it_per_unit(tmp_path, monkeypatch):
+    """100 units into one file open that file once (each unit used to be its own open + pwrite + close)."""
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: (opened.append(str(path)), real_open(path, *a, **k))[1])
+    queue = cq.ConsumeQueue(tmp_path, "T", 0, file_size=20 * 200)
+    for q in range(100):
+        queue.append(q, unit(q))
+    monkeypatch.setattr(os, "open", real_open)
+    assert opened.count(str(queue.files[0])) == 1, opened
+    assert queue.read(0, 200) == [(q, unit(q)) for q in range(100)]
+    queue.close()
+
+
+@pytest.mark.parametrize("steps, expect", [
+    # (queue, queue offset) appends into ConsumeQueues holding at most 2 open files; then every queue reads back
+    ([("a", 0), ("b", 0), ("c", 0), ("a", 1)], {"a": 2, "b": 1, "c": 1}),  # a evicted by c, then appended again
+    ([("a", 0), ("a", 1), ("b", 0), ("c", 0), ("b", 1), ("a", 2), ("c", 1)], {"a": 3, "b": 2, "c": 2}),
+    ([("a", q) for q in range(7)] + [("b", 0), ("c", 0), ("a", 7)], {"a": 8, "b": 1, "c": 1}),  # across files
+])
+def test_a_unit_appended_after_its_file_was_evicted_lands_in_place(tmp_path, steps, expect):
+    """The LRU of open files stays bounded; an evicted queue's next unit goes to the right file and position."""
+    queues = cq.ConsumeQueues(tmp_path, file_size=60, max_open_files=2)  # 3 units per file
+    for name, q in steps:
+        queues.queue(name, 0).append(q, unit(q))
+        assert len(queues.fds) <= 2
+    queues.flush()
+    queues.close()
+    assert len(queues.fds) == 0
+    again = cq.ConsumeQueues(tmp_path, file_size=60)
+    for name, count in expect.items():
+        assert again.queue(name, 0).read(0, 100) == [(q, unit(q)) for q in range(count)]
+    again.close()
+
+
+_multi_ops = st.lists(st.tuples(st.sampled_from("abcd"),
+                                st.sampled_from(["append", "defer", "drain", "truncate", "flush", "reopen"]),
+                                st.integers(1, 5)), max_size=25)
+
+
+@settings(max_examples=80, deadline=None)
+@given(_multi_ops)
+def test_consume_queues_with_few_open_files_match_a_model(ops):
+    """Appends (direct and deferred), drains, truncations, flushes and reopenings over 4 queues sharing 2 open
+    files leave every queue, read live and reopened from its files, holding exactly the model's units."""
+    with tempfile.TemporaryDirectory() as root:
+        queues = cq.ConsumeQueues(root, file_size=60, max_open_files=2)
+        model: dict[str, list[cq.Unit]] = {name: [] for name in "abcd"}
+        for name, op, n in ops:
+            queue = queues.queue(name, 0)
+            if op in ("append", "defer"):
+                for _ in range(n):
+                    q = len(model[name])
+                    assert queue.append(q, unit(q), defer=op == "defer")
+                    model[name].append(unit(q))
+            elif op == "drain":
+                queues.drain()
+            elif op == "truncate":
+                keep = max(len(model[name]) - n, 0)
+                assert queue.truncate_to(keep) == len(model[name]) - keep
+                model[name] = model[name][:keep]
+            elif op == "flush":
+                queues.flush()
+                assert all(not q.dirty for q in queues.queues())
+            else:
+                queues.close()
+                queues = cq.ConsumeQueues(root, file_size=60, max_open_files=2)
+            assert len(queues.fds) <= 2
+            assert queue.max_offset == len(model[name])
+        for name, units in model.items():
+            assert [u for _, u in queues.queue(name, 0).read(0, 100)] == units
+        queues.close()
+        reopened = cq.ConsumeQueues(root, file_size=60)
+        for name, units in model.items():
+            assert [u for _, u in reopened.queue(name, 0).read(0, 100)] == units
+        reopened.close()
+
+
+def test_deferred_units_are_one_pwrite_per_file(tmp_path, monkeypatch):
+    """Deferred appends are written at drain: one pwrite per file they span, none before."""
+    writes = []
+    real = cq.write_at
+    monkeypatch.setattr(cq, "write_at", lambda fd, data, off: (writes.append((len(data), off)), real(fd, data, off)))
+    queue = cq.ConsumeQueue(tmp_path, "T", 0, file_size=100)  # 5 units per file
+    for q in range(8):
+        queue.append(q, unit(q), defer=True)
+    assert writes == [] and queue.pending == 8
+    queue.drain()
+    assert writes == [(100, 0), (60, 0)] and queue.pending == 0
+    assert cq.ConsumeQueue(tmp_path, "T", 0, file_size=100).read(0, 10) == [(q, unit(q)) for q in range(8)]
+
+
+def test_reads_and_truncation_see_deferred_units(tmp_path):
+    """A deferred unit reads back at once, and truncating below it removes it rather than resurrecting it."""
+    queue = cq.ConsumeQueue(tmp_path, "T", 0, file_size=100)
+    for q in range(4):
+        queue.append(q, unit(q), defer=True)
+    assert queue.get(3) == unit(3) and queue.pending == 0
+    queue.append(4, unit(4), defer=True)
+    assert queue.truncate_to(2) == 3 and queue.pending == 0
+    queue.drain()
+    assert cq.ConsumeQueue(tmp_path, "T", 0, file_size=100).read(0, 10) == [(0, unit(0)), (1, unit(1))]
+
+
+def test_a_failed_drain_leaves_the_queue_as_before_the_batch(tmp_path, monkeypatch):
+    """If the batch's write fails, the queue ends where it ended before the batch, so the batch can come again."""
+    queue = filled(tmp_path, 2)
+    for q in (2, 3):
+        queue.append(q, unit(q), defer=True)
+
+    def fail(fd, data, off):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(cq, "write_at", fail)
+    with pytest.raises(OSError, match="No space"):
+        queue.drain()
+    monkeypatch.undo()
+    assert (queue.max_offset, queue.max_physical_offset, queue.pending) == (2, 1200, 0)
+    assert queue.append(2, unit(2)) and queue.append(3, unit(3))
+    assert queue.read(0, 10) == [(q, unit(q)) for q in range(4)]
+
+
+def test_truncation_closes_the_fds_of_deleted_files(tmp_path):
+    """Files deleted by a truncation lose their cached fd; appends after it recreate them in place."""
+    queue = filled(tmp_path, 12)  # files 0, 100, 200
+    deleted = queue.files[1:]
+    assert deleted[1] in queue._fds
+    assert queue.truncate_to(5) == 7
+    assert all(p not in queue._fds and not p.exists() for p in deleted)
+    for q in range(5, 9):
+        assert queue.append(q, unit(q))
+    queue.close()
+    assert cq.ConsumeQueue(tmp_path, "T", 0, file_size=100).read(0, 20) == [(q, unit(q)) for q in range(9)]
+
+
+def test_flush_syncs_only_what_changed_since(tmp_path, monkeypatch):
+    """A flush fsyncs the files written since the last one, and the directory only when files came or went."""
+    queues = cq.ConsumeQueues(tmp_path, file_size=100)
+    a, b = queues.queue("A", 0), queues.queue("B", 0)
+    a.append(0, unit(0))
+    b.append(0, unit(0))
+    queues.flush()
+    synced, dirs = [], []
+    monkeypatch.setattr(cq, "fsync_fd", synced.append)
+    monkeypatch.setattr(cq, "fsync_dir", dirs.append)
+    a.append(1, unit(1))
+    queues.flush()
+    assert len(synced) == 1 and dirs == []
+    queues.flush()
+    assert len(synced) == 1 and dirs == []
+    for q in range(2, 6):  # reaches a second file
+        a.append(q, unit(q))
+    queues.flush()
+    assert len(synced) == 3 and dirs == [a.dir]
+    queues.close()

@@ -130,3 +130,76 @@ def test_index_fields_refuses_a_cut_record(cut):
     raw = encode_record(msg(tags="A", body=b"0123456789" * 5))
     with pytest.raises(CodecError):
         index_fields(raw[:-cut])
+
+
+class _FakeServer:
+    """What a Dispatcher uses outside recovery."""
+
+    def __init__(self):
+        from twisted.internet.task import Clock
+        self.clock = Clock()
+        self.self_id = "n0"
+
+
+def _dispatcher(tmp_path, file_size=20 * 10):
+    from dledger_rocketmq.consumequeue import ConsumeQueues
+    from dledger_rocketmq.dispatch import Dispatcher
+    d = Dispatcher(_FakeServer(), tmp_path, file_size=file_size, max_open_files=4)
+    d.queues = ConsumeQueues(tmp_path, file_size=file_size, max_open_files=4)
+    return d
+
+
+def test_a_delivery_is_one_pwrite_per_queue_file(tmp_path, monkeypatch):
+    """The units of one commit-feed delivery are written per queue with one pwrite per file (each was its own)."""
+    from dledger_rocketmq import consumequeue as cq
+    from dledger_rocketmq.bench_dispatch import make_entries
+    entries = make_entries(36, 3, 16)  # 12 units per queue; files of 10 units
+    writes = []
+    real = cq.write_at
+    monkeypatch.setattr(cq, "write_at", lambda fd, data, off: (writes.append(len(data) // 20), real(fd, data, off)))
+    d = _dispatcher(tmp_path)
+    d.entries_committed(entries[:24])
+    assert sorted(writes) == [8, 8, 8]
+    writes.clear()
+    d.entries_committed(entries[24:])
+    assert sorted(writes) == [2, 2, 2, 2, 2, 2]  # 4 units per queue, across a file boundary
+    assert d.dispatched_index == 35
+    for qid in range(3):
+        units = d.queues.queue("BenchTopic", qid).read(0, 100)
+        assert [o for o, _ in units] == list(range(12))
+        assert [u.physical_offset for _, u in units] == [e.pos + 48 for e in entries[qid::3]]
+    d.close()
+    assert len(d.queues.fds) == 0
+
+
+def test_a_failed_write_puts_the_dispatched_position_back(tmp_path, monkeypatch):
+    """If a delivery's units cannot be written, the dispatcher is where it was before it; a redelivery completes it."""
+    from dledger_rocketmq import consumequeue as cq
+    from dledger_rocketmq.bench_dispatch import make_entries
+    entries = make_entries(8, 2, 16)
+    d = _dispatcher(tmp_path)
+    d.entries_committed(entries[:4])
+    before = (d.dispatched_index, d.dispatched_position)
+
+    def fail(fd, data, off):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(cq, "write_at", fail)
+    with pytest.raises(OSError):
+        d.entries_committed(entries[4:])
+    monkeypatch.undo()
+    assert (d.dispatched_index, d.dispatched_position) == before == (3, entries[3].pos + entries[3].size)
+    assert [q.max_offset for q in d.queues.queues()] == [2, 2]
+    d.entries_committed(entries[4:])
+    assert [q.max_offset for q in d.queues.queues()] == [4, 4] and d.dispatched_index == 7
+    d.close()
+
+
+def test_bench_dispatch_runs_on_a_tiny_workload(capsys):
+    """python -m dledger_rocketmq.bench_dispatch runs (tiny workload, few open files) and refuses bad arguments."""
+    from dledger_rocketmq import bench_dispatch
+    assert bench_dispatch.main(["--messages", "60", "--queues", "5", "--batch", "7", "--body", "10",
+                                "--file-size", "100", "--max-open-files", "2"]) == 0
+    assert "messages=60 queues=5 batch=7: dispatch " in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        bench_dispatch.main(["--queues", "0"])
+    assert exc.value.code == 2 and "--queues must be at least 1" in capsys.readouterr().err

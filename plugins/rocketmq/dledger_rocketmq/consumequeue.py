@@ -16,6 +16,12 @@ ends the queue.
 The decisions (what unit a record gets, where a unit lives, whether a unit
 appends, repeats or leaves a gap) are pure functions; :class:`ConsumeQueue`
 applies them to files.
+
+Cost per unit (every member indexes every message): a queue keeps its files
+open in an :class:`FdCache`, one bounded LRU per :class:`ConsumeQueues`
+(thousands of queues must not mean thousands of open files), and deferred
+appends (the dispatcher's, one commit-feed delivery at a time) are buffered
+per queue and written with one ``pwrite`` per file when the delivery ends.
 """
 
 from __future__ import annotations
@@ -23,8 +29,11 @@ from __future__ import annotations
 import os
 import re
 import struct
-from collections.abc import Iterable
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
+from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
 
@@ -35,6 +44,7 @@ from dledger_rocketmq.message import (
     PROPERTY_TAGS,
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_NOT_TYPE,
+    TRANSACTION_TYPE_MASK,
     MessageRecord,
 )
 
@@ -50,6 +60,10 @@ SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _NAME = re.compile(r"^[0-9]{20}$")
+#: How many consume-queue files one ConsumeQueues keeps open (least recently used closed first).
+DEFAULT_OPEN_FILES = 256
+#: The same for a ConsumeQueue opened on its own (tools, rebuilds): its last file and one being read.
+STANDALONE_OPEN_FILES = 4
 
 
 class Unit(NamedTuple):
@@ -78,9 +92,13 @@ def java_string_hash(text: str) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+#: A broker sees few distinct tags and hashes one per message dispatched: remember the last few thousand.
+_cached_string_hash = lru_cache(maxsize=4096)(java_string_hash)
+
+
 def tag_hash(tags: str | None) -> int:
     """``tagsCode`` of a message outside the schedule topic: hashCode of TAGS, 0 when absent or empty."""
-    return java_string_hash(tags) if tags else 0
+    return _cached_string_hash(tags) if tags else 0
 
 
 def parse_delay_levels(text: str = DEFAULT_DELAY_LEVELS) -> tuple[int, ...]:
@@ -106,21 +124,31 @@ def deliver_timestamp(level: int, store_timestamp: int, levels: tuple[int, ...] 
 
 def tags_code(record: MessageRecord, levels: tuple[int, ...] = DELAY_LEVELS_MS) -> int:
     """The unit's third field for ``record``: its delivery time in the schedule topic, else its tag hash."""
-    props = record.property_map
+    return tags_code_of(record.topic, record.property_map, record.store_timestamp, levels)
+
+
+def tags_code_of(topic: str, props: Mapping[str, str], store_timestamp: int,
+                 levels: tuple[int, ...] = DELAY_LEVELS_MS) -> int:
+    """:func:`tags_code` from the three fields it depends on (the dispatcher has them without a record)."""
     code = tag_hash(props.get(PROPERTY_TAGS))
-    if record.topic == SCHEDULE_TOPIC and PROPERTY_DELAY_TIME_LEVEL in props:
+    if topic == SCHEDULE_TOPIC and PROPERTY_DELAY_TIME_LEVEL in props:
         try:
             level = int(props[PROPERTY_DELAY_TIME_LEVEL])
         except ValueError:
             level = 0
         if level > 0:
-            code = deliver_timestamp(level, record.store_timestamp, levels)
+            code = deliver_timestamp(level, store_timestamp, levels)
     return code
 
 
 def is_dispatched(record: MessageRecord) -> bool:
     """Whether a record gets a consume-queue unit: not for prepared or rolled-back transaction messages."""
-    return record.transaction_type in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
+    return is_dispatched_flag(record.sys_flag)
+
+
+def is_dispatched_flag(sys_flag: int) -> bool:
+    """:func:`is_dispatched` from a record's sysFlag."""
+    return sys_flag & TRANSACTION_TYPE_MASK in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
 
 
 def unit_for(record: MessageRecord, levels: tuple[int, ...] = DELAY_LEVELS_MS) -> Unit:
@@ -193,6 +221,67 @@ def queue_dir(root: str | Path, topic: str, queue_id: int) -> Path:
     return Path(root) / "consumequeue" / topic / str(queue_id)
 
 
+def _close_fds(fds: OrderedDict) -> None:
+    while fds:
+        os.close(fds.popitem()[1])
+
+
+class FdCache:
+    """A bounded LRU of open file descriptors by path, so a unit write is a pwrite, not open+pwrite+close.
+
+    Bounded because a broker may have thousands of queues; the least recently
+    used fd is closed when one more is needed (closing loses nothing: the
+    bytes are in the page cache, and a flush of a file without a cached fd
+    opens it again).  Files are opened read-write, for appends and reads.
+    Not thread-safe: the queues, their flush included, run on one thread.
+    Whoever deletes or renames a file drops its fd first (:meth:`drop`).
+    """
+
+    def __init__(self, capacity: int = DEFAULT_OPEN_FILES):
+        if capacity < 1:
+            raise ValueError(f"open consume-queue files: {capacity} is below 1")
+        self.capacity = capacity
+        self._fds: OrderedDict[str, int] = OrderedDict()
+        #: How many times a file was opened (tests and benchmarks: a hit opens nothing).
+        self.opened = 0
+        # A cache dropped without close() (a test, an abandoned dispatcher) still closes its fds.
+        self._finalizer = weakref.finalize(self, _close_fds, self._fds)
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def __contains__(self, path: str | Path) -> bool:
+        return str(path) in self._fds
+
+    def fd(self, path: str | Path) -> int:
+        """An open fd of ``path`` (opened now if not cached; the least recently used one closed if over capacity)."""
+        key = path if isinstance(path, str) else str(path)
+        fd = self._fds.get(key)
+        if fd is not None:
+            self._fds.move_to_end(key)
+            return fd
+        fd = os.open(key, os.O_RDWR)
+        self.opened += 1
+        self._fds[key] = fd
+        while len(self._fds) > self.capacity:
+            os.close(self._fds.popitem(last=False)[1])
+        return fd
+
+    def cached(self, path: str | Path) -> int | None:
+        """The fd of ``path`` if it is open, without opening it or changing the order."""
+        return self._fds.get(str(path))
+
+    def drop(self, path: str | Path) -> None:
+        """Close ``path``'s fd if open (before the file is deleted, truncated away or replaced)."""
+        fd = self._fds.pop(str(path), None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Close every fd; the cache stays usable (it opens files again on demand)."""
+        _close_fds(self._fds)
+
+
 class Placement(Enum):
     """How a unit for queue offset ``q`` relates to a queue whose next offset is ``next``."""
 
@@ -211,12 +300,20 @@ def place(next_offset: int, queue_offset: int, empty: bool) -> Placement:
 class ConsumeQueue:
     """One consume queue over its files: append in order, read, truncate, rebuild.
 
-    Blocking file I/O, run inline: the dispatcher that will drive it from
-    dledger's commit feed hands the calls to a ``dledger.diskio.BlockingIO``.
-    Appends are written to the page cache; :meth:`flush` makes them durable.
+    Blocking file I/O, run inline on the caller's thread (the dispatcher's
+    is the reactor's: page-cache writes of 20 bytes a unit).  Appends are
+    written to the page cache; :meth:`flush` makes them durable.  Files stay
+    open in ``fds`` (shared by the queues of a :class:`ConsumeQueues`, else
+    the queue's own small cache).  ``append(..., defer=True)`` buffers the
+    unit until :meth:`drain` (every read, truncate and flush drains first),
+    so a batch is one pwrite per file; ``on_change(queue, buffered)`` is
+    called when the queue starts buffering (``buffered`` True: its owner's
+    to-drain list) and when it changes a file not yet changed since the last
+    flush (False: the to-flush list).
     """
 
-    def __init__(self, root: str | Path, topic: str, queue_id: int, *, file_size: int = DEFAULT_FILE_SIZE):
+    def __init__(self, root: str | Path, topic: str, queue_id: int, *, file_size: int = DEFAULT_FILE_SIZE,
+                 fds: FdCache | None = None, on_change: Callable[[ConsumeQueue, bool], object] | None = None):
         self.topic = topic
         self.queue_id = queue_id
         self.file_size = file_size_for(file_size)
@@ -227,7 +324,16 @@ class ConsumeQueue:
         self._min = 0  # first queue offset that holds a real unit
         self._next = 0  # the queue offset the next unit gets
         self._max_physical = 0  # end of the last unit's record in the CommitLog
-        self._dirty: set[int] = set()
+        self._dirty: set[int] = set()  # file starts written since the last flush
+        self._dir_dirty = False  # files created or deleted since the last flush
+        self._own_fds = fds is None
+        self._fds = FdCache(STANDALONE_OPEN_FILES) if fds is None else fds
+        self._on_change = on_change
+        self._names: dict[int, str] = {}
+        # Deferred appends: the encoded units from queue offset _pending_at on, and the state before them.
+        self._pending = bytearray()
+        self._pending_at = 0
+        self._before_pending = (0, 0)
         self._load()
 
     # -- state ----------------------------------------------------------------
@@ -249,6 +355,21 @@ class ConsumeQueue:
     @property
     def empty(self) -> bool:
         return self._next == self._min
+
+    @property
+    def pending(self) -> int:
+        """Units appended with ``defer=True`` and not written yet."""
+        return len(self._pending) // UNIT_SIZE
+
+    def _path(self, start: int) -> Path:
+        return self.dir / file_name(start)
+
+    def _name(self, start: int) -> str:
+        """The file's path as a string (the fd cache's key), built once per file."""
+        name = self._names.get(start)
+        if name is None:
+            name = self._names[start] = str(self._path(start))
+        return name
 
     @property
     def files(self) -> list[Path]:
@@ -299,14 +420,13 @@ class ConsumeQueue:
 
     def read(self, queue_offset: int, max_count: int) -> list[tuple[int, Unit]]:
         """Up to ``max_count`` ``(queue offset, unit)`` from ``queue_offset`` (or min_offset, if above) on."""
+        self.drain()
         out: list[tuple[int, Unit]] = []
         q = max(queue_offset, self._min)
         while q < self._next and len(out) < max_count:
             start, pos = locate_unit(q, self.file_size)
             n = min(max_count - len(out), self._next - q, (self.file_size - pos) // UNIT_SIZE)
-            with open(self.dir / file_name(start), "rb") as fh:
-                fh.seek(pos)
-                data = fh.read(n * UNIT_SIZE)
+            data = os.pread(self._fds.fd(self._name(start)), n * UNIT_SIZE, pos)
             for i in range(len(data) // UNIT_SIZE):
                 out.append((q + i, decode_unit(data, i * UNIT_SIZE)))
             if len(data) < n * UNIT_SIZE:
@@ -316,11 +436,13 @@ class ConsumeQueue:
 
     # -- writing --------------------------------------------------------------
 
-    def append(self, queue_offset: int, unit: Unit) -> bool:
+    def append(self, queue_offset: int, unit: Unit, *, defer: bool = False) -> bool:
         """Store ``unit`` at ``queue_offset``; False if exactly that unit is already there (a replay).
 
         A different unit at a stored offset, or an offset past the next one,
-        is a CodecError: the dispatcher fed this queue out of order.
+        is a CodecError: the dispatcher fed this queue out of order.  With
+        ``defer`` the unit is buffered (visible to reads, which drain first)
+        and written by :meth:`drain`, together with the units deferred after it.
         """
         if unit.size <= 0 or unit.physical_offset < 0:
             raise CodecError(f"{self.topic}/{self.queue_id}: invalid unit {tuple(unit)}")
@@ -341,15 +463,39 @@ class ConsumeQueue:
                              f"the queue's last record end {self._max_physical}")
         if self.empty and queue_offset != self._next:
             self._start_at(queue_offset)
-        self._write(queue_offset, encode_unit(unit))
+        data = encode_unit(unit)
+        if not self._pending:
+            self._pending_at = queue_offset
+            self._before_pending = (self._next, self._max_physical)
+            if self._on_change is not None:
+                self._on_change(self, True)
+        self._pending += data
         self._next = queue_offset + 1
         self._max_physical = unit.physical_offset + unit.size
+        if not defer:
+            self.drain()
         return True
+
+    def drain(self) -> None:
+        """Write the deferred units (one pwrite per file they span).
+
+        If the write fails, the queue is as it was before them (they may be
+        appended again) and the OSError propagates.
+        """
+        if not self._pending:
+            return
+        data, at = bytes(self._pending), self._pending_at
+        self._pending.clear()
+        try:
+            self._write(at, data)
+        except BaseException:
+            self._next, self._max_physical = self._before_pending
+            raise
 
     def _start_at(self, queue_offset: int) -> None:
         """An empty queue that starts at ``queue_offset``: drop its files, fill the first file's head."""
-        for path in self.files:
-            remove_file(path)
+        for start in self._files:
+            self._remove(start)
         self._files = []
         start, pos = locate_unit(queue_offset, self.file_size)
         self._min = self._next = start // UNIT_SIZE
@@ -358,24 +504,52 @@ class ConsumeQueue:
         self._min = self._next = queue_offset
 
     def _write(self, queue_offset: int, data: bytes) -> None:
-        start, pos = locate_unit(queue_offset, self.file_size)
-        if start not in self._files:
-            if self._files and start != self._files[-1] + self.file_size:
-                raise CodecError(f"{self.topic}/{self.queue_id}: file {file_name(start)} would leave a hole")
-            self.dir.mkdir(parents=True, exist_ok=True)
-            create_sized_file(self.dir / file_name(start), self.file_size)
-            self._files.append(start)
-        fd = os.open(self.dir / file_name(start), os.O_WRONLY)
-        try:
-            write_at(fd, data, pos)
-        finally:
-            os.close(fd)
-        self._dirty.add(start)
+        """Write whole units from ``queue_offset`` on: one pwrite per file, creating files as they are reached."""
+        view = memoryview(data)
+        while view:
+            start, pos = locate_unit(queue_offset, self.file_size)
+            if not self._files or start > self._files[-1]:
+                if self._files and start != self._files[-1] + self.file_size:
+                    raise CodecError(f"{self.topic}/{self.queue_id}: file {file_name(start)} would leave a hole")
+                self.dir.mkdir(parents=True, exist_ok=True)
+                create_sized_file(self._path(start), self.file_size)
+                self._files.append(start)
+                self._dir_dirty = True
+            elif start < self._files[0]:
+                raise CodecError(f"{self.topic}/{self.queue_id}: file {file_name(start)} is before the queue")
+            n = min(len(view), self.file_size - pos)
+            write_at(self._fds.fd(self._name(start)), view[:n], pos)
+            if start not in self._dirty:
+                self._dirty.add(start)
+                if self._on_change is not None:
+                    self._on_change(self, False)
+            view = view[n:]
+            queue_offset += n // UNIT_SIZE
+
+    def _remove(self, start: int) -> None:
+        """Delete one file of the queue (its cached fd closed first)."""
+        path = self._name(start)
+        self._fds.drop(path)
+        remove_file(path)
+        self._dirty.discard(start)
+        self._dir_dirty = True
+        if self._on_change is not None:
+            self._on_change(self, False)
+
+    @property
+    def dirty(self) -> bool:
+        """Written, created or deleted files since the last :meth:`flush` (or units not drained yet)."""
+        return bool(self._dirty or self._dir_dirty or self._pending)
 
     def flush(self) -> None:
-        """Make the appended units and new files durable."""
+        """Make the appended units and new (or deleted) files durable: the files written since, then the directory."""
+        self.drain()
         for start in sorted(self._dirty):
-            path = self.dir / file_name(start)
+            path = self._path(start)
+            fd = self._fds.cached(self._name(start))
+            if fd is not None:
+                fsync_fd(fd)
+                continue
             if not path.exists():
                 continue
             fd = os.open(path, os.O_RDONLY)
@@ -383,9 +557,19 @@ class ConsumeQueue:
                 fsync_fd(fd)
             finally:
                 os.close(fd)
-        if self._dirty and self.dir.is_dir():
-            fsync_dir(self.dir)
         self._dirty.clear()
+        if self._dir_dirty and self.dir.is_dir():
+            fsync_dir(self.dir)
+        self._dir_dirty = False
+
+    def close(self) -> None:
+        """Drain and close this queue's open files (no fsync: :meth:`flush` first for durability)."""
+        self.drain()
+        if self._own_fds:
+            self._fds.close()
+        else:
+            for start in self._files:
+                self._fds.drop(self._name(start))
 
     def truncate_physical(self, end: int) -> int:
         """Drop the units whose record does not lie wholly below ``end`` (the log's committed end).
@@ -404,15 +588,15 @@ class ConsumeQueue:
 
     def truncate_to(self, queue_offset: int) -> int:
         """Keep the units below ``queue_offset`` only; returns how many were dropped."""
+        self.drain()
         queue_offset = max(queue_offset, self._min)
         dropped = max(self._next - queue_offset, 0)
         if not dropped:
             return 0
         first_start, pos = locate_unit(queue_offset, self.file_size)
         for start in [s for s in self._files if s > first_start or (s == first_start and pos == 0)]:
-            remove_file(self.dir / file_name(start))
+            self._remove(start)
             self._files.remove(start)
-            self._dirty.discard(start)
         if pos and first_start in self._files:
             self._write(queue_offset, bytes(self.file_size - pos))
         self._next = queue_offset
@@ -425,8 +609,8 @@ class ConsumeQueue:
     def destroy(self) -> None:
         """Delete every file of this queue (before a rebuild)."""
         self.truncate_to(self._min)
-        for path in self.files:
-            remove_file(path)
+        for start in self._files:
+            self._remove(start)
         self._files = []
         self._min = self._next = self._max_physical = 0
 
@@ -452,11 +636,15 @@ class ConsumeQueues:
     """
 
     def __init__(self, root: str | Path, *, file_size: int = DEFAULT_FILE_SIZE,
-                 levels: tuple[int, ...] = DELAY_LEVELS_MS):
+                 levels: tuple[int, ...] = DELAY_LEVELS_MS, max_open_files: int = DEFAULT_OPEN_FILES):
         self.root = Path(root)
         self.file_size = file_size
         self.levels = levels
+        #: The open files of every queue here, at most ``max_open_files``.
+        self.fds = FdCache(max_open_files)
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._changed: dict[tuple[str, int], ConsumeQueue] = {}  # files changed since the last flush
+        self._buffered: list[ConsumeQueue] = []  # deferred units not drained yet
         base = self.root / "consumequeue"
         if base.is_dir():
             for topic in sorted(os.listdir(base)):
@@ -470,9 +658,17 @@ class ConsumeQueues:
     def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         """The queue (topic, queue_id), opened or created on first use."""
         key = (topic, queue_id)
-        if key not in self._queues:
-            self._queues[key] = ConsumeQueue(self.root, topic, queue_id, file_size=self.file_size)
-        return self._queues[key]
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = ConsumeQueue(self.root, topic, queue_id, file_size=self.file_size,
+                                                     fds=self.fds, on_change=self._note_change)
+        return queue
+
+    def _note_change(self, queue: ConsumeQueue, buffered: bool) -> None:
+        if buffered:
+            self._buffered.append(queue)
+        else:
+            self._changed[(queue.topic, queue.queue_id)] = queue
 
     def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         """The queue (topic, queue_id) if it exists (opened at start or written since), without creating it."""
@@ -481,11 +677,28 @@ class ConsumeQueues:
     def queues(self) -> list[ConsumeQueue]:
         return [self._queues[k] for k in sorted(self._queues)]
 
-    def dispatch(self, record: MessageRecord) -> bool:
-        """Index one committed record; False if it gets no unit or had it already (a replay)."""
+    def dispatch(self, record: MessageRecord, *, defer: bool = False) -> bool:
+        """Index one committed record; False if it gets no unit or had it already (a replay).
+
+        ``defer``: buffer the unit until :meth:`drain` (see :meth:`ConsumeQueue.append`).
+        """
         if not is_dispatched(record):
             return False
-        return self.queue(record.topic, record.queue_id).append(record.queue_offset, unit_for(record, self.levels))
+        return self.queue(record.topic, record.queue_id).append(record.queue_offset, unit_for(record, self.levels),
+                                                                defer=defer)
+
+    def drain(self) -> None:
+        """Write every queue's deferred units (the end of a dispatched batch); the first OSError propagates
+        after the other queues are written."""
+        error = None
+        buffered, self._buffered = self._buffered, []
+        for queue in buffered:
+            try:
+                queue.drain()
+            except OSError as exc:
+                error = error or exc
+        if error is not None:
+            raise error
 
     def topic_queue_table(self) -> dict[str, int]:
         """``{"topic-queueId": next queue offset}`` for every non-empty queue, RocketMQ's key format."""
@@ -500,5 +713,21 @@ class ConsumeQueues:
         return sum(q.truncate_physical(end) for q in self._queues.values())
 
     def flush(self) -> None:
-        for q in self._queues.values():
-            q.flush()
+        """fsync the queues written (or with files created or deleted) since the last flush, and only those."""
+        self.drain()
+        changed, self._changed = self._changed, {}
+        try:
+            for key in sorted(changed):
+                changed[key].flush()
+        except BaseException:
+            for key, queue in changed.items():  # not flushed yet: the next flush tries again
+                if queue.dirty:
+                    self._changed[key] = queue
+            raise
+
+    def close(self) -> None:
+        """Write what is buffered and close every open file (at stop; :meth:`flush` first for durability)."""
+        try:
+            self.drain()
+        finally:
+            self.fds.close()

@@ -20,9 +20,13 @@ Recovery (:meth:`Dispatcher.recover`, at service start, store recovered):
   replays the queues skip.
 
 Queue appends are page-cache writes done inline on the reactor thread (a
-unit is 20 bytes); fsyncs happen on :meth:`flush` (a timer of the broker
-service and at stop).  The queues are rebuildable from the log, so a unit
-lost in a power cut is re-dispatched at the next start.
+unit is 20 bytes): the units of one delivery are buffered per queue and
+written when it ends, one pwrite per queue file, through file descriptors
+kept open (a bounded LRU, ``max_open_files``).  fsyncs happen on
+:meth:`flush` (a timer of the broker service and at stop), for the queues
+written since the last one only; they too run on the reactor thread.  The
+queues are rebuildable from the log, so a unit lost in a power cut is
+re-dispatched at the next start.
 """
 
 from __future__ import annotations
@@ -43,19 +47,20 @@ from dledger.ratelog import RateLimitedLog
 from dledger_rocketmq.commitlog import CONTROL_PREFIX, is_record_body
 from dledger_rocketmq.consumequeue import (
     DEFAULT_FILE_SIZE,
+    DEFAULT_OPEN_FILES,
     DELAY_LEVELS_MS,
     ConsumeQueues,
     Unit,
-    is_dispatched,
-    tags_code,
+    is_dispatched_flag,
+    tags_code_of,
 )
 from dledger_rocketmq.errors import CodecError, CorruptRecordError, StoreLayoutError
 from dledger_rocketmq.message import (
     BORN_HOST_POSITION,
     BORNHOST_V6_FLAG,
     STOREHOST_V6_FLAG,
-    MessageRecord,
     decode_record,
+    parse_properties,
 )
 
 log = Logger()
@@ -107,10 +112,9 @@ def index_fields(body: bytes, levels: tuple[int, ...] = DELAY_LEVELS_MS) -> tupl
     if size != len(body) or pos != size or props_len < 0:
         raise CorruptRecordError(f"field lengths add up to {pos}, TOTALSIZE says {size}, entry body has "
                                  f"{len(body)} bytes", 0)
-    light = MessageRecord(topic, b"", props, qid, 0, qoff, phys, sys_flag, store_timestamp=store_ts)
-    if not is_dispatched(light):
+    if not is_dispatched_flag(sys_flag):
         return None
-    return topic, qid, qoff, Unit(phys, size, tags_code(light, levels))
+    return topic, qid, qoff, Unit(phys, size, tags_code_of(topic, parse_properties(props), store_ts, levels))
 
 
 def resume_physical(queues_end: int, committed_position: int) -> int:
@@ -134,10 +138,12 @@ class Dispatcher:
     """Feeds consume queues from committed entries; tracks what has been dispatched."""
 
     def __init__(self, server, root: str | Path, *, file_size: int = DEFAULT_FILE_SIZE,
-                 on_control: Callable[[int, bytes], object] | None = None, verify_crc: bool = False):
+                 on_control: Callable[[int, bytes], object] | None = None, verify_crc: bool = False,
+                 max_open_files: int = DEFAULT_OPEN_FILES):
         self.server = server
         self.root = Path(root)
         self.file_size = file_size
+        self.max_open_files = max_open_files
         self.on_control = on_control or (lambda index, body: None)
         self.verify_crc = verify_crc
         self.queues: ConsumeQueues | None = None
@@ -152,12 +158,12 @@ class Dispatcher:
     # -- recovery ------------------------------------------------------------------------
     def _open(self) -> ConsumeQueues:
         try:
-            return ConsumeQueues(self.root, file_size=self.file_size)
+            return ConsumeQueues(self.root, file_size=self.file_size, max_open_files=self.max_open_files)
         except (StoreLayoutError, CodecError) as exc:
             log.warn("{id}: consume queues in {root} are damaged ({exc}); rebuilding them from the log",
                      id=self.server.self_id, root=str(self.root), exc=exc)
             shutil.rmtree(self.root / "consumequeue", ignore_errors=True)
-            return ConsumeQueues(self.root, file_size=self.file_size)
+            return ConsumeQueues(self.root, file_size=self.file_size, max_open_files=self.max_open_files)
 
     def recover(self, controls_from: int | None = None) -> int:
         """Open (or rebuild) the queues, drop units past the committed end; returns the index to resume at.
@@ -170,6 +176,7 @@ class Dispatcher:
         the queues skip); see :func:`resume_index`.
         """
         store = self.server.store
+        self.close()  # a restarted service: the previous queues' files
         self.queues = self._open()
         committed = store.committed_position()
         dropped = self.queues.truncate_physical(committed)
@@ -208,19 +215,37 @@ class Dispatcher:
         return self._start
 
     def entries_committed(self, entries: list) -> None:
+        """Index a delivery: units buffered per queue, written at its end (one pwrite per queue file).
+
+        If that write fails, the dispatched position goes back to before the
+        delivery (units written are replays when it comes again) and the
+        OSError propagates, as it did when each unit was written at once.
+        """
         queues = self.queues
+        before = (self.dispatched_index, self.dispatched_position)
+        try:
+            self._dispatch(queues, entries)
+        finally:
+            try:
+                queues.drain()
+            except OSError:
+                self.dispatched_index, self.dispatched_position = before
+                raise
+        self._wake()
+
+    def _dispatch(self, queues: ConsumeQueues, entries: list) -> None:
         for entry in entries:
             body = entry.body
             kind = entry_kind(body)
             if kind == EntryKind.RECORD:
                 try:
                     if self.verify_crc:
-                        queues.dispatch(decode_record(body, verify_crc=True))
+                        queues.dispatch(decode_record(body, verify_crc=True), defer=True)
                     else:
                         found = index_fields(body, queues.levels)
                         if found is not None:
                             topic, qid, qoff, unit = found
-                            queues.queue(topic, qid).append(qoff, unit)
+                            queues.queue(topic, qid).append(qoff, unit, defer=True)
                 except CodecError as exc:
                     self._warn.warn("bad-record", "{id}: entry {i} not dispatched: {exc}",
                                     id=self.server.self_id, i=entry.index, exc=exc)
@@ -236,7 +261,6 @@ class Dispatcher:
                                 "skipped ({n} so far)", id=self.server.self_id, i=entry.index, n=self.skipped)
             self.dispatched_index = entry.index
             self.dispatched_position = entry.pos + entry.size
-        self._wake()
 
     # -- catching up ------------------------------------------------------------------------------
     def lag(self) -> int:
@@ -296,5 +320,14 @@ class Dispatcher:
                 d.errback(exc)
 
     def flush(self) -> None:
+        """fsync the consume queues written since the last flush (inline: the broker's timer, on the reactor)."""
         if self.queues is not None:
             self.queues.flush()
+
+    def close(self) -> None:
+        """Flush and close the queues' open files (at stop; the queues stay usable and reopen files on demand)."""
+        if self.queues is not None:
+            try:
+                self.queues.flush()
+            finally:
+                self.queues.close()
