@@ -225,7 +225,7 @@ class Broker(MultiService):
 
         def rest(_):
             try:
-                self.dispatcher.flush()
+                self.dispatcher.close()  # flush, then close the queues' cached file descriptors
             except OSError as exc:
                 log.error("{id}: consume-queue flush failed: {exc}", id=self.server.self_id, exc=exc)
             return MultiService.stopService(self)
