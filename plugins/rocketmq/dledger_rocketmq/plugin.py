@@ -140,3 +140,10 @@ def dledger_services(server, collection):
 
             BrokerPort(broker, broker.options.listen, max_frame_size=broker.options.max_frame_size
                        ).setServiceParent(collection)
+
+
+@hookimpl
+def dledger_cli_commands(subparsers):
+    from dledger_rocketmq import cli
+
+    cli.register(subparsers)
