@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import struct
 
 import pytest
+import pytest_twisted
 from conftest import GOLDEN
 from dledger_rocketmq.broker import GetResult, GetStatus
 from dledger_rocketmq.client import PullResult, RocketMQClient, RocketMQError, client_factory
@@ -303,3 +305,60 @@ def test_client_send_pull_offsets_and_slave(tmp_path):
     sp = s.wait(s.client.pull("g", "TopicA", 0, 1, 32))
     assert sp.code == 0 and [m.body for m in sp.messages] == [b"two", b"three"] and sp.suggest_broker_id == 0
     assert s.wait(s.client.query_offset("g", "TopicA", 0)) == 2
+
+
+# -- real sockets ---------------------------------------------------------------------------------------------
+
+@pytest.mark.network
+@pytest_twisted.inlineCallbacks
+def test_port_on_real_sockets_with_client_and_cli(reactor, tmp_path, capsys):
+    """Members listen on 127.0.0.1; the client and the CLI send and pull; a slave refuses sends over TCP."""
+    from dledger_rocketmq import cli as rmq_cli  # noqa: F401 (the CLI module the hook adds)
+    from dledger_rocketmq.client import connect as rmq_connect
+    from dledger_rocketmq.plugin import port_for
+    from twisted.internet import threads
+
+    from dledger import cli, plugins
+    from dledger.testing import Cluster
+
+    cluster = Cluster(3, seed=3, clock=reactor, plugin_manager=plugins.make_plugin_manager(),
+                      store_base_dir=str(tmp_path), extras={"rocketmq.enabled": True,
+                                                            "rocketmq.mappedFileSizeConsumeQueue": 1000,
+                                                            "rocketmq.listen": "tcp:0:interface=127.0.0.1"})
+    cluster.start()
+    clients = []
+    try:
+        yield cluster.when(lambda: any(broker_for(s).role == "MASTER" for s in cluster.servers.values()), 20)
+        ports = {}
+        for s in cluster.servers.values():
+            ports[s.self_id] = (yield port_for(s).listening).getHost().port
+        m = next(s for s in cluster.servers.values() if broker_for(s).role == "MASTER")
+        sl = next(s for s in cluster.servers.values() if s is not m)
+        c = yield rmq_connect(reactor, "127.0.0.1", ports[m.self_id], timeout=5)
+        clients.append(c)
+        r = yield c.send("NetTopic", b"over tcp", tags="N")
+        assert r.queue_offset == 0
+        addr = f"127.0.0.1:{ports[m.self_id]}"
+        status = yield threads.deferToThread(cli.main, ["rocketmq", "send", addr, "NetTopic", "cli-1", "cli-2",
+                                                        "--batch", "--json"])
+        assert status == 0
+        yield cluster.when(lambda: broker_for(m).max_offset("NetTopic", 0) == 3, 10)
+        p = yield c.pull("g", "NetTopic", 0, 0, 10)
+        assert [x.body for x in p.messages] == [b"over tcp", b"cli-1", b"cli-2"]
+        capsys.readouterr()
+        status = yield threads.deferToThread(cli.main, ["rocketmq", "pull", addr, "g", "NetTopic", "--offset", "1",
+                                                        "--commit", "--json"])
+        out = json.loads(capsys.readouterr().out)
+        assert status == 0 and [x["body"] for x in out["messages"]] == ["cli-1", "cli-2"]
+        assert (yield c.query_offset("g", "NetTopic", 0)) == 3
+        s = yield rmq_connect(reactor, "127.0.0.1", ports[sl.self_id], timeout=5)
+        clients.append(s)
+        with pytest.raises(RocketMQError) as err:
+            yield s.send("NetTopic", b"refused")
+        assert err.value.code == 14
+        status = yield threads.deferToThread(cli.main, ["rocketmq", "offsets", "127.0.0.1:1", "NetTopic"])
+        assert status == 1 and "cannot connect" in capsys.readouterr().err
+    finally:
+        for c in clients:
+            c.close()
+        yield cluster.stop()

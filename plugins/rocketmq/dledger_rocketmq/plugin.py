@@ -21,6 +21,7 @@ from dledger_rocketmq.broker import Broker, BrokerOptions, parse_host
 from dledger_rocketmq.message import DEFAULT_MAX_MESSAGE_SIZE
 
 _brokers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ports: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def host_option(value) -> str:
@@ -106,6 +107,11 @@ def broker_for(server) -> Broker | None:
     return broker
 
 
+def port_for(server):
+    """The member's BrokerPort service (``rocketmq.listen`` set), or None."""
+    return _ports.get(server)
+
+
 @hookimpl
 def dledger_extra_options():
     return [ExtraOption(f"rocketmq.{name}", default, help_, type_)
@@ -138,8 +144,9 @@ def dledger_services(server, collection):
         if broker.options.listen:
             from dledger_rocketmq.port import BrokerPort
 
-            BrokerPort(broker, broker.options.listen, max_frame_size=broker.options.max_frame_size
-                       ).setServiceParent(collection)
+            port = _ports[server] = BrokerPort(broker, broker.options.listen,
+                                               max_frame_size=broker.options.max_frame_size)
+            port.setServiceParent(collection)
 
 
 @hookimpl
