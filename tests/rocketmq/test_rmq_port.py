@@ -362,3 +362,24 @@ def test_port_on_real_sockets_with_client_and_cli(reactor, tmp_path, capsys):
         for c in clients:
             c.close()
         yield cluster.stop()
+
+
+@pytest.mark.network
+@pytest_twisted.inlineCallbacks
+def test_port_in_use_fails_the_start(reactor):
+    """A broker port that cannot bind raises CannotListenError from startService (the member start fails)."""
+    from types import SimpleNamespace
+
+    from twisted.internet import protocol
+    from twisted.internet.error import CannotListenError
+
+    taken = reactor.listenTCP(0, protocol.Factory(), interface="127.0.0.1")
+    try:
+        broker = SimpleNamespace(server=SimpleNamespace(self_id="n0", clock=reactor))
+        port = BrokerPort(broker, f"tcp:{taken.getHost().port}:interface=127.0.0.1", reactor=reactor)
+        with pytest.raises(CannotListenError):
+            port.startService()
+        assert not port.running and port.listening_port is None
+        assert (yield port.listening) is None
+    finally:
+        yield taken.stopListening()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from twisted.internet import protocol
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import Deferred, fail, maybeDeferred
 from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint
 from twisted.internet.threads import blockingCallFromThread
@@ -136,7 +136,7 @@ class RocketMQClient:
     def request(self, code: int, ext: dict[str, Any], body: bytes = b"", *, oneway: bool = False) -> Deferred:
         """Send a request; fires with (Header, body) of the reply (None for oneway)."""
         if self.protocol is None or self.protocol.transport is None:
-            raise RocketMQError(-1, "not connected")
+            return fail(RocketMQError(-1, "not connected"))
         opaque = next(self._opaque)
         header = Header(code, opaque, FLAG_ONEWAY if oneway else 0, "JAVA", VERSION, None,
                         {k: str(v) for k, v in ext.items() if v is not None})

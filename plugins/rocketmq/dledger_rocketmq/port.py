@@ -35,6 +35,7 @@ from twisted.application import service
 from twisted.internet import protocol
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger, LogLevel
+from twisted.python.failure import Failure
 
 from dledger.transport.remoting import (
     FLAG_RESPONSE,
@@ -532,11 +533,15 @@ class BrokerPort(service.Service):
 
     # -- service ---------------------------------------------------------------------------------
     def startService(self):
+        """Listen; a bind that fails at once (port in use, bad endpoint) raises, so the member's start fails
+        with one line (dledger.services), as for dledger's own ports."""
         from twisted.internet.endpoints import serverFromString
 
         super().startService()
         reactor = self.reactor or self.broker.server.clock
         d = maybeDeferred(lambda: serverFromString(reactor, self.endpoint).listen(self.factory))
+        outcome: list = []
+        d.addBoth(outcome.append)
 
         def bound(port):
             self.listening_port = port
@@ -545,13 +550,28 @@ class BrokerPort(service.Service):
                      host=h.host, port=h.port)
             self.listening.callback(port)
 
-        def failed(f):
-            log.error("{id}: cannot listen on rocketmq.listen={ep}: {err}", id=self.broker.server.self_id,
-                      ep=self.endpoint, err=f.getErrorMessage())
-            log.failure("rocketmq port listen failed", f, level=LogLevel.debug)
+        def failed(f, *, report: bool):
+            if report:  # later than the start: nobody else reports it
+                log.error("{id}: cannot listen on rocketmq.listen={ep}: {err}", id=self.broker.server.self_id,
+                          ep=self.endpoint, err=f.getErrorMessage())
+                log.failure("rocketmq port listen failed", f, level=LogLevel.debug)
             self.listening.errback(f)
-            self.listening.addErrback(lambda _: None)
-        d.addCallbacks(bound, failed)
+            self.listening.addErrback(lambda _: None)  # waiters see None; the error is reported once
+
+        def settle(_=None, *, report: bool = True):
+            result = outcome[0]
+            if isinstance(result, Failure):
+                failed(result, report=report)
+                return result
+            bound(result)
+            return None
+        if not outcome:  # an endpoint that binds later: report then (the member runs without a port)
+            d.addCallback(settle)
+            return
+        failure = settle(report=False)
+        if failure is not None:
+            self.running = 0
+            failure.raiseException()
 
     def stopService(self):
         super().stopService()
@@ -634,8 +654,7 @@ class BrokerPort(service.Service):
     def _pull(self, args: PullArgs) -> Reply:
         broker = self.broker
         is_master = broker.role == "MASTER"
-        if broker.meta.topics.get(args.topic) is None and broker._queue(args.topic, args.queue_id) is None \
-                and broker.max_offset(args.topic, args.queue_id) == 0:
+        if broker.meta.topics.get(args.topic) is None and broker.max_offset(args.topic, args.queue_id) == 0:
             return Reply(TOPIC_NOT_EXIST, f"topic[{args.topic}] not exist, apply first please!{FAQ}")
         if args.max_nums <= 0:
             return Reply(SYSTEM_ERROR, f"maxMsgNums {args.max_nums} must be positive")
