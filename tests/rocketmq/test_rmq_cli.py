@@ -42,7 +42,8 @@ def test_inspect_golden_store(main_store, capsys):
     assert [m["queueOffset"] for m in gt2["last"]] == [6, 7]
     assert gt2["last"][-1]["body"] == "golden: wakes up a held pull"
     assert queues[("GoldenBulk", 0)]["maxOffset"] == 150
-    assert "GoldenTopic" in info["topics"]
+    assert "GoldenTopic" in info["topics"] and "RaftNode00" in info["topics"]
+    assert "broker-a" not in info["topics"]  # only what the store's topics.json holds
     assert any(c["group"] == "golden_pull_cg" for c in info["consumerOffsets"])
     assert cli.main(["rocketmq", "inspect", str(main_store)]) == 0
     assert "queue GoldenTopic/2: min 0 max 8" in capsys.readouterr().out

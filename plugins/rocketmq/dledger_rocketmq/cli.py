@@ -214,8 +214,10 @@ def inspect_store(root: Path, *, last: int = 3, data_root: Path | None = None, s
     meta = BrokerMetadata(root)
     meta.load()
     reader = None
+    if self_id is None and root.name.startswith("rocketmq-"):  # the plugin's default <storeBaseDir>/rocketmq-<id>
+        self_id = root.name[len("rocketmq-"):]
     for base in ([data_root] if data_root else [root, root.parent]):
-        data_dirs = sorted(base.glob("dledger-*/data"))
+        data_dirs = sorted(base.glob(f"dledger-{self_id}/data" if self_id else "dledger-*/data"))
         if data_dirs:
             first = next((p for p in sorted(data_dirs[0].iterdir()) if p.is_file()), None)
             size = first.stat().st_size if first else None
@@ -236,9 +238,20 @@ def inspect_store(root: Path, *, last: int = 3, data_root: Path | None = None, s
                     row["last"].append({"queueOffset": qoff, "error": str(exc)})
         out_queues.append(row)
     return {"store": str(root), "commitlog": str(reader.dledger_dir) if reader and reader.dledger_dir else None,
-            "topics": sorted(meta.topics.to_dict().get("topicConfigTable", {})),
+            "topics": _topic_names(root, meta),
             "queues": out_queues,
             "consumerOffsets": [c._asdict() for c in meta.offsets.items()]}
+
+
+def _topic_names(root: Path, meta) -> list[str]:
+    """The topics of ``config/topics.json`` as written (the loaded table also holds this tool's defaults)."""
+    from dledger_rocketmq import fastjson
+
+    try:
+        data = fastjson.loads((root / "config" / "topics.json").read_bytes())
+        return sorted(data["topicConfigTable"])
+    except (OSError, ValueError, KeyError, TypeError):  # missing or damaged (.bak used): the loaded table
+        return sorted(meta.topics.to_dict().get("topicConfigTable", {}))
 
 
 def cmd_inspect(args) -> int:
