@@ -53,3 +53,34 @@ def test_inspect_missing_dir(tmp_path, capsys):
     """inspect of a missing directory is one line and exit 2."""
     assert cli.main(["rocketmq", "inspect", str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.startswith("dledger rocketmq: error:")
+
+
+def test_inspect_store_written_by_the_plugin(tmp_path, capsys):
+    """inspect reads a one-member mmap group's broker store: queue offsets, last messages, committed offsets."""
+    from dledger_rocketmq.control import OffsetCommit
+    from rmq_cluster_util import master, msg, put, settled
+
+    from dledger import plugins
+    from dledger.store.mmapfile import MmapLogStore
+    from dledger.testing import Cluster
+
+    cluster = Cluster(1, seed=4, plugin_manager=plugins.make_plugin_manager(), store_base_dir=str(tmp_path),
+                      mapped_file_size_for_entry_data=65536,
+                      extras={"rocketmq.enabled": True, "rocketmq.mappedFileSizeConsumeQueue": 1000},
+                      store_factory=lambda mid, cfg, state: MmapLogStore.from_config(cfg, state, clock=cluster.clock))
+    cluster.start()
+    b = master(cluster)
+    for i in range(4):
+        assert put(cluster, b, msg(topic="Insp", queue_id=1, body=f"m{i}".encode(), tags="T")).ok
+    done = []
+    b.commit_offsets([OffsetCommit("grp", "Insp", 1, 2)]).addBoth(done.append)
+    assert cluster.run_until(lambda: bool(done), 10) and settled(cluster)
+    stopped = []
+    cluster.stop().addBoth(stopped.append)
+    assert cluster.run_until(lambda: bool(stopped), 30)
+    assert cli.main(["rocketmq", "inspect", str(tmp_path / "rocketmq-n0"), "--last", "2", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    [q] = [q for q in info["queues"] if q["topic"] == "Insp"]
+    assert (q["queueId"], q["minOffset"], q["maxOffset"]) == (1, 0, 4)
+    assert [(m["queueOffset"], m["body"], m["tags"]) for m in q["last"]] == [(2, "m2", "T"), (3, "m3", "T")]
+    assert {"group": "grp", "topic": "Insp", "queue_id": 1, "offset": 2} in info["consumerOffsets"]
