@@ -30,8 +30,11 @@ from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
 
 
-def _private_reactor() -> Any:
-    """A reactor instance of our own (epoll where available), not installed as the global one."""
+def private_reactor() -> Any:
+    """A reactor instance of our own (epoll where available), not installed as the global one.
+
+    Public so that other blocking clients (e.g. a plugin's) run their private reactor thread the same way.
+    """
     try:
         from twisted.internet.epollreactor import EPollReactor as Reactor
     except ImportError:  # pragma: no cover - not Linux
@@ -49,7 +52,7 @@ class BlockingClient:
         from dledger.client import connect
 
         self.timeout = timeout
-        self._reactor = _private_reactor()
+        self._reactor = private_reactor()
         self._closed = False
         # Built before the thread starts: nothing else touches the reactor yet.
         self._client = connect(peers, group, reactor=self._reactor, request_timeout=request_timeout,

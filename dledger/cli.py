@@ -2,7 +2,8 @@
 
 Each command module exposes ``register(subparsers)``, which adds its parser
 and sets ``func`` to a callable taking the parsed arguments and returning an
-exit status.
+exit status.  Plugins add commands the same way through the
+``dledger_cli_commands(subparsers)`` hook.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
+    from dledger import plugins
+
+    plugins.get_plugin_manager().hook.dledger_cli_commands(subparsers=subparsers)  # plugins' commands
     return parser
 
 

@@ -95,3 +95,16 @@ def dledger_add_hookspecs(pluginmanager):
     own plugins and implement them in the same module.  Call them with
     ``pluginmanager.hook.<name>(...)``.
     """
+
+
+@hookspec
+def dledger_cli_commands(subparsers):
+    """Add sub-commands to the ``dledger`` command (``subparsers`` of its argparse parser).
+
+    Like a built-in command module's ``register(subparsers)``: add a parser
+    with ``subparsers.add_parser(name, help=...)`` and set ``func`` (parsed
+    arguments -> exit status) with ``set_defaults``.  Called once per
+    :func:`dledger.cli.build_parser`, after the built-in commands; the
+    command's errors follow the built-ins' rules (one line, exit 2 for bad
+    arguments, ``DLedgerError`` -> exit 1).
+    """

@@ -569,6 +569,23 @@ def test_added_hookspecs_apply_to_the_plugin_that_adds_them(pm):
     assert pm.hook.myplugin_hello() == ["hello"]
 
 
+def test_hook_dledger_cli_commands(pm, monkeypatch):
+    """A plugin's sub-command appears in the dledger parser and runs with its exit status."""
+    from dledger import cli
+
+    class Cmd:
+        @hookimpl
+        def dledger_cli_commands(self, subparsers):
+            p = subparsers.add_parser("hello-plugin", help="say hello")
+            p.add_argument("--times", type=int, default=1)
+            p.set_defaults(func=lambda args: 40 + args.times)
+
+    pm.register(Cmd())
+    monkeypatch.setattr(plugins, "get_plugin_manager", lambda: pm)
+    assert "hello-plugin" in cli.build_parser().format_help()
+    assert cli.main(["hello-plugin", "--times", "2"]) == 42
+
+
 # -- meta-tests ----------------------------------------------------------------
 
 HOOKS = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("dledger_")]

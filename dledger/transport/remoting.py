@@ -21,7 +21,7 @@ import binascii
 import json
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -266,13 +266,18 @@ class FrameSplitter:
     without an ``opaque``).
     """
 
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE):
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                 header_decoder: Callable[[int, bytes], Header] | None = None):
         if max_frame_size < 8:
             raise ValueError(f"max_frame_size must be at least 8, got {max_frame_size}")
         self.max_frame_size = max_frame_size
         self._buf = bytearray()
         self._pos = 0  # frames before this offset are consumed; trimmed on the next feed (one memmove per read)
         self._broken: FrameError | None = None
+        #: ``header_decoder(serializeType, header bytes) -> Header`` replaces the JSON-only header parsing
+        #: (other RemotingCommand speakers, e.g. the RocketMQ broker port: both serialize types, lenient
+        #: extFields); it raises a :class:`FrameError` for a header it cannot use (the frame is consumed).
+        self.header_decoder = header_decoder
 
     @property
     def buffered(self) -> int:
@@ -314,6 +319,9 @@ class FrameSplitter:
             with memoryview(buf) as view:
                 body = bytes(view[header_end:end])
             self._pos = end
+            if self.header_decoder is not None:
+                yield Frame(self.header_decoder(serialize_type, bytes(buf[pos + 8:header_end])), body)
+                continue
             if serialize_type != SERIALIZE_JSON:
                 kind = "ROCKETMQ binary headers" if serialize_type == SERIALIZE_ROCKETMQ else "it"
                 raise UnsupportedSerializeTypeError(f"serializeType {serialize_type} is not supported "

@@ -112,6 +112,8 @@ class BrokerOptions:
     commitlog_dir: str = ""
     commitlog_file_size: int = 0
     persist_interval: float = 5.0
+    listen: str = ""
+    max_frame_size: int = 16 * 1024 * 1024
 
 
 def parse_host(text: str) -> Address:

@@ -7,7 +7,8 @@ gets one :class:`dledger_rocketmq.broker.Broker` (made on first use by any
 hook, kept per server): its append hook, its role-change handler and
 leader-ready listener (roles), and the broker itself as a service (which
 loads its metadata and registers the consume-queue dispatcher on the commit
-feed once the store is recovered; its metadata persists as a child service).
+feed once the store is recovered; its metadata persists as a child service),
+plus the broker port (:mod:`dledger_rocketmq.port`) when ``rocketmq.listen`` is set.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dledger_rocketmq.broker import Broker, BrokerOptions, parse_host
 from dledger_rocketmq.message import DEFAULT_MAX_MESSAGE_SIZE
 
 _brokers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ports: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def host_option(value) -> str:
@@ -74,6 +76,10 @@ OPTIONS = {
                            "'{id}' is the member id); empty: none"),
     "mappedFileSizeCommitLog": ("commitlog_file_size", 0, int,
                                 "old CommitLog file size in bytes (0: mappedFileSizeForEntryData)"),
+    "listen": ("listen", "", str, "the broker port's endpoint (RocketMQ remoting), e.g. "
+               "tcp:10911:interface=127.0.0.1; empty: no port"),
+    "maxFrameSize": ("max_frame_size", 16 * 1024 * 1024, int, "largest remoting frame the broker port accepts, "
+                     "in bytes (a bigger one closes the connection)"),
 }
 
 
@@ -99,6 +105,11 @@ def broker_for(server) -> Broker | None:
         return None
     broker = _brokers[server] = Broker(server, options)
     return broker
+
+
+def port_for(server):
+    """The member's BrokerPort service (``rocketmq.listen`` set), or None."""
+    return _ports.get(server)
 
 
 @hookimpl
@@ -130,3 +141,16 @@ def dledger_services(server, collection):
     broker = broker_for(server)
     if broker is not None:
         broker.setServiceParent(collection)
+        if broker.options.listen:
+            from dledger_rocketmq.port import BrokerPort
+
+            port = _ports[server] = BrokerPort(broker, broker.options.listen,
+                                               max_frame_size=broker.options.max_frame_size)
+            port.setServiceParent(collection)
+
+
+@hookimpl
+def dledger_cli_commands(subparsers):
+    from dledger_rocketmq import cli
+
+    cli.register(subparsers)

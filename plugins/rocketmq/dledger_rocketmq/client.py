@@ -1,0 +1,344 @@
+"""A small Python client for the broker port (:mod:`dledger_rocketmq.port`): Deferred and blocking forms.
+
+    d = connect(reactor, "127.0.0.1", 10911)          # Deferred of a RocketMQClient
+    d.addCallback(lambda c: c.send("T", b"hi", tags="A"))  # SendResult(msg_id, queue_id, queue_offset)
+
+    with BlockingRocketMQClient("127.0.0.1", 10911) as c:
+        r = c.send("T", b"hi")
+        p = c.pull("g", "T", 0, 0, 32)                 # PullResult: code, messages, next_begin_offset, ...
+
+It speaks RocketMQ remoting (JSON headers, SEND_MESSAGE_V2 field names) on one
+connection, matching replies by ``opaque`` (requests time out after
+``timeout`` seconds).  A reply with an error code fails the Deferred with
+:class:`RocketMQError` (``code``, ``remark``); pulls that find nothing are
+results (``PullResult.code`` 19/20/21), not errors.  No name server: it talks
+to one broker port; a slave answers sends with SERVICE_NOT_AVAILABLE (14).
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import threading  # allowed: the blocking client's single reactor thread (as dledger.blocking)
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.internet import protocol
+from twisted.internet.defer import Deferred, fail, maybeDeferred
+from twisted.internet.defer import TimeoutError as DeferredTimeout
+from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint
+from twisted.internet.threads import blockingCallFromThread
+
+from dledger.transport.remoting import FLAG_ONEWAY, FrameError, FrameSplitter, Header
+from dledger_rocketmq.batch import BatchItem, encode_batch
+from dledger_rocketmq.message import MessageRecord, decode_record, encode_properties
+from dledger_rocketmq.port import (
+    GET_MAX_OFFSET,
+    GET_MIN_OFFSET,
+    PULL_MESSAGE,
+    QUERY_CONSUMER_OFFSET,
+    SEND_BATCH_MESSAGE,
+    SEND_MESSAGE_V2,
+    SUCCESS,
+    SYSFLAG_SUBSCRIPTION,
+    UPDATE_CONSUMER_OFFSET,
+    VERSION,
+    decode_header,
+    encode_command,
+)
+
+_I32 = struct.Struct(">i")
+
+
+class RocketMQError(Exception):
+    """The broker answered with an error code (or the request failed / timed out: code -1)."""
+
+    def __init__(self, code: int, remark: str | None):
+        super().__init__(f"code {code}: {remark or 'no remark'}")
+        self.code = code
+        self.remark = remark
+
+
+@dataclass(frozen=True)
+class SendResult:
+    msg_id: str  # offsetMsgId (comma-separated for a batch)
+    queue_id: int
+    queue_offset: int
+
+
+@dataclass(frozen=True)
+class PullResult:
+    code: int  # 0 FOUND, 19 PULL_NOT_FOUND, 20 PULL_RETRY_IMMEDIATELY, 21 PULL_OFFSET_MOVED
+    status: str  # the remark: FOUND, OFFSET_OVERFLOW_ONE, NO_MATCHED_MESSAGE, ...
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    suggest_broker_id: int
+    messages: list[MessageRecord]
+
+
+def split_records(body: bytes) -> list[MessageRecord]:
+    """The CommitLog records of a PULL body, in order."""
+    out, pos = [], 0
+    while pos + 4 <= len(body):
+        size = _I32.unpack_from(body, pos)[0]
+        if size <= 0 or pos + size > len(body):
+            raise RocketMQError(-1, f"malformed pull body at byte {pos}")
+        out.append(decode_record(body, pos))
+        pos += size
+    return out
+
+
+def message_properties(tags: str | None = None, keys: str | Sequence[str] | None = None,
+                       properties: dict[str, str] | None = None) -> str:
+    """A property string with TAGS / KEYS (keys joined by spaces, as Java) and any others."""
+    props = dict(properties or {})
+    if tags:
+        props["TAGS"] = tags
+    if keys:
+        props["KEYS"] = keys if isinstance(keys, str) else " ".join(keys)
+    return encode_properties(props).decode("utf-8") if props else ""
+
+
+class _ClientProtocol(protocol.Protocol):
+    def __init__(self, client: RocketMQClient):
+        self.client = client
+        self.splitter = FrameSplitter(client.max_frame_size, header_decoder=decode_header)
+
+    def dataReceived(self, data: bytes):
+        try:
+            for frame in self.splitter.feed(data):
+                self.client._reply(frame.header, frame.body)
+        except FrameError as exc:
+            self.client._fail_all(RocketMQError(-1, f"bad frame from the broker: {exc}"))
+            self.transport.loseConnection()
+
+    def connectionLost(self, reason=None):
+        self.client._fail_all(RocketMQError(-1, "connection lost"))
+
+
+class RocketMQClient:
+    """Requests to one broker port over one connection (made by :func:`connect`)."""
+
+    def __init__(self, reactor: Any, *, timeout: float = 10.0, producer_group: str = "dledger_producer",
+                 max_frame_size: int = 16 * 1024 * 1024):
+        self.reactor = reactor
+        self.timeout = timeout
+        self.producer_group = producer_group
+        self.max_frame_size = max_frame_size
+        self.protocol: _ClientProtocol | None = None
+        self._opaque = itertools.count(1)
+        self._pending: dict[int, Deferred] = {}
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def request(self, code: int, ext: dict[str, Any], body: bytes = b"", *, oneway: bool = False) -> Deferred:
+        """Send a request; fires with (Header, body) of the reply (None for oneway)."""
+        if self.protocol is None or self.protocol.transport is None:
+            return fail(RocketMQError(-1, "not connected"))
+        opaque = next(self._opaque)
+        header = Header(code, opaque, FLAG_ONEWAY if oneway else 0, "JAVA", VERSION, None,
+                        {k: str(v) for k, v in ext.items() if v is not None})
+        self.protocol.transport.write(encode_command(header, body))
+        if oneway:
+            return _fired(None)
+        d = Deferred(lambda _: self._pending.pop(opaque, None))
+        self._pending[opaque] = d
+        d.addTimeout(self.timeout, self.reactor)
+        d.addErrback(self._timed_out, opaque)
+        return d
+
+    def _timed_out(self, f, opaque):
+        self._pending.pop(opaque, None)
+        if f.check(DeferredTimeout):
+            raise RocketMQError(-1, f"no answer within {self.timeout:g}s")
+        return f
+
+    def _reply(self, header: Header, body: bytes) -> None:
+        d = self._pending.pop(header.opaque, None)
+        if d is not None and header.is_response:
+            d.callback((header, body))
+
+    def _fail_all(self, exc: Exception) -> None:
+        pending, self._pending = self._pending, {}
+        for d in pending.values():
+            d.errback(exc)
+
+    @staticmethod
+    def _ok(reply) -> Header:
+        header, _ = reply
+        if header.code != SUCCESS:
+            raise RocketMQError(header.code, header.remark)
+        return header
+
+    def close(self) -> None:
+        if self.protocol is not None and self.protocol.transport is not None:
+            self.protocol.transport.loseConnection()
+
+    # -- API ------------------------------------------------------------------------------------------
+    def _send_ext(self, topic: str, queue_id: int, properties: str, batch: bool) -> dict[str, Any]:
+        return {"a": self.producer_group, "b": topic, "c": "TBW102", "d": 4, "e": queue_id, "f": 0,
+                "g": int(time.time() * 1000), "h": 0, "i": properties, "j": 0, "k": "false",
+                "m": "true" if batch else "false"}
+
+    def _send_result(self, reply) -> SendResult:
+        ext = self._ok(reply).ext_fields or {}
+        return SendResult(ext.get("msgId", ""), int(ext.get("queueId", -1)), int(ext.get("queueOffset", -1)))
+
+    def send(self, topic: str, body: bytes, *, tags: str | None = None, keys: str | Sequence[str] | None = None,
+             queue_id: int = 0, properties: dict[str, str] | None = None, oneway: bool = False) -> Deferred:
+        """SEND_MESSAGE_V2 of one message; fires with a :class:`SendResult` (None when ``oneway``)."""
+        ext = self._send_ext(topic, queue_id, message_properties(tags, keys, properties), False)
+        d = self.request(SEND_MESSAGE_V2, ext, body, oneway=oneway)
+        return d if oneway else d.addCallback(self._send_result)
+
+    def send_batch(self, topic: str, bodies: Sequence[bytes], *, tags: str | None = None, queue_id: int = 0
+                   ) -> Deferred:
+        """SEND_BATCH_MESSAGE; fires with a :class:`SendResult` (msg_id: comma-separated ids)."""
+        props = message_properties(tags).encode("utf-8")
+        body = encode_batch([BatchItem(b, props) for b in bodies])
+        return self.request(SEND_BATCH_MESSAGE, self._send_ext(topic, queue_id, "", True), body
+                            ).addCallback(self._send_result)
+
+    def pull(self, group: str, topic: str, queue_id: int, offset: int, max_nums: int = 32, *,
+             subscription: str = "*") -> Deferred:
+        """PULL_MESSAGE (no suspend); fires with a :class:`PullResult` (found or not)."""
+        ext = {"consumerGroup": group, "topic": topic, "queueId": queue_id, "queueOffset": offset,
+               "maxMsgNums": max_nums, "sysFlag": SYSFLAG_SUBSCRIPTION, "commitOffset": 0,
+               "suspendTimeoutMillis": 0, "subscription": subscription, "subVersion": 0, "expressionType": "TAG"}
+
+        def result(reply):
+            header, body = reply
+            if header.code not in (0, 19, 20, 21):
+                raise RocketMQError(header.code, header.remark)
+            e = header.ext_fields or {}
+            return PullResult(header.code, header.remark or "", int(e.get("nextBeginOffset", offset)),
+                              int(e.get("minOffset", 0)), int(e.get("maxOffset", 0)),
+                              int(e.get("suggestWhichBrokerId", 0)), split_records(body) if header.code == 0 else [])
+        return self.request(PULL_MESSAGE, ext).addCallback(result)
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int, *, oneway: bool = False
+                      ) -> Deferred:
+        """UPDATE_CONSUMER_OFFSET; fires (None) once the master stored it (at once when ``oneway``)."""
+        ext = {"consumerGroup": group, "topic": topic, "queueId": queue_id, "commitOffset": offset}
+        d = self.request(UPDATE_CONSUMER_OFFSET, ext, oneway=oneway)
+        return d if oneway else d.addCallback(lambda r: self._ok(r) and None)
+
+    def _offset(self, code: int, ext: dict[str, Any]) -> Deferred:
+        return self.request(code, ext).addCallback(lambda r: int((self._ok(r).ext_fields or {})["offset"]))
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> Deferred:
+        """QUERY_CONSUMER_OFFSET: the group's stored offset (0 when none and the queue starts at 0)."""
+        return self._offset(QUERY_CONSUMER_OFFSET, {"consumerGroup": group, "topic": topic, "queueId": queue_id})
+
+    def max_offset(self, topic: str, queue_id: int) -> Deferred:
+        return self._offset(GET_MAX_OFFSET, {"topic": topic, "queueId": queue_id})
+
+    def min_offset(self, topic: str, queue_id: int) -> Deferred:
+        return self._offset(GET_MIN_OFFSET, {"topic": topic, "queueId": queue_id})
+
+
+def _fired(value: Any) -> Deferred:
+    d: Deferred = Deferred()
+    d.callback(value)
+    return d
+
+
+class _Factory(protocol.Factory):
+    noisy = False
+
+    def __init__(self, client: RocketMQClient):
+        self.client = client
+
+    def buildProtocol(self, addr):
+        p = _ClientProtocol(self.client)
+        self.client.protocol = p
+        return p
+
+
+def client_factory(client: RocketMQClient) -> protocol.Factory:
+    """The protocol factory of ``client`` (for tests that connect it over an in-memory transport)."""
+    return _Factory(client)
+
+
+def connect(reactor: Any, host: str, port: int, *, timeout: float = 10.0, **kw: Any) -> Deferred:
+    """Connect to a broker port; fires with a :class:`RocketMQClient`."""
+    client = RocketMQClient(reactor, timeout=timeout, **kw)
+    ep_class = TCP6ClientEndpoint if ":" in host else TCP4ClientEndpoint
+    d = ep_class(reactor, host, port, timeout=timeout).connect(_Factory(client))
+    return d.addCallback(lambda _: client)
+
+
+class BlockingRocketMQClient:
+    """Blocking calls on a private reactor thread (the mechanism of :class:`dledger.blocking.BlockingClient`)."""
+
+    def __init__(self, host: str, port: int, *, timeout: float = 10.0, **kw: Any):
+        from dledger.blocking import private_reactor
+
+        self.timeout = timeout
+        self._reactor = private_reactor()
+        self._thread = threading.Thread(target=self._reactor.run, kwargs={"installSignalHandlers": False},
+                                        name="rocketmq-blocking-client", daemon=True)
+        self._thread.start()
+        self._closed = False
+        try:
+            self.client: RocketMQClient = self._call(lambda: connect(self._reactor, host, port, timeout=timeout,
+                                                                     **kw))
+        except BaseException:
+            self._stop()
+            raise
+
+    def _call(self, fn, timeout: float | None = None) -> Any:
+        if self._closed:
+            raise RocketMQError(-1, "client is closed")
+        limit = self.timeout if timeout is None else timeout
+
+        def run() -> Deferred:
+            d = maybeDeferred(fn)
+            d.addTimeout(limit + 1, self._reactor)
+            return d
+        try:
+            return blockingCallFromThread(self._reactor, run)
+        except DeferredTimeout:
+            raise RocketMQError(-1, f"no answer within {limit:g}s") from None
+
+    def send(self, topic, body, **kw) -> SendResult:
+        return self._call(lambda: self.client.send(topic, body, **kw))
+
+    def send_batch(self, topic, bodies, **kw) -> SendResult:
+        return self._call(lambda: self.client.send_batch(topic, bodies, **kw))
+
+    def pull(self, group, topic, queue_id, offset, max_nums=32, **kw) -> PullResult:
+        return self._call(lambda: self.client.pull(group, topic, queue_id, offset, max_nums, **kw))
+
+    def commit_offset(self, group, topic, queue_id, offset, **kw) -> None:
+        return self._call(lambda: self.client.commit_offset(group, topic, queue_id, offset, **kw))
+
+    def query_offset(self, group, topic, queue_id) -> int:
+        return self._call(lambda: self.client.query_offset(group, topic, queue_id))
+
+    def max_offset(self, topic, queue_id) -> int:
+        return self._call(lambda: self.client.max_offset(topic, queue_id))
+
+    def min_offset(self, topic, queue_id) -> int:
+        return self._call(lambda: self.client.min_offset(topic, queue_id))
+
+    def _stop(self) -> None:
+        self._closed = True
+        self._reactor.callFromThread(self._reactor.stop)
+        self._thread.join(10)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            blockingCallFromThread(self._reactor, lambda: maybeDeferred(self.client.close))
+        finally:
+            self._stop()
+
+    def __enter__(self) -> BlockingRocketMQClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
