@@ -13,7 +13,7 @@ import importlib
 import os
 import signal
 import sys
-import threading
+import threading  # allowed: only to ask whether this is the main thread (signal handlers), no thread is started
 
 from dledger import __version__
 from dledger.errors import ConfigError, DLedgerError, StoreError

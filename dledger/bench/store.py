@@ -110,7 +110,7 @@ def _signals_between_batches():
     failed: signal 15" and the benchmark went on instead of stopping and removing its directory.
     """
     import signal
-    import threading
+    import threading  # allowed: only to ask whether this is the main thread (signal handlers), no thread is started
 
     from dledger.cli import Terminated
 
