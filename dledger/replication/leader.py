@@ -21,6 +21,7 @@ from dledger.messages import PushEntryRequest
 from dledger.ratelog import RateLimitedLog, RateLimiter
 from dledger.replication.rules import Step, after_compare, first_compare_index, new_commit_index, truncate_reason
 from dledger.stats import lag_entries
+from dledger.store.base import read_range
 
 log = Logger()
 
@@ -227,28 +228,24 @@ class EntryDispatcher:
         """A batch from ``begin``; if an entry in it is unreadable, the readable entries before it.
 
         The follower then gets everything up to the damaged entry, and the next push starts at that
-        entry, whose read failure is reported (``_unreadable``) with its exact index.
+        entry, whose read failure is reported (``_unreadable``) with its exact index.  (Only this rare
+        path probes entries one by one; the batch itself is cut by ``base.read_range``, like any read.)
         """
         lead = self.leader
+        store = lead.store
         try:
-            return lead.store.get_range(begin, lead.max_batch_entries, lead.max_batch_bytes)
+            return store.get_range(begin, lead.max_batch_entries, lead.max_batch_bytes)
         except DLedgerError as exc:
-            out: list[Entry] = []
-            total = 0
-            for index in range(begin, min(lead.store.ledger_end_index, begin + lead.max_batch_entries - 1) + 1):
+            for index in range(begin, min(store.ledger_end_index, begin + lead.max_batch_entries - 1) + 1):
                 try:
-                    entry = lead.store.get(index)
-                except DLedgerError as exc2:
-                    if not out:
-                        self._read_failed(index, exc2)
-                    return out
-                total += entry.size
-                if out and total > lead.max_batch_bytes:
-                    break
-                out.append(entry)
-            if not out:
-                self._read_failed(begin, exc)
-            return out
+                    store.get(index)
+                except DLedgerError as bad:
+                    if index == begin:
+                        self._read_failed(index, bad)
+                        return []
+                    return read_range(store.get, begin, index - 1, lead.max_batch_entries, lead.max_batch_bytes)
+            self._read_failed(begin, exc)
+            return []
 
     def _read_failed(self, index: int, exc: DLedgerError) -> None:
         if exc.code is ResponseCode.DISK_ERROR:
@@ -603,9 +600,7 @@ class LeaderReplicator:
         self.damage_log.error(("unreadable", index), "{id}: cannot read entry {index} to replicate it to {peer}: "
                               "{why}; this member's store is damaged (see 'store damaged' in operations.md)",
                               id=self.self_id, index=index, peer=peer, why=exc.message or exc)
-        report = getattr(self.server, "store_damaged", None)
-        if report is not None:
-            report(index, exc)
+        self.server.store_damaged(index, exc)
 
     def peer_known(self, peer: str) -> int:
         """The highest index ``peer`` is known to hold now (-1: unknown); what the lag metric counts from."""
