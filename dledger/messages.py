@@ -320,8 +320,9 @@ def entry_bounds_error(entry: Entry, where: str = "entry") -> str | None:
 def message_bounds_error(msg: RequestOrResponse) -> str | None:
     """Why some integer of ``msg`` (its entries included) is out of range; None if all fit.
 
-    :func:`from_wire` applies the same bounds field by field; this checks a message built another way
-    (the binary PUSH decoder attaches entries after reading the JSON meta).
+    :func:`from_wire` applies the same bounds field by field while decoding (and the binary PUSH decoder
+    checks each entry with :func:`entry_bounds_error`); this whole-message form is the oracle the
+    decoder fuzz tests compare those checks against.
     """
     for name, bounds in FIELD_BOUNDS.items():
         value = getattr(msg, name, None)
