@@ -26,7 +26,7 @@ from twisted.python.failure import Failure
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
 from dledger.messages import RequestOrResponse
-from dledger.ratelog import RateLimiter
+from dledger.ratelog import RateLimitedLog
 from dledger.transport import remoting
 from dledger.transport.protocol import DEFAULT_MAX_IN_FLIGHT, RemotingProtocol
 
@@ -191,16 +191,14 @@ class Link:
         delay = self._back_off()
         # One line per address and error per interval: a peer that stays down, or a process out of file
         # descriptors, must not write a line per attempt (issue #9: 8,914 lines from one EMFILE condition).
-        held = self.client.limiter.check((self.address, self.last_error))
-        if held is not None:
-            suffix = f" ({held} similar lines suppressed)" if held else ""
-            if _out_of_descriptors(failure):
-                self.log.warn("cannot connect to {address}: out of file descriptors ({error}); raise the limit "
-                              "(ulimit -n) or lower maxConnections; next attempt in {delay:.2f}s{suffix}",
-                              address=self.address, error=self.last_error, delay=delay, suffix=suffix)
-            else:
-                self.log.info("cannot connect to {address}: {error}; next attempt in {delay:.2f}s{suffix}",
-                              address=self.address, error=self.last_error, delay=delay, suffix=suffix)
+        key = (self.address, self.last_error)
+        if _out_of_descriptors(failure):
+            self.client.connect_log.warn(key, "cannot connect to {address}: out of file descriptors ({error}); raise "
+                                         "the limit (ulimit -n) or lower maxConnections; next attempt in "
+                                         "{delay:.2f}s", address=self.address, error=self.last_error, delay=delay)
+        else:
+            self.client.connect_log.info(key, "cannot connect to {address}: {error}; next attempt in {delay:.2f}s",
+                                         address=self.address, error=self.last_error, delay=delay)
         self._fail_waiting(f"cannot connect to {self.address}: {self.last_error}")
 
     def _lost(self, protocol: RemotingProtocol, reason: Failure) -> None:
@@ -287,7 +285,8 @@ class RemotingClient:
         self.max_frame_size = max_frame_size
         self.max_in_flight = max_in_flight
         self.backoff = backoff if backoff is not None else Backoff()
-        self.limiter = RateLimiter(reactor)
+        #: Connect failures, one line per address and error per interval (shared by this client's links).
+        self.connect_log = RateLimitedLog(Link.log, reactor)
         self.links: dict[str, Link] = {}
         self._closed = False
 

@@ -25,7 +25,7 @@ from dledger import messages
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
 from dledger.interfaces import IBatchRequestHandler
-from dledger.ratelog import RateLimiter
+from dledger.ratelog import RateLimitedLog
 from dledger.transport import remoting
 from dledger.transport.base import failure_response
 from dledger.transport.limits import (
@@ -95,11 +95,12 @@ class RemotingProtocol(Protocol):
     def __init__(self, clock: IReactorTime, handler: Any = None, *,
                  max_frame_size: int = remoting.DEFAULT_MAX_FRAME_SIZE,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, limits: ConnectionLimits | None = None,
-                 budget: BufferBudget | None = None, limiter: RateLimiter | None = None):
+                 budget: BufferBudget | None = None, warnings: RateLimitedLog | None = None):
         self.clock = clock
         self.limits = limits
         self.budget = budget
-        self.limiter = limiter if limiter is not None else RateLimiter(clock)
+        #: Rate-limited warnings, shared by a port's connections (one noisy host does not flood the log).
+        self.warnings = warnings if warnings is not None else RateLimitedLog(self.log, clock)
         self._idle_timer: IDelayedCall | None = None
         self._last_frame = 0.0
         self._budget_paused = False
@@ -150,13 +151,7 @@ class RemotingProtocol(Protocol):
 
     def _warn(self, key: Any, fmt: str, **kw: Any) -> None:
         """A warning, at most one per ``key`` per interval (hostile input repeats; the log must not)."""
-        held = self.limiter.check(key)
-        if held is None:
-            return
-        if held:
-            fmt += " ({suppressed} similar lines suppressed)"
-            kw["suppressed"] = held
-        self.log.warn(fmt, **kw)
+        self.warnings.warn(key, fmt, **kw)
 
     @property
     def peer_host(self) -> str:
@@ -452,7 +447,7 @@ class RemotingServerFactory(Factory):
         self.max_in_flight = max_in_flight
         self.limits = limits
         self.budget = BufferBudget(limits) if limits is not None else None
-        self.limiter = RateLimiter(clock)
+        self.warnings = RateLimitedLog(RemotingProtocol.log, clock)
         self.connections: set[RemotingProtocol] = set()
         self.per_address: dict[str, int] = {}
         self.refused = 0
@@ -463,15 +458,12 @@ class RemotingServerFactory(Factory):
             refusal = admission_refusal(len(self.connections), self.per_address.get(host, 0), self.limits)
             if refusal is not None:
                 self.refused += 1
-                held = self.limiter.check(("refused", host))
-                if held is not None:
-                    suffix = f" ({held} similar lines suppressed)" if held else ""
-                    RemotingProtocol.log.warn("refusing a connection from {host}: {why}{suffix}", host=host,
-                                              why=refusal, suffix=suffix)
+                self.warnings.warn(("refused", host), "refusing a connection from {host}: {why}", host=host,
+                                   why=refusal)
                 return None  # Twisted closes the accepted socket
         proto = RemotingProtocol(self.clock, self.handler, max_frame_size=self.max_frame_size,
                                  max_in_flight=self.max_in_flight, limits=self.limits, budget=self.budget,
-                                 limiter=self.limiter)
+                                 warnings=self.warnings)
         proto.factory = self
         self.connections.add(proto)
         self.per_address[host] = self.per_address.get(host, 0) + 1
