@@ -108,3 +108,14 @@ def dledger_cli_commands(subparsers):
     command's errors follow the built-ins' rules (one line, exit 2 for bad
     arguments, ``DLedgerError`` -> exit 1).
     """
+
+
+@hookspec
+def dledger_bench_subjects(subparsers):
+    """Add subjects to ``dledger bench`` (``subparsers`` of the bench parser), as ``store`` and ``cluster`` are.
+
+    Same contract as :func:`dledger_cli_commands`: ``subparsers.add_parser(name, help=...)`` and
+    ``set_defaults(func=...)`` returning the exit status.  Benchmarks of plugin distributions (the broker
+    layer's ``dledger bench rocketmq``, the Spark ingest's ``dledger bench ingest``) live with their plugin
+    but are found where operators look for benchmarks.
+    """

@@ -564,6 +564,24 @@ def test_hook_dledger_cli_commands(pm, monkeypatch):
     assert cli.main(["hello-plugin", "--times", "2"]) == 42
 
 
+def test_hook_dledger_bench_subjects(pm, monkeypatch):
+    """A plugin's benchmark appears under ``dledger bench`` and runs with its exit status."""
+    from dledger import cli
+
+    class Bench:
+        @hookimpl
+        def dledger_bench_subjects(self, subparsers):
+            p = subparsers.add_parser("hello-bench", help="a plugin benchmark")
+            p.add_argument("--count", type=int, default=1)
+            p.set_defaults(func=lambda args: 10 + args.count)
+
+    pm.register(Bench())
+    monkeypatch.setattr(plugins, "get_plugin_manager", lambda: pm)
+    bench_parser = cli.build_parser()._subparsers._group_actions[0].choices["bench"]
+    assert "hello-bench" in bench_parser.format_help()
+    assert cli.main(["bench", "hello-bench", "--count", "3"]) == 13
+
+
 # -- meta-tests ----------------------------------------------------------------
 
 HOOKS = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("dledger_")]

@@ -1,4 +1,5 @@
-"""``dledger bench``: benchmarks, one sub-command per subject (``store``, ``cluster``)."""
+"""``dledger bench``: benchmarks, one sub-command per subject (``store``, ``cluster``, and
+plugins' subjects through the ``dledger_bench_subjects`` hook)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="bench_command", metavar="SUBJECT")
     _register_store(sub)
     cluster_bench.register(sub)
+    from dledger import plugins
+
+    plugins.get_plugin_manager().hook.dledger_bench_subjects(subparsers=sub)  # plugins' benchmarks
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 

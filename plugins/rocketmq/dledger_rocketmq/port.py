@@ -24,6 +24,7 @@ checks (SUBSCRIPTION_NOT_LATEST), the name server and the other codes.
 
 from __future__ import annotations
 
+import importlib
 import json
 import struct
 import time
@@ -68,6 +69,10 @@ SEND_MESSAGE_V2 = 310
 SEND_BATCH_MESSAGE = 320
 SUPPORTED_CODES = frozenset({SEND_MESSAGE, PULL_MESSAGE, QUERY_CONSUMER_OFFSET, UPDATE_CONSUMER_OFFSET,
                              GET_MAX_OFFSET, GET_MIN_OFFSET, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE})
+#: Modules that add request handlers to every BrokerPort: ``"module:function"``, called with the port as it is
+#: made (``port.handlers[code] = fn``; ``port.connection_lost_callbacks.append(...)``).  One line per module.
+EXTENSIONS: list[str] = [
+]
 
 SUCCESS = 0
 SYSTEM_ERROR = 1
@@ -454,6 +459,21 @@ def unsupported_reply(code: int) -> Reply:
     return Reply(REQUEST_CODE_NOT_SUPPORTED, f" request type {code} not supported")
 
 
+@dataclass
+class Request:
+    """One request as a handler sees it: code, lenient extFields, body, and the connection it came on."""
+
+    code: int
+    ext: dict[str, Any]
+    body: bytes = b""
+    conn: Any = None  # the BrokerPortProtocol (None in unit tests)
+    header: Header | None = None
+
+    @property
+    def born_host(self) -> Address:
+        return self.conn.born_host if self.conn is not None else Address("127.0.0.1", 0)
+
+
 # -- the protocol ----------------------------------------------------------------------------------------------------
 
 class BrokerPortProtocol(protocol.Protocol):
@@ -486,6 +506,8 @@ class BrokerPortProtocol(protocol.Protocol):
     def connectionLost(self, reason=None):
         self.closed = True
         self.port.connections.discard(self)
+        for callback in self.port.connection_lost_callbacks:
+            callback(self)
 
     def answer(self, request: Header, reply: Reply) -> None:
         if not self.closed and not request.is_oneway:
@@ -530,6 +552,18 @@ class BrokerPort(service.Service):
         self.stats = _Stats()
         #: Fires with the listening port once bound, or fails.
         self.listening: Deferred = Deferred()
+        #: Called with each connection that closes (a client's registrations end with its connection).
+        self.connection_lost_callbacks: list[Callable[[BrokerPortProtocol], None]] = []
+        #: Request code -> handler (Request -> Reply | Deferred[Reply]); the core codes, then each extension's.
+        self.handlers: dict[int, Callable[[Request], Reply | Deferred]] = {
+            SEND_MESSAGE: self._send, SEND_MESSAGE_V2: self._send, SEND_BATCH_MESSAGE: self._send,
+            PULL_MESSAGE: self._pull, QUERY_CONSUMER_OFFSET: self._query_offset,
+            UPDATE_CONSUMER_OFFSET: self._update_offset, GET_MAX_OFFSET: self._max_offset,
+            GET_MIN_OFFSET: self._min_offset,
+        }
+        for path in EXTENSIONS:
+            module, _, name = path.partition(":")
+            getattr(importlib.import_module(module), name)(self)
 
     # -- service ---------------------------------------------------------------------------------
     def startService(self):
@@ -592,7 +626,7 @@ class BrokerPort(service.Service):
         self.stats.by_code[header.code] = self.stats.by_code.get(header.code, 0) + 1
         ext = header.ext_fields or {}
         try:
-            d = self.process(header.code, ext, body, conn.born_host)
+            d = self.process(Request(header.code, ext, body, conn, header))
         except (ArgumentError, CodecError) as exc:
             d = Reply(SYSTEM_ERROR, str(exc))
         except Exception as exc:  # a bug must not leave the client waiting: answer and log
@@ -610,29 +644,34 @@ class BrokerPort(service.Service):
             return Reply(SYSTEM_ERROR, f.getErrorMessage())
         d.addErrback(failed).addCallback(lambda reply: conn.answer(header, reply))
 
-    def process(self, code: int, ext: dict[str, str], body: bytes, born_host: Address) -> Reply | Deferred:
-        """A Reply now, or a Deferred firing with one."""
-        broker = self.broker
-        if code in (SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE):
-            return self._send(code, ext, body, born_host)
-        if code == PULL_MESSAGE:
-            return self._pull(pull_args(ext))
-        if code == GET_MAX_OFFSET:
-            return Reply(SUCCESS, None, {"offset": str(broker.max_offset(*queue_args(ext)))})
-        if code == GET_MIN_OFFSET:
-            return Reply(SUCCESS, None, {"offset": str(broker.min_offset(*queue_args(ext)))})
-        if code == QUERY_CONSUMER_OFFSET:
-            group, topic, queue_id = offset_key(ext)
-            return query_offset_reply(broker.query_offset(group, topic, queue_id), broker.min_offset(topic, queue_id))
-        if code == UPDATE_CONSUMER_OFFSET:
-            group, topic, queue_id = offset_key(ext)
-            commit = OffsetCommit(group, topic, queue_id, ext_int(ext, "commitOffset", bits=64))
-            return broker.commit_offsets([commit]).addCallback(lambda _: Reply(SUCCESS, None, {}))
-        return unsupported_reply(code)
+    def process(self, request: Request) -> Reply | Deferred:
+        """A Reply now, or a Deferred firing with one: the handler registered for the request's code."""
+        handler = self.handlers.get(request.code)
+        if handler is None:
+            return unsupported_reply(request.code)
+        return handler(request)
 
-    def _send(self, code: int, ext: dict[str, str], body: bytes, born_host: Address) -> Reply | Deferred:
+    # -- the core codes ---------------------------------------------------------------------------
+    def _max_offset(self, req: Request) -> Reply:
+        return Reply(SUCCESS, None, {"offset": str(self.broker.max_offset(*queue_args(req.ext)))})
+
+    def _min_offset(self, req: Request) -> Reply:
+        return Reply(SUCCESS, None, {"offset": str(self.broker.min_offset(*queue_args(req.ext)))})
+
+    def _query_offset(self, req: Request) -> Reply:
+        group, topic, queue_id = offset_key(req.ext)
         broker = self.broker
-        args = send_args(code, ext)
+        return query_offset_reply(broker.query_offset(group, topic, queue_id), broker.min_offset(topic, queue_id))
+
+    def _update_offset(self, req: Request) -> Deferred:
+        group, topic, queue_id = offset_key(req.ext)
+        commit = OffsetCommit(group, topic, queue_id, ext_int(req.ext, "commitOffset", bits=64))
+        return self.broker.commit_offsets([commit]).addCallback(lambda _: Reply(SUCCESS, None, {}))
+
+    def _send(self, req: Request) -> Reply | Deferred:
+        broker = self.broker
+        args = send_args(req.code, req.ext)
+        body, born_host = req.body, req.born_host
         if broker.role != "MASTER":
             return send_reply(PutResult(PutStatus.SERVICE_NOT_AVAILABLE))
         topics = broker.meta.topics
@@ -651,7 +690,8 @@ class BrokerPort(service.Service):
         d = broker.put_messages(records) if args.batch else broker.put_message(records[0])
         return d.addCallback(send_reply)
 
-    def _pull(self, args: PullArgs) -> Reply:
+    def _pull(self, req: Request) -> Reply:
+        args = pull_args(req.ext)
         broker = self.broker
         is_master = broker.role == "MASTER"
         if broker.meta.topics.get(args.topic) is None and broker.max_offset(args.topic, args.queue_id) == 0:
