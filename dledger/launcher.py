@@ -101,7 +101,7 @@ class LocalGroup:
     def __init__(self, base_dir: str | Path, *, n: int = 3, group: str = "g0", store: str = "mmap",
                  preset: str = "fast", flush_policy: str = "sync", metrics: bool = False,
                  options: dict[str, Any] | None = None, reactor: Any = None, python: str = sys.executable,
-                 host: str = "127.0.0.1"):
+                 host: str = "127.0.0.1", member_args: dict[str, list[str]] | None = None):
         if reactor is None:
             from twisted.internet import reactor
         self.reactor = reactor
@@ -112,6 +112,9 @@ class LocalGroup:
         self.python = python
         self.host = host
         self.ids = [f"n{i}" for i in range(n)]
+        #: Extra command-line arguments per member (e.g. ``--plugin-opt rocketmq.listen=...``: what differs
+        #: between members of one shared config file).
+        self.member_args = dict(member_args or {})
         ports = free_ports(n * (2 if metrics else 1), host)
         self.members = {mid: Member(mid, ports[i], ports[n + i] if metrics else None, self.base_dir / f"{mid}.log")
                         for i, mid in enumerate(self.ids)}
@@ -132,7 +135,7 @@ class LocalGroup:
                 "--id", mid]
         if m.metrics_port is not None:
             args += ["--metrics", f"tcp:{m.metrics_port}:interface={self.host}"]
-        return args
+        return args + list(self.member_args.get(mid, ()))
 
     def start(self, *ids: str) -> None:
         """Start members (all by default) that are not running; their output is appended to ``<id>.log``."""

@@ -116,6 +116,8 @@ class _ClientProtocol(protocol.Protocol):
             self.transport.loseConnection()
 
     def connectionLost(self, reason=None):
+        if self.client.protocol is self:  # later requests fail at once instead of waiting for their timeout
+            self.client.protocol = None
         self.client._fail_all(RocketMQError(-1, "connection lost"))
 
 

@@ -226,7 +226,12 @@ class RoleManager:
         self.rebuild()
         self.role, self.broker_id, self.master_term = MASTER, MASTER_ID, term
         self.switches += 1
-        log.info("{id}: became master (term {t}, broker id 0)", id=server.self_id, t=term)
+        # The figures let an operator (and the process failover test) see that the switch waited for catch-up.
+        log.info("{id}: became master (term {t}, broker id 0) after {s:.3f} s: log end {e}, committed {c}, "
+                 "dispatch caught up: {u} (last dispatched entry {d}; NOOPs are not dispatched)",
+                 id=server.self_id, t=term, s=server.clock.seconds() - self._started, e=store.ledger_end_index,
+                 c=store.committed_index, u=self.dispatcher.caught_up(store.committed_index),
+                 d=self.dispatcher.dispatched_index)
         self.on_master(self)
 
     def _hand_over(self, term: int) -> None:
