@@ -181,6 +181,27 @@ def test_host_family_must_match_sysflag():
         m.encode_record(m.MessageRecord("T", b"", sys_flag=m.STOREHOST_V6_FLAG))
 
 
+@pytest.mark.parametrize("born, store", [
+    (m.Address("127.0.0.1", 5555), m.Address("10.0.0.1", 10911)),
+    (m.Address("fd00::2", 40000), m.Address("10.0.0.1", 10911)),
+    (m.Address("127.0.0.1", 5555), m.Address("::1", 10911)),
+    (m.Address("fd00::2", 40000), m.Address("::1", 10911)),
+])
+def test_encode_overrides_equal_encoding_the_replaced_record(born, store):
+    """encode_record's queue/physical offset and store-host overrides give the bytes of the replaced record."""
+    rec = m.MessageRecord("T", b"body", b"TAGS\x01A", queue_id=3, sys_flag=m.host_flags(0, born, born),
+                          born_host=born, born_timestamp=17)
+    replaced = dataclasses.replace(rec, queue_offset=9, physical_offset=123, store_host=store,
+                                   sys_flag=m.host_flags(rec.sys_flag, born, store))
+    assert m.encode_record(rec, queue_offset=9, physical_offset=123, store_host=store) == m.encode_record(replaced)
+
+
+def test_encode_override_out_of_range_names_the_field():
+    """An override that does not fit its field is refused with the field's name, like a record's own value."""
+    with pytest.raises(CodecError, match="queueOffset .* does not fit an int64"):
+        m.encode_record(m.MessageRecord("T", b""), queue_offset=2**63)
+
+
 # -- limits and bad bytes ---------------------------------------------------------------------------------
 
 GOOD = m.encode_record(m.MessageRecord("Topic", b"hello", b"TAGS\x01A"))  # 107 bytes; BODYLEN at 84, TOPICLEN at 93

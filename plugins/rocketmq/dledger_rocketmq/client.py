@@ -125,11 +125,13 @@ class RocketMQClient:
     """Requests to one broker port over one connection (made by :func:`connect`)."""
 
     def __init__(self, reactor: Any, *, timeout: float = 10.0, producer_group: str = "dledger_producer",
-                 max_frame_size: int = 16 * 1024 * 1024):
+                 max_frame_size: int = 16 * 1024 * 1024, default_topic_queue_nums: int = 4):
         self.reactor = reactor
         self.timeout = timeout
         self.producer_group = producer_group
         self.max_frame_size = max_frame_size
+        #: Queues of a topic the broker auto-creates on this client's first send (defaultTopicQueueNums).
+        self.default_topic_queue_nums = default_topic_queue_nums
         self.protocol: _ClientProtocol | None = None
         self._opaque = itertools.count(1)
         self._pending: dict[int, Deferred] = {}
@@ -180,7 +182,8 @@ class RocketMQClient:
 
     # -- API ------------------------------------------------------------------------------------------
     def _send_ext(self, topic: str, queue_id: int, properties: str, batch: bool) -> dict[str, Any]:
-        return {"a": self.producer_group, "b": topic, "c": "TBW102", "d": 4, "e": queue_id, "f": 0,
+        return {"a": self.producer_group, "b": topic, "c": "TBW102", "d": self.default_topic_queue_nums,
+                "e": queue_id, "f": 0,
                 "g": int(time.time() * 1000), "h": 0, "i": properties, "j": 0, "k": "false",
                 "m": "true" if batch else "false"}
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 
 from twisted.internet.defer import Deferred, succeed
@@ -55,7 +55,6 @@ from dledger_rocketmq.message import (
     Address,
     MessageRecord,
     encode_record,
-    host_flags,
     message_id,
     patch_physical_offset,
 )
@@ -242,9 +241,8 @@ class CommitLog:
         offsets = plan_offsets(self.offsets, records)
         try:
             host = self.store_host
-            bodies = [encode_record(replace(r, queue_offset=q, physical_offset=0, store_host=host,
-                                            sys_flag=host_flags(r.sys_flag, r.born_host, host)),
-                                    max_size=self.max_message_size)
+            limit = self.max_message_size
+            bodies = [encode_record(r, max_size=limit, queue_offset=q, physical_offset=0, store_host=host)
                       for r, q in zip(records, offsets, strict=True)]
         except CodecError as exc:
             return succeed(PutResult(PutStatus.MESSAGE_ILLEGAL, error=str(exc)))

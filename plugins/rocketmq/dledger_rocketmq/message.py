@@ -88,6 +88,7 @@ _HEAD = struct.Struct(">iiiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP: 48 bytes
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _I16 = struct.Struct(">h")
+_TAIL = struct.Struct(">iqi")  # RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET, BODYLEN
 _PREFIX = struct.Struct(">ii")
 
 
@@ -279,46 +280,63 @@ def _check_range(name: str, value: int, bits: int) -> None:
         raise CodecError(f"{name} {value} does not fit an int{bits}")
 
 
-def encode_record(record: MessageRecord, *, max_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> bytes:
-    """The stored bytes of ``record``; CodecError (one line, naming the field) for what cannot be stored."""
+def encode_record(record: MessageRecord, *, max_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+                  queue_offset: int | None = None, physical_offset: int | None = None,
+                  store_host: Address | None = None) -> bytes:
+    """The stored bytes of ``record``; CodecError (one line, naming the field) for what cannot be stored.
+
+    ``queue_offset``, ``physical_offset`` and ``store_host`` override the
+    record's fields (with the sysFlag IPv6 bits set from the two hosts, as
+    :func:`host_flags`): the broker's put path encodes every message this way, and a
+    ``dataclasses.replace`` per message cost as much as the encoding itself.
+    Integer ranges are checked by ``struct`` itself; only a failure looks for
+    the field to name.
+    """
     topic = record.topic.encode()
     if not topic:
         raise CodecError("topic is empty")
     if len(topic) > MAX_TOPIC_LENGTH:
         raise RecordTooLargeError(f"topic of {len(topic)} bytes exceeds {MAX_TOPIC_LENGTH}")
-    if len(record.properties) > MAX_PROPERTIES_LENGTH:
-        raise RecordTooLargeError(f"properties of {len(record.properties)} bytes exceed {MAX_PROPERTIES_LENGTH}")
+    props = record.properties
+    if len(props) > MAX_PROPERTIES_LENGTH:
+        raise RecordTooLargeError(f"properties of {len(props)} bytes exceed {MAX_PROPERTIES_LENGTH}")
+    born = record.born_host
     sys_flag = record.sys_flag
-    _check_range("sysFlag", sys_flag, 32)
-    for name, host, bit in (("bornHost", record.born_host, BORNHOST_V6_FLAG),
-                            ("storeHost", record.store_host, STOREHOST_V6_FLAG)):
+    if store_host is None:
+        store_host = record.store_host
+    else:
+        sys_flag = host_flags(sys_flag, born, store_host)
+    queue_offset = record.queue_offset if queue_offset is None else queue_offset
+    physical_offset = record.physical_offset if physical_offset is None else physical_offset
+    for name, host, bit in (("bornHost", born, BORNHOST_V6_FLAG), ("storeHost", store_host, STOREHOST_V6_FLAG)):
         if host.is_v6 != bool(sys_flag & bit):
             raise CodecError(f"{name} {host} does not match sysFlag {sys_flag:#x} (IPv6 bit {bit:#x})")
-    size = record.size
+    body = record.body
+    size = _fixed_length(born.is_v6, store_host.is_v6) + len(body) + len(topic) + len(props)
     if size > max_size:
         raise RecordTooLargeError(f"message record of {size} bytes exceeds the maximum message size {max_size}")
-    crc = body_crc(record.body) if record.body_crc is None else record.body_crc
-    for name, value, bits in (("queueId", record.queue_id, 32), ("flag", record.flag, 32),
-                              ("bodyCRC", crc, 32), ("queueOffset", record.queue_offset, 64),
-                              ("physicalOffset", record.physical_offset, 64),
-                              ("bornTimestamp", record.born_timestamp, 64),
-                              ("storeTimestamp", record.store_timestamp, 64),
-                              ("reconsumeTimes", record.reconsume_times, 32),
-                              ("preparedTransactionOffset", record.prepared_transaction_offset, 64)):
-        _check_range(name, value, bits)
-    parts = [
-        _HEAD.pack(size, MESSAGE_MAGIC, crc, record.queue_id, record.flag, record.queue_offset,
-                   record.physical_offset, sys_flag, record.born_timestamp),
-        record.born_host.packed(),
-        _I64.pack(record.store_timestamp),
-        record.store_host.packed(),
-        _I32.pack(record.reconsume_times),
-        _I64.pack(record.prepared_transaction_offset),
-        _I32.pack(len(record.body)), record.body,
-        bytes([len(topic)]), topic,
-        _I16.pack(len(record.properties)), record.properties,
-    ]
-    out = b"".join(parts)
+    crc = body_crc(body) if record.body_crc is None else record.body_crc
+    try:
+        out = b"".join((
+            _HEAD.pack(size, MESSAGE_MAGIC, crc, record.queue_id, record.flag, queue_offset, physical_offset,
+                       sys_flag, record.born_timestamp),
+            born.packed(),
+            _I64.pack(record.store_timestamp),
+            store_host.packed(),
+            _TAIL.pack(record.reconsume_times, record.prepared_transaction_offset, len(body)), body,
+            bytes((len(topic),)), topic,
+            _I16.pack(len(props)), props,
+        ))
+    except struct.error:
+        for name, value, bits in (("sysFlag", sys_flag, 32), ("queueId", record.queue_id, 32),
+                                  ("flag", record.flag, 32), ("bodyCRC", crc, 32), ("queueOffset", queue_offset, 64),
+                                  ("physicalOffset", physical_offset, 64),
+                                  ("bornTimestamp", record.born_timestamp, 64),
+                                  ("storeTimestamp", record.store_timestamp, 64),
+                                  ("reconsumeTimes", record.reconsume_times, 32),
+                                  ("preparedTransactionOffset", record.prepared_transaction_offset, 64)):
+            _check_range(name, value, bits)
+        raise
     assert len(out) == size
     return out
 

@@ -154,3 +154,10 @@ def dledger_cli_commands(subparsers):
     from dledger_rocketmq import cli
 
     cli.register(subparsers)
+
+
+@hookimpl
+def dledger_bench_subjects(subparsers):
+    from dledger_rocketmq import bench
+
+    bench.register(subparsers)
