@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The stock JavaScript RocketMQ client (ali-ons) the broker layer's process tests drive; npm is on the machines.
+ALIONS := tools/alions/node_modules/.installed
 
 .PHONY: demo test lint soak clean
 
@@ -19,10 +21,14 @@ $(STAMP): setup.py plugins/rocketmq/setup.py
 	$(PY) -m pip install --quiet --no-build-isolation -e plugins/rocketmq --config-settings editable_mode=compat
 	touch $(STAMP)
 
+$(ALIONS): tools/alions/package.json tools/alions/package-lock.json
+	cd tools/alions && npm ci --no-audit --no-fund --loglevel=error
+	touch $(ALIONS)
+
 demo: $(STAMP)
 	$(VENV)/bin/dledger demo
 
-test: $(STAMP)
+test: $(STAMP) $(ALIONS)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
@@ -32,4 +38,4 @@ soak: $(STAMP)
 	$(PY) -m tools.simulate replication --seeds 10000
 
 clean:
-	rm -rf $(VENV) build *.egg-info plugins/rocketmq/build plugins/rocketmq/*.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) tools/alions/node_modules build *.egg-info plugins/rocketmq/build plugins/rocketmq/*.egg-info .pytest_cache .ruff_cache .hypothesis
