@@ -311,3 +311,22 @@ def test_round_trip(record):
 def test_properties_round_trip(props):
     """Encoded properties parse back to the same map."""
     assert m.parse_properties(m.encode_properties(props)) == props
+
+
+_prop_bytes = st.lists(st.sampled_from([b"TAGS", b"\x01", b"\x02", b"A", b"xTAGS", b"\xff", b"\xc3", b"KEYS", b""]),
+                       max_size=12).map(b"".join)
+
+
+@given(_prop_bytes)
+def test_property_value_agrees_with_parse_properties(raw):
+    """property_value reads one property exactly as parse_properties does, on any bytes (repeats, junk, UTF-8)."""
+    assert m.property_value(raw, "TAGS") == m.parse_properties(raw).get("TAGS")
+
+
+@pytest.mark.parametrize("raw, value", [
+    (b"TAGS\x01A", "A"), (b"KEYS\x01k\x02TAGS\x01B\x02", "B"), (b"xTAGS\x01A", None), (b"TAGS\x01\x02TAGS\x01C", "C"),
+    (b"TAGS\x01A\x02TAGS\x01", "A"), (b"TAGS\x01A\x01B", "A\x01B"), (b"", None), (b"TAGS", None),
+])
+def test_property_value_table(raw, value):
+    """Only an item starting with ``TAGS\\x01`` and a non-empty value counts; the last one wins."""
+    assert m.property_value(raw, "TAGS") == value

@@ -49,18 +49,22 @@ from dledger_rocketmq.consumequeue import (
     DEFAULT_FILE_SIZE,
     DEFAULT_OPEN_FILES,
     DELAY_LEVELS_MS,
+    SCHEDULE_TOPIC,
     ConsumeQueues,
     Unit,
     is_dispatched_flag,
+    tag_hash,
     tags_code_of,
 )
 from dledger_rocketmq.errors import CodecError, CorruptRecordError, StoreLayoutError
 from dledger_rocketmq.message import (
     BORN_HOST_POSITION,
     BORNHOST_V6_FLAG,
+    PROPERTY_TAGS,
     STOREHOST_V6_FLAG,
     decode_record,
     parse_properties,
+    property_value,
 )
 
 log = Logger()
@@ -114,7 +118,11 @@ def index_fields(body: bytes, levels: tuple[int, ...] = DELAY_LEVELS_MS) -> tupl
                                  f"{len(body)} bytes", 0)
     if not is_dispatched_flag(sys_flag):
         return None
-    return topic, qid, qoff, Unit(phys, size, tags_code_of(topic, parse_properties(props), store_ts, levels))
+    if topic == SCHEDULE_TOPIC:  # the unit holds the delivery time, from the DELAY property
+        code = tags_code_of(topic, parse_properties(props), store_ts, levels)
+    else:
+        code = tag_hash(property_value(props, PROPERTY_TAGS))
+    return topic, qid, qoff, Unit(phys, size, code)
 
 
 def resume_physical(queues_end: int, committed_position: int) -> int:

@@ -248,6 +248,29 @@ def parse_properties(raw: bytes | str) -> dict[str, str]:
     return out
 
 
+def property_value(raw: bytes, name: str) -> str | None:
+    """``parse_properties(raw).get(name)`` without building the map (dispatch reads TAGS of every message).
+
+    The same rules: an item counts where ``name\x01`` starts the string or
+    follows a ``\x02``, with a non-empty value up to the next ``\x02``; the
+    last such item wins.
+    """
+    key = name.encode() + b"\x01"
+    found = None
+    start = 0
+    while True:
+        i = raw.find(key, start)
+        if i < 0:
+            break
+        if i == 0 or raw[i - 1] == 2:
+            end = raw.find(b"\x02", i + len(key))
+            value = raw[i + len(key):end if end >= 0 else len(raw)]
+            if value:
+                found = value
+        start = i + 1
+    return None if found is None else bytes(found).decode("utf-8", errors="replace")
+
+
 # -- message ids -----------------------------------------------------------------------------------------
 
 def message_id(store_host: Address, physical_offset: int) -> str:
