@@ -26,6 +26,8 @@ const out = obj => process.stdout.write(JSON.stringify(obj) + '\n');
 const quiet = { info() {}, warn() {}, debug() {}, error(...a) { process.stderr.write(a.join(' ') + '\n'); } };
 const common = {
   nameSrv: namesrv,
+  // Only used to look up name servers from Aliyun's address service (onsAddr); nameSrv is given instead.
+  httpclient: { async request() { throw new Error('no address service: nameSrv is set'); } },
   accessKeyId: 'none',
   accessKeySecret: 'none',
   pollNameServerInteval: 1000,
