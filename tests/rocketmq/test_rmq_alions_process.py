@@ -12,6 +12,7 @@ acknowledged sends around the kill).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -27,10 +28,12 @@ from dledger.launcher import TWISTD, LocalGroup, child_env, durable_store, free_
 ROOT = Path(__file__).resolve().parent.parent.parent
 DRIVER = ROOT / "tools" / "alions" / "failover.js"
 NODE = shutil.which("node")
+HAS_NAMESRV = importlib.util.find_spec("dledger_rocketmq.namesrv") is not None
 STORE = durable_store()
 pytestmark = [
     pytest.mark.process,
     pytest.mark.skipif(NODE is None, reason="node is not installed"),
+    pytest.mark.skipif(not HAS_NAMESRV, reason="this broker plugin has no name server yet"),
     pytest.mark.skipif(not (DRIVER.parent / "node_modules" / "ali-ons").is_dir(),
                        reason="ali-ons is not installed (make test installs it with npm)"),
     pytest.mark.skipif(STORE is None, reason="no durable store (mmap or lmdb) is installed"),

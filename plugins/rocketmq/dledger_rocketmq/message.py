@@ -128,17 +128,28 @@ class Address(NamedTuple):
 
     @property
     def is_v6(self) -> bool:
-        return self._ip().version == 6
+        return _is_v6(self.host)
 
     def packed(self) -> bytes:
         """IP bytes (4 or 16) + port as int32, the record's layout."""
-        ip = self._ip().packed
-        if not 0 <= self.port <= 0x7FFFFFFF:
-            raise CodecError(f"port {self.port} out of range for {self.host}")
-        return ip + _I32.pack(self.port)
+        return _packed(self.host, self.port)
 
     def __str__(self) -> str:
         return f"[{self.host}]:{self.port}" if self.is_v6 else f"{self.host}:{self.port}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_v6(host: str) -> bool:
+    return _parse_ip(host).version == 6
+
+
+@functools.lru_cache(maxsize=4096)
+def _packed(host: str, port: int) -> bytes:
+    """Cached like :func:`_parse_ip`: every record carries two of a broker's few hosts."""
+    ip = _parse_ip(host).packed
+    if not 0 <= port <= 0x7FFFFFFF:
+        raise CodecError(f"port {port} out of range for {host}")
+    return ip + _I32.pack(port)
 
 
 def host_flags(sys_flag: int, born_host: Address, store_host: Address) -> int:
@@ -331,11 +342,13 @@ def encode_record(record: MessageRecord, *, max_size: int = DEFAULT_MAX_MESSAGE_
         sys_flag = host_flags(sys_flag, born, store_host)
     queue_offset = record.queue_offset if queue_offset is None else queue_offset
     physical_offset = record.physical_offset if physical_offset is None else physical_offset
-    for name, host, bit in (("bornHost", born, BORNHOST_V6_FLAG), ("storeHost", store_host, STOREHOST_V6_FLAG)):
-        if host.is_v6 != bool(sys_flag & bit):
+    born_v6, store_v6 = born.is_v6, store_host.is_v6
+    for name, host, v6, bit in (("bornHost", born, born_v6, BORNHOST_V6_FLAG),
+                                ("storeHost", store_host, store_v6, STOREHOST_V6_FLAG)):
+        if v6 != bool(sys_flag & bit):
             raise CodecError(f"{name} {host} does not match sysFlag {sys_flag:#x} (IPv6 bit {bit:#x})")
     body = record.body
-    size = _fixed_length(born.is_v6, store_host.is_v6) + len(body) + len(topic) + len(props)
+    size = _fixed_length(born_v6, store_v6) + len(body) + len(topic) + len(props)
     if size > max_size:
         raise RecordTooLargeError(f"message record of {size} bytes exceeds the maximum message size {max_size}")
     crc = body_crc(body) if record.body_crc is None else record.body_crc
