@@ -250,7 +250,7 @@ class AdminHandlers:
                 record = decode_record(data, verify_crc=False)
                 if record.store_timestamp < args.begin:
                     break
-                if record.store_timestamp <= args.end and admin.key_matches(record.property_map(), args.key,
+                if record.store_timestamp <= args.end and admin.key_matches(record.property_map, args.key,
                                                                             args.unique):
                     found.append((unit.physical_offset, data))
         return [data for _, data in sorted(found)[:args.max_num]]
