@@ -298,3 +298,27 @@ def test_metadata_entry_replayed_below_applied_index_is_skipped(tmp_path):
     b._on_control(index - 1, encode_metadata(KIND_TOPIC_DELETE, [{"topicName": "X"}], 8))
     assert b.meta.topics.data_version == {"counter": before + 1, "timestamp": 7}
     assert b.meta.topics.get("X") == {"topicName": "X", "perm": 6}
+
+
+def test_hostile_query_fields_get_one_line_errors(tmp_path):
+    """Negative, huge or non-numeric offsets, times and queue ids get SYSTEM_ERROR (or an empty answer), never
+    a traceback or a hang; the port keeps serving."""
+    cluster, b, port = group(tmp_path)
+    replay(cluster, port, "017-update-and-create-topic")
+    _fill(cluster, b)
+    for offset in ("-1", "0", "9223372036854775807", "48"):
+        got = replay(cluster, port, "033-view-message-by-id", offset=offset)
+        assert got.header.code == 1 and "can not find message" in got.header.remark, offset
+    got = replay(cluster, port, "033-view-message-by-id", offset="x")
+    assert got.header.code == 1 and "'offset'" in got.header.remark
+    for ext in ({"timestamp": "-5"}, {"queueId": "99"}, {"timestamp": "9223372036854775807"}):
+        got = replay(cluster, port, "029-search-offset-by-timestamp", **ext)
+        assert got.header.code == 0 and int(got.header.ext_fields["offset"]) >= 0
+    got = replay(cluster, port, "029-search-offset-by-timestamp", timestamp="1e9")
+    assert got.header.code == 1 and "'timestamp'" in got.header.remark
+    got = replay(cluster, port, "012-query-message-key", maxNum="-3")
+    assert got.header.code == 1 and "'maxNum'" in got.header.remark
+    got = replay(cluster, port, "200-update-and-create-subscriptiongroup")
+    assert got.header.code == 0
+    got = ask(cluster, port, encode_command(Header(200, 3, 0, "JAVA", 409, None, None), b"\xff\xfe"))
+    assert got.header.code == 1 and "not JSON" in got.header.remark
