@@ -322,3 +322,41 @@ def test_hostile_query_fields_get_one_line_errors(tmp_path):
     assert got.header.code == 0
     got = ask(cluster, port, encode_command(Header(200, 3, 0, "JAVA", 409, None, None), b"\xff\xfe"))
     assert got.header.code == 1 and "not JSON" in got.header.remark
+
+
+def test_served_sync_bodies_load_into_a_slave(tmp_path):
+    """The four GET_ALL bodies the port serves load, through the slave sync's own rule (apply_sync), into a
+    fresh member's metadata with the master's tables."""
+    from dledger_rocketmq.metadata import BrokerMetadata
+    from dledger_rocketmq.sync import SyncKind, apply_sync
+
+    cluster, b, port = group(tmp_path)
+    replay(cluster, port, "017-update-and-create-topic")
+    replay(cluster, port, "200-update-and-create-subscriptiongroup")
+    wait(cluster, b.commit_offsets([OffsetCommit("golden_pull_cg", "GoldenTopic", 2, 4)]))
+    b.meta.delay_offsets.advance(3, 7)
+    slave = BrokerMetadata(tmp_path / "slave", cluster_name="RaftCluster", broker_name="RaftNode00")
+    for kind, name in ((SyncKind.TOPIC_CONFIG, "021-get-all-topic-config"),
+                       (SyncKind.CONSUMER_OFFSET, "043-get-all-consumer-offset"),
+                       (SyncKind.DELAY_OFFSET, "045-get-all-delay-offset"),
+                       (SyncKind.SUBSCRIPTION_GROUP, "201-get-all-subscriptiongroup-config")):
+        assert apply_sync(slave, kind, replay(cluster, port, name).body), name
+    assert slave.topics.to_json() == b.meta.topics.to_json()
+    assert slave.groups.to_json() == b.meta.groups.to_json()
+    assert slave.offsets.to_json() == b.meta.offsets.to_json()
+    assert slave.delay_offsets.to_json() == b.meta.delay_offsets.to_json()
+
+
+def test_metadata_callbacks_run_on_every_member_once_per_change(tmp_path):
+    """Each member's metadata_callbacks see a topic change once when it is applied (a failing one is logged
+    and does not stop the others); an unchanged re-put calls nothing."""
+    cluster, b, port = group(tmp_path)
+    seen = []
+    for broker in [b, *others(cluster, b)]:
+        broker.metadata_callbacks.append(lambda br, e: 1 / 0)
+        broker.metadata_callbacks.append(lambda br, e: seen.append((br.server.self_id, e.kind)))
+    replay(cluster, port, "017-update-and-create-topic")
+    assert settled(cluster)
+    replay(cluster, port, "017-update-and-create-topic")
+    assert settled(cluster)
+    assert sorted(seen) == sorted((s, KIND_TOPIC_CONFIG) for s in cluster.servers)

@@ -207,6 +207,10 @@ class Broker(MultiService):
         self.master_callbacks.insert(0, Broker._master_duties)
         self.slave_callbacks.insert(0, Broker._slave_duties)
         self._flush_timer = None
+        #: Called with (broker, ControlEntry) on every member after a topic or subscription-group change from
+        #: the log changed its tables (e.g. to re-register with the name server, as RocketMQ does after a topic
+        #: is created); one that raises is logged.
+        self.metadata_callbacks: list[Callable[[Broker, object], object]] = []
         #: Topic name -> the callers waiting for its auto-creation entry in flight (one entry per name at a time).
         self._creating: dict[str, list[Deferred]] = {}
 
@@ -251,9 +255,17 @@ class Broker(MultiService):
         offsets = self.meta.offsets
         if index > offsets.applied_index and control_kind(body) in METADATA_KINDS:
             try:
-                self.meta.apply_change(decode_control(body))
+                entry = decode_control(body)
+                changed = self.meta.apply_change(entry)
             except ValueError as exc:  # malformed: every member skips it alike (the offset table logs it)
                 log.debug("metadata control entry {i} not applied: {e}", i=index, e=exc)
+            else:
+                if changed:
+                    for cb in list(self.metadata_callbacks):
+                        try:
+                            cb(self, entry)
+                        except Exception:
+                            log.failure("{id}: metadata callback {cb!r} failed", id=self.server.self_id, cb=cb)
         return offsets.on_control(index, body)
 
     def _note_applied(self) -> None:

@@ -53,6 +53,7 @@ from dledger_rocketmq.port import (
     ext_int,
     ext_str,
 )
+from dledger_rocketmq.sync import SyncKind, master_body
 
 log = Logger()
 
@@ -177,16 +178,16 @@ class AdminHandlers:
 
     # -- slave sync, serving side ---------------------------------------------------------------------------
     def all_topics(self, req: Request) -> Reply:
-        return Reply(SUCCESS, None, {}, self.broker.meta.topics.to_json(pretty=False).encode("utf-8"))
+        return Reply(SUCCESS, None, {}, master_body(self.broker.meta, SyncKind.TOPIC_CONFIG))
 
     def all_offsets(self, req: Request) -> Reply:
-        return Reply(SUCCESS, None, None, self.broker.meta.offsets.to_json(pretty=False).encode("utf-8"))
+        return Reply(SUCCESS, None, None, master_body(self.broker.meta, SyncKind.CONSUMER_OFFSET))
 
     def all_delay_offsets(self, req: Request) -> Reply:
-        return Reply(SUCCESS, None, None, self.broker.meta.delay_offsets.to_json(pretty=False).encode("utf-8"))
+        return Reply(SUCCESS, None, None, master_body(self.broker.meta, SyncKind.DELAY_OFFSET))
 
     def all_groups(self, req: Request) -> Reply:
-        return Reply(SUCCESS, None, None, self.broker.meta.groups.to_json(pretty=False).encode("utf-8"))
+        return Reply(SUCCESS, None, None, master_body(self.broker.meta, SyncKind.SUBSCRIPTION_GROUP))
 
     # -- queries ------------------------------------------------------------------------------------------
     def search_offset(self, req: Request) -> Reply:
