@@ -297,6 +297,7 @@ def test_client_send_pull_offsets_and_slave(tmp_path):
     with pytest.raises(RocketMQError) as err:
         c.wait(c.client.pull("g", "NoSuchTopic", 0, 0, 32))
     assert err.value.code == 17
+    assert settled(cluster)  # the slave has applied the offset commit (the master's answer does not wait for it)
     slave = next(broker_for(s) for s in cluster.servers.values() if broker_for(s) is not b)
     s = _Conn(cluster, BrokerPort(slave, "tcp:0"))
     with pytest.raises(RocketMQError) as err:

@@ -20,6 +20,7 @@ from pathlib import Path
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from dledger import diskio
 from dledger.codes import ResponseCode, Role
@@ -28,7 +29,15 @@ from dledger.messages import AppendEntryRequest
 from dledger_rocketmq import oldlog
 from dledger_rocketmq.commitlog import CommitLog, PutResult, PutStatus  # noqa: F401 (part of the facade's API)
 from dledger_rocketmq.consumequeue import DEFAULT_FILE_SIZE, tag_hash
-from dledger_rocketmq.control import OffsetCommit, encode_offset_commits
+from dledger_rocketmq.control import (
+    KIND_TOPIC_CONFIG,
+    METADATA_KINDS,
+    OffsetCommit,
+    control_kind,
+    decode_control,
+    encode_metadata,
+    encode_offset_commits,
+)
 from dledger_rocketmq.dispatch import Dispatcher
 from dledger_rocketmq.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -198,6 +207,12 @@ class Broker(MultiService):
         self.master_callbacks.insert(0, Broker._master_duties)
         self.slave_callbacks.insert(0, Broker._slave_duties)
         self._flush_timer = None
+        #: Called with (broker, ControlEntry) on every member after a topic or subscription-group change from
+        #: the log changed its tables (e.g. to re-register with the name server, as RocketMQ does after a topic
+        #: is created); one that raises is logged.
+        self.metadata_callbacks: list[Callable[[Broker, object], object]] = []
+        #: Topic name -> the callers waiting for its auto-creation entry in flight (one entry per name at a time).
+        self._creating: dict[str, list[Deferred]] = {}
 
     # -- service ---------------------------------------------------------------------------
     def startService(self):
@@ -235,7 +250,23 @@ class Broker(MultiService):
 
     # -- metadata ------------------------------------------------------------------------------
     def _on_control(self, index: int, body: bytes) -> object:
-        return self.meta.offsets.on_control(index, body)
+        """Apply a committed control entry once: metadata kinds to the topic/group tables, every kind counted
+        by the offset table's applied index (which the restart replay starts after)."""
+        offsets = self.meta.offsets
+        if index > offsets.applied_index and control_kind(body) in METADATA_KINDS:
+            try:
+                entry = decode_control(body)
+                changed = self.meta.apply_change(entry)
+            except ValueError as exc:  # malformed: every member skips it alike (the offset table logs it)
+                log.debug("metadata control entry {i} not applied: {e}", i=index, e=exc)
+            else:
+                if changed:
+                    for cb in list(self.metadata_callbacks):
+                        try:
+                            cb(self, entry)
+                        except Exception:
+                            log.failure("{id}: metadata callback {cb!r} failed", id=self.server.self_id, cb=cb)
+        return offsets.on_control(index, body)
 
     def _note_applied(self) -> None:
         """Before a snapshot: every control entry up to the dispatched index is in the table, so say so.
@@ -263,11 +294,48 @@ class Broker(MultiService):
         with a :class:`DLedgerError` (NOT_LEADER on a slave or a leader that is
         not master yet; ControlError for bad commits).
         """
-        server = self.server
         try:
             body = encode_offset_commits(list(commits), reset=reset)
         except ValueError as exc:
             return fail(exc)
+        return self.append_control(body)
+
+    def change_metadata(self, kind: int, configs: Sequence[dict]) -> Deferred:
+        """Create/replace or delete topic or subscription-group configs through the log (master only).
+
+        ``kind`` is a :mod:`~dledger_rocketmq.control` metadata kind (3-6).
+        Fires with the entry's index once it is committed and applied here
+        (``meta.topics`` / ``meta.groups`` show it); every member applies it
+        in log order.  Fails as :meth:`commit_offsets` does.
+        """
+        try:
+            body = encode_metadata(kind, list(configs), int(self.server.clock.seconds() * 1000))
+        except ValueError as exc:
+            return fail(exc)
+        return self.append_control(body)
+
+    def create_topic(self, config: dict) -> Deferred:
+        """Create a topic through the log (a send's auto-creation); concurrent calls for one name share one entry."""
+        name = config["topicName"]
+        d: Deferred = Deferred()
+        waiters = self._creating.get(name)
+        if waiters is not None:
+            waiters.append(d)
+            return d
+        self._creating[name] = [d]
+
+        def done(result):
+            for waiter in self._creating.pop(name, []):
+                if isinstance(result, Failure):
+                    waiter.errback(result)
+                else:
+                    waiter.callback(result)
+        self.change_metadata(KIND_TOPIC_CONFIG, [config]).addBoth(done)
+        return d
+
+    def append_control(self, body: bytes) -> Deferred:
+        """Append one control entry (master only); fires with its index once committed and applied here."""
+        server = self.server
         if server.state.role is not Role.LEADER or not self.roles.is_master():
             return fail(DLedgerError(ResponseCode.NOT_LEADER, f"{server.self_id} is not the master",
                                      leader_id=server.state.leader_id))
@@ -276,7 +344,7 @@ class Broker(MultiService):
         def appended(resp):
             code = getattr(resp, "code", ResponseCode.SUCCESS)
             if int(code) != int(ResponseCode.SUCCESS):
-                raise DLedgerError(ResponseCode(int(code)), f"offset commit append answered {code}")
+                raise DLedgerError(ResponseCode(int(code)), f"control entry append answered {code}")
             index = resp.index
             return self.dispatcher.wait_dispatched(index).addCallback(lambda _: index)
         return d.addCallback(appended)

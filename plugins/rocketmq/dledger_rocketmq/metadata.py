@@ -128,22 +128,28 @@ class VersionedTable:
         found = self.table.get(name)
         return dict(found) if found is not None else None
 
-    def put(self, config: dict[str, Any]) -> None:
-        """Add or replace one entry and move the DataVersion (RocketMQ's ``nextVersion``)."""
+    def put(self, config: dict[str, Any], *, timestamp: int | None = None) -> None:
+        """Add or replace one entry and move the DataVersion (RocketMQ's ``nextVersion``).
+
+        ``timestamp``: the DataVersion timestamp to use instead of this
+        member's clock (a change carried by the log: every member stamps the
+        master's time, so their DataVersions agree).
+        """
         name = config.get(self.name_key)
         if not isinstance(name, str) or not name:
             raise MetadataError(f"{self.table_key}: entry without a {self.name_key}")
         self.table[name] = dict(config)
-        self._changed()
+        self._changed(timestamp)
 
-    def remove(self, name: str) -> bool:
+    def remove(self, name: str, *, timestamp: int | None = None) -> bool:
         if self.table.pop(name, None) is None:
             return False
-        self._changed()
+        self._changed(timestamp)
         return True
 
-    def _changed(self) -> None:
-        self.data_version = {"counter": self.data_version["counter"] + 1, "timestamp": self._now_ms()}
+    def _changed(self, timestamp: int | None = None) -> None:
+        self.data_version = {"counter": self.data_version["counter"] + 1,
+                             "timestamp": self._now_ms() if timestamp is None else timestamp}
         self.version += 1
 
     def replace(self, other: VersionedTable) -> bool:
@@ -298,6 +304,30 @@ class BrokerMetadata(service.Service):
             fn()
         except ValueError as exc:
             raise MetadataError(f"{self.path(name)}: damaged ({exc})") from None
+
+    # -- changes carried by the log ------------------------------------------
+
+    def apply_change(self, entry: Any) -> int:
+        """Apply a committed metadata control entry (:mod:`~dledger_rocketmq.control` kinds 3-6) to the tables.
+
+        Every member calls this in log order, so the topic and subscription
+        group tables are the same everywhere (DataVersion included: it is
+        stamped with the entry's timestamp).  Returns how many entries changed;
+        a put equal to what is there already changes nothing.
+        """
+        from dledger_rocketmq import control
+
+        table = self.topics if entry.kind in (control.KIND_TOPIC_CONFIG, control.KIND_TOPIC_DELETE) else self.groups
+        changed = 0
+        for config in entry.configs:
+            name = config[table.name_key]
+            if entry.kind in (control.KIND_TOPIC_CONFIG, control.KIND_GROUP_CONFIG):
+                if table.table.get(name) != config:
+                    table.put(config, timestamp=entry.timestamp)
+                    changed += 1
+            elif table.remove(name, timestamp=entry.timestamp):
+                changed += 1
+        return changed
 
     # -- persisting -------------------------------------------------------
 

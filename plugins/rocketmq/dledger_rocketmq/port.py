@@ -72,6 +72,7 @@ SUPPORTED_CODES = frozenset({SEND_MESSAGE, PULL_MESSAGE, QUERY_CONSUMER_OFFSET, 
 #: Modules that add request handlers to every BrokerPort: ``"module:function"``, called with the port as it is
 #: made (``port.handlers[code] = fn``; ``port.connection_lost_callbacks.append(...)``).  One line per module.
 EXTENSIONS: list[str] = [
+    "dledger_rocketmq.port_admin:install",
 ]
 
 SUCCESS = 0
@@ -679,16 +680,20 @@ class BrokerPort(service.Service):
                                                    can_create=True)
         if error is not None:
             return error
-        if create is not None:
-            topics.put(create)
-            log.info("{id}: topic {t} auto-created from {d} ({n} queues)", id=broker.server.self_id,
-                     t=args.topic, d=args.default_topic, n=create["writeQueueNums"])
         try:
             records = send_records(args, body, born_host, queue_id=queue_id)
         except CodecError as exc:
             return Reply(MESSAGE_ILLEGAL, f"the batch is malformed: {exc}", dict(SEND_EXTRA))
-        d = broker.put_messages(records) if args.batch else broker.put_message(records[0])
-        return d.addCallback(send_reply)
+
+        def store(_=None):
+            d = broker.put_messages(records) if args.batch else broker.put_message(records[0])
+            return d.addCallback(send_reply)
+        if create is None:
+            return store()
+        # Auto-creation goes through the log (a control entry every member applies), then the message.
+        log.info("{id}: topic {t} auto-created from {d} ({n} queues)", id=broker.server.self_id,
+                 t=args.topic, d=args.default_topic, n=create["writeQueueNums"])
+        return broker.create_topic(create).addCallback(store)
 
     def _pull(self, req: Request) -> Reply:
         args = pull_args(req.ext)
