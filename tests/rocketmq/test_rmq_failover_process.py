@@ -70,10 +70,15 @@ class Brokers:
 
 
 class Load:
-    """Producer and consumer loops sharing the brokers; both stop when ``stopping`` is set and they are done."""
+    """Producer and consumer loops; the producer finds each new master (by sending to the dledger leader until
+    its broker takes the send), the consumer follows it; both stop when told and done."""
 
-    def __init__(self, reactor, brokers: Brokers, live: set[str]):
+    def __init__(self, reactor, brokers: Brokers, live: set[str], consumer_brokers: Brokers, leader):
+        # Producer and consumer have their own connections (as separate client instances would): one failing
+        # request must not close the other's connection.
         self.reactor, self.brokers, self.live = reactor, brokers, live
+        self.consumer_brokers = consumer_brokers
+        self.leader = leader  # async () -> the dledger leader's id, or None
         self.master: str | None = None
         self.acked: dict[bytes, tuple[int, int, str]] = {}  # body -> (queue id, queue offset, msgId)
         self.ack_times: list[float] = []
@@ -91,8 +96,10 @@ class Load:
             queue_id = i % QUEUES
             mid = self.master
             if mid is None:
-                await deferLater(self.reactor, RETRY, lambda: None)
-                continue
+                mid = await self.leader()
+                if mid is None or mid not in self.live:
+                    await deferLater(self.reactor, RETRY, lambda: None)
+                    continue
             try:
                 c = await self.brokers.client(mid)
                 r = await c.send(TOPIC, body, queue_id=queue_id, tags="TagA")
@@ -100,11 +107,13 @@ class Load:
                 if exc.code != 14:  # SERVICE_NOT_AVAILABLE: a slave, or a leader not yet master
                     self.brokers.drop(mid)
                 self.master = None
+                await deferLater(self.reactor, RETRY, lambda: None)
                 continue
             except Exception:
                 self.brokers.drop(mid)
                 self.master = None
                 continue
+            self.master = mid
             self.acked[body] = (r.queue_id, r.queue_offset, r.msg_id)
             self.ack_times.append(self.reactor.seconds())
             i += 1
@@ -120,7 +129,7 @@ class Load:
                 await deferLater(self.reactor, RETRY, lambda: None)
                 continue
             try:
-                c = await self.brokers.client(mid)
+                c = await self.consumer_brokers.client(mid)
                 if offsets is None:  # (re)started: resume from what the master says the group committed
                     offsets = {}
                     for q in range(QUEUES):
@@ -129,7 +138,12 @@ class Load:
                         self.requeried_behind += max(0, self.committed[q] - stored)
                 progressed = False
                 for q in range(QUEUES):
-                    r = await c.pull(GROUP, TOPIC, q, offsets[q], 32)
+                    try:
+                        r = await c.pull(GROUP, TOPIC, q, offsets[q], 32)
+                    except RocketMQError as exc:
+                        if exc.code == 17:  # TOPIC_NOT_EXIST: no message sent yet (its creation is in the log)
+                            continue
+                        raise
                     if r.code == 0:
                         expected = offsets[q]
                         for m in r.messages:
@@ -156,7 +170,7 @@ class Load:
             except Exception:
                 # The master died or stepped down: forget the local positions, as a push consumer whose
                 # broker changed does, and resume from the new master's stored offsets.
-                self.brokers.drop(mid)
+                self.consumer_brokers.drop(mid)
                 if self.master == mid:
                     self.master = None
                 offsets = None
@@ -195,7 +209,14 @@ async def test_master_killed_twice_under_load_loses_and_skips_nothing(tmp_path, 
                        options={"plugins.rocketmq.enabled": True, "plugins.rocketmq.masterWaitTimeout": 10.0})
     admin = group.client(request_timeout=0.3)
     brokers = Brokers(reactor, group, ports)
-    load = Load(reactor, brokers, set(group.ids))
+    consumer_brokers = Brokers(reactor, group, ports)
+
+    async def leader():
+        try:
+            return (await group.wait_for_leader(admin, 0.5)).leader_id
+        except Exception:
+            return None
+    load = Load(reactor, brokers, set(group.ids), consumer_brokers, leader)
     try:
         group.start()
         for mid in group.ids:
@@ -212,6 +233,7 @@ async def test_master_killed_twice_under_load_loses_and_skips_nothing(tmp_path, 
             group.kill(victim)
             await group.wait_exit(victim, 10)
             brokers.drop(victim)
+            consumer_brokers.drop(victim)
             load.master = None
             new = await current_master(group, admin, load, 30)
             assert new != victim
@@ -279,5 +301,6 @@ async def test_master_killed_twice_under_load_loses_and_skips_nothing(tmp_path, 
     finally:
         load.stop_producing = load.stop_consuming = True
         brokers.close()
+        consumer_brokers.close()
         await group.stop_all()
         group.close()
