@@ -156,8 +156,12 @@ class RocketMQClient:
         return f
 
     def _reply(self, header: Header, body: bytes) -> None:
+        """A response completes the request with its opaque; a request from the broker (e.g. the oneway
+        NOTIFY_CONSUMER_IDS_CHANGED) has an opaque of the broker's own counter and must not touch ours."""
+        if not header.is_response:
+            return
         d = self._pending.pop(header.opaque, None)
-        if d is not None and header.is_response:
+        if d is not None:
             d.callback((header, body))
 
     def _fail_all(self, exc: Exception) -> None:
