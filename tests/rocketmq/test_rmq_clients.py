@@ -169,7 +169,7 @@ class Conn:
         """Frames written since the last call."""
         data = self.tr.value()[self.seen:]
         self.seen = len(self.tr.value())
-        return FrameSplitter(header_decoder=decode_header).feed(data)
+        return list(FrameSplitter(header_decoder=decode_header).feed(data))
 
     def ask(self, name: str):
         """Replay a recorded request; (its reply, the other frames written meanwhile)."""
@@ -290,3 +290,49 @@ def test_client_ignores_broker_requests_with_a_colliding_opaque():
     assert client._pending.get(1) is pending and not pending.called
     client._reply(Header(0, 1, 1, "JAVA", 409, None, {}), b"ok")
     assert pending.called and 1 not in client._pending
+
+
+def test_replay_consumer_running_info_forwarded_to_the_client(cluster_port):
+    """307 from mqadmin goes to the client on its connection; the client's answer comes back as recorded."""
+    cluster, port = cluster_port
+    push, admin = Conn(cluster, port), Conn(cluster, port)
+    push.ask("034-heart-beat-consumer-consume-passively")
+    push.frames()
+    admin.send((FRAMES / "307-get-consumer-running-info-request.bin").read_bytes())
+    [forwarded] = push.frames()
+    want = golden("307-get-consumer-running-info-broker-to-client-request")
+    assert (forwarded.header.code, forwarded.header.flag, forwarded.header.ext_fields) == \
+        (307, 0, want.header.ext_fields)
+    assert admin.frames() == []  # waiting for the client
+    answer = golden("307-get-consumer-running-info-broker-to-client-response")
+    h = answer.header
+    push.send(encode_command(Header(h.code, forwarded.header.opaque, h.flag, h.language, h.version, h.remark,
+                                    h.ext_fields), answer.body))
+    [reply] = admin.frames()
+    recorded = same_shape(reply, "307-get-consumer-running-info")
+    assert reply.header.opaque == recorded.header.opaque and reply.body == recorded.body
+    push.send(encode_command(Header(0, forwarded.header.opaque, 1, "JAVA", 409, None, None)))  # late duplicate
+    assert admin.frames() == []
+
+
+def test_consumer_running_info_errors(cluster_port):
+    """307 for a client not online is 1; a client that does not answer is 207 after 10 s; a closed one is 1."""
+    cluster, port = cluster_port
+    push, admin = Conn(cluster, port), Conn(cluster, port)
+    ask = golden("307-get-consumer-running-info-request").header.ext_fields
+    admin.send(encode_command(Header(307, 1, 0, "JAVA", 409, None, ask)))
+    [reply] = admin.frames()
+    assert (reply.header.code, reply.header.remark) == \
+        (1, "The Consumer <golden_push_cg> <192.0.2.2@golden-push-A> not online")
+    push.ask("034-heart-beat-consumer-consume-passively")
+    admin.send(encode_command(Header(307, 2, 0, "JAVA", 409, None, ask)))
+    cluster.run(9.9)
+    assert admin.frames() == []
+    cluster.run(0.2)
+    [reply] = admin.frames()
+    assert reply.header.code == 207 and "Timeout" in reply.header.remark
+    admin.send(encode_command(Header(307, 3, 0, "JAVA", 409, None, ask)))
+    push.close()
+    [reply] = admin.frames()
+    assert reply.header.code == 1 and "connection closed" in reply.header.remark
+    assert port.sessions._calls == {}

@@ -560,6 +560,9 @@ class BrokerPort(service.Service):
         self.listening: Deferred = Deferred()
         #: Called with each connection that closes (a client's registrations end with its connection).
         self.connection_lost_callbacks: list[Callable[[BrokerPortProtocol], None]] = []
+        #: Called with (connection, header, body) for each response a client sends (to a request the broker
+        #: sent it over its connection, e.g. GET_CONSUMER_RUNNING_INFO); none: responses are dropped.
+        self.response_callbacks: list[Callable[[BrokerPortProtocol, Header, bytes], None]] = []
         #: Called (no arguments) when the port stops, before its connections close (answer what is pending).
         self.stop_callbacks: list[Callable[[], None]] = []
         #: Request code -> handler (Request -> Reply | Deferred[Reply]); the core codes, then each extension's.
@@ -632,8 +635,10 @@ class BrokerPort(service.Service):
 
     # -- dispatch -----------------------------------------------------------------------------------
     def handle(self, conn: BrokerPortProtocol, header: Header, body: bytes) -> None:
-        """Answer one request frame (responses from clients are ignored: the port sends no requests)."""
+        """Answer one request frame; a response (to a request the broker sent) goes to ``response_callbacks``."""
         if header.is_response:
+            for callback in list(self.response_callbacks):
+                callback(conn, header, body)
             return
         self.stats.requests += 1
         self.stats.by_code[header.code] = self.stats.by_code.get(header.code, 0) + 1

@@ -4,7 +4,9 @@ Installed on every :class:`~dledger_rocketmq.port.BrokerPort` (one line in
 ``port.EXTENSIONS``), it answers HEART_BEAT (34), UNREGISTER_CLIENT (35),
 CONSUMER_SEND_MSG_BACK (36), END_TRANSACTION (37, refused: no transactional
 messages), GET_CONSUMER_LIST_BY_GROUP (38), LOCK_BATCH_MQ (41),
-UNLOCK_BATCH_MQ (42) and GET_CONSUMER_CONNECTION_LIST (203), sends
+UNLOCK_BATCH_MQ (42), GET_CONSUMER_CONNECTION_LIST (203) and
+GET_CONSUMER_RUNNING_INFO (307, forwarded to the client and its answer
+passed back), sends
 NOTIFY_CONSUMER_IDS_CHANGED (40, oneway) to every member of a consumer
 group whose members or subscriptions changed, and replaces the
 PULL_MESSAGE handler with one that checks a push consumer's pull against
@@ -77,6 +79,10 @@ NOTIFY_CONSUMER_IDS_CHANGED = 40
 LOCK_BATCH_MQ = 41
 UNLOCK_BATCH_MQ = 42
 GET_CONSUMER_CONNECTION_LIST = 203
+GET_CONSUMER_RUNNING_INFO = 307
+CONSUME_MSG_TIMEOUT = 207
+#: How long the broker waits for a client's answer to a forwarded request (RocketMQ's callClient: 10 s).
+CALL_CLIENT_TIMEOUT = 10.0
 CONSUMER_NOT_ONLINE = 206
 NO_PERMISSION = 16
 SUBSCRIPTION_GROUP_NOT_EXIST = 26
@@ -97,6 +103,7 @@ class ClientSessions:
         self._expiry: dict[Any, Any] = {}  # channel -> IDelayedCall (its heartbeat deadline)
         self._opaque = itertools.count(1)
         self.notified = 0
+        self._calls: dict[tuple[Any, int], Deferred] = {}  # (channel, opaque) -> the client's answer
 
     # -- time and frames ----------------------------------------------------------------------
     def now_ms(self) -> int:
@@ -112,6 +119,36 @@ class ClientSessions:
                             {"consumerGroup": group}, "JSON")
             transport.write(encode_command(header))
             self.notified += 1
+
+    def call_client(self, conn: Any, code: int, ext: dict[str, str], body: bytes = b"",
+                    timeout: float = CALL_CLIENT_TIMEOUT) -> Deferred:
+        """Send a two-way request to a client over its connection; fires with (Header, body) of its answer,
+        fails with TimeoutError after ``timeout`` or ConnectionError if the connection closes first."""
+        opaque = next(self._opaque)
+        key = (conn, opaque)
+        d = Deferred(lambda _: self._calls.pop(key, None))
+        self._calls[key] = d
+        timer = self.clock.callLater(timeout, self._call_timed_out, key, timeout)
+        d.addBoth(lambda r: (timer.cancel() if timer.active() else None, r)[1])
+        conn.transport.write(encode_command(Header(code, opaque, 0, "JAVA", VERSION, None, ext, "JSON"), body))
+        return d
+
+    def _call_timed_out(self, key, timeout: float) -> None:
+        d = self._calls.pop(key, None)
+        if d is not None and not d.called:
+            d.errback(TimeoutError(f"no answer within {timeout:g} s"))
+
+    def response_received(self, conn: Any, header: Header, body: bytes) -> None:
+        """A client's response: completes the matching :meth:`call_client` (late or unknown ones are dropped)."""
+        d = self._calls.pop((conn, header.opaque), None)
+        if d is not None and not d.called:
+            d.callback((header, body))
+
+    def _fail_calls(self, conn: Any = None) -> None:
+        for key in [k for k in self._calls if conn is None or k[0] is conn]:
+            d = self._calls.pop(key)
+            if not d.called:
+                d.errback(ConnectionError("the client's connection closed"))
 
     def _changed(self, groups: list[str]) -> None:
         for group in groups:
@@ -145,11 +182,13 @@ class ClientSessions:
         if timer is not None and timer.active():
             timer.cancel()
         self.holds.drop_connection(conn)
+        self._fail_calls(conn)
         self._changed(self.registry.channel_closed(conn))
 
     def stopped(self) -> None:
         """The port stops: answer held pulls (their connections close next), drop timers and sessions."""
         self.holds.answer_all()
+        self._fail_calls()
         for timer in self._expiry.values():
             if timer.active():
                 timer.cancel()
@@ -217,6 +256,26 @@ class ClientSessions:
         if info is None:
             return Reply(CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online")
         return Reply(SUCCESS, None, None, info.connection_body())
+
+    def consumer_running_info(self, req: Request) -> Reply | Deferred:
+        """GET_CONSUMER_RUNNING_INFO from mqadmin: forwarded to the client over its connection, its answer
+        passed back as is (RocketMQ's callConsumer)."""
+        group, client_id = ext_str(req.ext, "consumerGroup"), ext_str(req.ext, "clientId")
+        info = self.registry.consumers.get(group)
+        conn = next((c.channel for c in info.channels.values() if c.client_id == client_id), None) if info else None
+        if conn is None or getattr(conn, "transport", None) is None:
+            return Reply(SYSTEM_ERROR, f"The Consumer <{group}> <{client_id}> not online")
+
+        def answered(result) -> Reply:
+            header, body = result
+            return Reply(header.code, header.remark, header.ext_fields, body)
+
+        def failed(f) -> Reply:
+            if f.check(TimeoutError):
+                return Reply(CONSUME_MSG_TIMEOUT, f"consumer <{group}> <{client_id}> Timeout: {f.getErrorMessage()}")
+            return Reply(SYSTEM_ERROR, f"invoke consumer <{group}> <{client_id}> Exception: {f.getErrorMessage()}")
+        ext = {k: str(v) for k, v in req.ext.items()}
+        return self.call_client(conn, req.code, ext, req.body).addCallbacks(answered, failed)
 
     def lock_batch(self, req: Request) -> Reply:
         group, client, mqs = parse_lock_body(req.body)
@@ -304,8 +363,9 @@ def install(port) -> None:
         GET_CONSUMER_LIST_BY_GROUP: sessions.consumer_list, GET_CONSUMER_CONNECTION_LIST: sessions.connection_list,
         LOCK_BATCH_MQ: sessions.lock_batch, UNLOCK_BATCH_MQ: sessions.unlock_batch,
         CONSUMER_SEND_MSG_BACK: sessions.send_msg_back, END_TRANSACTION: sessions.transaction,
-        PULL_MESSAGE: sessions.pull,
+        PULL_MESSAGE: sessions.pull, GET_CONSUMER_RUNNING_INFO: sessions.consumer_running_info,
     })
+    port.response_callbacks.append(sessions.response_received)
     for code in (SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE):
         if code in port.handlers:
             port.handlers[code] = _refusing_prepared(port.handlers[code])
@@ -319,6 +379,7 @@ def install(port) -> None:
     for callbacks in (getattr(broker, "master_callbacks", None), getattr(broker, "slave_callbacks", None)):
         if callbacks is not None:
             callbacks.append(sessions.role_changed)
+            port.stop_callbacks.append(lambda cbs=callbacks: _remove(cbs, sessions.role_changed))
 
 
 def is_prepared(sys_flag: int) -> bool:
