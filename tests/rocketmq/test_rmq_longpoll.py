@@ -227,3 +227,54 @@ def test_held_pulls_end_with_connection_stop_and_role_change(group):
     got = [f for f in conn.frames() if f.header.is_response]
     assert [f.header.code for f in got] == [19] and conn.tr.disconnecting
     assert b.dispatcher.arrival_listeners == [] and len(port.sessions.holds) == 0
+
+
+def test_send_through_the_port_wakes_a_held_pull(group):
+    """End to end: a pull consumer's held pull is answered FOUND as soon as a producer's send is committed."""
+    cluster, b, port = group
+    producer, consumer = Conn(cluster, port), Conn(cluster, port)
+    sent = producer.ask("310-send-message-v2")[0]  # GoldenTopic (auto-created) queue 1, offset 0
+    assert (sent.header.code, sent.header.ext_fields["queueOffset"]) == (0, "0")
+    assert settled(cluster)
+    ext = dict(golden("011-pull-message-sysflag-suspend-subscription-held-found-request").header.ext_fields,
+               queueId="1", queueOffset="1")
+    consumer.send(encode_command(Header(11, 500, 0, "JAVA", 409, None, ext)))
+    assert wait_reply(consumer, 500, 3.0)[0] is None
+    producer.send((FRAMES / "310-send-message-v2-request.bin").read_bytes())
+    reply, waited = wait_reply(consumer, 500, 2.0)
+    assert reply is not None and waited < 1.0
+    assert (reply.header.code, reply.header.ext_fields["nextBeginOffset"]) == (0, "2") and reply.body
+
+
+def test_slave_holds_pulls_until_replication_brings_the_message(tmp_path):
+    """A slave's held pull is answered when the master's message is committed and dispatched on the slave."""
+    from dledger_rocketmq.plugin import broker_for
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    fill(cluster, b, "GoldenTopic", 2, 8)
+    slave = next(broker_for(s) for s in cluster.servers.values() if broker_for(s) is not b)
+    assert cluster.run_until(lambda: slave.max_offset("GoldenTopic", 2) == 8, 10)
+    port = BrokerPort(slave, "tcp:0")
+    conn = Conn(cluster, port)
+    conn.send((FRAMES / "011-pull-message-sysflag-suspend-subscription-held-pull-not-found-request.bin").read_bytes())
+    assert wait_reply(conn, 67, 2.0)[0] is None and len(port.sessions.holds) == 1
+    b.put_message(msg(topic="GoldenTopic", queue_id=2))
+    reply, waited = wait_reply(conn, 67, 3.0)
+    assert reply is not None and waited < 3.0
+    assert (reply.header.code, reply.header.ext_fields["nextBeginOffset"]) == (0, "9")
+
+
+def test_arrival_listeners_see_each_queue_once_and_survive_a_failing_one(tmp_path):
+    """The dispatcher tells listeners (topic, queue, max offset) per delivery; one that raises does not stop it."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    seen = []
+
+    def broken(*_):
+        raise RuntimeError("listener bug")
+    b.dispatcher.arrival_listeners[:0] = [broken, lambda *a: seen.append(a)]
+    assert put(cluster, b, [msg(topic="A", queue_id=1), msg(topic="A", queue_id=1)]).ok
+    assert put(cluster, b, msg(topic="B")).ok
+    assert settled(cluster)
+    assert seen == [("A", 1, 2), ("B", 0, 1)]
+    assert b.max_offset("B", 0) == 1
