@@ -120,6 +120,7 @@ def test_registry_expiry(last, now, expired):
     a = object()
     r.heartbeat(a, hb("A", ConsumerData("g"), producers=("p",)), now_ms=last)
     assert r.expired(now) == ([a] if expired else [])
+    assert r.last_heartbeat_ms(a) == last and r.last_heartbeat_ms(object()) is None
 
 
 def test_replies_and_subscription_checks():
@@ -336,3 +337,18 @@ def test_consumer_running_info_errors(cluster_port):
     [reply] = admin.frames()
     assert reply.header.code == 1 and "connection closed" in reply.header.remark
     assert port.sessions._calls == {}
+
+
+def test_expiry_timer_rearms_when_the_clock_rounds_short(cluster_port):
+    """A deadline that fires a millisecond early (float rounding) re-arms instead of forgetting the channel."""
+    cluster, port = cluster_port
+    conn = Conn(cluster, port)
+    conn.ask("034-heart-beat-producer")
+    sessions = port.sessions
+    [channel] = sessions.registry.producers["golden_producer_group"]
+    for members in sessions.registry.producers.values():
+        members[channel].last_update_ms += 5  # as if the heartbeat had been stamped 5 ms after its timer
+    cluster.run(120.001)
+    assert sessions.registry.producers and not conn.tr.disconnecting and channel in sessions._expiry
+    cluster.run(0.01)
+    assert sessions.registry.producers == {} and conn.tr.disconnecting

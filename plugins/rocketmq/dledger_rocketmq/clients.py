@@ -282,6 +282,12 @@ class ClientRegistry:
                 out[m.channel] = None
         return list(out)
 
+    def last_heartbeat_ms(self, channel: Any) -> int | None:
+        """The channel's latest heartbeat time over its groups; None if it is in none."""
+        times = [g[channel].last_update_ms for g in self.producers.values() if channel in g]
+        times += [g.channels[channel].last_update_ms for g in self.consumers.values() if channel in g.channels]
+        return max(times) if times else None
+
     # -- queries ------------------------------------------------------------------------------
     def consumer_channels(self, group: str) -> list[Any]:
         info = self.consumers.get(group)

@@ -166,7 +166,12 @@ class ClientSessions:
     def _expire(self, conn: Any) -> None:
         """A channel's deadline passed: drop it from every group (as RocketMQ's scanNotActiveChannel) and close it."""
         self._expiry.pop(conn, None)
-        if conn not in self.registry.expired(self.now_ms()):
+        now = self.now_ms()
+        if conn not in self.registry.expired(now):
+            last = self.registry.last_heartbeat_ms(conn)
+            if last is not None:  # still registered (the clock rounded the other way): check again when due
+                left = max(last + self.registry.expired_ms - now, 1)
+                self._expiry[conn] = self.clock.callLater(left / 1000.0, self._expire, conn)
             return
         log.info("rocketmq port: client {c} sent no heartbeat for {s:g} s; dropping it",
                  c=str(getattr(conn, "born_host", conn)), s=self.registry.expired_ms / 1000.0)
