@@ -278,3 +278,16 @@ def test_arrival_listeners_see_each_queue_once_and_survive_a_failing_one(tmp_pat
     assert settled(cluster)
     assert seen == [("A", 1, 2), ("B", 0, 1)]
     assert b.max_offset("B", 0) == 1
+
+
+def test_sql92_subscriptions_are_refused_not_served_unfiltered(group):
+    """A pull whose subscription is not a TAG expression is answered SYSTEM_ERROR (no property filter here)."""
+    cluster, b, port = group
+    fill(cluster, b, "GoldenTopic", 2, 1)
+    conn = Conn(cluster, port)
+    ext = dict(golden("011-pull-message-sysflag-subscription-found-request").header.ext_fields,
+               expressionType="SQL92", subscription="a > 1")
+    conn.send(encode_command(Header(11, 600, 0, "JAVA", 409, None, ext)))
+    reply, _ = wait_reply(conn, 600, 1.0)
+    assert (reply.header.code, reply.header.remark) == \
+        (1, "The broker does not support consumer to filter message by SQL92")

@@ -340,7 +340,8 @@ class ClientSessions:
         if error is not None:
             return error
         if args.sys_flag & SYSFLAG_SUBSCRIPTION:
-            tags = subscription_tags(args.subscription) if args.expression_type.upper() == "TAG" else None
+            expression_type = args.expression_type
+            tags = subscription_tags(args.subscription) if expression_type.upper() == "TAG" else None
             codes = {self.broker.tag_code(t) for t in tags} if tags else None
         else:
             config = self.broker.meta.groups.get(args.group) or {}
@@ -348,7 +349,10 @@ class ClientSessions:
                                             broadcast_enabled=bool(config.get("consumeBroadcastEnable", True)))
             if isinstance(found, tuple):
                 return Reply(found[0], found[1], {})
-            codes = found.tag_codes if found.expression_type.upper() == "TAG" else None
+            expression_type, codes = found.expression_type, found.tag_codes
+        if expression_type.upper() != "TAG":  # SQL92 (enablePropertyFilter): not served rather than unfiltered
+            return Reply(SYSTEM_ERROR, f"The broker does not support consumer to filter message by {expression_type}",
+                         {})
         if allow_suspend:
             port.commit_pulled(args)
         reply = port.read_pull(args, codes)
