@@ -638,7 +638,10 @@ class BrokerPort(service.Service):
         """Answer one request frame; a response (to a request the broker sent) goes to ``response_callbacks``."""
         if header.is_response:
             for callback in list(self.response_callbacks):
-                callback(conn, header, body)
+                try:
+                    callback(conn, header, body)
+                except Exception:  # a bug there must not take the client's connection down
+                    log.failure("rocketmq port: response callback {cb!r} failed", cb=callback)
             return
         self.stats.requests += 1
         self.stats.by_code[header.code] = self.stats.by_code.get(header.code, 0) + 1
