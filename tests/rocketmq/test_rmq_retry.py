@@ -183,3 +183,15 @@ def test_locks_and_transactions_through_the_port(group):
     conn.send(encode_command(Header(310, 6, 0, "JAVA", 409, None, half), b"half"))
     reply, _ = wait_reply(conn, 6, 1.0)
     assert reply.header.code == 16 and b.max_offset("GoldenTopic", 1) == 0
+
+
+@pytest.mark.parametrize("offset", [-1, 0, 1, 47, 2 ** 62])
+def test_send_back_hostile_offsets(group, offset):
+    """A send-back naming an offset that holds no record is answered 1 with one line, nothing is stored."""
+    cluster, b, port = group
+    assert put(cluster, b, MessageRecord(topic="T", body=b"x")).ok
+    assert settled(cluster)
+    conn = Conn(cluster, port)
+    reply = replay_with_offset(conn, "036-consumer-send-msg-back-delaylevel-1", offset)
+    assert reply.header.code == 1 and reply.header.remark.startswith(f"look message by offset failed, {offset}")
+    assert b.max_offset(SCHEDULE_TOPIC, 0) == 0
