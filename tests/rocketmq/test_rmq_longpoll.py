@@ -291,3 +291,27 @@ def test_sql92_subscriptions_are_refused_not_served_unfiltered(group):
     reply, _ = wait_reply(conn, 600, 1.0)
     assert (reply.header.code, reply.header.remark) == \
         (1, "The broker does not support consumer to filter message by SQL92")
+
+
+def test_python_client_long_polls(group):
+    """RocketMQClient.pull(suspend=...) is held at the end of the queue and fires FOUND when a message comes."""
+    from dledger_rocketmq.client import RocketMQClient, client_factory
+    from twisted.test.iosim import FakeTransport, connect
+    cluster, b, port = group
+    fill(cluster, b, "TopicL", 0, 1)
+    client = RocketMQClient(cluster.clock, timeout=2.0)
+    sp, cp = port.factory.buildProtocol(None), client_factory(client).buildProtocol(None)
+    pump = connect(sp, FakeTransport(sp, True), cp, FakeTransport(cp, False), greet=False)
+    out = []
+    client.pull("g", "TopicL", 0, 1, suspend=8.0).addBoth(out.append)
+
+    def pumped(n):
+        for _ in range(n):
+            pump.pump()
+            cluster.run(0.1)
+    pumped(50)  # 5 s: longer than the client's own 2 s timeout, shorter than the suspend
+    assert out == [] and len(port.sessions.holds) == 1
+    b.put_message(msg(topic="TopicL", queue_id=0, body=b"late"))
+    pumped(10)
+    [result] = out
+    assert result.code == 0 and [m.body for m in result.messages] == [b"late"] and result.next_begin_offset == 2
