@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from dledger_rocketmq.broker import GetStatus, queue_status
 from dledger_rocketmq.longpoll import MAX_SUSPEND_MS, PullHolds, hold_seconds, should_hold, wakes
@@ -315,3 +317,50 @@ def test_python_client_long_polls(group):
     pumped(10)
     [result] = out
     assert result.code == 0 and [m.body for m in result.messages] == [b"late"] and result.next_begin_offset == 2
+
+
+HELD = ["011-pull-message-sysflag-commitoffset-suspend-held-pull-not-found",
+        "011-pull-message-sysflag-commitoffset-suspend-held-pull-retry-immediately",
+        "011-pull-message-sysflag-suspend-held-pull-not-found",
+        "011-pull-message-sysflag-suspend-held-pull-retry-immediately",
+        "011-pull-message-sysflag-suspend-retry-topic-held-found",
+        "011-pull-message-sysflag-suspend-retry-topic-held-pull-not-found",
+        "011-pull-message-sysflag-suspend-subscription-held-found",
+        "011-pull-message-sysflag-suspend-subscription-held-pull-not-found"]
+
+
+@pytest.mark.parametrize("name", HELD)
+def test_replay_every_held_pull(group, name):
+    """Each recorded held pull, with its queue as recorded: held, then answered with the recorded code and fields
+    (FOUND: messages arrive; NO_MATCHED_MESSAGE: messages of another tag arrive; PULL_NOT_FOUND: the timeout)."""
+    cluster, b, port = group
+    request, want = golden(f"{name}-request"), golden(f"{name}-response")
+    ext, got_ext = request.header.ext_fields, want.header.ext_fields
+    topic, qid, offset = ext["topic"], int(ext["queueId"]), int(ext["queueOffset"])
+    conn = Conn(cluster, port)
+    if not int(ext["sysFlag"]) & 4:  # a push consumer: its heartbeat (subscription TagA, as new as the pull)
+        sub = {"classFilterMode": False, "codeSet": [2598919], "expressionType": "TAG", "subString": "TagA",
+               "subVersion": int(ext["subVersion"]), "tagsSet": ["TagA"], "topic": topic}
+        if topic.startswith("%RETRY%"):
+            sub.update(codeSet=[], subString="*", tagsSet=[])
+        body = {"clientID": "c@1", "consumerDataSet": [{"consumeFromWhere": "CONSUME_FROM_FIRST_OFFSET",
+                                                        "consumeType": "CONSUME_PASSIVELY",
+                                                        "groupName": ext["consumerGroup"],
+                                                        "messageModel": "CLUSTERING",
+                                                        "subscriptionDataSet": [sub], "unitMode": False}],
+                "producerDataSet": []}
+        conn.send(encode_command(Header(34, 1, 0, "JAVA", 409, None, None), json.dumps(body).encode()))
+    fill(cluster, b, topic, qid, offset, tags="TagA")
+    conn.frames()
+    conn.send((FRAMES / f"{name}-request.bin").read_bytes())
+    opaque = request.header.opaque
+    assert wait_reply(conn, opaque, 0.5)[0] is None and len(port.sessions.holds) == 1
+    more = int(got_ext["maxOffset"]) - offset
+    if want.header.code == 0:
+        assert put(cluster, b, [msg(topic=topic, queue_id=qid, tags="TagA") for _ in range(more)]).ok
+    elif want.header.code == 20:
+        assert put(cluster, b, [msg(topic=topic, queue_id=qid, tags="TagZ") for _ in range(more)]).ok
+    reply, _ = wait_reply(conn, opaque, int(ext["suspendTimeoutMillis"]) / 1000.0 + 1.0)
+    assert reply is not None, name
+    same_shape(reply, name)
+    assert reply.header.ext_fields == got_ext
