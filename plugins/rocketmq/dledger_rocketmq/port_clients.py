@@ -380,15 +380,15 @@ def install(port) -> None:
             port.handlers[code] = _refusing_prepared(port.handlers[code])
     port.connection_lost_callbacks.append(sessions.connection_lost)
     port.stop_callbacks.append(sessions.stopped)
+    # Kept for the port's life (a stopped port has nothing held: both are no-ops then), so a port that is
+    # started again still long-polls.
     broker = port.broker
     dispatcher = getattr(broker, "dispatcher", None)
     if dispatcher is not None and hasattr(dispatcher, "arrival_listeners"):
         dispatcher.arrival_listeners.append(sessions.holds.arrived)
-        port.stop_callbacks.append(lambda: _remove(dispatcher.arrival_listeners, sessions.holds.arrived))
     for callbacks in (getattr(broker, "master_callbacks", None), getattr(broker, "slave_callbacks", None)):
         if callbacks is not None:
             callbacks.append(sessions.role_changed)
-            port.stop_callbacks.append(lambda cbs=callbacks: _remove(cbs, sessions.role_changed))
 
 
 def is_prepared(sys_flag: int) -> bool:
@@ -405,8 +405,5 @@ def _refusing_prepared(handler):
     return send
 
 
-def _remove(items: list, item: Any) -> None:
-    if item in items:
-        items.remove(item)
 
 
