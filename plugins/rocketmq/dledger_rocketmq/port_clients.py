@@ -32,7 +32,14 @@ from twisted.logger import Logger
 from dledger.errors import DLedgerError
 from dledger.transport.remoting import FLAG_ONEWAY, Header
 from dledger_rocketmq import fastjson
-from dledger_rocketmq.clients import ClientRegistry, consumer_list_reply, parse_heartbeat, pull_subscription_check
+from dledger_rocketmq.clients import (
+    CONSUMER_NOT_ONLINE,
+    NO_PERMISSION,
+    ClientRegistry,
+    consumer_list_reply,
+    parse_heartbeat,
+    pull_subscription_check,
+)
 from dledger_rocketmq.errors import CodecError
 from dledger_rocketmq.longpoll import PullHolds, hold_seconds, should_hold
 from dledger_rocketmq.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_TYPE_MASK, decode_record, peek_record
@@ -83,9 +90,6 @@ GET_CONSUMER_RUNNING_INFO = 307
 CONSUME_MSG_TIMEOUT = 207
 #: How long the broker waits for a client's answer to a forwarded request (RocketMQ's callClient: 10 s).
 CALL_CLIENT_TIMEOUT = 10.0
-CONSUMER_NOT_ONLINE = 206
-NO_PERMISSION = 16
-SUBSCRIPTION_GROUP_NOT_EXIST = 26
 TRANSACTION_REMARK = ("transactional messages are not supported by this broker (dledger): request code {code} "
                       "refused; send ordinary messages")
 
