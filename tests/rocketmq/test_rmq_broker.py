@@ -19,7 +19,7 @@ from dledger.testing import Cluster
     (2, 3, 9, GetStatus.OFFSET_TOO_SMALL, 3),
     (9, 3, 9, GetStatus.OFFSET_OVERFLOW_ONE, 9),
     (12, 3, 9, GetStatus.OFFSET_OVERFLOW_BADLY, 9),
-    (12, 0, 9, GetStatus.OFFSET_OVERFLOW_BADLY, 0),
+    (12, 0, 9, GetStatus.OFFSET_OVERFLOW_BADLY, 9),  # to max also from 0 (golden 011-...-pull-offset-moved)
     (3, 3, 9, None, 3),
     (8, 3, 9, None, 8),
 ])

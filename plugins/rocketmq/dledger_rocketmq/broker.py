@@ -87,7 +87,9 @@ def queue_status(offset: int, min_offset: int, max_offset: int) -> tuple[GetStat
     RocketMQ's DefaultMessageStore.getMessage: an empty queue (max 0) ->
     NO_MESSAGE_IN_QUEUE (next 0); below min -> OFFSET_TOO_SMALL (next min);
     exactly max -> OFFSET_OVERFLOW_ONE (next offset); past max ->
-    OFFSET_OVERFLOW_BADLY (next min if min is 0, else max).
+    OFFSET_OVERFLOW_BADLY (next max, also when min is 0: the golden 4.9.8
+    pull at max+1 of a queue starting at 0 answered nextBeginOffset = max;
+    going back to 0 would make the consumer read the whole queue again).
     """
     if max_offset == 0:
         return GetStatus.NO_MESSAGE_IN_QUEUE, 0
@@ -96,7 +98,7 @@ def queue_status(offset: int, min_offset: int, max_offset: int) -> tuple[GetStat
     if offset == max_offset:
         return GetStatus.OFFSET_OVERFLOW_ONE, offset
     if offset > max_offset:
-        return GetStatus.OFFSET_OVERFLOW_BADLY, min_offset if min_offset == 0 else max_offset
+        return GetStatus.OFFSET_OVERFLOW_BADLY, max_offset
     return None, offset
 
 

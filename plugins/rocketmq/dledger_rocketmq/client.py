@@ -43,6 +43,7 @@ from dledger_rocketmq.port import (
     SEND_MESSAGE_V2,
     SUCCESS,
     SYSFLAG_SUBSCRIPTION,
+    SYSFLAG_SUSPEND,
     UPDATE_CONSUMER_OFFSET,
     VERSION,
     decode_header,
@@ -137,8 +138,10 @@ class RocketMQClient:
         self._pending: dict[int, Deferred] = {}
 
     # -- plumbing -------------------------------------------------------------------------------
-    def request(self, code: int, ext: dict[str, Any], body: bytes = b"", *, oneway: bool = False) -> Deferred:
-        """Send a request; fires with (Header, body) of the reply (None for oneway)."""
+    def request(self, code: int, ext: dict[str, Any], body: bytes = b"", *, oneway: bool = False,
+                timeout: float | None = None) -> Deferred:
+        """Send a request; fires with (Header, body) of the reply (None for oneway); ``timeout`` overrides the
+        client's for this request (a long-polling pull waits longer)."""
         if self.protocol is None or self.protocol.transport is None:
             return fail(RocketMQError(-1, "not connected"))
         opaque = next(self._opaque)
@@ -149,19 +152,24 @@ class RocketMQClient:
             return _fired(None)
         d = Deferred(lambda _: self._pending.pop(opaque, None))
         self._pending[opaque] = d
-        d.addTimeout(self.timeout, self.reactor)
-        d.addErrback(self._timed_out, opaque)
+        limit = self.timeout if timeout is None else timeout
+        d.addTimeout(limit, self.reactor)
+        d.addErrback(self._timed_out, opaque, limit)
         return d
 
-    def _timed_out(self, f, opaque):
+    def _timed_out(self, f, opaque, limit):
         self._pending.pop(opaque, None)
         if f.check(DeferredTimeout):
-            raise RocketMQError(-1, f"no answer within {self.timeout:g}s")
+            raise RocketMQError(-1, f"no answer within {limit:g}s")
         return f
 
     def _reply(self, header: Header, body: bytes) -> None:
+        """A response completes the request with its opaque; a request from the broker (e.g. the oneway
+        NOTIFY_CONSUMER_IDS_CHANGED) has an opaque of the broker's own counter and must not touch ours."""
+        if not header.is_response:
+            return
         d = self._pending.pop(header.opaque, None)
-        if d is not None and header.is_response:
+        if d is not None:
             d.callback((header, body))
 
     def _fail_all(self, exc: Exception) -> None:
@@ -207,11 +215,18 @@ class RocketMQClient:
                             ).addCallback(self._send_result)
 
     def pull(self, group: str, topic: str, queue_id: int, offset: int, max_nums: int = 32, *,
-             subscription: str = "*") -> Deferred:
-        """PULL_MESSAGE (no suspend); fires with a :class:`PullResult` (found or not)."""
+             subscription: str = "*", suspend: float = 0.0) -> Deferred:
+        """PULL_MESSAGE; fires with a :class:`PullResult` (found or not).
+
+        ``suspend`` > 0 (seconds): long polling; at the end of the queue the
+        broker holds the pull until a message arrives or that time passes
+        (the request then waits ``suspend`` + the client's timeout).
+        """
+        suspend_ms = int(suspend * 1000) if suspend > 0 else 0
         ext = {"consumerGroup": group, "topic": topic, "queueId": queue_id, "queueOffset": offset,
-               "maxMsgNums": max_nums, "sysFlag": SYSFLAG_SUBSCRIPTION, "commitOffset": 0,
-               "suspendTimeoutMillis": 0, "subscription": subscription, "subVersion": 0, "expressionType": "TAG"}
+               "maxMsgNums": max_nums, "sysFlag": SYSFLAG_SUBSCRIPTION | (SYSFLAG_SUSPEND if suspend_ms else 0),
+               "commitOffset": 0, "suspendTimeoutMillis": suspend_ms, "subscription": subscription,
+               "subVersion": 0, "expressionType": "TAG"}
 
         def result(reply):
             header, body = reply
@@ -221,7 +236,7 @@ class RocketMQClient:
             return PullResult(header.code, header.remark or "", int(e.get("nextBeginOffset", offset)),
                               int(e.get("minOffset", 0)), int(e.get("maxOffset", 0)),
                               int(e.get("suggestWhichBrokerId", 0)), split_records(body) if header.code == 0 else [])
-        return self.request(PULL_MESSAGE, ext).addCallback(result)
+        return self.request(PULL_MESSAGE, ext, timeout=self.timeout + suspend_ms / 1000.0).addCallback(result)
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int, *, oneway: bool = False
                       ) -> Deferred:
@@ -315,7 +330,8 @@ class BlockingRocketMQClient:
         return self._call(lambda: self.client.send_batch(topic, bodies, **kw))
 
     def pull(self, group, topic, queue_id, offset, max_nums=32, **kw) -> PullResult:
-        return self._call(lambda: self.client.pull(group, topic, queue_id, offset, max_nums, **kw))
+        return self._call(lambda: self.client.pull(group, topic, queue_id, offset, max_nums, **kw),
+                          timeout=self.timeout + float(kw.get("suspend", 0.0) or 0.0))
 
     def commit_offset(self, group, topic, queue_id, offset, **kw) -> None:
         return self._call(lambda: self.client.commit_offset(group, topic, queue_id, offset, **kw))

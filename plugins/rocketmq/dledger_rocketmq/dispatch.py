@@ -162,6 +162,10 @@ class Dispatcher:
         self._waiters: list[tuple[int, Deferred]] = []
         self._warn = RateLimitedLog(log, server.clock, interval=10.0)
         self.skipped = 0
+        #: Called ``(topic, queue_id, max_offset)`` for each queue that got units, once a delivery is written
+        #: (long polling wakes held pulls with it); one that raises is logged and does not stop dispatch.
+        self.arrival_listeners: list[Callable[[str, int, int], object]] = []
+        self._touched: dict[tuple[str, int], None] = {}
 
     # -- recovery ------------------------------------------------------------------------
     def _open(self) -> ConsumeQueues:
@@ -231,6 +235,7 @@ class Dispatcher:
         """
         queues = self.queues
         before = (self.dispatched_index, self.dispatched_position)
+        self._touched.clear()
         try:
             self._dispatch(queues, entries)
         finally:
@@ -240,6 +245,20 @@ class Dispatcher:
                 self.dispatched_index, self.dispatched_position = before
                 raise
         self._wake()
+        if self._touched and self.arrival_listeners:
+            self._tell_arrivals(queues)
+
+    def _tell_arrivals(self, queues: ConsumeQueues) -> None:
+        touched, self._touched = self._touched, {}
+        for topic, qid in touched:
+            q = queues.find(topic, qid)
+            if q is None:
+                continue
+            for listener in list(self.arrival_listeners):
+                try:
+                    listener(topic, qid, q.max_offset)
+                except Exception:
+                    log.failure("{id}: arrival listener {l!r} failed", id=self.server.self_id, l=listener)
 
     def _dispatch(self, queues: ConsumeQueues, entries: list) -> None:
         for entry in entries:
@@ -248,12 +267,15 @@ class Dispatcher:
             if kind == EntryKind.RECORD:
                 try:
                     if self.verify_crc:
-                        queues.dispatch(decode_record(body, verify_crc=True), defer=True)
+                        record = decode_record(body, verify_crc=True)
+                        if queues.dispatch(record, defer=True):
+                            self._touched[(record.topic, record.queue_id)] = None
                     else:
                         found = index_fields(body, queues.levels)
                         if found is not None:
                             topic, qid, qoff, unit = found
-                            queues.queue(topic, qid).append(qoff, unit, defer=True)
+                            if queues.queue(topic, qid).append(qoff, unit, defer=True):
+                                self._touched[(topic, qid)] = None
                 except CodecError as exc:
                     self._warn.warn("bad-record", "{id}: entry {i} not dispatched: {exc}",
                                     id=self.server.self_id, i=entry.index, exc=exc)

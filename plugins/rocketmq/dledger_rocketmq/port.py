@@ -17,9 +17,10 @@ both serialize types (0 JSON, 1 ROCKETMQ binary) and lenient extFields
 (ali-ons sends numbers and booleans where Java sends strings).  A reply uses
 the request's serialize type.
 
-Not yet: long polling (a pull that finds nothing is answered at once, as a
-RocketMQ broker does for a request without the SUSPEND flag), subscription
-checks (SUBSCRIPTION_NOT_LATEST), the name server and the other codes.
+Client sessions (heartbeats, consumer groups, subscription checks, long
+polling, locks, send-back) are the extension :mod:`~dledger_rocketmq.port_clients`,
+which replaces the PULL_MESSAGE handler with one composed of this module's
+``pull_precheck`` / ``commit_pulled`` / ``read_pull``.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ SUPPORTED_CODES = frozenset({SEND_MESSAGE, PULL_MESSAGE, QUERY_CONSUMER_OFFSET, 
 #: made (``port.handlers[code] = fn``; ``port.connection_lost_callbacks.append(...)``).  One line per module.
 EXTENSIONS: list[str] = [
     "dledger_rocketmq.port_admin:install",
+    "dledger_rocketmq.port_clients:install",
 ]
 
 SUCCESS = 0
@@ -384,6 +386,8 @@ class PullArgs:
     commit_offset: int
     subscription: str | None
     expression_type: str
+    sub_version: int = 0
+    suspend_timeout_ms: int = 0
 
 
 def pull_args(ext: dict[str, str]) -> PullArgs:
@@ -394,7 +398,9 @@ def pull_args(ext: dict[str, str]) -> PullArgs:
                     max_nums=ext_int(ext, "maxMsgNums"), sys_flag=sys_flag,
                     commit_offset=ext_int(ext, "commitOffset", 0, bits=64),
                     subscription=ext.get("subscription") if sys_flag & SYSFLAG_SUBSCRIPTION else None,
-                    expression_type=ext.get("expressionType") or "TAG")
+                    expression_type=ext.get("expressionType") or "TAG",
+                    sub_version=ext_int(ext, "subVersion", 0, bits=64),
+                    suspend_timeout_ms=ext_int(ext, "suspendTimeoutMillis", 0, bits=64))
 
 
 def subscription_tags(expression: str | None) -> list[str] | None:
@@ -555,6 +561,11 @@ class BrokerPort(service.Service):
         self.listening: Deferred = Deferred()
         #: Called with each connection that closes (a client's registrations end with its connection).
         self.connection_lost_callbacks: list[Callable[[BrokerPortProtocol], None]] = []
+        #: Called with (connection, header, body) for each response a client sends (to a request the broker
+        #: sent it over its connection, e.g. GET_CONSUMER_RUNNING_INFO); none: responses are dropped.
+        self.response_callbacks: list[Callable[[BrokerPortProtocol, Header, bytes], None]] = []
+        #: Called (no arguments) when the port stops, before its connections close (answer what is pending).
+        self.stop_callbacks: list[Callable[[], None]] = []
         #: Request code -> handler (Request -> Reply | Deferred[Reply]); the core codes, then each extension's.
         self.handlers: dict[int, Callable[[Request], Reply | Deferred]] = {
             SEND_MESSAGE: self._send, SEND_MESSAGE_V2: self._send, SEND_BATCH_MESSAGE: self._send,
@@ -610,6 +621,11 @@ class BrokerPort(service.Service):
 
     def stopService(self):
         super().stopService()
+        for callback in list(self.stop_callbacks):
+            try:
+                callback()
+            except Exception:
+                log.failure("rocketmq port: stop callback {cb!r} failed", cb=callback)
         for conn in list(self.connections):
             conn.closed = True
             conn.transport.loseConnection()
@@ -620,8 +636,13 @@ class BrokerPort(service.Service):
 
     # -- dispatch -----------------------------------------------------------------------------------
     def handle(self, conn: BrokerPortProtocol, header: Header, body: bytes) -> None:
-        """Answer one request frame (responses from clients are ignored: the port sends no requests)."""
+        """Answer one request frame; a response (to a request the broker sent) goes to ``response_callbacks``."""
         if header.is_response:
+            for callback in list(self.response_callbacks):
+                try:
+                    callback(conn, header, body)
+                except Exception:  # a bug there must not take the client's connection down
+                    log.failure("rocketmq port: response callback {cb!r} failed", cb=callback)
             return
         self.stats.requests += 1
         self.stats.by_code[header.code] = self.stats.by_code.get(header.code, 0) + 1
@@ -697,19 +718,35 @@ class BrokerPort(service.Service):
 
     def _pull(self, req: Request) -> Reply:
         args = pull_args(req.ext)
+        error = self.pull_precheck(args)
+        if error is not None:
+            return error
+        tags = subscription_tags(args.subscription) if args.expression_type.upper() == "TAG" else None
+        self.commit_pulled(args)
+        return self.read_pull(args, {self.broker.tag_code(t) for t in tags} if tags else None)
+
+    # -- the pull path in parts (extensions compose them: subscriptions, long polling) ---------------------------
+    def pull_precheck(self, args: PullArgs) -> Reply | None:
+        """The checks before reading: an unknown topic -> TOPIC_NOT_EXIST, maxMsgNums <= 0 -> SYSTEM_ERROR."""
         broker = self.broker
-        is_master = broker.role == "MASTER"
         if broker.meta.topics.get(args.topic) is None and broker.max_offset(args.topic, args.queue_id) == 0:
             return Reply(TOPIC_NOT_EXIST, f"topic[{args.topic}] not exist, apply first please!{FAQ}")
         if args.max_nums <= 0:
             return Reply(SYSTEM_ERROR, f"maxMsgNums {args.max_nums} must be positive")
-        tags = subscription_tags(args.subscription) if args.expression_type.upper() == "TAG" else None
-        codes = {broker.tag_code(t) for t in tags} if tags else None
-        result = broker.get_messages(args.group, args.topic, args.queue_id, args.offset, args.max_nums, codes)
-        if (args.sys_flag & SYSFLAG_COMMIT_OFFSET and is_master and args.commit_offset >= 0
+        return None
+
+    def commit_pulled(self, args: PullArgs) -> None:
+        """The consumer's progress riding on its pull (COMMIT_OFFSET flag, push consumers): committed through the
+        log on the master when it moved, not waited for."""
+        broker = self.broker
+        if (args.sys_flag & SYSFLAG_COMMIT_OFFSET and broker.role == "MASTER" and args.commit_offset >= 0
                 and broker.query_offset(args.group, args.topic, args.queue_id) != args.commit_offset):
-            # The consumer's progress rides on its pull (push consumers); committed through the log, not waited for.
             d = broker.commit_offsets([OffsetCommit(args.group, args.topic, args.queue_id, args.commit_offset)])
             d.addErrback(lambda f: log.debug("pull commitOffset not stored: {e}", e=f.getErrorMessage()))
-        return pull_reply(args, result, is_master=is_master,
+
+    def read_pull(self, args: PullArgs, tag_codes: set[int] | None) -> Reply:
+        """Read the queue now and answer as PullMessageProcessor does without suspending."""
+        broker = self.broker
+        result = broker.get_messages(args.group, args.topic, args.queue_id, args.offset, args.max_nums, tag_codes)
+        return pull_reply(args, result, is_master=broker.role == "MASTER",
                           offset_check_in_slave=broker.options.offset_check_in_slave)
