@@ -19,6 +19,7 @@ from dledger_rocketmq.clients import (
     parse_heartbeat,
     pull_subscription_check,
 )
+from dledger_rocketmq.plugin import broker_for
 from dledger_rocketmq.port import BrokerPort, decode_header, encode_command
 from rmq_cluster_util import broker_cluster, master
 from twisted.internet.defer import Deferred
@@ -223,8 +224,13 @@ def test_replay_heartbeats_unregister_and_consumer_lists(cluster_port):
     same_shape(reply, "034-heart-beat-alions-consumer-consume-passively")
     assert [n.header.ext_fields for n in notes] == \
         [golden("040-notify-consumer-ids-changed-broker-to-client-alions-request").header.ext_fields]
-    assert port.broker.meta.topics.get("%RETRY%ons_test_cg_1795427018640")["readQueueNums"] == 1
-    assert port.broker.meta.groups.get("golden_pull_cg") is not None
+    # Created through the log (so every member and a later master know them): there once committed.
+    meta = port.broker.meta
+    assert cluster.run_until(lambda: meta.topics.get("%RETRY%ons_test_cg_1795427018640") is not None, 5)
+    assert meta.topics.get("%RETRY%ons_test_cg_1795427018640")["readQueueNums"] == 1
+    assert cluster.run_until(lambda: meta.groups.get("golden_pull_cg") is not None, 5)
+    assert cluster.run_until(lambda: all(broker_for(s).meta.groups.get("golden_pull_cg") is not None
+                                         for s in cluster.servers.values()), 5)
     for name in ("038-get-consumer-list-by-group", "038-get-consumer-list-by-group-alions",
                  "038-get-consumer-list-by-group-system-error"):
         conn = alions if "alions" in name else pull

@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, gatherResults, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -215,17 +215,20 @@ class ClientSessions:
         self.locks.clear()
 
     # -- metadata helpers ---------------------------------------------------------------------------
-    def _group_config(self, group: str) -> dict:
+    def _group_config(self, group: str, pending: list[Deferred] | None = None) -> dict:
         """The subscription group's config; RocketMQ's defaults when unknown (autoCreateSubscriptionGroup).
 
         A master creates it through the log (every member applies it, so it
-        survives a master switch); a slave only answers with the defaults.
+        survives a master switch; the creation's Deferred goes to ``pending``);
+        a slave only answers with the defaults.
         """
         config = self.broker.meta.groups.get(group)
         if config is not None:
             return config
         config = subscription_group_config(group)
-        self._create(KIND_GROUP_CONFIG, "group", group, config)
+        d = self._create(KIND_GROUP_CONFIG, "group", group, config)
+        if pending is not None:
+            pending.append(d)
         return config
 
     def _ensure_topic(self, config: dict) -> Deferred:
@@ -265,17 +268,23 @@ class ClientSessions:
         hb = parse_heartbeat(req.body)
         conn = req.conn
         header = req.header
-        for data in hb.consumers:  # as ClientManageProcessor: the group's config and its retry topic exist
-            config = self._group_config(data.group)
+        # As ClientManageProcessor: the group's config and its retry topic exist before the answer (clients
+        # pull %RETRY% right after their first heartbeat), here once their creation entries are committed.
+        pending: list[Deferred] = []
+        for data in hb.consumers:
+            config = self._group_config(data.group, pending)
             queues = int(config.get("retryQueueNums", 1))
             if queues > 0:
-                self._ensure_topic(topic_config(retry_topic(data.group), queues, queues, PERM_READ | PERM_WRITE))
+                pending.append(self._ensure_topic(topic_config(retry_topic(data.group), queues, queues,
+                                                               PERM_READ | PERM_WRITE)))
         changed = self.registry.heartbeat(conn, hb, now_ms=self.now_ms(), addr=str(req.born_host),
                                           language=header.language if header else "JAVA",
                                           version=header.version if header else 0)
         if conn is not None:
             self._touch(conn)
         self._changed(changed)
+        if any(not d.called for d in pending):
+            return gatherResults(pending).addCallback(lambda _: Reply(SUCCESS))
         return Reply(SUCCESS)
 
     def unregister_client(self, req: Request) -> Reply:
