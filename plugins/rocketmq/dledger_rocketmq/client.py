@@ -116,6 +116,7 @@ class _ClientProtocol(protocol.Protocol):
             self.transport.loseConnection()
 
     def connectionLost(self, reason=None):
+        self.connected = 0  # RocketMQClient.connected: a cached client is replaced, not reused
         self.client._fail_all(RocketMQError(-1, "connection lost"))
 
 
@@ -133,6 +134,11 @@ class RocketMQClient:
         self._pending: dict[int, Deferred] = {}
 
     # -- plumbing -------------------------------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        """True while the connection is up (a request now can be sent)."""
+        return self.protocol is not None and self.protocol.transport is not None and bool(self.protocol.connected)
+
     def request(self, code: int, ext: dict[str, Any], body: bytes = b"", *, oneway: bool = False) -> Deferred:
         """Send a request; fires with (Header, body) of the reply (None for oneway)."""
         if self.protocol is None or self.protocol.transport is None:

@@ -169,7 +169,7 @@ def _decode_compressed(body: bytes) -> RegisterBody:
 
 def encode_register_body(data_version: Mapping[str, int], topics: Iterable[Mapping[str, Any]], *,
                          compressed: bool = False, filter_servers: Iterable[str] = ()) -> bytes:
-    """A RegisterBrokerBody as a 4.9.8 broker sends it; ``topics`` in the order to write (the broker's map order).
+    """A RegisterBrokerBody as a 4.9.8 broker sends it; ``topics`` in the broker's table (map) order.
 
     JSON: fastjson, bean fields alphabetical.  Compressed: zlib (level 9, as
     Java's BEST_COMPRESSION) of ``int32 len + DataVersion JSON, int32 count,
@@ -187,7 +187,10 @@ def encode_register_body(data_version: Mapping[str, int], topics: Iterable[Mappi
     def put(b: bytes) -> None:
         parts.append(_I32.pack(len(b)) + b)
     put(fastjson.dumps(version).encode())
-    topics = list(topics)
+    # Java copies the table into a fresh ConcurrentHashMap (putAll presizes it for the count) and writes that
+    # copy: its iteration order, not the table's.
+    by_name = {t["topicName"]: t for t in topics}
+    topics = [by_name[n] for n in fastjson.java_map_order(by_name, max(1, len(by_name)), concurrent=True)]
     parts.append(_I32.pack(len(topics)))
     for t in topics:
         bean = _topic_bean(t["topicName"], t)
