@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import pytest_twisted
 from conftest import GOLDEN
 from dledger_rocketmq import registration, routes
 from dledger_rocketmq.client import RocketMQClient, RocketMQError, client_factory
 from dledger_rocketmq.metadata import BrokerMetadata, topic_config, topic_table
 from dledger_rocketmq.namesrv import NameServer
 from dledger_rocketmq.plugin import broker_for, registration_for
-from dledger_rocketmq.port import BrokerPort, Reply, decode_header
+from dledger_rocketmq.port import BrokerPort, Reply, decode_header, encode_command
 from dledger_rocketmq.registration import MasterFetcher, Registration
 from dledger_rocketmq.sync import SlaveSync, SyncKind, apply_sync, master_body
 from rmq_cluster_util import settled
@@ -22,7 +29,7 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.test.iosim import FakeTransport, connect
 
 from dledger import plugins
-from dledger.transport.remoting import FrameSplitter
+from dledger.transport.remoting import FrameSplitter, Header
 
 FRAMES = GOLDEN / "frames"
 
@@ -295,6 +302,9 @@ def test_fetch_without_a_master_fails_after_the_timeout_and_error_codes_fail(tmp
     fetcher.fetch(SyncKind.TOPIC_CONFIG).addErrback(out.append)
     clock.advance(5.1)
     assert out and out[0].check(RocketMQError) and "no master address" in out[0].getErrorMessage()
+    out.clear()
+    fetcher.fetch(SyncKind.CONSUMER_OFFSET).addErrback(out.append)  # same term and leader: no second wait
+    assert out and "no master address" in out[0].getErrorMessage()
     port = BrokerPort(SimpleNamespace(), "tcp:0")
     port.handlers = {}
     net.servers["10.0.0.1:10911"] = port.factory
@@ -303,7 +313,14 @@ def test_fetch_without_a_master_fails_after_the_timeout_and_error_codes_fail(tmp
     fetcher.fetch(SyncKind.TOPIC_CONFIG).addErrback(out.append)
     settle(clock, net)
     assert out and out[0].value.code == 3  # REQUEST_CODE_NOT_SUPPORTED from a port without the handler
-    fetcher.stop()
+    server.state.curr_term = 2  # a new term: the address must be learned again, fetches wait for it
+    waiting = []
+    fetcher.fetch(SyncKind.TOPIC_CONFIG).addErrback(waiting.append)
+    assert waiting == []
+    fetcher.stop()  # the member stops: waiting and later fetches fail at once (a sync round ends quickly)
+    out.clear()
+    fetcher.fetch(SyncKind.DELAY_OFFSET).addErrback(out.append)
+    assert len(waiting) == 1 and out and "stopping" in out[0].getErrorMessage()
 
 
 # -- a 3-member in-process group with the plugin, a name server, failover ----------------------------------------
@@ -381,3 +398,106 @@ def test_group_registers_and_failover_names_exactly_one_new_master(tmp_path, net
     cluster.stop()
     run(cluster, net, lambda: False, 1.0)
     assert ns.table.brokers == {}  # graceful stops unregistered (or closed) every broker
+
+
+# -- real sockets: a name server on 127.0.0.1 and an in-process group on the real reactor -------------------------
+
+@pytest.mark.network
+@pytest_twisted.inlineCallbacks
+def test_failover_over_real_sockets(reactor, tmp_path):
+    """127.0.0.1: members register with a real name server; after the master's kill the new one is the only id 0."""
+    from dledger_rocketmq.client import connect as rmq_connect
+    from dledger_rocketmq.plugin import namesrv_for
+
+    from dledger.testing import Cluster
+
+    ns = NameServer("tcp:0:interface=127.0.0.1", reactor=reactor)
+    ns.startService()
+    port = (yield ns.listening).getHost().port
+    opts = {"rocketmq.enabled": True, "rocketmq.mappedFileSizeConsumeQueue": 1000,
+            "rocketmq.namesrvAddr": f"127.0.0.1:{port}", "rocketmq.brokerName": "RaftNode00",
+            "rocketmq.namesrvListen": "tcp:0:interface=127.0.0.1"}  # each member also runs one (unused here)
+    cluster = Cluster(3, seed=7, clock=reactor, plugin_manager=plugins.make_plugin_manager(),
+                      store_base_dir=str(tmp_path), extras=opts)
+    addr = {}
+    for k, mid in enumerate(cluster.ids):
+        addr[mid] = f"127.0.0.1:{40911 + k}"
+        cfg = cluster.configs[mid]
+        cluster.configs[mid] = dataclasses.replace(cfg, extras={**cfg.extras, "rocketmq.storeHost": addr[mid]})
+    cluster.start()
+    client = None
+    try:
+        for s in cluster.servers.values():
+            assert (yield namesrv_for(s).listening).getHost().port > 0
+
+        def master_id():
+            found = [mid for mid, s in cluster.servers.items() if broker_for(s).role == "MASTER"]
+            return found[0] if len(found) == 1 else None
+        yield cluster.when(lambda: master_id() is not None and ns.table.masters("RaftNode00") == [addr[master_id()]]
+                           and len(ns.table.live) == 3, 20)
+        old = master_id()
+        cluster.crash(old)  # its registration connection is aborted, as a killed process's
+        yield cluster.when(lambda: addr[old] not in ns.table.live, 5)
+        yield cluster.when(lambda: master_id() is not None, 20)
+        new = master_id()
+        yield cluster.when(lambda: ns.table.masters("RaftNode00") == [addr[new]], 10)
+        client = yield rmq_connect(reactor, "127.0.0.1", port, timeout=5)
+        header, body = yield client.request(105, {"topic": "TBW102"})
+        route = json.loads(body)["brokerDatas"]
+        assert header.code == 0 and len(route) == 1
+        assert route[0]["brokerAddrs"]["0"] == addr[new] and addr[old] not in route[0]["brokerAddrs"].values()
+        assert sorted(route[0]["brokerAddrs"].values()) == sorted(addr[m] for m in cluster.servers)
+    finally:
+        if client is not None:
+            client.close()
+        yield cluster.stop()
+        yield ns.stopService()
+
+
+# -- twistd rocketmq-namesrv as a real process ------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.process
+def test_twistd_rocketmq_namesrv_process(tmp_path):
+    """`twistd --help` lists rocketmq-namesrv; it serves on 127.0.0.1; bad options and a busy port are one line."""
+    twistd = [str(Path(sys.executable).parent / "twistd")]  # the venv's script (what operators run)
+    listed = subprocess.run([*twistd, "--help"], capture_output=True, text=True, timeout=60)
+    assert "rocketmq-namesrv" in listed.stdout
+    bad = subprocess.run([*twistd, "rocketmq-namesrv", "--listen", "bogus:1"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "is not a server endpoint" in bad.stdout + bad.stderr
+    assert "Traceback" not in bad.stdout + bad.stderr
+    port = _free_port()
+    log = tmp_path / "namesrv.log"
+    proc = subprocess.Popen([*twistd, "-n", "--logfile", str(log),
+                             "--pidfile", "", "rocketmq-namesrv", "--listen", f"tcp:{port}:interface=127.0.0.1"],
+                            cwd=tmp_path)
+    try:
+        reply = None
+        for _ in range(200):  # up to ~20 s for the process to listen
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+                    sock.sendall(encode_command(Header(206, 1, 0, "JAVA", 409, None, None)))
+                    data = b""
+                    while len(data) < 8 or len(data) < 4 + int.from_bytes(data[:4], "big"):
+                        chunk = sock.recv(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+                    reply = list(FrameSplitter(header_decoder=decode_header).feed(data))
+                    break
+            except OSError:
+                time.sleep(0.1)
+        assert reply and reply[0].header.code == 0 and json.loads(reply[0].body) == {"topicList": []}
+        busy = subprocess.run([*twistd, "rocketmq-namesrv", "--listen",
+                               f"tcp:{port}:interface=127.0.0.1"], capture_output=True, text=True, timeout=60)
+        assert busy.returncode != 0 and "already in use" in busy.stdout + busy.stderr
+        assert "Traceback" not in busy.stdout + busy.stderr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -114,6 +114,8 @@ class MasterFetcher:
         self._waiters: list[defer.Deferred] = []
         self._client: Any = None
         self._client_addr: str | None = None
+        self._gave_up: Any = None  # the tag under which a wait for the address timed out
+        self.stopped = False
 
     def current_tag(self) -> tuple[int, Any]:
         """What a learned address is valid for: the member's dledger term and leader when it asked."""
@@ -128,16 +130,25 @@ class MasterFetcher:
         """A registration answer (asked under ``tag``) named ``master_addr`` (None: no master registered)."""
         if tag != self.current_tag():
             return  # asked before a role or leader change: the registration that change triggered will answer
-        self.master_addr, self._tag = master_addr, tag
+        self.master_addr, self._tag, self._gave_up = master_addr, tag, None
         if master_addr is not None:
             waiters, self._waiters = self._waiters, []
             for d in waiters:
                 d.callback(master_addr)
 
     def address(self) -> defer.Deferred:
-        """Fires with the current master's address (at once if known), fails after ``timeout`` seconds."""
+        """Fires with the current master's address (at once if known), fails after ``timeout`` seconds.
+
+        Once a wait timed out, later calls under the same term and leader fail at
+        once until an answer comes (a sync round of four fetches does not wait four
+        times); after :meth:`stop` every call fails at once.
+        """
+        if self.stopped:
+            return defer.fail(rmq_client.RocketMQError(-1, "the member is stopping"))
         if self.known():
             return defer.succeed(self.master_addr)
+        if self._gave_up is not None and self._gave_up == self.current_tag():
+            return defer.fail(rmq_client.RocketMQError(-1, "no master address from the name servers yet"))
         d = defer.Deferred(lambda d: self._waiters.remove(d) if d in self._waiters else None)
         self._waiters.append(d)
         d.addTimeout(self.timeout, self._clock())
@@ -146,6 +157,7 @@ class MasterFetcher:
 
     def _no_master(self, f: Any) -> Any:
         if f.check(defer.TimeoutError):
+            self._gave_up = self.current_tag()
             raise rmq_client.RocketMQError(-1, f"no master address from the name servers within {self.timeout:g}s")
         return f
 
@@ -182,10 +194,12 @@ class MasterFetcher:
         self._client = self._client_addr = None
 
     def stop(self) -> None:
+        """The member stops: close the connection; waiting and later fetches fail at once."""
+        self.stopped = True
         self.close()
         waiters, self._waiters = self._waiters, []
         for d in waiters:
-            d.cancel()
+            d.errback(rmq_client.RocketMQError(-1, "the member is stopping"))
 
 
 # -- the registration service ------------------------------------------------------------------------------------
