@@ -8,7 +8,11 @@ hook, kept per server): its append hook, its role-change handler and
 leader-ready listener (roles), and the broker itself as a service (which
 loads its metadata and registers the consume-queue dispatcher on the commit
 feed once the store is recovered; its metadata persists as a child service),
-plus the broker port (:mod:`dledger_rocketmq.port`) when ``rocketmq.listen`` is set.
+plus the broker port (:mod:`dledger_rocketmq.port`) when ``rocketmq.listen`` is set
+and the name-server registration (:mod:`dledger_rocketmq.registration`, which also
+gives the slave metadata sync its ``fetch``) when ``rocketmq.namesrvAddr`` is set.
+The one exception to "inert": ``rocketmq.namesrvListen`` runs a name server
+(:mod:`dledger_rocketmq.namesrv`) inside the member even without the broker.
 """
 
 from __future__ import annotations
