@@ -501,3 +501,17 @@ def test_twistd_rocketmq_namesrv_process(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("key, value, why", [
+    ("namesrvAddr", "localhost", "is not host:port"),
+    ("namesrvAddr", "127.0.0.1:9876;x:0", "is not host:port"),
+    ("registerNameServerPeriod", 0, "not a positive number of milliseconds"),
+    ("namesrvListen", "bogus:1", "is not a server endpoint"),
+])
+def test_bad_registration_options_are_one_line_errors(key, value, why):
+    """Bad name-server options fail when the config is read, naming the option and the reason."""
+    pm = plugins.make_plugin_manager()
+    with pytest.raises(Exception, match=f"rocketmq.{key}.*{why}") as info:
+        plugins.resolve_extras({"rocketmq": {key: value}}, pm)
+    assert "\n" not in str(info.value)
