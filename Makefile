@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # The stock JavaScript RocketMQ client (ali-ons) the broker layer's process tests drive; npm is on the machines.
 ALIONS := tools/alions/node_modules/.installed
 
-.PHONY: demo test lint soak clean
+.PHONY: demo demo-rocketmq test lint soak clean
 
 $(STAMP): setup.py plugins/rocketmq/setup.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dledger needs Python >= 3.11")'
@@ -27,6 +27,11 @@ $(ALIONS): tools/alions/package.json tools/alions/package-lock.json
 
 demo: $(STAMP)
 	$(VENV)/bin/dledger demo
+
+# A name server and two 3-member RocketMQ broker groups as twistd processes on 127.0.0.1: sends, pulls, a master
+# killed, the switch shown; every process stopped at the end (dledger_rocketmq/demo.py, docs/rocketmq.md).
+demo-rocketmq: $(STAMP)
+	$(PY) -m dledger_rocketmq.demo
 
 test: $(STAMP) $(ALIONS)
 	$(VENV)/bin/ruff check .

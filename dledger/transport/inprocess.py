@@ -166,7 +166,8 @@ class InProcessNetwork:
 
     def _refuse(self, d: Deferred, timer, dst: str) -> None:
         if not d.called:
-            timer.cancel()
+            if timer.active():  # close() may have cancelled it already (the network was thrown away)
+                timer.cancel()
             d.errback(DLedgerError(ResponseCode.NETWORK_ERROR, f"{dst} is down"))
 
     def _deliver(self, d, timer, src, dst, request, epoch) -> None:
@@ -186,7 +187,8 @@ class InProcessNetwork:
     def _arrive(self, response, d, timer, src, dst, epoch) -> None:
         if d.called or not self._current(src, dst, epoch):
             return
-        timer.cancel()
+        if timer.active():  # close() may have cancelled it already
+            timer.cancel()
         d.callback(copy.copy(response))
 
 

@@ -12,7 +12,10 @@ setup(
     long_description=LONG_DESCRIPTION,
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=find_packages(include=["dledger_rocketmq", "dledger_rocketmq.*"]),
+    # twisted/plugins/rocketmq_namesrv_plugin.py: the `twistd rocketmq-namesrv` dropin (no __init__.py there, as
+    # Twisted wants; an editable compat install finds it on sys.path, a normal install copies it).
+    packages=find_packages(include=["dledger_rocketmq", "dledger_rocketmq.*"]) + ["twisted.plugins"],
+    package_data={"twisted": ["plugins/rocketmq_namesrv_plugin.py"]},
     install_requires=["dledger"],
     entry_points={
         # The same group dledger's own stores and transports use.

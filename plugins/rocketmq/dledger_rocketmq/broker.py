@@ -125,6 +125,10 @@ class BrokerOptions:
     persist_interval: float = 5.0
     listen: str = ""
     max_frame_size: int = 16 * 1024 * 1024
+    namesrv_addr: str = ""
+    register_period_ms: int = 30_000
+    compressed_register: bool = False
+    namesrv_listen: str = ""
 
 
 def parse_host(text: str) -> Address:

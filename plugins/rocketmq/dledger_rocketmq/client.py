@@ -18,6 +18,7 @@ to one broker port; a slave answers sends with SERVICE_NOT_AVAILABLE (14).
 from __future__ import annotations
 
 import itertools
+import json
 import struct
 import threading  # allowed: the blocking client's single reactor thread (as dledger.blocking)
 import time
@@ -117,6 +118,7 @@ class _ClientProtocol(protocol.Protocol):
             self.transport.loseConnection()
 
     def connectionLost(self, reason=None):
+        self.connected = 0  # RocketMQClient.connected: a cached client is replaced, not reused
         if self.client.protocol is self:  # later requests fail at once instead of waiting for their timeout
             self.client.protocol = None
         self.client._fail_all(RocketMQError(-1, "connection lost"))
@@ -138,6 +140,11 @@ class RocketMQClient:
         self._pending: dict[int, Deferred] = {}
 
     # -- plumbing -------------------------------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        """True while the connection is up (a request now can be sent)."""
+        return self.protocol is not None and self.protocol.transport is not None and bool(self.protocol.connected)
+
     def request(self, code: int, ext: dict[str, Any], body: bytes = b"", *, oneway: bool = False,
                 timeout: float | None = None) -> Deferred:
         """Send a request; fires with (Header, body) of the reply (None for oneway); ``timeout`` overrides the
@@ -363,3 +370,182 @@ class BlockingRocketMQClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- route-aware client: name servers, several broker groups ------------------------------------------------------
+
+GET_ROUTEINFO_BY_TOPIC = 105
+TOPIC_NOT_EXIST = 17
+DEFAULT_TOPIC = "TBW102"
+DEFAULT_TOPIC_QUEUE_NUMS = 4
+
+
+def route_masters(route: dict[str, Any]) -> dict[str, str]:
+    """brokerName -> the master's address (brokerId 0) of a TopicRouteData; groups without a master left out."""
+    out = {}
+    for data in route.get("brokerDatas", []):
+        addrs = {str(k): v for k, v in (data.get("brokerAddrs") or {}).items()}
+        if "0" in addrs:
+            out[data["brokerName"]] = addrs["0"]
+    return out
+
+
+def message_queues(route: dict[str, Any], *, write: bool = True, max_queues: int | None = None
+                   ) -> list[tuple[str, int]]:
+    """The (brokerName, queueId) a producer may send to (``write``) or a consumer reads, in a stable order.
+
+    Only groups whose route names a master and whose queue data allows it
+    (perm bit 2 write, 4 read); ``max_queues`` caps the queues per group (the
+    default topic's route is used with at most defaultTopicQueueNums, as Java).
+    """
+    masters = route_masters(route)
+    out = []
+    for q in sorted(route.get("queueDatas", []), key=lambda q: q["brokerName"]):
+        if q["brokerName"] not in masters or not int(q.get("perm", 6)) & (2 if write else 4):
+            continue
+        n = int(q["writeQueueNums"] if write else q["readQueueNums"])
+        if max_queues is not None:
+            n = min(n, max_queues)
+        out.extend((q["brokerName"], i) for i in range(n))
+    return out
+
+
+@dataclass(frozen=True)
+class RoutedSendResult:
+    """A send through the routes: where it went and what the broker answered."""
+
+    broker_name: str
+    msg_id: str
+    queue_id: int
+    queue_offset: int
+
+
+class RouteClient:
+    """A producer/consumer that finds brokers through RocketMQ name servers (Deferreds).
+
+        rc = RouteClient(reactor, "127.0.0.1:9876")
+        r = yield rc.send("T", b"hi")          # RoutedSendResult: broker_name, msg_id, queue_id, queue_offset
+        p = yield rc.pull("g", "T", r.broker_name, r.queue_id, 0)
+
+    Sends go round-robin over every writable queue of every group with a
+    master (a topic unknown to the name servers is sent through the default
+    topic's route and auto-created by the broker, as the Java producer does);
+    a send that fails on one group (no connection, a slave's 14) refreshes
+    the route and goes to the next queue, up to ``retries`` times.  Pulls go
+    to the group's master.  Routes are cached for ``route_ttl`` seconds.
+    """
+
+    def __init__(self, reactor: Any, namesrv_addrs: str | Sequence[str], *, timeout: float = 10.0,
+                 retries: int = 2, route_ttl: float = 30.0, connect_fn: Any = None):
+        self.reactor = reactor
+        addrs = namesrv_addrs.split(";") if isinstance(namesrv_addrs, str) else list(namesrv_addrs)
+        self.namesrv_addrs = [a.strip() for a in addrs if a.strip()]
+        if not self.namesrv_addrs:
+            raise ValueError("no name server address")
+        self.timeout = timeout
+        self.retries = retries
+        self.route_ttl = route_ttl
+        self._connect = connect_fn or connect
+        self._clients: dict[str, RocketMQClient] = {}
+        self._routes: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._next = itertools.count()
+
+    def _client(self, addr: str) -> Deferred:
+        c = self._clients.get(addr)
+        if c is not None and c.connected:
+            return _fired(c)
+        host, _, port = addr.rpartition(":")
+
+        def made(client: RocketMQClient) -> RocketMQClient:
+            self._clients[addr] = client
+            return client
+        d = maybeDeferred(self._connect, self.reactor, host.strip("[]"), int(port), timeout=self.timeout)
+        return d.addCallback(made)
+
+    def _ask_namesrv(self, topic: str, index: int = 0) -> Deferred:
+        addr = self.namesrv_addrs[index % len(self.namesrv_addrs)]
+        d = self._client(addr).addCallback(lambda c: c.request(GET_ROUTEINFO_BY_TOPIC, {"topic": topic}))
+
+        def answered(reply: Any) -> dict[str, Any]:
+            header, body = reply
+            if header.code != SUCCESS:
+                raise RocketMQError(header.code, header.remark)
+            return json.loads(body)
+
+        def failed(f: Any) -> Any:
+            if f.check(RocketMQError) and f.value.code == TOPIC_NOT_EXIST:
+                return f
+            if index + 1 < len(self.namesrv_addrs):
+                return self._ask_namesrv(topic, index + 1)
+            return f
+        return d.addCallback(answered).addErrback(failed)
+
+    def route(self, topic: str, *, fresh: bool = False) -> Deferred:
+        """The topic's TopicRouteData (standard JSON parsed; cached); RocketMQError 17 if no route."""
+        cached = self._routes.get(topic)
+        if cached is not None and not fresh and self.reactor.seconds() - cached[0] < self.route_ttl:
+            return _fired(cached[1])
+
+        def keep(route: dict[str, Any]) -> dict[str, Any]:
+            self._routes[topic] = (self.reactor.seconds(), route)
+            return route
+        return self._ask_namesrv(topic).addCallback(keep)
+
+    def _send_route(self, topic: str, fresh: bool, broker_name: str | None = None) -> Deferred:
+        """(route, max queues): the topic's, or the default topic's for a topic not created (on that group) yet."""
+        def default(f: Any = None) -> Any:
+            if f is not None:
+                f.trap(RocketMQError)
+                if f.value.code != TOPIC_NOT_EXIST:
+                    return f
+            return self.route(DEFAULT_TOPIC, fresh=fresh).addCallback(lambda r: (r, DEFAULT_TOPIC_QUEUE_NUMS))
+
+        def found(route: dict[str, Any]) -> Any:
+            if broker_name is not None and broker_name not in route_masters(route):
+                return default()
+            return route, None
+        return self.route(topic, fresh=fresh).addCallback(found).addErrback(default)
+
+    def send(self, topic: str, body: bytes, *, tags: str | None = None, keys: str | Sequence[str] | None = None,
+             broker_name: str | None = None) -> Deferred:
+        """Send one message to the next queue of the topic's route; fires with a :class:`RoutedSendResult`.
+
+        ``broker_name`` sends to that group only (through the default topic's
+        route if the topic does not exist there yet: the broker creates it, as
+        a first send does; how a topic gets onto every group without an admin
+        command).
+        """
+        def attempt(n: int, fresh: bool) -> Deferred:
+            def go(found: Any) -> Deferred:
+                route, cap = found
+                queues = [q for q in message_queues(route, max_queues=cap)
+                          if broker_name is None or q[0] == broker_name]
+                if not queues:
+                    raise RocketMQError(TOPIC_NOT_EXIST, f"no writable queue with a master for {topic}")
+                name, queue_id = queues[next(self._next) % len(queues)]
+                addr = route_masters(route)[name]
+                d = self._client(addr).addCallback(lambda c: c.send(topic, body, tags=tags, keys=keys,
+                                                                   queue_id=queue_id))
+                return d.addCallback(lambda r: RoutedSendResult(name, r.msg_id, r.queue_id, r.queue_offset))
+
+            def retry(f: Any) -> Any:
+                if n >= self.retries or (f.check(RocketMQError) and f.value.code == TOPIC_NOT_EXIST):
+                    return f
+                return attempt(n + 1, True)
+            return self._send_route(topic, fresh, broker_name).addCallback(go).addErrback(retry)
+        return attempt(0, False)
+
+    def pull(self, group: str, topic: str, broker_name: str, queue_id: int, offset: int, max_nums: int = 32
+             ) -> Deferred:
+        """PULL_MESSAGE from ``broker_name``'s master; fires with a :class:`PullResult`."""
+        def go(route: dict[str, Any]) -> Deferred:
+            addr = route_masters(route).get(broker_name)
+            if addr is None:
+                raise RocketMQError(14, f"no master for {broker_name} in the route of {topic}")
+            return self._client(addr).addCallback(lambda c: c.pull(group, topic, queue_id, offset, max_nums))
+        return self.route(topic).addCallback(go)
+
+    def close(self) -> None:
+        clients, self._clients = self._clients, {}
+        for c in clients.values():
+            c.close()

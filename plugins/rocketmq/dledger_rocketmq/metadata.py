@@ -24,6 +24,7 @@ offset commits exactly once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,16 @@ class VersionedTable:
         self.table: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (defaults or {}).items()}
         self.data_version = {"counter": 0, "timestamp": self._now_ms()}
         self.version = 0
+        #: Called (no arguments) after every change of the entries (put, remove, replace): the broker's
+        #: name-server registration re-registers at once when the topic table changes.
+        self.listeners: list[Callable[[], object]] = []
+
+    def _notify(self) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener()
+            except Exception:
+                log.failure("{table}: change listener {l!r} failed", table=self.table_key, l=listener)
 
     def _now_ms(self) -> int:
         return int(self.clock.seconds() * 1000) if self.clock is not None else 0
@@ -151,6 +162,7 @@ class VersionedTable:
         self.data_version = {"counter": self.data_version["counter"] + 1,
                              "timestamp": self._now_ms() if timestamp is None else timestamp}
         self.version += 1
+        self._notify()
 
     def replace(self, other: VersionedTable) -> bool:
         """Take ``other`` wholesale if its DataVersion differs (a slave copying its master); True if it did."""
@@ -159,6 +171,7 @@ class VersionedTable:
         self.table = {k: dict(v) for k, v in other.table.items()}
         self.data_version = dict(other.data_version)
         self.version += 1
+        self._notify()
         return True
 
     def to_dict(self) -> dict[str, Any]:

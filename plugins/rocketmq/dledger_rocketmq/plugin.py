@@ -8,7 +8,11 @@ hook, kept per server): its append hook, its role-change handler and
 leader-ready listener (roles), and the broker itself as a service (which
 loads its metadata and registers the consume-queue dispatcher on the commit
 feed once the store is recovered; its metadata persists as a child service),
-plus the broker port (:mod:`dledger_rocketmq.port`) when ``rocketmq.listen`` is set.
+plus the broker port (:mod:`dledger_rocketmq.port`) when ``rocketmq.listen`` is set
+and the name-server registration (:mod:`dledger_rocketmq.registration`, which also
+gives the slave metadata sync its ``fetch``) when ``rocketmq.namesrvAddr`` is set.
+The one exception to "inert": ``rocketmq.namesrvListen`` runs a name server
+(:mod:`dledger_rocketmq.namesrv`) inside the member even without the broker.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from dledger_rocketmq.message import DEFAULT_MAX_MESSAGE_SIZE
 
 _brokers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _ports: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_fetchers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_registrations: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_namesrvs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def host_option(value) -> str:
@@ -47,6 +54,41 @@ def positive_seconds(value) -> float:
         raise ValueError(f"{value!r} is not a positive number of seconds")
     return x
 
+def namesrv_addrs(value) -> str:
+    """``host:port;host:port`` (RocketMQ's namesrvAddr), checked when the config is read."""
+    from dledger_rocketmq.registration import parse_namesrv_addrs
+
+    text = str(value)
+    parse_namesrv_addrs(text)
+    return text
+
+
+def positive_ms(value) -> int:
+    """A period in milliseconds, > 0."""
+    n = int(value)
+    if n <= 0:
+        raise ValueError(f"{value!r} is not a positive number of milliseconds")
+    return n
+
+
+def server_endpoint(value) -> str:
+    """A server endpoint description that parses (``tcp:9876:interface=127.0.0.1``); empty: none."""
+    text = str(value)
+    if text:
+        from twisted.internet import reactor
+        from twisted.internet.endpoints import serverFromString
+
+        try:
+            serverFromString(reactor, text)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"{text!r} is not a server endpoint (e.g. tcp:9876:interface=127.0.0.1): {exc}"
+                             ) from None
+    return text
+
+
+namesrv_addrs.__name__ = "host:port;..."
+positive_ms.__name__ = "int ms > 0"
+server_endpoint.__name__ = "endpoint"
 # What `twistd dledger --help` prints as these options' types.
 host_option.__name__ = "ip:port"
 unit_multiple.__name__ = "int, multiple of 20"
@@ -80,6 +122,13 @@ OPTIONS = {
                "tcp:10911:interface=127.0.0.1; empty: no port"),
     "maxFrameSize": ("max_frame_size", 16 * 1024 * 1024, int, "largest remoting frame the broker port accepts, "
                      "in bytes (a bigger one closes the connection)"),
+    "namesrvAddr": ("namesrv_addr", "", namesrv_addrs, "name servers to register with, 'host:port;host:port' "
+                    "(RocketMQ's namesrvAddr); empty: no registration"),
+    "registerNameServerPeriod": ("register_period_ms", 30_000, positive_ms,
+                                 "ms between registrations (also at once on a role or topic change)"),
+    "compressedRegister": ("compressed_register", False, bool, "send the zlib-compressed registration body"),
+    "namesrvListen": ("namesrv_listen", "", server_endpoint, "run a RocketMQ name server inside this member on this "
+                      "endpoint, e.g. tcp:9876:interface=127.0.0.1; empty: none"),
 }
 
 
@@ -103,7 +152,13 @@ def broker_for(server) -> Broker | None:
     options = options_for(server)
     if options is None:
         return None
-    broker = _brokers[server] = Broker(server, options)
+    kw = {}
+    if options.namesrv_addr:  # a slave learns its master from the name servers: the metadata sync can run
+        from dledger_rocketmq.registration import MasterFetcher
+
+        fetcher = _fetchers[server] = MasterFetcher(server)
+        kw["fetch"] = fetcher.fetch
+    broker = _brokers[server] = Broker(server, options, **kw)
     return broker
 
 
@@ -136,8 +191,24 @@ def dledger_leader_ready_listeners(server):
     return [broker.roles] if broker else []
 
 
+def registration_for(server):
+    """The member's name-server Registration service (``rocketmq.namesrvAddr`` set), or None."""
+    return _registrations.get(server)
+
+
+def namesrv_for(server):
+    """The NameServer service run inside the member (``rocketmq.namesrvListen`` set), or None."""
+    return _namesrvs.get(server)
+
+
 @hookimpl
 def dledger_services(server, collection):
+    listen = server.config.extras.get("rocketmq.namesrvListen")
+    if listen:  # a name server inside the member (the broker layer need not be on)
+        from dledger_rocketmq.namesrv import NameServer
+
+        namesrv = _namesrvs[server] = NameServer(listen, reactor=server.clock)
+        namesrv.setServiceParent(collection)
     broker = broker_for(server)
     if broker is not None:
         broker.setServiceParent(collection)
@@ -147,6 +218,14 @@ def dledger_services(server, collection):
             port = _ports[server] = BrokerPort(broker, broker.options.listen,
                                                max_frame_size=broker.options.max_frame_size)
             port.setServiceParent(collection)
+        if broker.options.namesrv_addr:
+            from dledger_rocketmq.registration import Registration, parse_namesrv_addrs
+
+            reg = _registrations[server] = Registration(
+                broker, parse_namesrv_addrs(broker.options.namesrv_addr),
+                period=broker.options.register_period_ms / 1000, compressed=broker.options.compressed_register,
+                fetcher=_fetchers.get(server))
+            reg.setServiceParent(collection)
 
 
 @hookimpl
