@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import pytest_twisted
 from conftest import GOLDEN
+from dledger_rocketmq import port as port_module
 from dledger_rocketmq import registration, routes
 from dledger_rocketmq.client import RocketMQClient, RocketMQError, client_factory
 from dledger_rocketmq.metadata import BrokerMetadata, topic_config, topic_table
@@ -249,7 +250,12 @@ GOLDEN_SYNC = {SyncKind.TOPIC_CONFIG: "021-get-all-topic-config-end-of-run-with-
 
 def golden_port(requests: list):
     """A broker port answering GET_ALL_* with the recorded master's bodies (records the codes it got)."""
-    port = BrokerPort(SimpleNamespace(), "tcp:0")
+    saved = port_module.EXTENSIONS[:]  # a bare port: the extensions need a real broker
+    port_module.EXTENSIONS.clear()
+    try:
+        port = BrokerPort(SimpleNamespace(), "tcp:0")
+    finally:
+        port_module.EXTENSIONS[:] = saved
 
     def answer(kind):
         def handler(req):
@@ -305,7 +311,12 @@ def test_fetch_without_a_master_fails_after_the_timeout_and_error_codes_fail(tmp
     out.clear()
     fetcher.fetch(SyncKind.CONSUMER_OFFSET).addErrback(out.append)  # same term and leader: no second wait
     assert out and "no master address" in out[0].getErrorMessage()
-    port = BrokerPort(SimpleNamespace(), "tcp:0")
+    saved = port_module.EXTENSIONS[:]  # a bare port: the extensions need a real broker
+    port_module.EXTENSIONS.clear()
+    try:
+        port = BrokerPort(SimpleNamespace(), "tcp:0")
+    finally:
+        port_module.EXTENSIONS[:] = saved
     port.handlers = {}
     net.servers["10.0.0.1:10911"] = port.factory
     fetcher.learned("10.0.0.1:10911", (1, "n1"))
