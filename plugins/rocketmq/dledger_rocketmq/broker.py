@@ -120,6 +120,7 @@ class BrokerOptions:
     master_wait_timeout: float = 30.0
     flush_interval: float = 1.0
     offset_check_in_slave: bool = False
+    forward_sends: bool = True
     commitlog_dir: str = ""
     commitlog_file_size: int = 0
     persist_interval: float = 5.0

@@ -114,6 +114,8 @@ OPTIONS = {
     "flushConsumerOffsetInterval": ("persist_interval", 5.0, float,
                                     "seconds between writes of changed config/*.json metadata (0: at stop only)"),
     "offsetCheckInSlave": ("offset_check_in_slave", False, bool, "a slave corrects bad pull offsets too"),
+    "forwardSendsToMaster": ("forward_sends", True, bool, "a slave forwards sends to the master it learned from "
+                             "the name server instead of refusing them (needs namesrvAddr)"),
     "storePathCommitLog": ("commitlog_dir", "", str, "an existing plain CommitLog directory to continue (migration; "
                            "'{id}' is the member id); empty: none"),
     "mappedFileSizeCommitLog": ("commitlog_file_size", 0, int,
@@ -217,6 +219,7 @@ def dledger_services(server, collection):
 
             port = _ports[server] = BrokerPort(broker, broker.options.listen,
                                                max_frame_size=broker.options.max_frame_size)
+            port.master_fetcher = _fetchers.get(server)  # slaves forward sends to it (dledger_rocketmq.forward)
             port.setServiceParent(collection)
         if broker.options.namesrv_addr:
             from dledger_rocketmq.registration import Registration, parse_namesrv_addrs

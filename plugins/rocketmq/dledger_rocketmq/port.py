@@ -75,6 +75,7 @@ SUPPORTED_CODES = frozenset({SEND_MESSAGE, PULL_MESSAGE, QUERY_CONSUMER_OFFSET, 
 EXTENSIONS: list[str] = [
     "dledger_rocketmq.port_admin:install",
     "dledger_rocketmq.port_clients:install",
+    "dledger_rocketmq.forward:install",  # last: it wraps the send handlers the others installed
 ]
 
 SUCCESS = 0
@@ -538,6 +539,7 @@ class BrokerPortFactory(protocol.Factory):
 class _Stats:
     requests: int = 0
     errors: int = 0
+    forwarded: int = 0  # sends relayed to the master (dledger_rocketmq.forward)
     by_code: dict[int, int] = field(default_factory=dict)
 
 
@@ -557,6 +559,9 @@ class BrokerPort(service.Service):
         self.connections: set[BrokerPortProtocol] = set()
         self.listening_port = None
         self.stats = _Stats()
+        #: Where a slave learns the current master's broker address (a registration.MasterFetcher, set by the
+        #: plugin when rocketmq.namesrvAddr is set): dledger_rocketmq.forward relays sends to it.
+        self.master_fetcher = None
         #: Fires with the listening port once bound, or fails.
         self.listening: Deferred = Deferred()
         #: Called with each connection that closes (a client's registrations end with its connection).

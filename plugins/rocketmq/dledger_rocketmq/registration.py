@@ -164,6 +164,13 @@ class MasterFetcher:
     def _clock(self) -> Any:
         return self.reactor or self.server.clock
 
+    def client(self) -> defer.Deferred:
+        """A connected client to the current master's broker port, or a failure at once if it is not known
+        (a forwarded send must not wait for an address; see :mod:`dledger_rocketmq.forward`)."""
+        if self.stopped or not self.known():
+            return defer.fail(rmq_client.RocketMQError(-1, "the master's address is not known here"))
+        return self._connected(self.master_addr)
+
     def fetch(self, kind: int) -> defer.Deferred:
         """GET_ALL_* of ``kind`` (a SyncKind) from the master's broker port; fires with the body bytes."""
         d = self.address()
