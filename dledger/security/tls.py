@@ -39,62 +39,62 @@ def _ssl():
 
 
 def load_ca_certs(path: str, what: str = "tlsCa") -> list[Any]:
-    """Every CA certificate of a PEM file (several during a CA rotation)."""
-    ssl = _ssl()
+    """Every CA certificate of a PEM file (several during a CA rotation), as pyOpenSSL objects."""
+    _ssl()
+    from cryptography import x509
+    from OpenSSL import crypto
+
     data = _read(path, what)
     blocks = _PEM_CERT.findall(data)
     if not blocks:
         raise TLSConfigError(f"{what}: {path!r} holds no PEM certificate")
     try:
-        return [ssl.Certificate.loadPEM(b) for b in blocks]
+        return [crypto.X509.from_cryptography(x509.load_pem_x509_certificate(b)) for b in blocks]
     except Exception as exc:
         raise TLSConfigError(f"{what}: {path!r}: not a valid certificate ({exc})") from None
 
 
-def load_private_certificate(cert_path: str, key_path: str) -> Any:
-    """The certificate with its private key (TLSConfigError if either is unreadable or they do not match)."""
-    ssl = _ssl()
+def load_private_certificate(cert_path: str, key_path: str) -> tuple[Any, Any]:
+    """``(certificate, private key)`` (cryptography objects); TLSConfigError if unreadable or not a pair."""
+    _ssl()
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
     cert_pem = _read(cert_path, "tlsCert")
     key_pem = _read(key_path, "tlsKey")
     try:
-        cert = ssl.Certificate.loadPEM(cert_pem)
+        cert = x509.load_pem_x509_certificate(cert_pem)
     except Exception as exc:
         raise TLSConfigError(f"tlsCert: {cert_path!r}: not a valid PEM certificate ({exc})") from None
     try:
-        from OpenSSL import crypto
-
-        key = ssl.KeyPair.load(key_pem, crypto.FILETYPE_PEM)
+        key = serialization.load_pem_private_key(key_pem, None)
     except Exception as exc:
-        raise TLSConfigError(f"tlsKey: {key_path!r}: not a valid PEM private key ({exc})") from None
-    private = ssl.PrivateCertificate.fromCertificateAndKeyPair(cert, key)
-    try:
-        private.options()  # checks that the key belongs to the certificate
-    except Exception:
-        raise TLSConfigError(f"tlsKey: {key_path!r} is not the private key of {cert_path!r}") from None
-    return private
+        raise TLSConfigError(f"tlsKey: {key_path!r}: not a valid unencrypted PEM private key ({exc})") from None
+    raw = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if cert.public_key().public_bytes(*raw) != key.public_key().public_bytes(*raw):
+        raise TLSConfigError(f"tlsKey: {key_path!r} is not the private key of {cert_path!r}")
+    return cert, key
 
 
-def server_options(private: Any, cas: list[Any]) -> Any:
+def server_options(private: tuple[Any, Any], cas: list[Any]) -> Any:
     """Context options of a serving port: our certificate; client certificates asked for, verified, optional."""
     ssl = _ssl()
-    return ssl.CertificateOptions(privateKey=private.privateKey.original.to_cryptography_key(),
-                                  certificate=private.original.to_cryptography(),
-                                  verify=True, caCerts=[c.original for c in cas], requireCertificate=False,
-                                  raiseMinimumTo=ssl.TLSVersion.TLSv1_2)
+    cert, key = private
+    return ssl.CertificateOptions(privateKey=key, certificate=cert, verify=True, caCerts=cas,
+                                  requireCertificate=False, raiseMinimumTo=ssl.TLSVersion.TLSv1_2)
 
 
-def client_options(private: Any | None, cas: list[Any]) -> Any:
+def client_options(private: tuple[Any, Any] | None, cas: list[Any]) -> Any:
     """Context options of an outgoing connection: the server's certificate must chain to ``tlsCa``.
 
     Which member (or whether a member at all) the certificate names is checked by the connection once
-    the handshake is done (:func:`subject_of`, :func:`dledger.security.policy.identity_from_subject`).
+    the handshake is done (:func:`subject_of`, :meth:`dledger.security.guard.ClientCredentials.check_server`).
     """
     ssl = _ssl()
     kw: dict[str, Any] = {}
     if private is not None:
-        kw = dict(privateKey=private.privateKey.original.to_cryptography_key(),
-                  certificate=private.original.to_cryptography())
-    return ssl.CertificateOptions(verify=True, caCerts=[c.original for c in cas], requireCertificate=True,
+        kw = dict(certificate=private[0], privateKey=private[1])
+    return ssl.CertificateOptions(verify=True, caCerts=cas, requireCertificate=True,
                                   raiseMinimumTo=ssl.TLSVersion.TLSv1_2, **kw)
 
 
