@@ -55,7 +55,8 @@ def run_replication(args) -> int:
     seeds = _seeds(args)
     started = time.monotonic()
     for k, seed in enumerate(seeds, 1):
-        r = run_replication_seed(seed, duration=args.duration, store=args.store, outsider=args.outsider)
+        extra = {"outsider": args.outsider} if args.outsider else {}
+        r = run_replication_seed(seed, duration=args.duration, store=args.store, **extra)
         totals["forged"] += r.forged
         totals["outsider_effects"] += len(r.outsider_effects)
         totals["faults"] += r.faults
