@@ -169,3 +169,27 @@ def issue_into(directory: str | Path, unit: str, name: str, days: int = 365,
     now = now or datetime.datetime.now(datetime.UTC)
     _save(directory, unit, name, *issue(ca_cert, ca_key, group, unit, name, days, now))
     return cert_paths(directory, unit, name)
+
+
+def local_group_security(directory: str | Path, group: str, members: list[str], mode: str = "tls",
+                         admin: str = "admin") -> tuple[dict[str, str], object]:
+    """Credentials for a local group (demo, tests, benchmarks): member options and an admin client.
+
+    Creates a CA, certificates, a group secret and ``clients.txt`` (with ``admin`` as an admin client)
+    in ``directory``; returns the config options every member shares (``{selfId}`` in the certificate
+    paths) and the :class:`~dledger.security.guard.ClientCredentials` of the admin client.
+    """
+    from dledger.security.guard import ClientCredentials
+
+    d = Path(directory)
+    init_group(d, group, members, [ClientSpec(admin, "admin")], force=True)
+    options = {"authMode": mode, "clientsFile": str(d / CLIENTS_FILE)}
+    if mode == "secret":
+        options["groupSecretFile"] = str(d / SECRET_FILE)
+        token = d / f"{admin}.token"
+        line = next(x for x in (d / CLIENTS_FILE).read_text().splitlines() if x.startswith(admin + " "))
+        _write(token, (line.split()[2] + "\n").encode(), private=True)
+        return options, ClientCredentials.for_client(group, name=admin, token_file=str(token))
+    options.update(tlsCert=str(d / "{selfId}.crt"), tlsKey=str(d / "{selfId}.key"), tlsCa=str(d / CA_CERT))
+    crt, key = cert_paths(d, "client", admin)
+    return options, ClientCredentials.for_client(group, tls_ca=str(d / CA_CERT), tls_cert=str(crt), tls_key=str(key))
