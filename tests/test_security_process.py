@@ -183,3 +183,41 @@ async def test_forged_frames_are_refused_and_change_nothing(tmp_path, reactor, m
         for c in clients.values():
             await c.close()
         group.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_cli_client_with_and_without_credentials(tmp_path, reactor):
+    """dledger append with the admin certificate succeeds; without credentials it exits 1 with NOT_AUTHORIZED
+    and a hint; a member log says why it refused."""
+    import subprocess
+    import sys
+
+    from twisted.internet.threads import deferToThread
+
+    from dledger.launcher import child_env
+
+    group, d = secured_group(tmp_path, reactor, "tls")
+    admin = group.client(request_timeout=2.0)
+    try:
+        group.start()
+        for mid in group.ids:
+            await group.wait_ready(admin, mid, 30)
+        await group.wait_for_leader(admin, 20)
+        base = [sys.executable, "-m", "dledger.cli", "append", "--peers", group.peers, "--group", "g0",
+                "--body", "hello", "--timeout", "3"]
+        creds = ["--tls-ca", str(d / "ca.crt"), "--tls-cert", str(d / "client-app1.crt"),
+                 "--tls-key", str(d / "client-app1.key")]
+        ok = await deferToThread(subprocess.run, base + creds, env=child_env(), capture_output=True, text=True,
+                                 timeout=60)
+        assert ok.returncode == 0, ok.stderr
+        anon = await deferToThread(subprocess.run, base + ["--tls-ca", str(d / "ca.crt")], env=child_env(),
+                                   capture_output=True, text=True, timeout=60)
+        assert anon.returncode == 1 and "NOT_AUTHORIZED (430)" in anon.stderr and "--tls-cert" in anon.stderr
+        assert anon.stderr.count("\n") == 1, anon.stderr
+        lines = [line for mid in group.ids for line in group.log_lines(mid, "refused a request from")]
+        assert any("needs the write role" in line for line in lines), lines
+        await admin.close()
+        assert await group.stop_all() == {mid: 0 for mid in group.ids}
+    finally:
+        await admin.close()
+        group.close()

@@ -172,6 +172,12 @@ def report_error(args, out: TextIO, err: TextIO, code: ResponseCode | None, mess
 def explain(exc: DLedgerError, args) -> str:
     """What went wrong (:func:`error_detail`), plus what an operator needs to know about it."""
     text = error_detail(exc)
+    if exc.code is ResponseCode.NOT_AUTHORIZED:
+        have = "a certificate" if getattr(args, "tls_cert", None) else "a token" if getattr(args, "token_file", None) \
+            else "no credentials"
+        text += (f"; the members run with authentication and this client has {have}: pass --tls-ca/--tls-cert/"
+                 "--tls-key (authMode=tls) or --client-name/--token-file (authMode=secret), and check its role in "
+                 "the members' clientsFile (the member's log says why it refused)")
     if exc.code is ResponseCode.UNEXPECTED_ARGUMENT and getattr(args, "bodies", None):
         biggest = max(len(b) for b in args.bodies)
         limit = args.max_entry_size
