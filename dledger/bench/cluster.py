@@ -708,6 +708,24 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
 TLS_FIGURES = {"batch": "entries_per_s", "pipeline": "entries_per_s", "latency": "p99_ms"}
 
 
+def members_cpu_seconds(group: LocalGroup) -> float:
+    """User + system CPU seconds the members' processes used so far (from /proc; 0 where unknown).
+
+    On a shared machine throughput follows whatever else runs; the CPU a member spends per entry
+    does not, so ``--tls`` reports it next to the throughput.
+    """
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for mid in group.ids:
+        try:
+            with open(f"/proc/{group.members[mid].pid}/stat", encoding="ascii") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, ValueError, IndexError, TypeError):
+            continue
+    return total
+
+
 async def load_round(reactor: Any, base: Path, opts: Options, tls: bool, say=progress) -> dict:
     """One round of the load phases on a fresh group, plain or with mutual TLS (authMode=tls)."""
     options, credentials = {}, None
@@ -733,12 +751,22 @@ async def load_round(reactor: Any, base: Path, opts: Options, tls: bool, say=pro
         await loader.find_leader()
         await loader.connect_raw()
         label = "TLS" if tls else "plain"
+
+        async def measured(coro: Any) -> dict:
+            cpu = members_cpu_seconds(group)
+            result = await coro
+            acked = result["entries_per_s"] * opts.duration
+            # the warm-up's CPU is counted too (its entries are not): the ratio compares like with like
+            result["member_cpu_ms_per_1k_entries"] = ((members_cpu_seconds(group) - cpu) * 1e6 / acked
+                                                      if acked else None)
+            return result
+
         if "batch" in opts.phases:
-            out["batch"] = await loader.closed_loop(f"{label}: batched appends", opts.batch, opts.batch_in_flight,
-                                                    opts.duration, opts.warmup)
+            out["batch"] = await measured(loader.closed_loop(f"{label}: batched appends", opts.batch,
+                                                             opts.batch_in_flight, opts.duration, opts.warmup))
         if "pipeline" in opts.phases:
-            out["pipeline"] = await loader.closed_loop(f"{label}: one entry per request", 1, opts.in_flight,
-                                                       opts.duration, opts.warmup)
+            out["pipeline"] = await measured(loader.closed_loop(f"{label}: one entry per request", 1,
+                                                                opts.in_flight, opts.duration, opts.warmup))
         if "latency" in opts.phases:
             out["latency"] = await loader.open_loop(opts.rate, opts.duration, opts.warmup)
         await loader.close()
@@ -762,17 +790,25 @@ async def compare_tls(reactor: Any, base: Path, opts: Options, say=progress) -> 
         for mode in ("plain", "tls"):
             say(f"round {k + 1}/{opts.tls_rounds}: {mode}")
             rounds[mode].append(await load_round(reactor, base / f"round{k}-{mode}", opts, mode == "tls", say))
-    summary: dict[str, Any] = {"tls_rounds": rounds, "tls_median": {}, "tls_ratio": {}}
+    summary: dict[str, Any] = {"tls_rounds": rounds, "tls_median": {}, "tls_ratio": {}, "tls_cpu_median": {},
+                               "tls_cpu_ratio": {}}
+
+    def median(mode: str, phase: str, key: str) -> float | None:
+        values = sorted(r[phase][key] for r in rounds[mode] if r.get(phase, {}).get(key) is not None)
+        return values[len(values) // 2] if values else None
+
     for phase, key in TLS_FIGURES.items():
         if phase not in opts.phases:
             continue
-        medians = {}
-        for mode in ("plain", "tls"):
-            values = sorted(r[phase][key] for r in rounds[mode] if r.get(phase, {}).get(key) is not None)
-            medians[mode] = values[len(values) // 2] if values else None
+        medians = {mode: median(mode, phase, key) for mode in ("plain", "tls")}
         summary["tls_median"][phase] = medians
         if medians["plain"] and medians["tls"] is not None:
             summary["tls_ratio"][phase] = medians["tls"] / medians["plain"]
+        if phase != "latency":
+            cpu = {mode: median(mode, phase, "member_cpu_ms_per_1k_entries") for mode in ("plain", "tls")}
+            summary["tls_cpu_median"][phase] = cpu
+            if cpu["plain"] and cpu["tls"] is not None:
+                summary["tls_cpu_ratio"][phase] = cpu["tls"] / cpu["plain"]
     last_plain = rounds["plain"][-1]
     summary.update({phase: last_plain[phase] for phase in TLS_FIGURES if phase in last_plain})
     return summary
@@ -830,6 +866,10 @@ def format_results(r: dict) -> str:
             fmt = lambda v, ms=(phase == "latency"): "-" if v is None else f"{v:,.2f}" if ms else f"{v:,.0f}"
             row(f"{phase}: plain {fmt(m['plain'])} / TLS {fmt(m['tls'])} {unit}",
                 "-" if ratio is None else f"TLS/plain = {ratio:.2f}")
+            cpu = r.get("tls_cpu_median", {}).get(phase)
+            if cpu and cpu["plain"] and cpu["tls"]:
+                row(f"{phase}: members' CPU ms per 1,000 entries, plain {cpu['plain']:.0f} / TLS {cpu['tls']:.0f}",
+                    f"TLS/plain = {r['tls_cpu_ratio'][phase]:.2f}")
     return "\n".join(lines)
 
 
