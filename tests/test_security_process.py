@@ -129,6 +129,9 @@ async def test_forged_frames_are_refused_and_change_nothing(tmp_path, reactor, m
             ("term bomb", victim, messages.VoteRequest(
                 group="g0", remote_id=victim, local_id=impostor, leader_id=leader, term=INT64_MAX - 1,
                 ledger_end_index=end + 10, ledger_end_term=term)),
+            ("term bomb 10^30", victim, messages.VoteRequest(
+                group="g0", remote_id=victim, local_id=leader, leader_id=leader, term=10 ** 30,
+                ledger_end_index=end + 10, ledger_end_term=term)),
             ("forced election", victim, messages.VoteRequest(
                 group="g0", remote_id=victim, local_id=leader, leader_id=leader, term=term + 1,
                 ledger_end_index=end + 10, ledger_end_term=term)),
