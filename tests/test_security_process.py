@@ -227,3 +227,26 @@ async def test_cli_client_with_and_without_credentials(tmp_path, reactor):
     finally:
         await admin.close()
         group.close()
+
+
+@pytest.mark.parametrize("options,line", [
+    (lambda d: {"authMode": "tls", "tlsCert": str(d / "n1.crt"), "tlsKey": str(d / "n0.key"),
+                "tlsCa": str(d / "ca.crt")}, "is not the private key of"),
+    (lambda d: {"authMode": "tls", "tlsCert": str(d / "missing.crt"), "tlsKey": str(d / "n0.key"),
+                "tlsCa": str(d / "ca.crt")}, "tlsCert: cannot read"),
+    (lambda d: {"authMode": "secret", "groupSecretFile": str(d / "ca.crt") + ".nope"}, "groupSecretFile: cannot read"),
+], ids=["mismatched key", "missing certificate", "missing secret"])
+@pytest_twisted.ensureDeferred
+async def test_unusable_credentials_stop_the_member_with_one_line(tmp_path, reactor, options, line):
+    """twistd dledger with a wrong key, a missing certificate or secret: one line naming the option, exit 1."""
+    d = tmp_path / "certs"
+    certs.init_group(d, "g0", ["n0", "n1"])
+    group = LocalGroup(tmp_path / "g", n=1, store=STORE, reactor=reactor, options=options(d))
+    try:
+        group.start()
+        assert await group.wait_exit("n0", 30) == 1
+        failures = [x for x in group.log_lines("n0") if "could not start" in x]
+        assert len(failures) == 1 and line in failures[0], group.log_lines("n0")
+        assert not any("Traceback" in x for x in group.log_lines("n0"))
+    finally:
+        group.close()

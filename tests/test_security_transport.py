@@ -322,3 +322,37 @@ async def test_unknown_request_code_is_refused_to_unauthenticated_peers(reactor,
         assert AUTH_CODE != 52000
     finally:
         await m.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_tls_port_closes_connections_that_never_finish_the_handshake(reactor, certdir):
+    """A connection to a TLS port that sends nothing, or half a handshake, is closed after connectionIdleTimeoutMs."""
+    import socket
+
+    m = await Member(reactor, certdir[0], connection_idle_timeout_ms=300).start()
+    socks = []
+    try:
+        port = int(m.address.rsplit(":", 1)[1])
+        for data in (b"", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"):  # nothing; a ClientHello's first bytes
+            s = socket.create_connection(("127.0.0.1", port), timeout=2)
+            s.setblocking(False)
+            if data:
+                s.sendall(data)
+            socks.append(s)
+
+        def closed(s):
+            try:
+                return s.recv(65536) == b""
+            except BlockingIOError:
+                return False
+            except OSError:
+                return True
+
+        deadline = reactor.seconds() + 5
+        while not all(closed(s) for s in socks) and reactor.seconds() < deadline:
+            await deferLater(reactor, 0.05, lambda: None)
+        assert all(closed(s) for s in socks), "a connection stuck in the TLS handshake was kept open"
+    finally:
+        for s in socks:
+            s.close()
+        await m.close()
