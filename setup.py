@@ -21,6 +21,8 @@ setup(
         "crc32c>=2.4",
         "lmdb>=1.4",
         "prometheus_client>=0.20",
+        "twisted[tls]>=24.3",  # pyOpenSSL + service_identity: TLS on the member port (docs/security.md)
+        "cryptography>=42",  # dledger certs init: a CA and member/client certificates
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-twisted>=1.14", "hypothesis>=6.100", "ruff>=0.6"],

@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "dledger.commands.info",
     "dledger.commands.store",
     "dledger.commands.bench",
+    "dledger.commands.certs",
 ]
 
 

@@ -212,11 +212,13 @@ class RemoteTransport:
     log = Logger()
 
     def __init__(self, reactor: Any, members: Mapping[str, str], *, timeout: float = 3.0,
-                 connect_timeout: float = 3.0, binary_append: bool = True):
+                 connect_timeout: float = 3.0, binary_append: bool = True, credentials: Any = None):
         from dledger.transport.client import RemotingClient
 
         self.members = dict(members)
-        self.remoting = RemotingClient(reactor, timeout=timeout, connect_timeout=connect_timeout)
+        self.remoting = RemotingClient(reactor, timeout=timeout, connect_timeout=connect_timeout,
+                                       credentials=credentials)
+        self.remoting.expected_peers.update({address: pid for pid, address in self.members.items()})
         self.binary_append = binary_append
         #: Addresses that refused a binary APPEND: they get JSON.
         self.binary_refused: set[str] = set()
@@ -246,10 +248,13 @@ class RemoteTransport:
 
 
 def connect(peers: str, group: str, *, reactor: Any = None, request_timeout: float = 3.0,
-            connect_timeout: float = 3.0, binary_append: bool = True, **client_options: Any) -> DLedgerClient:
+            connect_timeout: float = 3.0, binary_append: bool = True, credentials: Any = None,
+            **client_options: Any) -> DLedgerClient:
     """A client of the group whose members are ``peers`` (``n0-host:port;n1-host:port``), over TCP.
 
     ``binary_append=False`` sends appends in Java's JSON form (see :class:`RemoteTransport`).
+    ``credentials`` (:meth:`dledger.security.guard.ClientCredentials.for_client`) for members with TLS or
+    authentication (docs/security.md).
     ``client_options`` go to :class:`DLedgerClient` (``max_attempts``, ``retry_delay``,
     ``at_least_once``, ``members`` to restrict which members are tried).  Call ``close()`` when done.
     """
@@ -263,6 +268,6 @@ def connect(peers: str, group: str, *, reactor: Any = None, request_timeout: flo
     if unknown:
         raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{', '.join(unknown)} not in peers {peers!r}")
     transport = RemoteTransport(reactor, addresses, timeout=request_timeout, connect_timeout=connect_timeout,
-                                binary_append=binary_append)
+                                binary_append=binary_append, credentials=credentials)
     return DLedgerClient(transport, group, members, clock=reactor, request_timeout=request_timeout,
                          owns_transport=True, **client_options)

@@ -41,6 +41,7 @@ class ResponseCode(enum.IntEnum):
     INDEX_LESS_THAN_LOCAL_BEGIN = 419
     REQUEST_WITH_EMPTY_BODYS = 420
     PUSH_REQUEST_IS_FULL = 421
+    NOT_AUTHORIZED = 430  # dledger: authentication is on and this connection may not send this request
     INTERNAL_ERROR = 500
     TERM_CHANGED = 501
     WAIT_QUORUM_ACK_TIMEOUT = 502

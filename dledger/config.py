@@ -137,6 +137,14 @@ class DLedgerConfig:
     connection_idle_timeout_ms: int = 120000  # dledger: close a connection with no complete frame for this long
     max_buffered_bytes_per_connection: int = 17 * MiB  # dledger: unfinished-frame bytes per connection
     max_buffered_bytes_total: int = 64 * MiB  # dledger: unfinished-frame bytes across connections; reading pauses
+    # security (issue #13, docs/security.md)
+    auth_mode: str = "none"  # dledger: none (Java's behaviour), tls (mutual TLS) or secret (group secret HMAC)
+    tls_cert: str = ""  # dledger: this member's certificate (PEM); set: the port and peer links speak TLS
+    tls_key: str = ""  # dledger: its private key (PEM)
+    tls_ca: str = ""  # dledger: the group's CA certificate(s) (PEM; several while rotating the CA)
+    group_secret_file: str = ""  # dledger: authMode=secret: the group secret(s), one a line, the first is used
+    clients_file: str = ""  # dledger: client names, roles (read, write, admin) and tokens: 'NAME ROLE [TOKEN ...]'
+    anonymous_role: str = "none"  # dledger: with authentication on, what unauthenticated clients may do
     # election
     enable_leader_elector: bool = True
     heart_beat_time_interval_ms: int = 2000
@@ -339,6 +347,7 @@ def _validate(cfg: DLedgerConfig) -> None:
         raise ConfigError("maxLeadershipTransferWaitIndex: must be >= 0")
     _check_sizes(cfg)
     _validate_connection_limits(cfg)
+    _validate_security(cfg)
 
 
 #: The smallest ``maxFrameSize`` accepted: room for a remoting header and an empty request.
@@ -388,6 +397,28 @@ def _validate_connection_limits(cfg: DLedgerConfig) -> None:
     if cfg.max_buffered_bytes_total < cfg.max_buffered_bytes_per_connection:
         raise ConfigError(f"maxBufferedBytesTotal ({cfg.max_buffered_bytes_total}) must be at least "
                           f"maxBufferedBytesPerConnection ({cfg.max_buffered_bytes_per_connection})")
+
+
+def _validate_security(cfg: DLedgerConfig) -> None:
+    """authMode and its credentials (issue #13): what each mode needs is present (files are read at start)."""
+    from dledger.security.policy import ANONYMOUS_ROLES, AUTH_MODES
+
+    for name in ("tls_cert", "tls_key"):  # one shared config file for every member: "{selfId}" in the paths
+        value = getattr(cfg, name)
+        if "{selfId}" in value:
+            object.__setattr__(cfg, name, value.replace("{selfId}", cfg.self_id))
+    if cfg.auth_mode not in AUTH_MODES:
+        raise ConfigError(f"authMode: {cfg.auth_mode!r} is not one of {', '.join(AUTH_MODES)}")
+    if cfg.anonymous_role not in ANONYMOUS_ROLES:
+        raise ConfigError(f"anonymousRole: {cfg.anonymous_role!r} is not one of {', '.join(ANONYMOUS_ROLES)}")
+    tls = {"tlsCert": cfg.tls_cert, "tlsKey": cfg.tls_key, "tlsCa": cfg.tls_ca}
+    if any(tls.values()) and not all(tls.values()):
+        missing = ", ".join(k for k, v in tls.items() if not v)
+        raise ConfigError(f"{missing}: must be set together with the other TLS options (tlsCert, tlsKey, tlsCa)")
+    if cfg.auth_mode == "tls" and not cfg.tls_cert:
+        raise ConfigError("authMode: 'tls' needs tlsCert, tlsKey and tlsCa (see 'dledger certs init')")
+    if cfg.auth_mode == "secret" and not cfg.group_secret_file:
+        raise ConfigError("authMode: 'secret' needs groupSecretFile (a file with a secret of 16+ bytes)")
 
 
 def make_config(*, preset: str = "default", file: str | Path | None = None,

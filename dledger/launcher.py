@@ -101,10 +101,13 @@ class LocalGroup:
     def __init__(self, base_dir: str | Path, *, n: int = 3, group: str = "g0", store: str = "mmap",
                  preset: str = "fast", flush_policy: str = "sync", metrics: bool = False,
                  options: dict[str, Any] | None = None, reactor: Any = None, python: str = sys.executable,
-                 host: str = "127.0.0.1", member_args: dict[str, list[str]] | None = None):
+                 host: str = "127.0.0.1", member_args: dict[str, list[str]] | None = None,
+                 client_credentials: Any = None):
         if reactor is None:
             from twisted.internet import reactor
         self.reactor = reactor
+        #: What :meth:`client` presents to members with TLS or authentication on (docs/security.md).
+        self.client_credentials = client_credentials
         self.base_dir = Path(base_dir)
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.group = group
@@ -216,6 +219,7 @@ class LocalGroup:
         """A :class:`~dledger.client.DLedgerClient` of this group over TCP (close it when done)."""
         from dledger.client import connect
 
+        options.setdefault("credentials", self.client_credentials)
         return connect(self.peers, self.group, reactor=self.reactor, **options)
 
     async def metadata(self, client: Any, mid: str, timeout: float = 0.5) -> Any:

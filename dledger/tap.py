@@ -331,7 +331,9 @@ class MemberService(service.Service):
             store = "memory (nothing survives a restart)"
         else:
             store = f"{cfg.store_type} in {cfg.member_dir} (flush {cfg.flush_policy})"
-        parts = [f"dledger member {cfg.self_id} of group {cfg.group} serving on {listening}",
+        from dledger.security.guard import security_label
+
+        parts = [f"dledger member {cfg.self_id} of group {cfg.group} serving on {listening}{security_label(cfg)}",
                  f"peers {cfg.peers}", f"store {store}", f"preset {preset_label(cfg)}"]
         if self.metrics is not None and self.metrics.port is not None:
             host = self.metrics.port.getHost()

@@ -40,3 +40,16 @@ def test_unknown_phase_is_refused():
     out = subprocess.run([sys.executable, "-m", "dledger.cli", "bench", "cluster", "--phases", "warp"], cwd=ROOT,
                          env=child_env(), capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "unknown phases" in out.stderr and all(p in out.stderr for p in PHASES)
+
+
+def test_quick_tls_comparison_reports_plain_and_tls_with_ratio(tmp_path):
+    """--tls runs the load phases on a plain and a mutual-TLS group and reports both medians and their ratio."""
+    out = subprocess.run([sys.executable, "-m", "dledger.cli", "bench", "cluster", "--quick", "--json", "--tls",
+                          "--store", STORE or "memory", "--phases", "batch", "--dir", str(tmp_path)],
+                         cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    medians = result["tls_median"]["batch"]
+    assert medians["plain"] > 0 and medians["tls"] > 0
+    assert result["tls_ratio"]["batch"] == pytest.approx(medians["tls"] / medians["plain"])
+    assert len(result["tls_rounds"]["plain"]) == len(result["tls_rounds"]["tls"]) == 1

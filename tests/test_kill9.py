@@ -66,10 +66,18 @@ class Appenders:
         await gatherResults([c.close() for c in self.clients])
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 @pytest_twisted.ensureDeferred
-async def test_acknowledged_appends_survive_repeated_leader_kill9(tmp_path, reactor):
-    """Every acknowledged append is at its index on every member after the leader is SIGKILLed and restarted 4 times."""
-    group = LocalGroup(tmp_path, n=3, store=STORE, preset="fast", reactor=reactor)
+async def test_acknowledged_appends_survive_repeated_leader_kill9(tmp_path, reactor, tls):
+    """Every acknowledged append is at its index on every member after the leader is SIGKILLed and restarted 4 times
+    (plain TCP, and mutual TLS with authMode=tls)."""
+    options, credentials = {}, None
+    if tls:
+        from dledger.security.certs import local_group_security
+
+        options, credentials = local_group_security(tmp_path / "certs", "g0", ["n0", "n1", "n2"])
+    group = LocalGroup(tmp_path, n=3, store=STORE, preset="fast", reactor=reactor, options=options,
+                       client_credentials=credentials)
     admin = group.client(request_timeout=0.5)
     appenders = None
     killed = []

@@ -4,6 +4,7 @@
     python -m tools.simulate replication --seeds 10000
     python -m tools.simulate replication --seed 1234 --verbose   # replay one schedule
     python -m tools.simulate replication --seeds 500 --store mmap  # members on real mmap stores
+    python -m tools.simulate replication --seeds 500 --outsider auth  # forged frames without credentials
 
 Each schedule is deterministic in its seed: a failing seed replays exactly.
 The summary line is
@@ -48,12 +49,16 @@ def run_election(args) -> int:
 
 def run_replication(args) -> int:
     from dledger.testing.replication_sim import run_replication_seed
-    totals = dict(faults=0, acked=0, lost=0, divergent=0, nonlinearizable=0, leaders=0, stuck=0)
+    totals = dict(faults=0, acked=0, lost=0, divergent=0, nonlinearizable=0, leaders=0, stuck=0, forged=0,
+                  outsider_effects=0)
     failing = []
     seeds = _seeds(args)
     started = time.monotonic()
     for k, seed in enumerate(seeds, 1):
-        r = run_replication_seed(seed, duration=args.duration, store=args.store)
+        extra = {"outsider": args.outsider} if args.outsider else {}
+        r = run_replication_seed(seed, duration=args.duration, store=args.store, **extra)
+        totals["forged"] += r.forged
+        totals["outsider_effects"] += len(r.outsider_effects)
         totals["faults"] += r.faults
         totals["acked"] += r.acked
         for key in ("lost", "divergent", "nonlinearizable", "leaders"):
@@ -65,6 +70,7 @@ def run_replication(args) -> int:
             for problem in r.problems()[:10]:
                 print(f"  {problem}")
             store = "" if args.store == "simdisk" else f" --store {args.store}"
+            store += f" --outsider {args.outsider}" if args.outsider else ""
             print(f"  replay: python -m tools.simulate replication --seed {seed}{store}", flush=True)
         elif args.verbose:
             print(f"seed {seed}: members={r.members} faults={r.faults} appends={r.appends} acked={r.acked} "
@@ -72,7 +78,9 @@ def run_replication(args) -> int:
         _progress(args, k, len(seeds), started)
     print(f"seeds={len(seeds)}, faults={totals['faults']}, acked={totals['acked']}, lost={totals['lost']}, "
           f"divergent={totals['divergent']}, nonlinearizable={totals['nonlinearizable']}, "
-          f"two_leaders={totals['leaders']}, stuck={totals['stuck']} ({time.monotonic() - started:.1f}s)")
+          f"two_leaders={totals['leaders']}, stuck={totals['stuck']}"
+          + (f", forged={totals['forged']}, outsider_effects={totals['outsider_effects']}" if args.outsider else "")
+          + f" ({time.monotonic() - started:.1f}s)")
     return 1 if failing else 0
 
 
@@ -97,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--store", choices=("simdisk", "mmap", "lmdb"), default="simdisk",
                            help="member stores: simdisk (crashes lose unflushed writes; default) or real "
                                 "mmap/lmdb stores with tiny files in a temp directory")
+            p.add_argument("--outsider", choices=("auth", "bounds"), default=None,
+                           help="add forged frames from a peer without credentials: 'auth' (members use "
+                                "authMode=secret; plausible and out-of-range frames must have no effect) or "
+                                "'bounds' (no authentication; out-of-range values must have no effect)")
         p.set_defaults(func=func)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -72,6 +72,8 @@ class Options:
     keep: bool = False
     json: bool = False
     java_frames: bool = False
+    tls: bool = False
+    tls_rounds: int = 3
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -109,6 +111,11 @@ def register(bench_subparsers) -> None:
     p.add_argument("--dir", dest="directory", help="directory for stores and logs (default: a temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the directory afterwards")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    p.add_argument("--tls", action="store_true",
+                   help="run the load phases in interleaved rounds on a plain group and on a group with mutual TLS "
+                        "(authMode=tls) and report both with their ratio (docs/security.md)")
+    p.add_argument("--tls-rounds", type=positive_int, default=3,
+                   help="plain/TLS round pairs with --tls (default 3); the medians are compared")
     p.add_argument("--java-frames", action="store_true",
                    help="send APPENDs in Java's JSON form (Base64 bodies) instead of dledger's binary APPEND body")
     p.set_defaults(func=cmd_bench_cluster)
@@ -127,8 +134,10 @@ def options_from_args(args) -> Options:
                    batch_in_flight=args.batch_in_flight, in_flight=args.in_flight, rate=args.rate,
                    trials=args.trials, presets=presets, seed=args.seed,
                    pysyncobj_in_flight=args.pysyncobj_in_flight, phases=phases,
-                   directory=args.directory, keep=args.keep, json=args.json, java_frames=args.java_frames)
+                   directory=args.directory, keep=args.keep, json=args.json, java_frames=args.java_frames,
+                   tls=args.tls, tls_rounds=args.tls_rounds)
     if args.quick:
+        opts.tls_rounds = 1
         opts.duration, opts.warmup, opts.trials, opts.presets = 0.5, 0.2, 1, ("fast",)
         opts.rate, opts.in_flight = min(opts.rate, 500), min(opts.in_flight, 32)
         opts.pysyncobj_in_flight = min(opts.pysyncobj_in_flight, 64)
@@ -171,14 +180,16 @@ def progress(text: str) -> None:
 class Loader:
     """Sends appends straight to the leader over one pipelined remoting connection."""
 
-    def __init__(self, reactor: Any, peers: str, group: str, size: int, *, binary: bool = True):
+    def __init__(self, reactor: Any, peers: str, group: str, size: int, *, binary: bool = True,
+                 credentials: Any = None):
         from dledger.client import RemoteTransport
 
         self.reactor = reactor
         self.group = group
         self.members = list(parse_peers(peers))
+        self.credentials = credentials
         self.transport = RemoteTransport(reactor, {pid: p.address for pid, p in parse_peers(peers).items()},
-                                         timeout=10.0)
+                                         timeout=10.0, credentials=credentials)
         self.body = os.urandom(size)
         self.leader: str | None = None
         self.binary = binary
@@ -209,7 +220,12 @@ class Loader:
 
         address = self.transport.members[self.leader]
         self.raw = RawAppends(self.group, self.leader, self.body, binary=self.binary)
-        await connectProtocol(clientFromString(self.reactor, client_endpoint_description(address)), self.raw)
+        endpoint = clientFromString(self.reactor, client_endpoint_description(address))
+        if self.credentials is not None and self.credentials.tls_options is not None:
+            from dledger.security.tls import wrap_client_endpoint
+
+            endpoint = wrap_client_endpoint(self.credentials.tls_options, endpoint)
+        await connectProtocol(endpoint, self.raw)
 
     def send(self, count: int, on_reply: Any) -> None:
         """One APPEND of ``count`` bodies; ``on_reply(code)`` gets the reply's DLedger code, None if the link broke."""
@@ -341,7 +357,9 @@ class RawAppends(Protocol):
         self.opaque = 0
 
     def connectionMade(self) -> None:
-        self.transport.setTcpNoDelay(True)
+        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)  # TLS wraps the TCP transport
+        if set_no_delay is not None:
+            set_no_delay(True)
 
     def _template(self, count: int) -> tuple[bytes, bytes, bytes]:
         """The frame of a ``count``-body APPEND cut around its opaque (a sentinel no real opaque reaches)."""
@@ -621,6 +639,16 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
         "frames": "java-json" if opts.java_frames else "binary"}}
     group = None
     loader = None
+    if opts.tls:
+        if not own:
+            raise ConfigError("--tls compares groups the benchmark starts itself; it cannot be used with --peers")
+        results["settings"]["tls_rounds"] = opts.tls_rounds
+        try:
+            results.update(await compare_tls(reactor, base, opts, say))
+            return results
+        finally:
+            if not (opts.keep or opts.directory):
+                shutil.rmtree(base, ignore_errors=True)
     try:
         if own:
             group = LocalGroup(base / "load", n=3, store=opts.store, preset=opts.preset, flush_policy=opts.flush,
@@ -676,6 +704,116 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
             await loader.close()
 
 
+#: The figure compared between plain and TLS rounds for each load phase.
+TLS_FIGURES = {"batch": "entries_per_s", "pipeline": "entries_per_s", "latency": "p99_ms"}
+
+
+def members_cpu_seconds(group: LocalGroup) -> float:
+    """User + system CPU seconds the members' processes used so far (from /proc; 0 where unknown).
+
+    On a shared machine throughput follows whatever else runs; the CPU a member spends per entry
+    does not, so ``--tls`` reports it next to the throughput.
+    """
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for mid in group.ids:
+        try:
+            with open(f"/proc/{group.members[mid].pid}/stat", encoding="ascii") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, ValueError, IndexError, TypeError):
+            continue
+    return total
+
+
+async def load_round(reactor: Any, base: Path, opts: Options, tls: bool, say=progress) -> dict:
+    """One round of the load phases on a fresh group, plain or with mutual TLS (authMode=tls)."""
+    options, credentials = {}, None
+    if tls:
+        from dledger.security.certs import local_group_security
+
+        options, credentials = local_group_security(base / "certs", opts.group, ["n0", "n1", "n2"])
+    group = LocalGroup(base, n=3, store=opts.store, preset=opts.preset, flush_policy=opts.flush, group=opts.group,
+                       reactor=reactor, options=options, client_credentials=credentials)
+    loader = None
+    out: dict[str, Any] = {}
+    try:
+        group.start()
+        admin = group.client(request_timeout=0.5)
+        try:
+            for mid in group.ids:
+                await group.wait_ready(admin, mid, 30)
+            await group.wait_for_leader(admin, 30)
+        finally:
+            await admin.close()
+        loader = Loader(reactor, group.peers, opts.group, opts.size, binary=not opts.java_frames,
+                        credentials=credentials)
+        await loader.find_leader()
+        await loader.connect_raw()
+        label = "TLS" if tls else "plain"
+
+        async def measured(coro: Any) -> dict:
+            cpu = members_cpu_seconds(group)
+            result = await coro
+            acked = result["entries_per_s"] * opts.duration
+            # the warm-up's CPU is counted too (its entries are not): the ratio compares like with like
+            result["member_cpu_ms_per_1k_entries"] = ((members_cpu_seconds(group) - cpu) * 1e6 / acked
+                                                      if acked else None)
+            return result
+
+        if "batch" in opts.phases:
+            out["batch"] = await measured(loader.closed_loop(f"{label}: batched appends", opts.batch,
+                                                             opts.batch_in_flight, opts.duration, opts.warmup))
+        if "pipeline" in opts.phases:
+            out["pipeline"] = await measured(loader.closed_loop(f"{label}: one entry per request", 1,
+                                                                opts.in_flight, opts.duration, opts.warmup))
+        if "latency" in opts.phases:
+            out["latency"] = await loader.open_loop(opts.rate, opts.duration, opts.warmup)
+        await loader.close()
+        loader = None
+        await group.stop_all()
+        return out
+    finally:
+        group.close()
+        if loader is not None:
+            await loader.close()
+
+
+async def compare_tls(reactor: Any, base: Path, opts: Options, say=progress) -> dict:
+    """``--tls``: plain and TLS rounds interleaved (plain, TLS, plain, TLS, ...); medians and TLS/plain ratios.
+
+    Interleaving spreads slow moments of a shared machine over both sides.  The ratios are
+    TLS/plain: throughput below 1.0 is TLS's cost, a p99 above 1.0 its added latency.
+    """
+    rounds: dict[str, list[dict]] = {"plain": [], "tls": []}
+    for k in range(opts.tls_rounds):
+        for mode in ("plain", "tls"):
+            say(f"round {k + 1}/{opts.tls_rounds}: {mode}")
+            rounds[mode].append(await load_round(reactor, base / f"round{k}-{mode}", opts, mode == "tls", say))
+    summary: dict[str, Any] = {"tls_rounds": rounds, "tls_median": {}, "tls_ratio": {}, "tls_cpu_median": {},
+                               "tls_cpu_ratio": {}}
+
+    def median(mode: str, phase: str, key: str) -> float | None:
+        values = sorted(r[phase][key] for r in rounds[mode] if r.get(phase, {}).get(key) is not None)
+        return values[len(values) // 2] if values else None
+
+    for phase, key in TLS_FIGURES.items():
+        if phase not in opts.phases:
+            continue
+        medians = {mode: median(mode, phase, key) for mode in ("plain", "tls")}
+        summary["tls_median"][phase] = medians
+        if medians["plain"] and medians["tls"] is not None:
+            summary["tls_ratio"][phase] = medians["tls"] / medians["plain"]
+        if phase != "latency":
+            cpu = {mode: median(mode, phase, "member_cpu_ms_per_1k_entries") for mode in ("plain", "tls")}
+            summary["tls_cpu_median"][phase] = cpu
+            if cpu["plain"] and cpu["tls"] is not None:
+                summary["tls_cpu_ratio"][phase] = cpu["tls"] / cpu["plain"]
+    last_plain = rounds["plain"][-1]
+    summary.update({phase: last_plain[phase] for phase in TLS_FIGURES if phase in last_plain})
+    return summary
+
+
 def format_results(r: dict) -> str:
     """The results as a short table, each figure next to its target."""
     s = r["settings"]
@@ -720,6 +858,18 @@ def format_results(r: dict) -> str:
                 f"{p['entries_per_s']:>9,.0f} entries/s ({where}, journal without fsync){ratio}")
         else:
             row("PySyncObj", p.get("skipped") or p.get("error", "?"))
+    if "tls_median" in r:
+        lines.append(f"  plain TCP vs mutual TLS (authMode=tls), medians of {s.get('tls_rounds')} interleaved rounds:")
+        for phase, m in r["tls_median"].items():
+            unit = "ms p99" if phase == "latency" else "entries/s"
+            ratio = r["tls_ratio"].get(phase)
+            fmt = lambda v, ms=(phase == "latency"): "-" if v is None else f"{v:,.2f}" if ms else f"{v:,.0f}"
+            row(f"{phase}: plain {fmt(m['plain'])} / TLS {fmt(m['tls'])} {unit}",
+                "-" if ratio is None else f"TLS/plain = {ratio:.2f}")
+            cpu = r.get("tls_cpu_median", {}).get(phase)
+            if cpu and cpu["plain"] and cpu["tls"]:
+                row(f"{phase}: members' CPU ms per 1,000 entries, plain {cpu['plain']:.0f} / TLS {cpu['tls']:.0f}",
+                    f"TLS/plain = {r['tls_cpu_ratio'][phase]:.2f}")
     return "\n".join(lines)
 
 

@@ -50,6 +50,17 @@ def register(subparsers) -> None:
                    help="seconds each request may wait for its answer (default 10); applies per request, not to "
                         "the whole command, so a long append of many entries is not cut short")
     g.add_argument("--json", action="store_true", help="print one JSON object per line")
+    sec = common.add_argument_group("security (members with TLS or authMode tls/secret; docs/security.md)")
+    sec.add_argument("--tls-ca", default=os.environ.get("DLEDGER_TLS_CA"),
+                     help="speak TLS; the members' certificates must chain to this CA file (default $DLEDGER_TLS_CA)")
+    sec.add_argument("--tls-cert", default=os.environ.get("DLEDGER_TLS_CERT"),
+                     help="client certificate for authMode=tls (default $DLEDGER_TLS_CERT)")
+    sec.add_argument("--tls-key", default=os.environ.get("DLEDGER_TLS_KEY"),
+                     help="its private key (default $DLEDGER_TLS_KEY)")
+    sec.add_argument("--client-name", default=os.environ.get("DLEDGER_CLIENT_NAME"),
+                     help="this client's name in the members' clientsFile, for --token-file")
+    sec.add_argument("--token-file", default=os.environ.get("DLEDGER_TOKEN_FILE"),
+                     help="file holding this client's token for authMode=secret (default $DLEDGER_TOKEN_FILE)")
 
     p = subparsers.add_parser(
         "append", parents=[common], help="append entries to a running group",
@@ -119,8 +130,10 @@ async def run_command(reactor, action, args, out: TextIO | None = None, err: Tex
         peers, group = resolve_group(args)
         member = getattr(args, "member", None)
         limit = {"members": [member], "max_attempts": 1} if member else {}
+        credentials = client_credentials(args, group)
         client = connect(peers, group, reactor=reactor, request_timeout=args.timeout,
-                         connect_timeout=min(CONNECT_TIMEOUT, args.timeout), give_up_unreachable=True, **limit)
+                         connect_timeout=min(CONNECT_TIMEOUT, args.timeout), give_up_unreachable=True,
+                         credentials=credentials, **limit)
     except (ConfigError, DLedgerError) as exc:
         return report_error(args, out, err, None, str(exc), 2)
     try:
@@ -159,6 +172,12 @@ def report_error(args, out: TextIO, err: TextIO, code: ResponseCode | None, mess
 def explain(exc: DLedgerError, args) -> str:
     """What went wrong (:func:`error_detail`), plus what an operator needs to know about it."""
     text = error_detail(exc)
+    if exc.code is ResponseCode.NOT_AUTHORIZED:
+        have = "a certificate" if getattr(args, "tls_cert", None) else "a token" if getattr(args, "token_file", None) \
+            else "no credentials"
+        text += (f"; the members run with authentication and this client has {have}: pass --tls-ca/--tls-cert/"
+                 "--tls-key (authMode=tls) or --client-name/--token-file (authMode=secret), and check its role in "
+                 "the members' clientsFile (the member's log says why it refused)")
     if exc.code is ResponseCode.UNEXPECTED_ARGUMENT and getattr(args, "bodies", None):
         biggest = max(len(b) for b in args.bodies)
         limit = args.max_entry_size
@@ -182,6 +201,18 @@ def error_detail(exc: DLedgerError) -> str:
     if exc.code is ResponseCode.NOT_LEADER:
         text += f"; the leader is {exc.leader_id}" if exc.leader_id else "; no leader known"
     return text.lstrip("; ")
+
+
+def client_credentials(args, group: str):
+    """What the command presents to members (None: plain TCP, anonymous); ConfigError for unusable files."""
+    from dledger.security.guard import ClientCredentials
+
+    if (args.tls_cert or args.tls_key) and not args.tls_ca:
+        raise ConfigError("--tls-cert/--tls-key need --tls-ca (the CA the members' certificates chain to)")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    return ClientCredentials.for_client(group, name=args.client_name or "", token_file=args.token_file,
+                                        tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key)
 
 
 def resolve_group(args) -> tuple[str, str]:

@@ -34,6 +34,9 @@ def register(subparsers) -> None:
     p.add_argument("--entries", type=positive_int, default=10, help="entries appended before and after the failover")
     p.add_argument("--dir", default=None, help="directory for stores and logs (default: a new temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the directory (stores and member logs) afterwards")
+    p.add_argument("--no-tls", dest="tls", action="store_false",
+                   help="plain TCP without authentication (default: mutual TLS, authMode=tls, with certificates "
+                        "made by 'dledger certs init' in the directory)")
     p.set_defaults(func=cmd_demo)
 
 
@@ -46,7 +49,7 @@ def cmd_demo(args) -> int:
         raise ConfigError("--store memory: the demo kills members, and a memory store forgets everything; "
                           "use mmap or lmdb")
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="dledger-demo-"))
-    demo = Demo(base, store, args.entries)
+    demo = Demo(base, store, args.entries, tls=args.tls)
     status = [1]
 
     def main(reactor):
@@ -72,7 +75,8 @@ def cmd_demo(args) -> int:
 class Demo:
     """The demo's steps, in order; prints a transcript."""
 
-    def __init__(self, base: Path, store: str, entries: int):
+    def __init__(self, base: Path, store: str, entries: int, tls: bool = True):
+        self.tls = tls
         self.base = base
         self.store = store
         self.entries = entries
@@ -102,7 +106,15 @@ class Demo:
     async def _run(self, reactor) -> int:
         print(f"dledger demo: three members on this machine, store {self.store!r}, preset 'fast'")
         print(f"  directory: {self.base} (member stores, config dledger.toml, logs n0.log n1.log n2.log)")
-        g = self.group = LocalGroup(self.base, n=3, store=self.store, preset="fast", reactor=reactor)
+        options, credentials = {}, None
+        if self.tls:
+            from dledger.security.certs import local_group_security
+
+            options, credentials = local_group_security(self.base / "certs", "g0", ["n0", "n1", "n2"])
+            print(f"  security: mutual TLS, authMode=tls; CA and certificates from 'dledger certs init' in "
+                  f"{self.base / 'certs'}")
+        g = self.group = LocalGroup(self.base, n=3, store=self.store, preset="fast", reactor=reactor,
+                                    options=options, client_credentials=credentials)
         client = g.client(request_timeout=1.0, retry_delay=0.01, max_attempts=200)
         try:
             return await self._steps(g, client)
@@ -119,6 +131,8 @@ class Demo:
             self.say("n0 says: " + summary[-1].split("] ", 1)[-1])
         leader = await g.wait_for_leader(client, 10)
         self.say(f"all three serve; the leader is {leader.leader_id} (term {leader.term})")
+        if self.tls:
+            await self.outsider(g, leader)
 
         await self.append_some(client, "before")
         entries = await client.get(min(self.acked), self.entries * 2)
@@ -169,6 +183,28 @@ class Demo:
             self.say(f"  {mid}: entries {lg.begin}..{lg.end} ({len(lg.entries)} entries, {noops} of them NOOPs "
                      f"written by new leaders), committed {lg.committed}")
         return self.verify(logs)
+
+    async def outsider(self, g: LocalGroup, leader) -> None:
+        """A forged VOTE from a client without a member certificate: refused, the term does not move."""
+        from dledger.messages import VoteRequest
+        from dledger.security.guard import ClientCredentials
+        from dledger.transport.client import RemotingClient
+
+        victim = next(mid for mid in g.ids if mid != leader.leader_id)
+        outsider = RemotingClient(g.reactor, timeout=2.0, credentials=ClientCredentials.for_client(
+            g.group, tls_ca=str(self.base / "certs" / "ca.crt")))
+        try:
+            resp = await outsider.send(f"127.0.0.1:{g.members[victim].port}", VoteRequest(
+                group=g.group, remote_id=victim, local_id=victim, leader_id=victim, term=leader.term + 1,
+                ledger_end_index=10 ** 6, ledger_end_term=leader.term))
+        finally:
+            await outsider.close()
+        from dledger.codes import ResponseCode
+
+        self.say(f"a forged VOTE (term {leader.term + 1}) from a TLS client without a member certificate: "
+                 f"{ResponseCode.of(resp.code).name}")
+        if resp.code != ResponseCode.NOT_AUTHORIZED:
+            raise RuntimeError(f"{victim} accepted a forged VOTE: {resp}")
 
     async def append_some(self, client, when: str) -> None:
         first = last = None

@@ -25,6 +25,7 @@ from dledger.testing.chaos import Chaos, ChaosMix
 from dledger.testing.checker import CommittedLog, History, linearizability_violations, lost_appends
 from dledger.testing.clock import SimClock
 from dledger.testing.election_sim import ElectionChecker, checked_cluster
+from dledger.testing.outsider import Outsider
 from dledger.transport.inprocess import FaultSettings
 
 
@@ -40,15 +41,20 @@ class SimResult:
     divergent: list[str] = field(default_factory=list)
     nonlinearizable: list[str] = field(default_factory=list)
     leaders: list[str] = field(default_factory=list)
+    #: outsider fault (issue #13): forged frames injected, and what any of them changed (must stay empty)
+    forged: int = 0
+    outsider_effects: list[str] = field(default_factory=list)
     stuck: str | None = None
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.divergent or self.nonlinearizable or self.leaders or self.stuck)
+        return not (self.lost or self.divergent or self.nonlinearizable or self.leaders or self.stuck
+                    or self.outsider_effects)
 
     def problems(self) -> list[str]:
         out = [f"lost: {x}" for x in self.lost] + [f"divergent: {x}" for x in self.divergent]
         out += [f"nonlinearizable: {x}" for x in self.nonlinearizable] + [f"leaders: {x}" for x in self.leaders]
+        out += [f"outsider: {x}" for x in self.outsider_effects]
         if self.stuck:
             out.append(f"stuck: {self.stuck}")
         return out
@@ -110,21 +116,22 @@ def file_store_factory(kind: str, root: Path, clock) -> Callable:
 
 
 def run_replication_seed(seed: int, duration: float = 8.0, members: int | None = None,
-                         clients: int = 3, store: str = "simdisk") -> SimResult:
+                         clients: int = 3, store: str = "simdisk", outsider: str | None = None) -> SimResult:
     """One seeded schedule; the result lists every safety problem found (empty lists when safe).
 
     ``store`` is ``simdisk`` (crashes lose or tear unflushed writes) or a real
-    ``mmap``/``lmdb`` store in a temporary directory.
+    ``mmap``/``lmdb`` store in a temporary directory.  ``outsider`` (``auth`` or ``bounds``) adds the
+    outsider fault of :mod:`dledger.testing.outsider`: forged frames without credentials.
     """
     if store not in STORES:
         raise ValueError(f"store must be one of {STORES}")
     if store != "simdisk":
         with tempfile.TemporaryDirectory(prefix=f"dledger-sim-{seed}-") as root:
-            return _run(seed, duration, members, clients, Path(root), store)
-    return _run(seed, duration, members, clients, None, store)
+            return _run(seed, duration, members, clients, Path(root), store, outsider)
+    return _run(seed, duration, members, clients, None, store, outsider)
 
 
-def _run(seed, duration, members, clients, root, store) -> SimResult:
+def _run(seed, duration, members, clients, root, store, outsider=None) -> SimResult:
     rng = random.Random(seed)
     n = members or rng.choice([3, 3, 5])
     result = SimResult(seed, n)
@@ -143,6 +150,13 @@ def _run(seed, duration, members, clients, root, store) -> SimResult:
     history = History()
     chaos = Chaos(cluster, rng, ChaosMix(partition=0.25, block=0.1, heal=0.25, crash_leader=0.1, crash=0.3,
                                          mean_interval=0.8, restart_after=(0.05, 1.5)))
+
+    intruder = Outsider(cluster, random.Random(seed ^ 0x0A5), outsider) if outsider else None
+
+    def outsider_loop():
+        if chaos.active:
+            intruder.inject()
+            clock.callLater(rng.expovariate(1 / 0.3), outsider_loop)
 
     # -- clients ------------------------------------------------------------------
     counter = [0]
@@ -181,6 +195,8 @@ def _run(seed, duration, members, clients, root, store) -> SimResult:
             client = cluster.client(f"c{k}", at_least_once=rng.random() < 0.5, request_timeout=0.5, max_attempts=5)
             clock.callLater(rng.uniform(0, 0.3), client_loop, f"c{k}", client)
         chaos.start(rng.uniform(0.2, 1.0))
+        if intruder is not None:
+            clock.callLater(rng.uniform(0.1, 0.5), outsider_loop)
         cluster.run(duration)
         chaos.calm()
         pending = [op for op in history.ops if op.completed is None]
@@ -194,6 +210,9 @@ def _run(seed, duration, members, clients, root, store) -> SimResult:
 
     # -- checks ---------------------------------------------------------------------
     result.faults = chaos.faults
+    if intruder is not None:
+        result.forged = intruder.injected
+        result.outsider_effects = intruder.effects
     result.acked = len(history.acked)
     result.leaders = list(checker.violations)
     result.divergent = committed.divergences + restart_problems

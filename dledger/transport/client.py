@@ -92,12 +92,14 @@ class _ClientFactory(Factory):
 
     noisy = False  # no "Starting factory <... object at 0x...>" line per (re)connection
 
-    def __init__(self, client: RemotingClient):
+    def __init__(self, client: RemotingClient, expected_peer: str | None = None):
         self.client = client
+        self.expected_peer = expected_peer
 
     def buildProtocol(self, addr: Any) -> RemotingProtocol:
         return RemotingProtocol(self.client.reactor, None, max_frame_size=self.client.max_frame_size,
-                                max_in_flight=self.client.max_in_flight)
+                                max_in_flight=self.client.max_in_flight, credentials=self.client.credentials,
+                                expected_peer=self.expected_peer)
 
 
 @dataclass(eq=False)
@@ -161,13 +163,30 @@ class Link:
     def _connect(self) -> None:
         self.attempts += 1
         try:
-            d = self.endpoint.connect(_ClientFactory(self.client))
+            d = self.endpoint.connect(_ClientFactory(self.client, self.client.expected_peers.get(self.address)))
         except Exception as exc:  # a bad endpoint string raises synchronously
             d = fail(exc)
         self._connecting = d
         d.addCallbacks(self._connected, self._connect_failed)
 
     def _connected(self, protocol: RemotingProtocol) -> None:
+        ready = protocol.when_ready()
+        if not ready.called:  # credentials to present first (TLS handshake, secret-mode login): sends wait
+            self._connecting = ready
+            ready.addCallbacks(lambda _: self._ready(protocol), self._not_ready, errbackArgs=(protocol,))
+            return
+        ready.addErrback(lambda f: None)
+        if protocol._ready_result is not None:
+            self._not_ready(Failure(protocol._ready_result), protocol)
+            return
+        self._ready(protocol)
+
+    def _not_ready(self, failure: Failure, protocol: RemotingProtocol) -> None:
+        """The peer did not accept our credentials (or we not its certificate): a failed connection attempt."""
+        protocol.close()
+        self._connect_failed(failure)
+
+    def _ready(self, protocol: RemotingProtocol) -> None:
         self._connecting = None
         if self._closed:
             protocol.close()
@@ -278,8 +297,13 @@ class RemotingClient:
     def __init__(self, reactor: Any, *, timeout: float = DEFAULT_TIMEOUT,
                  connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
                  max_frame_size: int = remoting.DEFAULT_MAX_FRAME_SIZE,
-                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, backoff: Backoff | None = None):
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, backoff: Backoff | None = None,
+                 credentials: Any = None):
         self.reactor = reactor
+        #: What connections present (:class:`dledger.security.guard.ClientCredentials`; None: plain, anonymous).
+        self.credentials = credentials
+        #: address -> the member id expected there (its certificate must name it)
+        self.expected_peers: dict[str, str] = {}
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.max_frame_size = max_frame_size
@@ -295,6 +319,10 @@ class RemotingClient:
         link = self.links.get(address)
         if link is None:
             endpoint = clientFromString(self.reactor, client_endpoint_description(address, self.connect_timeout))
+            if self.credentials is not None and self.credentials.tls_options is not None:
+                from dledger.security.tls import wrap_client_endpoint
+
+                endpoint = wrap_client_endpoint(self.credentials.tls_options, endpoint)
             link = self.links[address] = Link(self, address, endpoint)
         return link
 

@@ -16,16 +16,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IHandshakeListener, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from dledger import messages
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
 from dledger.interfaces import IBatchRequestHandler
 from dledger.ratelog import RateLimitedLog
+from dledger.security import policy as auth_policy
+from dledger.security import secret as auth_secret
 from dledger.transport import remoting
 from dledger.transport.base import failure_response
 from dledger.transport.limits import (
@@ -77,17 +80,22 @@ _REMOTING_CODES = {
 class _Call:
     """A request sent on this connection and not yet answered."""
 
-    response_cls: type
+    response_cls: type | None  # None: a raw call (the AUTH login), answered with the reply frame
     binary: bool
     deferred: Deferred
     timer: IDelayedCall | None = None
 
 
+@implementer(IHandshakeListener)
 class RemotingProtocol(Protocol):
     """A remoting connection: pipelined requests out, concurrent request handling in.
 
     ``clock`` schedules request timeouts; ``handler`` (optional) answers incoming requests.
     ``on_lost(protocol, reason)`` and ``on_reply()`` let a connection pool follow the link's health.
+    ``guard`` (a :class:`~dledger.security.guard.ServerGuard`, serving side) authenticates the peer and
+    authorises every request before the handler sees it; ``credentials`` (a
+    :class:`~dledger.security.guard.ClientCredentials`, connecting side) are presented before the first
+    request, and :meth:`when_ready` fires once they were accepted (issue #13, docs/security.md).
     """
 
     log = Logger()
@@ -95,8 +103,21 @@ class RemotingProtocol(Protocol):
     def __init__(self, clock: IReactorTime, handler: Any = None, *,
                  max_frame_size: int = remoting.DEFAULT_MAX_FRAME_SIZE,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, limits: ConnectionLimits | None = None,
-                 budget: BufferBudget | None = None, warnings: RateLimitedLog | None = None):
+                 budget: BufferBudget | None = None, warnings: RateLimitedLog | None = None,
+                 guard: Any = None, credentials: Any = None, expected_peer: str | None = None):
         self.clock = clock
+        self.guard = guard
+        self.credentials = credentials
+        #: The member this outgoing connection means to reach (its certificate must name it).
+        self.expected_peer = expected_peer
+        #: Who the peer proved to be (serving side; set on its first request).
+        self.identity: auth_policy.Identity | None = None
+        self._session: bytes | None = None  # secret mode: the connection's HMAC key
+        self._send_seq = 0
+        self._recv_seq = 0
+        self._ready_waiters: list[Deferred] = []  # connecting side with credentials: fired once they were accepted
+        self._ready_result: Any = None
+        self._ready_done = credentials is None
         self.limits = limits
         self.budget = budget
         #: Rate-limited warnings, shared by a port's connections (one noisy host does not flood the log).
@@ -148,6 +169,81 @@ class RemotingProtocol(Protocol):
         if self.limits is not None and self.limits.idle_timeout > 0:
             self._last_frame = self.clock.seconds()
             self._idle_timer = self.clock.callLater(self.limits.idle_timeout, self._idle_check)
+        if self.credentials is not None and self.credentials.tls_options is None:
+            self._present_credentials()  # else after the TLS handshake (handshakeCompleted)
+
+    # -- authentication (issue #13) ---------------------------------------------------------
+    def handshakeCompleted(self) -> None:
+        """TLS is up: the connecting side checks the server's certificate, then logs in (secret mode)."""
+        if self.credentials is None or self._ready_done:
+            return
+        from dledger.security import tls
+
+        why = self.credentials.check_server(tls.subject_of(self.transport), self.expected_peer)
+        if why is not None:
+            self._not_ready(f"refusing to talk to {self.peer}: {why}")
+            return
+        self._present_credentials()
+
+    def _present_credentials(self) -> None:
+        creds = self.credentials
+        if creds.secret is None:
+            self._set_ready()
+            return
+        body, nonce = creds.hello()
+        opaque = next_opaque()
+        call = _Call(None, False, Deferred())
+        call.timer = self.clock.callLater(creds.handshake_timeout, self._timed_out, opaque, creds.handshake_timeout)
+        self._calls[opaque] = call
+        self.transport.write(remoting.encode_frame(Header(auth_secret.AUTH_CODE, opaque, 0), body))
+
+        def welcomed(frame: Frame) -> None:
+            if self._ready_done:
+                return
+            try:
+                code, server_nonce, proof = auth_secret.parse_welcome(frame.body)
+            except auth_secret.AuthError as exc:
+                self._not_ready(f"login to {self.peer} failed: {exc}")
+                return
+            if code != 200:
+                self._not_ready(f"{self.peer} refused the login of {creds.kind} {creds.name!r}: "
+                                f"{frame.header.remark or ResponseCode.of(code).name}")
+                return
+            key = creds.session(nonce, server_nonce)
+            if not auth_secret.macs_equal(auth_secret.server_proof(key), proof):
+                self._not_ready(f"{self.peer} does not know our secret (wrong proof); refusing to talk to it")
+                return
+            self._session = key
+            self._set_ready()
+
+        def failed(f: Failure) -> None:
+            self._not_ready(f"login to {self.peer} failed: {f.getErrorMessage()}")
+
+        call.deferred.addCallbacks(welcomed, failed)
+
+    def _set_ready(self) -> None:
+        self._ready_done = True
+        waiters, self._ready_waiters = self._ready_waiters, []
+        for d in waiters:
+            d.callback(None)
+
+    def _not_ready(self, message: str) -> None:
+        if self._ready_done:
+            return
+        self._ready_done = True
+        self._ready_result = DLedgerError(ResponseCode.NETWORK_ERROR, message)
+        self._abandon(abort=True)
+        waiters, self._ready_waiters = self._ready_waiters, []
+        for d in waiters:
+            d.errback(self._ready_result)
+
+    def when_ready(self) -> Deferred:
+        """Fires once the peer accepted our credentials (at once without any); DLedgerError if it did not."""
+        if self._ready_done:
+            return fail(self._ready_result) if self._ready_result is not None else succeed(None)
+        d: Deferred = Deferred()
+        self._ready_waiters.append(d)
+        return d
 
     def _warn(self, key: Any, fmt: str, **kw: Any) -> None:
         """A warning, at most one per ``key`` per interval (hostile input repeats; the log must not)."""
@@ -230,6 +326,9 @@ class RemotingProtocol(Protocol):
         self._idle_timer = None
         if self.budget is not None:
             self.budget.forget(self)
+        if not self._ready_done:
+            self._not_ready(f"connection to {self.peer} lost before it was ready: "
+                            f"{reason.getErrorMessage() if reason else 'closed'}")
         if self.on_lost is not None:
             self.on_lost(self, reason)
         self.fail_pending(f"connection to {self.peer} lost: {reason.getErrorMessage() if reason else 'closed'}")
@@ -300,6 +399,11 @@ class RemotingProtocol(Protocol):
         if len(data) > self.max_frame_size:
             return fail(DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
                                      f"request frame of {len(data)} bytes exceeds maxFrameSize {self.max_frame_size}"))
+        if self._session is not None:
+            from dledger.security.guard import sign_request
+
+            data = sign_request(data, self._session, self._send_seq, self.max_frame_size)
+            self._send_seq += 1
         call = _Call(response_cls, binary, Deferred(lambda _d: self._forget(opaque)))
         call.timer = self.clock.callLater(timeout, self._timed_out, opaque, timeout)
         self._calls[opaque] = call
@@ -326,6 +430,19 @@ class RemotingProtocol(Protocol):
             return
         if call.timer is not None and call.timer.active():
             call.timer.cancel()
+        if call.response_cls is None:  # the login's reply (read before any session exists)
+            call.deferred.callback(frame)
+            return
+        if self._session is not None:
+            from dledger.security.guard import reply_authentic
+
+            if not reply_authentic(frame, self._session):
+                self._warn(("bad reply mac", self.peer_host), "reply {opaque} from {peer} does not authenticate "
+                           "(wrong or missing MAC); closing the connection", opaque=header.opaque, peer=self.peer)
+                call.deferred.errback(DLedgerError(ResponseCode.NETWORK_ERROR,
+                                                   f"reply from {self.peer} does not authenticate"))
+                self._abandon(abort=True)
+                return
         if self.on_reply is not None:
             self.on_reply()
         if header.code != REMOTING_SUCCESS:
@@ -349,6 +466,9 @@ class RemotingProtocol(Protocol):
     def _request_decoded(self, frame: Frame, requests: list[tuple[Header, Any]]) -> None:
         """Decode a request frame into ``requests``, or answer at once the one that cannot be decoded."""
         header = frame.header
+        guard = self.guard
+        if guard is not None and not self._admitted(frame):
+            return
         try:
             request = remoting.decode_request(frame)
         except UnknownRequestCodeError as exc:
@@ -365,7 +485,68 @@ class RemotingProtocol(Protocol):
             self._write_reply(header, remoting.error_body(header, ResponseCode.UNSUPPORTED),
                               "this connection does not serve requests")
             return
+        if guard is not None and self.identity.kind == "member":
+            decision = auth_policy.decide_request(guard.auth_mode, header.code, self.identity, request.leader_id,
+                                                  request.local_id)
+            if not decision.allowed:
+                self._refuse(header, decision.reason)
+                return
         requests.append((header, request))
+
+    def _admitted(self, frame: Frame) -> bool:
+        """The one authorisation check (before decoding): log-in, frame MAC, the code's permission.
+
+        False if the request was answered here (refused, redacted, or the AUTH login itself).
+        """
+        header, guard = frame.header, self.guard
+        if header.code == auth_secret.AUTH_CODE:
+            self._login(frame)
+            return False
+        if self._session is not None:
+            from dledger.security.guard import request_authentic
+
+            seq, self._recv_seq = self._recv_seq, self._recv_seq + 1
+            if not request_authentic(frame, self._session, seq):
+                self._refuse(header, f"request {header.opaque} (code {header.code}) does not authenticate (wrong "
+                                     "or missing MAC, replayed or reordered); closing the connection")
+                self._abandon()
+                return False
+        if self.identity is None:
+            if guard.auth_mode == "tls":
+                self.identity = guard.identify_tls(self.transport, self.peer_host)
+            else:
+                self.identity = guard.anonymous()
+        decision = guard.decide(header.code, self.identity)
+        if decision.verdict is auth_policy.Verdict.ALLOW:
+            return True
+        if decision.verdict is auth_policy.Verdict.REDACT:
+            reply = messages.MetadataResponse(group=guard.group)
+            self._write_reply(header, remoting.encode_body(reply))
+            return False
+        self._refuse(header, decision.reason)
+        return False
+
+    def _refuse(self, header: Header, reason: str) -> None:
+        """Answer NOT_AUTHORIZED with the reason, and log it (rate-limited per address and code)."""
+        self.guard.refused(self.peer_host, header.code, reason)
+        self._write_reply(header, remoting.error_body(header, ResponseCode.NOT_AUTHORIZED), reason[:500])
+
+    def _login(self, frame: Frame) -> None:
+        """Serve an AUTH request (secret mode): on success the connection has an identity and a session key."""
+        header, guard = frame.header, self.guard
+        if guard.auth_mode != "secret" or self._session is not None:
+            why = "this member does not use authMode=secret" if guard.auth_mode != "secret" else "already logged in"
+            self._write_reply(header, auth_secret.refusal_body(int(ResponseCode.UNSUPPORTED)), why)
+            return
+        try:
+            identity, key, body = guard.login(frame.body)
+        except auth_secret.AuthError as exc:
+            guard.refused(self.peer_host, header.code, f"login refused: {exc}")
+            self._write_reply(header, auth_secret.refusal_body(int(ResponseCode.NOT_AUTHORIZED)), str(exc)[:500])
+            return
+        self._write_reply(header, body)  # unsigned: the client has no key before reading it
+        self.identity = identity
+        self._session = key
 
     def _serve(self, requests: list[tuple[Header, Any]]) -> None:
         """Hand requests to the handler, all at once if it is an IBatchRequestHandler, and reply to each."""
@@ -426,6 +607,11 @@ class RemotingProtocol(Protocol):
             self.log.debug("connection from {peer} closed; dropping reply {opaque}", peer=self.peer,
                            opaque=header.opaque)
             return
+        if self._session is not None:
+            from dledger.security.guard import sign_reply
+
+            self.transport.write(sign_reply(header.opaque, body, remark, self._session))
+            return
         self.transport.write(remoting.encode_reply(header.opaque, body, remark))
 
 
@@ -440,9 +626,12 @@ class RemotingServerFactory(Factory):
     noisy = False  # no "Starting factory <... object at 0x...>" line per listen
 
     def __init__(self, clock: IReactorTime, handler: Any, *, max_frame_size: int = remoting.DEFAULT_MAX_FRAME_SIZE,
-                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, limits: ConnectionLimits | None = None):
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, limits: ConnectionLimits | None = None,
+                 guard: Any = None):
         self.clock = clock
         self.handler = handler
+        #: Authentication and authorisation of this port (:class:`dledger.security.guard.ServerGuard`; None: off).
+        self.guard = guard if guard is not None and guard.enforcing else None
         self.max_frame_size = max_frame_size
         self.max_in_flight = max_in_flight
         self.limits = limits
@@ -463,7 +652,7 @@ class RemotingServerFactory(Factory):
                 return None  # Twisted closes the accepted socket
         proto = RemotingProtocol(self.clock, self.handler, max_frame_size=self.max_frame_size,
                                  max_in_flight=self.max_in_flight, limits=self.limits, budget=self.budget,
-                                 warnings=self.warnings)
+                                 warnings=self.warnings, guard=self.guard)
         proto.factory = self
         self.connections.add(proto)
         self.per_address[host] = self.per_address.get(host, 0) + 1

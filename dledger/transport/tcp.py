@@ -28,6 +28,8 @@ from dledger.hookspecs import hookimpl
 from dledger.interfaces import ITransport
 from dledger.messages import PushEntryRequest, RequestOrResponse
 from dledger.plugin_types import TransportType
+from dledger.security.guard import ClientCredentials, ServerGuard, security_label
+from dledger.security.tls import wrap_server_factory
 from dledger.transport.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, Backoff, RemotingClient
 from dledger.transport.limits import AcceptGuard, ConnectionLimits, fd_usage, guard_accept
 from dledger.transport.protocol import DEFAULT_MAX_IN_FLIGHT, BinaryBodyRefused, RemotingServerFactory
@@ -71,9 +73,13 @@ class TcpTransport:
             self.addresses.update(addresses)
         self.listen = config.listen or listen_endpoint_description(config.self_peer)
         self.max_in_flight = max_in_flight
+        # Security (issue #13): None, None with authMode=none and no tlsCert -- Java's plain port, unchanged.
+        self.guard = ServerGuard.from_config(config, reactor)
+        self.credentials = ClientCredentials.for_member(config)
         self.client = RemotingClient(reactor, timeout=timeout, connect_timeout=connect_timeout,
                                      max_frame_size=config.max_frame_size, max_in_flight=max_in_flight,
-                                     backoff=backoff)
+                                     backoff=backoff, credentials=self.credentials)
+        self.client.expected_peers.update({address: pid for pid, address in self.addresses.items()})
         self.binary_refused: set[str] = set()
         self.port: IListeningPort | None = None
         self._factory: RemotingServerFactory | None = None
@@ -93,18 +99,22 @@ class TcpTransport:
                           member=self.config.self_id, n=capped.max_connections, m=limits.max_connections,
                           soft=soft, used=open_fds)
         self._factory = RemotingServerFactory(self.reactor, handler, max_frame_size=self.config.max_frame_size,
-                                              max_in_flight=self.max_in_flight, limits=capped)
+                                              max_in_flight=self.max_in_flight, limits=capped, guard=self.guard)
+        factory = self._factory
+        if self.guard is not None and self.guard.tls_options is not None:
+            factory = wrap_server_factory(self.guard.tls_options, factory)
         try:
             endpoint = serverFromString(self.reactor, self.listen)
         except (ValueError, KeyError, TypeError) as exc:
             return fail(ValueError(f"listen: bad endpoint {self.listen!r}: {exc}"))
-        d = endpoint.listen(self._factory)
+        d = endpoint.listen(factory)
 
         def listening(port: IListeningPort) -> IListeningPort:
             self.port = port
             self.accept_guard = guard_accept(port, self.reactor)
-            self.log.info("{member} of group {group} serving remoting on {address}",
-                          member=self.config.self_id, group=self.config.group, address=port.getHost())
+            self.log.info("{member} of group {group} serving remoting on {address}{security}",
+                          member=self.config.self_id, group=self.config.group, address=port.getHost(),
+                          security=security_label(self.config))
             return port
 
         return d.addCallback(listening)
@@ -149,6 +159,7 @@ class TcpTransport:
         if peer_id not in self.addresses:
             raise KeyError(f"{peer_id!r} is not a member")
         self.addresses[peer_id] = address
+        self.client.expected_peers[address] = peer_id
 
     @property
     def listening_address(self) -> Any:

@@ -1,0 +1,171 @@
+"""The security decisions as tables: which code needs which credential, claims, certificates, the secret
+handshake's MACs, the credential files and config options (issue #13).  Pure functions, no I/O."""
+
+import pytest
+
+from dledger.codes import RequestCode
+from dledger.config import make_config
+from dledger.errors import ConfigError
+from dledger.security import policy, secret
+from dledger.security.policy import Identity, Verdict, claim_mismatch, decide, decide_request, identity_from_subject
+
+MEMBER = Identity.member("n1")
+READ, WRITE, ADMIN = Identity.client("r", "read"), Identity.client("w", "write"), Identity.client("a", "admin")
+ANON = Identity.anonymous()
+ANON_WRITE = Identity.anonymous("write")
+C = RequestCode
+
+# (code, identity, verdict) with authentication on
+TABLE = [
+    (C.VOTE, MEMBER, Verdict.ALLOW), (C.HEART_BEAT, MEMBER, Verdict.ALLOW), (C.PUSH, MEMBER, Verdict.ALLOW),
+    (C.PULL, MEMBER, Verdict.ALLOW), (C.INSTALL_SNAPSHOT, MEMBER, Verdict.ALLOW),
+    (C.LEADERSHIP_TRANSFER, MEMBER, Verdict.ALLOW), (C.APPEND, MEMBER, Verdict.ALLOW),
+    (C.VOTE, ADMIN, Verdict.DENY), (C.PUSH, ADMIN, Verdict.DENY), (C.HEART_BEAT, WRITE, Verdict.DENY),
+    (C.VOTE, ANON, Verdict.DENY), (C.PUSH, ANON_WRITE, Verdict.DENY),
+    (C.METADATA, READ, Verdict.ALLOW), (C.GET, READ, Verdict.ALLOW), (C.APPEND, READ, Verdict.DENY),
+    (C.APPEND, WRITE, Verdict.ALLOW), (C.GET, WRITE, Verdict.ALLOW), (C.LEADERSHIP_TRANSFER, WRITE, Verdict.DENY),
+    (C.LEADERSHIP_TRANSFER, ADMIN, Verdict.ALLOW), (C.APPEND, ADMIN, Verdict.ALLOW),
+    (C.METADATA, ANON, Verdict.REDACT), (C.GET, ANON, Verdict.DENY), (C.APPEND, ANON, Verdict.DENY),
+    (C.APPEND, ANON_WRITE, Verdict.ALLOW), (C.METADATA, ANON_WRITE, Verdict.ALLOW),
+    (52000, ADMIN, Verdict.DENY), (52000, ANON, Verdict.DENY), (52000, MEMBER, Verdict.ALLOW),
+]
+
+
+@pytest.mark.parametrize("code,identity,verdict", TABLE)
+def test_which_code_needs_which_credential(code, identity, verdict):
+    """Each (request code, identity) pair gets the verdict of the table; unknown codes are member-only."""
+    assert decide("tls", code, identity).verdict is verdict
+    assert decide("secret", code, identity).verdict is verdict
+
+
+@pytest.mark.parametrize("code", [*C, 52000, 0, -1])
+def test_auth_mode_none_allows_everything(code):
+    """authMode=none is Java's behaviour: every code from anyone."""
+    assert decide("none", code, ANON).verdict is Verdict.ALLOW
+
+
+def test_every_request_code_has_a_permission():
+    """Every code of codes.RequestCode is in the table (a new one must be placed on purpose)."""
+    assert set(policy.REQUIRED) == set(C)
+
+
+CLAIMS = [  # (code, leaderId, localId, authenticated member, refused?)
+    (C.VOTE, "n1", "n1", "n1", False), (C.VOTE, "n2", "n1", "n1", True), (C.VOTE, "n1", "n2", "n1", True),
+    (C.PUSH, "n1", None, "n1", False), (C.PUSH, None, "n1", "n1", False), (C.PUSH, None, None, "n1", True),
+    (C.HEART_BEAT, "n0", "n0", "n1", True), (C.PUSH, "n0", "n0", "n1", True),
+    (C.LEADERSHIP_TRANSFER, "n0", "n0", "n1", False),  # a member forwards a client's transfer
+    (C.METADATA, None, None, "n1", False), (C.APPEND, "x", "y", "n1", False),
+]
+
+
+@pytest.mark.parametrize("code,leader,local,member,refused", CLAIMS)
+def test_a_member_only_speaks_for_itself(code, leader, local, member, refused):
+    """A member-to-member request must name the authenticated member as leaderId/localId."""
+    assert (claim_mismatch(code, leader, local, member) is not None) is refused
+    assert decide_request("tls", code, Identity.member(member), leader, local).allowed is not refused
+
+
+def test_claims_are_not_checked_for_clients_or_without_auth():
+    """Clients are refused member codes by role; authMode=none checks nothing."""
+    assert decide_request("none", C.PUSH, ANON, "n0", "n0").allowed
+    assert not decide_request("tls", C.PUSH, ADMIN, "n0", "n0").allowed
+
+
+GROUP, MEMBERS, ROLES = "g0", {"n0", "n1", "n2"}, {"app1": "write", "ops": "admin"}
+SUBJECTS = [  # (subject, expected identity, explained?)
+    ({"O": "g0", "OU": "member", "CN": "n1"}, Identity.member("n1"), False),
+    ({"O": "g0", "OU": "member", "CN": "n9"}, ANON, True),
+    ({"O": "g1", "OU": "member", "CN": "n1"}, ANON, True),
+    ({"O": "g0", "OU": "client", "CN": "app1"}, Identity.client("app1", "write"), False),
+    ({"O": "g0", "OU": "client", "CN": "ops"}, Identity.client("ops", "admin"), False),
+    ({"O": "g0", "OU": "client", "CN": "n1"}, ANON, True),  # a client certificate named like a member
+    ({"O": "g0", "OU": "ca", "CN": "n1"}, ANON, True),
+    ({"O": "g0", "OU": "member"}, ANON, True),
+    ({}, ANON, True),
+]
+
+
+@pytest.mark.parametrize("subject,identity,explained", SUBJECTS)
+def test_identity_from_certificate_subject(subject, identity, explained):
+    """Only O=<group>, OU=member, CN=<a member id> proves a member; clients need a clientsFile entry."""
+    got, why = identity_from_subject(subject, GROUP, MEMBERS, ROLES)
+    assert got == identity
+    assert (why is not None) is explained
+
+
+def test_request_mac_binds_every_field():
+    """Changing the sequence number, code, flag, opaque, encoding or body changes the MAC; the key matters."""
+    key = secret.session_key(b"s" * 32, "g0", "member", "n1", "a" * 32, "b" * 32)
+    base = dict(seq=3, code=51004, flag=0, opaque=7, encoding="bin", body=b"push")
+    mac = secret.request_mac(key, **base)
+    for field, other in (("seq", 4), ("code", 51001), ("flag", 2), ("opaque", 8), ("encoding", None),
+                         ("body", b"pusH")):
+        assert secret.request_mac(key, **{**base, field: other}) != mac, field
+    other_key = secret.session_key(b"s" * 32, "g0", "member", "n1", "a" * 32, "c" * 32)
+    assert secret.request_mac(other_key, **base) != mac  # another connection: another server nonce
+    assert secret.macs_equal(mac, secret.request_mac(key, **base))
+    assert not secret.macs_equal(mac, None)
+
+
+def test_session_key_depends_on_who_logs_in():
+    """The same nonces with another name, kind or group give another key (no cross-identity reuse)."""
+    args = (b"s" * 32, "g0", "member", "n1", "a" * 32, "b" * 32)
+    key = secret.session_key(*args)
+    assert key != secret.session_key(b"s" * 32, "g0", "member", "n2", "a" * 32, "b" * 32)
+    assert key != secret.session_key(b"s" * 32, "g0", "client", "n1", "a" * 32, "b" * 32)
+    assert key != secret.session_key(b"s" * 32, "g1", "member", "n1", "a" * 32, "b" * 32)
+
+
+@pytest.mark.parametrize("body", [b"", b"[]", b"{}", b'{"kind":"member","name":"n1","keyId":"k","nonce":"short"}',
+                                  b'{"kind":"root","name":"n1","keyId":"k","nonce":"' + b"a" * 32 + b'"}',
+                                  b'{"kind":"member","name":1,"keyId":"k","nonce":"' + b"a" * 32 + b'"}',
+                                  b"\xff"])
+def test_malformed_hello_is_refused(body):
+    """A login body that is not exactly the expected object raises AuthError (never another exception)."""
+    with pytest.raises(secret.AuthError):
+        secret.parse_hello(body)
+
+
+def test_secret_files(tmp_path):
+    """Secrets: one a line, comments skipped, at least 16 bytes; clientsFile: NAME ROLE [TOKEN ...]."""
+    f = tmp_path / "s"
+    f.write_text("# rotated 2026-11\n" + "a" * 32 + "\n\n" + "b" * 20 + "\n")
+    assert secret.read_secrets(str(f)) == [b"a" * 32, b"b" * 20]
+    f.write_text("short\n")
+    with pytest.raises(secret.AuthError, match="at least 16"):
+        secret.read_secrets(str(f))
+    with pytest.raises(secret.AuthError, match="cannot read"):
+        secret.read_secrets(str(tmp_path / "missing"))
+    clients = secret.parse_clients("app1 write " + "t" * 20 + "\nops admin  # no token: TLS only\n", "c",
+                                   policy.ROLES)
+    assert clients["app1"].role == "write" and clients["app1"].tokens == (b"t" * 20,)
+    assert clients["ops"].tokens == ()
+    for bad, match in (("app1\n", "expected"), ("app1 root\n", "role"), ("a read x\n", "at least"),
+                       ("a read\na write\n", "twice")):
+        with pytest.raises(secret.AuthError, match=match):
+            secret.parse_clients(bad, "c", policy.ROLES)
+
+
+PEERS = "n0-127.0.0.1:1;n1-127.0.0.1:2"
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"auth_mode": "kerberos"}, "authMode: 'kerberos' is not one of none, tls, secret"),
+    ({"auth_mode": "tls"}, "authMode: 'tls' needs tlsCert"),
+    ({"auth_mode": "secret"}, "authMode: 'secret' needs groupSecretFile"),
+    ({"tls_cert": "a.crt"}, "tlsKey, tlsCa: must be set together"),
+    ({"anonymous_role": "admin"}, "anonymousRole: 'admin' is not one of none, read, write"),
+])
+def test_security_config_errors(options, message):
+    """Each bad combination of security options is one ConfigError line naming the option."""
+    with pytest.raises(ConfigError) as err:
+        make_config(group="g0", self_id="n0", peers=PEERS, **options)
+    assert message in str(err.value)
+
+
+def test_self_id_placeholder_in_certificate_paths():
+    """One config file for every member: {selfId} in tlsCert/tlsKey becomes the member's id."""
+    cfg = make_config(group="g0", self_id="n1", peers=PEERS, auth_mode="tls", tls_cert="/c/{selfId}.crt",
+                      tls_key="/c/{selfId}.key", tls_ca="/c/ca.crt")
+    assert (cfg.tls_cert, cfg.tls_key) == ("/c/n1.crt", "/c/n1.key")
+    assert cfg.replace(max_pending_size=5).tls_cert == "/c/n1.crt"
