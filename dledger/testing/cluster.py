@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 from dledger.codes import Role
 from dledger.config import make_config
+from dledger.quorum import is_quorum
 from dledger.server import DLedgerServer
 from dledger.store.memory import MemoryTermVoteStore
 from dledger.testing.clock import SimClock
@@ -156,7 +157,7 @@ class Cluster:
         term = self.servers[lid].state.curr_term
         followers = sum(1 for s in self.servers.values()
                         if s.state.curr_term == term and s.state.leader_id == lid)
-        return lid if followers >= len(self.ids) // 2 + 1 else None
+        return lid if is_quorum(followers, len(self.ids)) else None
 
     # -- time -------------------------------------------------------------------------------------
     def run(self, seconds: float) -> None:
