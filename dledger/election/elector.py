@@ -102,6 +102,16 @@ class LeaderElector:
         self.notifier.stop()
         self._finish_take(ResponseCode.TAKE_LEADERSHIP_FAILED, "member stopped")
 
+    def pause(self) -> None:
+        """Freeze the role as a stopped process would (SIGSTOP): no timer fires, replies in flight are ignored.
+
+        Unlike :meth:`stop`, nothing is answered or notified: the member keeps believing what it believed
+        (a paused leader still thinks it leads), which is what tests of a deposed-but-unaware leader need.
+        """
+        self.running = False
+        self._round += 1
+        self._cancel()
+
     # -- timers ----------------------------------------------------------------
     def _cancel(self) -> None:
         if self._timer is not None and self._timer.active():
