@@ -503,57 +503,8 @@ async def _caught_up(group: LocalGroup, client: Any, mid: str) -> None:
 
 
 # -- PySyncObj, for the ratio ------------------------------------------------------------------------
-PYSYNCOBJ_NODE = r"""
-import json, os, queue, signal, sys, time
-from pysyncobj import SyncObj, SyncObjConf, replicated, FAIL_REASON
-me, partners, journal, role = sys.argv[1], sys.argv[2].split(","), sys.argv[3], sys.argv[4]
-duration, warmup, in_flight, size = float(sys.argv[5]), float(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
-
-class Log(SyncObj):
-    def __init__(self):
-        super().__init__(me, partners, SyncObjConf(journalFile=journal, dynamicMembershipChange=False))
-        self.count = 0
-
-    @replicated
-    def append(self, body):
-        self.count += 1
-        return self.count
-
-log = Log()
-if role != "driver":
-    signal.pause()
-body = os.urandom(size)
-log.append(body, sync=True, timeout=60)  # returns once a leader exists and committed it
-start = time.monotonic()
-measure_from, end = start + warmup, start + warmup + duration
-st = {"acked": 0, "errors": 0, "outstanding": 0}
-done = queue.Queue()
-
-def callback(result, error):
-    st["outstanding"] -= 1
-    now = time.monotonic()
-    if error == FAIL_REASON.SUCCESS:
-        if measure_from <= now <= end:
-            st["acked"] += 1
-    else:
-        st["errors"] += 1
-    if now < end:
-        st["outstanding"] += 1
-        log.append(body, callback=callback)
-    elif st["outstanding"] == 0:
-        done.put(True)
-
-for _ in range(in_flight):
-    st["outstanding"] += 1
-    log.append(body, callback=callback)
-try:
-    done.get(timeout=duration + warmup + 10)  # stragglers after the window do not count anyway
-except queue.Empty:
-    pass
-print(json.dumps({"entries_per_s": st["acked"] / duration, "errors": st["errors"],
-                  "driver_was_leader": log._getLeader() is not None and str(log._getLeader()) == me}), flush=True)
-os._exit(0)
-"""
+#: The PySyncObj node script (a data file of this package: run with ``python``, never imported).
+PYSYNCOBJ_NODE_SCRIPT = Path(__file__).with_name("pysyncobj_node.py")
 
 
 def pysyncobj_version() -> str | None:
@@ -575,7 +526,7 @@ async def measure_pysyncobj(reactor: Any, base: Path, opts: Options, group: Loca
     try:
         for i, me in enumerate(addrs):
             partners = ",".join(a for a in addrs if a != me)
-            argv = [sys.executable, "-c", PYSYNCOBJ_NODE, me, partners, str(base / f"node{i}.journal"),
+            argv = [sys.executable, str(PYSYNCOBJ_NODE_SCRIPT), me, partners, str(base / f"node{i}.journal"),
                     "driver" if i == 0 else "node", str(opts.duration), str(opts.warmup), str(opts.pysyncobj_in_flight),
                     str(opts.size)]
             with open(base / f"node{i}.err", "wb") as err:
