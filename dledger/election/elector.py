@@ -78,6 +78,8 @@ class LeaderElector:
         self._timer = None
         self._round = 0  # bumps on every role change and vote/heartbeat round: stale replies are ignored
         self._busy = False  # a vote or heartbeat round is in flight
+        #: Vote rounds this member started (it asked for votes): tests and monitoring read it.
+        self.vote_rounds = 0
         self._take: tuple[Deferred, object] | None = None
         self.running = False
         #: Set (to the reason) when this member's store is found damaged: it then never asks for votes
@@ -224,6 +226,7 @@ class LeaderElector:
 
     def _vote_round(self, term: int) -> None:
         st = self.state
+        self.vote_rounds += 1
         self._busy = True
         self._round += 1
         round_id = self._round
