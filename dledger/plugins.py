@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.metadata
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,8 +39,22 @@ BUILTIN_PLUGINS: dict[str, str] = {
 _manager: pluggy.PluginManager | None = None
 
 
-def make_plugin_manager(*, autoload: bool | None = None) -> pluggy.PluginManager:
-    """A fresh manager with the hook specs, entry-point plugins and built-ins registered."""
+def _entry_points_not_of(distributions: frozenset[str]) -> list[str]:
+    """Names in our entry-point group that other distributions declare (read from metadata, nothing imported)."""
+    return [ep.name for dist in importlib.metadata.distributions()
+            if (dist.metadata["Name"] or "").lower() not in distributions
+            for ep in dist.entry_points if ep.group == GROUP]
+
+
+def make_plugin_manager(*, autoload: bool | None = None,
+                        distributions: frozenset[str] | set[str] | None = None) -> pluggy.PluginManager:
+    """A fresh manager with the hook specs, entry-point plugins and built-ins registered.
+
+    ``distributions`` (lower-case distribution names) limits autoloading to the entry points those
+    distributions declare; the others are never imported.  Tests use ``{"dledger"}``
+    (:func:`dledger.testing.isolated_plugin_manager`) so an installed third-party plugin cannot
+    change their answers.
+    """
     pm = pluggy.PluginManager(GROUP)
     pm.add_hookspecs(hookspecs)
     # Historic: every plugin registered from now on may add hook specs before its own hooks are checked.
@@ -47,7 +62,12 @@ def make_plugin_manager(*, autoload: bool | None = None) -> pluggy.PluginManager
     if autoload is None:
         autoload = not os.environ.get(DISABLE_AUTOLOAD_ENV)
     if autoload:
+        foreign = _entry_points_not_of(frozenset(distributions)) if distributions is not None else []
+        for name in foreign:
+            pm.set_blocked(name)
         pm.load_setuptools_entrypoints(GROUP)
+        for name in foreign:
+            pm.unblock(name)
     for name, module in BUILTIN_PLUGINS.items():
         if pm.get_plugin(name) is None and not pm.is_blocked(name):
             if not any(getattr(p, "__name__", None) == module for p in pm.get_plugins()):
@@ -65,7 +85,7 @@ def get_plugin_manager() -> pluggy.PluginManager:
 
 
 def reset_plugin_manager() -> None:
-    """Forget the process-wide manager (tests that change the environment call this)."""
+    """Forget the process-wide manager, so the next use builds it again from the current environment."""
     global _manager
     _manager = None
 

@@ -10,11 +10,15 @@ from dledger.election.rules import (
     NextVote,
     VoterView,
     VoteTally,
+    bumps_term,
     decide_heartbeat,
     decide_vote,
     is_quorum,
     next_term,
+    next_vote_delay,
+    take_leadership_refusal,
 )
+from dledger.quorum import majority
 
 R = VoteResult
 MEMBERS = frozenset({"n0", "n1", "n2"})
@@ -190,3 +194,78 @@ def test_is_quorum(n, members, expected):
 def test_next_term(curr, known, expected):
     """nextTerm jumps to the largest known term if larger, else adds one."""
     assert next_term(curr, known) == expected
+
+
+@pytest.mark.parametrize("members, expected", [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (6, 4)])
+def test_majority(members, expected):
+    """A majority of n members is n // 2 + 1."""
+    assert majority(members) == expected
+
+
+BUMPS_TERM = [
+    # (rule, last parse result, need increase term immediately, expected)
+    ("wait_to_vote_next_moves_to_the_next_term", VoteParseResult.WAIT_TO_VOTE_NEXT, False, True),
+    ("told_to_increase_the_term_moves_on", VoteParseResult.WAIT_TO_REVOTE, True, True),
+    ("wait_to_revote_asks_again_in_the_same_term", VoteParseResult.WAIT_TO_REVOTE, False, False),
+    ("revote_immediately_asks_again_in_the_same_term", VoteParseResult.REVOTE_IMMEDIATELY, False, False),
+]
+
+
+@pytest.mark.parametrize("rule, parse, need, expected", BUMPS_TERM, ids=[r[0] for r in BUMPS_TERM])
+def test_bumps_term(rule, parse, need, expected):
+    """A candidate moves to the next term only after WAIT_TO_VOTE_NEXT or when told to (SPEC §3)."""
+    assert bumps_term(parse, need) is expected
+
+
+NEXT_VOTE_DELAY = [
+    # (rule, row, expected delay with interval 0.4, leak 6.0, max vote 1.0)
+    ("now_is_immediate", NextVote.NOW, 0.0),
+    ("random_waits_the_randomized_interval", NextVote.RANDOM, 0.4),
+    ("known_leader_waits_the_heartbeat_leak_too", NextVote.RANDOM_PLUS_LEAK, 6.4),
+    ("bigger_ledgers_wait_max_vote_interval_too", NextVote.RANDOM_PLUS_MAX, 1.4),
+]
+
+
+@pytest.mark.parametrize("rule, when, expected", NEXT_VOTE_DELAY, ids=[r[0] for r in NEXT_VOTE_DELAY])
+def test_next_vote_delay(rule, when, expected):
+    """The next vote round starts after the delay of its SPEC §3 table row."""
+    assert next_vote_delay(when, 0.4, 6.0, 1.0) == pytest.approx(expected)
+
+
+TAKE_REFUSALS = [
+    # (rule, changes to a valid request/state, expected code or None)
+    ("from_our_leader_in_our_term_caught_up_takes_it", {}, None),
+    ("another_term_is_refused", {"request_term": 4}, C.INCONSISTENT_TERM),
+    ("not_our_leader_is_refused", {"transfer_id": "n2"}, C.INCONSISTENT_LEADER),
+    ("behind_the_required_index_is_refused", {"ledger_end_index": 9}, C.FALL_BEHIND_TOO_MUCH),
+    ("already_taking_is_refused", {"already_taking": True}, C.LEADER_TRANSFERRING),
+    ("damaged_store_never_stands", {"damaged": "crc"}, C.TAKE_LEADERSHIP_FAILED),
+    ("term_is_checked_first", {"request_term": 4, "transfer_id": "n2", "damaged": "crc"}, C.INCONSISTENT_TERM),
+]
+
+
+@pytest.mark.parametrize("rule, changes, expected", TAKE_REFUSALS, ids=[r[0] for r in TAKE_REFUSALS])
+def test_take_leadership_refusal(rule, changes, expected):
+    """The transferee takes leadership only when asked by its leader in its term and caught up (SPEC §3)."""
+    args = dict(request_term=5, curr_term=5, transfer_id="n1", leader_id="n1", ledger_end_index=10,
+                required_index=10, already_taking=False, damaged=None)
+    args.update(changes)
+    refusal = take_leadership_refusal(**args)
+    assert (refusal[0] if refusal else None) is expected
+
+
+READ_INDEX = [
+    # (rule, replies, expected)
+    ("quorum_of_successes_confirms", [(C.SUCCESS, -1)], True),
+    ("all_replies_in_without_quorum_refuses", [(C.EXPIRED_TERM, 9), (None, -1)], False),
+    ("undecided_waits", [(None, -1)], None),
+]
+
+
+@pytest.mark.parametrize("rule, replies, expected", READ_INDEX, ids=[r[0] for r in READ_INDEX])
+def test_leadership_confirmed(rule, replies, expected):
+    """ReadIndex: a leader serves a read only once a quorum (itself included) answered a heartbeat of its term."""
+    t = HeartbeatTally(term=5, members=3)
+    for i, (code, term) in enumerate(replies):
+        t.add(f"n{i + 1}", code, term)
+    assert t.leadership_confirmed() is expected

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from test_plugins import own_plugins_only
 from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -24,14 +23,14 @@ from dledger.messages import AppendEntryRequest
 from dledger.store.lmdbstore import LmdbLogStore
 from dledger.store.memory import MemoryLogStore
 from dledger.store.mmapfile import MmapLogStore
-from dledger.testing import Cluster
+from dledger.testing import Cluster, isolated_plugin_manager
 from dledger.testing.store_contract import FakeMemberState, fired
 
 
 @pytest.fixture
 def pm():
-    """A plugin manager holding dledger's own plugins only."""
-    return own_plugins_only(plugins.make_plugin_manager())
+    """A plugin manager holding dledger's own plugins only (installed third-party ones are not imported)."""
+    return isolated_plugin_manager()
 
 
 @pytest.fixture

@@ -15,30 +15,20 @@ from dledger.errors import ConfigError
 from dledger.hookspecs import hookimpl
 from dledger.interfaces import IAppendHook, ICommitListener, IRoleChangeHandler
 from dledger.plugin_types import ExtraOption, StoreType, TransportType
+from dledger.testing import isolated_plugin_manager
 
 ROOT = Path(__file__).parent.parent
 
 
-OWN_DISTRIBUTION = "dledger"
-
-
-def own_plugins_only(pm):
-    """Unregister every entry-point plugin not shipped by dledger itself (e.g. an installed dledger-rocketmq).
-
-    The hook tests below check exact answers (the options declared, the store names known); a plugin
-    the developer happens to have installed must not change them.  Built-ins still come from dledger's
-    own entry points, as in production.
-    """
-    for plugin, dist in pm.list_plugin_distinfo():
-        if dist.project_name != OWN_DISTRIBUTION:
-            pm.unregister(plugin)
-    return pm
-
-
 @pytest.fixture
 def pm():
-    """A plugin manager holding dledger's own plugins only, whatever else is installed."""
-    return own_plugins_only(plugins.make_plugin_manager())
+    """A plugin manager holding dledger's own plugins only, whatever else is installed (none is even imported).
+
+    The hook tests below check exact answers (the options declared, the store names known); a plugin
+    the developer happens to have installed (e.g. dledger-rocketmq) must not change them.  Built-ins
+    still come from dledger's own entry points, as in production.
+    """
+    return isolated_plugin_manager()
 
 
 @pytest.fixture
@@ -101,7 +91,8 @@ def test_third_party_plugin_loads_from_entry_point(third_party):
 
 
 def test_hook_tests_are_isolated_from_installed_plugins(third_party, pm):
-    """The hook tests' manager ignores installed third-party plugins but keeps dledger's entry-point built-ins."""
+    """The hook tests' manager never imports installed third-party plugins but keeps dledger's entry-point built-ins."""
+    assert "fake_dledger_plugin" not in sys.modules, "a third-party plugin was imported"
     assert "fake" not in plugins.store_types(pm)
     assert "fake_option" not in plugins.extra_options(pm)
     assert all(p.source.startswith("entry point 'dledger' of dledger ") for p in plugins.describe_plugins(pm))
@@ -476,7 +467,7 @@ def test_plugin_service_that_cannot_start_fails_the_member_start(pm, error, leve
             Broken().setServiceParent(collection)
     pm.register(P())
     cluster = Cluster(1, plugin_manager=pm)
-    server = cluster._make("n0")
+    server = cluster.build("n0")
     events = []
     failures = []
     globalLogPublisher.addObserver(events.append)
@@ -602,3 +593,69 @@ def test_every_hook_has_a_test(hook):
 def test_every_hook_is_documented(hook):
     """Each hook spec has a section in docs/plugins.md."""
     assert f"`{hook}" in (ROOT / "docs" / "plugins.md").read_text()
+
+
+def test_built_server_attaches_every_plugin_extension(pm):
+    """DLedgerServer.build attaches each per-server extension a plugin returns: each one is called in use."""
+    from twisted.application.service import Service
+
+    from dledger.testing import Cluster
+
+    seen = []
+
+    @implementer(IRoleChangeHandler)
+    class Role:
+        def role_changed(self, term, role):
+            seen.append(("role", role.name))
+
+    @implementer(IAppendHook)
+    class Append:
+        def before_append(self, entry, buffer, body_offset):
+            seen.append(("append", bytes(buffer[body_offset:])))
+
+    @implementer(ICommitListener)
+    class Commit:
+        def start_index(self):
+            return 0
+
+        def entries_committed(self, entries):
+            seen.extend(("commit", e.body) for e in entries)
+
+    class Ready:
+        def leader_ready(self, term):
+            seen.append(("ready", term))
+
+    class Started(Service):
+        def startService(self):
+            super().startService()
+            seen.append(("service", "started"))
+
+    class P:
+        @hookimpl
+        def dledger_role_change_handlers(self, server):
+            return [Role()]
+
+        @hookimpl
+        def dledger_append_hooks(self, server):
+            return [Append()]
+
+        @hookimpl
+        def dledger_commit_listeners(self, server):
+            return [Commit()]
+
+        @hookimpl
+        def dledger_leader_ready_listeners(self, server):
+            return [Ready()]
+
+        @hookimpl
+        def dledger_services(self, server, collection):
+            Started().setServiceParent(collection)
+    pm.register(P())
+    cluster = Cluster(1, plugin_manager=pm)
+    cluster.start()
+    cluster.wait_for_leader()
+    d = cluster.client().append(b"hello")
+    assert cluster.run_until(lambda: d.called and ("commit", b"hello") in seen, 5)
+    kinds = {kind for kind, _ in seen}
+    assert kinds == {"role", "append", "commit", "ready", "service"}, seen
+    assert ("append", b"hello") in seen and ("role", "LEADER") in seen

@@ -29,8 +29,11 @@ from dledger.election.rules import (
     NextVote,
     VoterView,
     VoteTally,
+    bumps_term,
     decide_heartbeat,
     decide_vote,
+    next_vote_delay,
+    take_leadership_refusal,
     vote_reply_term,
 )
 from dledger.errors import DLedgerError
@@ -43,12 +46,9 @@ from dledger.messages import (
     VoteResponse,
 )
 from dledger.ratelog import RateLimitedLog
+from dledger.timing import due
 
 log = Logger()
-
-#: Timer comparisons tolerate float rounding, or a timer could re-arm itself with a zero delay forever.
-EPSILON = 1e-6
-
 
 class LeaderElector:
     """Drives one member's role. ``observers`` are called synchronously on every role change."""
@@ -78,6 +78,8 @@ class LeaderElector:
         self._timer = None
         self._round = 0  # bumps on every role change and vote/heartbeat round: stale replies are ignored
         self._busy = False  # a vote or heartbeat round is in flight
+        #: Vote rounds this member started (it asked for votes): tests and monitoring read it.
+        self.vote_rounds = 0
         self._take: tuple[Deferred, object] | None = None
         self.running = False
         #: Set (to the reason) when this member's store is found damaged: it then never asks for votes
@@ -101,6 +103,16 @@ class LeaderElector:
         self._cancel()
         self.notifier.stop()
         self._finish_take(ResponseCode.TAKE_LEADERSHIP_FAILED, "member stopped")
+
+    def pause(self) -> None:
+        """Freeze the role as a stopped process would (SIGSTOP): no timer fires, replies in flight are ignored.
+
+        Unlike :meth:`stop`, nothing is answered or notified: the member keeps believing what it believed
+        (a paused leader still thinks it leads), which is what tests of a deposed-but-unaware leader need.
+        """
+        self.running = False
+        self._round += 1
+        self._cancel()
 
     # -- timers ----------------------------------------------------------------
     def _cancel(self) -> None:
@@ -168,8 +180,9 @@ class LeaderElector:
 
     # -- follower ----------------------------------------------------------------
     def _maintain_as_follower(self) -> None:
-        elapsed = self.clock.seconds() - self.last_leader_heartbeat
-        if elapsed >= self.leak - EPSILON:
+        now = self.clock.seconds()
+        elapsed = now - self.last_leader_heartbeat
+        if due(self.last_leader_heartbeat + self.leak, now):
             log.info("{id}: no heartbeat from {leader} for {s:.3f}s: {what} in term {term}",
                      id=self.state.self_id, leader=self.state.leader_id, s=elapsed, term=self.state.curr_term,
                      what="standing for election" if self.store_damaged is None
@@ -193,11 +206,11 @@ class LeaderElector:
             self.next_time_to_request_vote = now + self._vote_interval()
             self._arm(self.next_time_to_request_vote - now)
             return
-        if self.next_time_to_request_vote - now > EPSILON and not self.need_increase_term_immediately:
+        if not due(self.next_time_to_request_vote, now) and not self.need_increase_term_immediately:
             self._arm(self.next_time_to_request_vote - now)
             return
         st = self.state
-        if self.last_parse_result is VoteParseResult.WAIT_TO_VOTE_NEXT or self.need_increase_term_immediately:
+        if bumps_term(self.last_parse_result, self.need_increase_term_immediately):
             prev = st.curr_term
             term = st.next_term()
             log.info("{id}: candidate moves from term {prev} to {term}", id=st.self_id, prev=prev, term=term)
@@ -213,6 +226,7 @@ class LeaderElector:
 
     def _vote_round(self, term: int) -> None:
         st = self.state
+        self.vote_rounds += 1
         self._busy = True
         self._round += 1
         round_id = self._round
@@ -256,12 +270,10 @@ class LeaderElector:
         if parse is VoteParseResult.PASSED:
             self._change_to_leader(term)
             return
-        delay = {
-            NextVote.NOW: 0.0,
-            NextVote.RANDOM: self._vote_interval(),
-            NextVote.RANDOM_PLUS_LEAK: self._vote_interval() + self.leak,
-            NextVote.RANDOM_PLUS_MAX: self._vote_interval() + self.max_vote,
-        }[when]
+        # One randomized interval is drawn per row whatever the row, as always: seeded schedules replay unchanged.
+        draws = {row: self._vote_interval() for row in (NextVote.RANDOM, NextVote.RANDOM_PLUS_LEAK,
+                                                         NextVote.RANDOM_PLUS_MAX)}
+        delay = next_vote_delay(when, draws.get(when, 0.0), self.leak, self.max_vote)
         self.next_time_to_request_vote = now + delay
         if tally.known_max_term > term:
             self.change_to_candidate(tally.known_max_term)
@@ -364,19 +376,11 @@ class LeaderElector:
         TAKE_LEADERSHIP_FAILED after ``leadershipTransferWaitTimeout``.
         """
         st = self.state
-        if request.term != st.curr_term:
-            raise DLedgerError(ResponseCode.INCONSISTENT_TERM, f"transfer term {request.term} != {st.curr_term}")
-        if request.transfer_id != st.leader_id:
-            raise DLedgerError(ResponseCode.INCONSISTENT_LEADER,
-                               f"transfer from {request.transfer_id} but our leader is {st.leader_id}")
-        if self.store.ledger_end_index < request.take_leadership_ledger_index:
-            raise DLedgerError(ResponseCode.FALL_BEHIND_TOO_MUCH,
-                               f"our end index {self.store.ledger_end_index} < "
-                               f"{request.take_leadership_ledger_index} required")
-        if self._take is not None:
-            raise DLedgerError(ResponseCode.LEADER_TRANSFERRING, "already taking leadership")
-        if self.store_damaged is not None:
-            raise DLedgerError(ResponseCode.TAKE_LEADERSHIP_FAILED, f"store damaged: {self.store_damaged}")
+        refusal = take_leadership_refusal(request.term, st.curr_term, request.transfer_id, st.leader_id,
+                                          self.store.ledger_end_index, request.take_leadership_ledger_index,
+                                          self._take is not None, self.store_damaged)
+        if refusal is not None:
+            raise DLedgerError(*refusal)
         target = request.term + 1
         d: Deferred = Deferred()
         timeout = self.clock.callLater(self.config.leadership_transfer_wait_timeout / 1000.0,
@@ -426,10 +430,10 @@ class LeaderElector:
                 return
             if st.role is not Role.LEADER or st.curr_term != term:
                 d.callback(False)
-            elif tally.success >= st.quorum:
-                d.callback(True)
-            elif tally.certain():
-                d.callback(False)
+                return
+            confirmed = tally.leadership_confirmed()
+            if confirmed is not None:
+                d.callback(confirmed)
 
         for peer in st.peers:
             req = HeartBeatRequest(group=st.group, term=term, leader_id=st.self_id, local_id=st.self_id,

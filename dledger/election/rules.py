@@ -11,11 +11,9 @@ import enum
 from dataclasses import dataclass, field
 
 from dledger.codes import ResponseCode, VoteParseResult, VoteResult
+from dledger.quorum import is_quorum
 
-
-def is_quorum(n: int, members: int) -> bool:
-    """``n`` members form a majority of ``members``."""
-    return n >= members // 2 + 1
+__all__ = ["is_quorum"]  # re-exported: the one majority rule lives in dledger.quorum
 
 
 def next_term(curr_term: int, known_max_term: int) -> int:
@@ -109,6 +107,36 @@ def decide_heartbeat(view: VoterView, leader: str, term: int) -> Decision:
     return Decision(Action.BECOME_CANDIDATE, code=C.TERM_NOT_READY, term=term)
 
 
+def bumps_term(last_parse: VoteParseResult, need_increase_term_immediately: bool) -> bool:
+    """A candidate's next round moves to the next term (SPEC §3): after WAIT_TO_VOTE_NEXT, or when told to.
+
+    Every other outcome (WAIT_TO_REVOTE, REVOTE_IMMEDIATELY) asks again in the same term.
+    """
+    return last_parse is VoteParseResult.WAIT_TO_VOTE_NEXT or need_increase_term_immediately
+
+
+def take_leadership_refusal(request_term: int, curr_term: int, transfer_id: str | None, leader_id: str | None,
+                            ledger_end_index: int, required_index: int, already_taking: bool,
+                            damaged: str | None) -> tuple[ResponseCode, str] | None:
+    """Why the transferee refuses to take leadership (SPEC §3 "Leadership transfer"), in Java's order; None: take it.
+
+    The transfer must come from our leader in our term, we must hold the index the leader asks for, we
+    must not already be taking leadership, and a damaged store never stands for election.
+    """
+    C = ResponseCode
+    if request_term != curr_term:
+        return C.INCONSISTENT_TERM, f"transfer term {request_term} != {curr_term}"
+    if transfer_id != leader_id:
+        return C.INCONSISTENT_LEADER, f"transfer from {transfer_id} but our leader is {leader_id}"
+    if ledger_end_index < required_index:
+        return C.FALL_BEHIND_TOO_MUCH, f"our end index {ledger_end_index} < {required_index} required"
+    if already_taking:
+        return C.LEADER_TRANSFERRING, "already taking leadership"
+    if damaged is not None:
+        return C.TAKE_LEADERSHIP_FAILED, f"store damaged: {damaged}"
+    return None
+
+
 class NextVote(enum.Enum):
     """When the next vote round starts, relative to the randomized vote interval (SPEC §3 table)."""
 
@@ -176,6 +204,16 @@ class VoteTally:
         return P.WAIT_TO_VOTE_NEXT, NextVote.RANDOM
 
 
+def next_vote_delay(when: NextVote, interval: float, leak: float, max_vote: float) -> float:
+    """Seconds until the next vote round for a :class:`NextVote` row; ``interval`` is the randomized interval."""
+    return {
+        NextVote.NOW: 0.0,
+        NextVote.RANDOM: interval,
+        NextVote.RANDOM_PLUS_LEAK: interval + leak,
+        NextVote.RANDOM_PLUS_MAX: interval + max_vote,
+    }[when]
+
+
 class HeartbeatOutcome(enum.Enum):
     """What a leader does after a round of heartbeats."""
 
@@ -216,6 +254,15 @@ class HeartbeatTally:
 
     def certain(self) -> bool:
         return self.replies >= self.members
+
+    def leadership_confirmed(self) -> bool | None:
+        """The ReadIndex check: True once a quorum answered SUCCESS, False once every reply is in without one.
+
+        None: not decided yet, wait for more replies.
+        """
+        if is_quorum(self.success, self.members):
+            return True
+        return False if self.certain() else None
 
     def outcome(self, elapsed_since_quorum_ms: float, leak_ms: float) -> HeartbeatOutcome:
         """SPEC §3 "Leader", in order: a larger term first, then quorum, resend, inconsistency, check-quorum."""

@@ -12,9 +12,11 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from dledger.codes import ResponseCode, Role
+from dledger.election import rules
 from dledger.errors import DLedgerError
 from dledger.interfaces import IMemberState
 from dledger.messages import INT64_MAX, MAX_TERM
+from dledger.quorum import majority
 
 log = Logger()
 
@@ -51,14 +53,7 @@ class MemberState:
 
     @property
     def quorum(self) -> int:
-        return len(self.members) // 2 + 1
-
-    def is_quorum(self, n: int) -> bool:
-        return n >= self.quorum
-
-    @property
-    def is_leader(self) -> bool:
-        return self.role is Role.LEADER
+        return majority(len(self.members))
 
     @property
     def taking_leadership(self) -> bool:
@@ -82,7 +77,7 @@ class MemberState:
         """Move a candidate to its next term (SPEC §2 ``nextTerm``) and persist it with no vote."""
         if self.role is not Role.CANDIDATE:
             raise AssertionError(f"next_term() as {self.role.name}")
-        term = self.known_max_term if self.known_max_term > self.curr_term else self.curr_term + 1
+        term = rules.next_term(self.curr_term, self.known_max_term)
         self._persist(term, None)
         self.known_max_term = max(self.known_max_term, term)
         return term

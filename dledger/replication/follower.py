@@ -21,6 +21,15 @@ from dledger.errors import DLedgerError
 from dledger.messages import PushEntryRequest, PushEntryResponse
 from dledger.ratelog import RateLimitedLog
 from dledger.replication import pushcheck
+from dledger.replication.follower_rules import (
+    AppendKind,
+    MatchedPrefix,
+    classify_append,
+    commit_needs_compare,
+    commit_to_adopt,
+    overdue_push,
+    stale_truncate,
+)
 from dledger.store import base
 
 log = Logger()
@@ -50,8 +59,7 @@ class EntryHandler:
         self._waiting: dict[int, tuple[PushEntryRequest, Deferred, float]] = {}
         self._timer = None
         # Highest index known to match the current leader's log in the current term.
-        self._matched = -1
-        self._matched_epoch: tuple[int, str | None] = (-1, None)
+        self._matched = MatchedPrefix()
         self._refusals = RateLimitedLog(log, clock, interval=30.0)
 
     # -- replies -------------------------------------------------------------------
@@ -92,19 +100,16 @@ class EntryHandler:
         return req.term == self.state.curr_term and req.leader_id == self.state.leader_id
 
     def _match(self, req: PushEntryRequest, index: int) -> None:
-        if not self._current(req):
-            return
-        epoch = (req.term, req.leader_id)
-        if epoch != self._matched_epoch:
-            self._matched_epoch, self._matched = epoch, -1
-        self._matched = max(self._matched, index)
+        if self._current(req):
+            self._matched.match((req.term, req.leader_id), index)
 
     def _adopt_commit(self, req: PushEntryRequest) -> None:
-        """Adopt ``min(leaderCommit, matched prefix)``: never commit entries not known to match the leader."""
-        if not self._current(req) or self._matched_epoch != (req.term, req.leader_id):
+        """Adopt ``min(leaderCommit, matched prefix, durable)``: never commit entries not known to match the leader."""
+        epoch = (req.term, req.leader_id)
+        if not self._current(req) or not self._matched.known(epoch):
             return
         durable = self.store.flushed_index if self.flusher.sync else self.store.ledger_end_index
-        target = min(req.commit_index, self._matched, durable)
+        target = commit_to_adopt(req.commit_index, self._matched.of(epoch), durable)
         before = self.store.committed_index
         if target > before:
             self.store.update_committed_index(req.term, target)
@@ -166,7 +171,7 @@ class EntryHandler:
     def reset(self) -> None:
         """The term or leader changed: answer everything still waiting."""
         self._clear_waiting("term or leader changed")
-        self._matched, self._matched_epoch = -1, (-1, None)
+        self._matched.reset()
 
     def _on_commit(self, req: PushEntryRequest, d: Deferred) -> None:
         """Adopt the leader's commit index; if we lack committed entries or hold unmatched ones, ask for a COMPARE.
@@ -175,9 +180,8 @@ class EntryHandler:
         that were truncated before the crash but never flushed; committing
         them by position alone could commit the wrong entries.
         """
-        matched = self._matched if self._matched_epoch == (req.term, req.leader_id) else -1
-        end = self.store.ledger_end_index
-        if self._current(req) and (req.commit_index > end or (matched < end and req.commit_index > matched)):
+        matched = self._matched.of((req.term, req.leader_id))
+        if self._current(req) and commit_needs_compare(req.commit_index, matched, self.store.ledger_end_index):
             # Committed entries we do not hold (a wiped or recovered store) must be re-sent: SUCCESS here
             # would tell the leader we are in sync and leave us empty until the next client write.  What we
             # hold and verified may still be committed (bounded by the matched prefix, so always safe).
@@ -215,9 +219,10 @@ class EntryHandler:
         """
         if req.entry is None:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "TRUNCATE without an entry")
-        if self._matched_epoch == (req.term, req.leader_id) and req.entry.index < self._matched:
+        matched = self._matched.of((req.term, req.leader_id))
+        if stale_truncate(req.entry.index, matched):
             log.debug("{id}: ignoring a stale TRUNCATE at {i} (verified up to {m})", id=self.state.self_id,
-                      i=req.entry.index, m=self._matched)
+                      i=req.entry.index, m=matched)
             self._reply(d, req, ResponseCode.INCONSISTENT_STATE)
             return
         self._clear_waiting("TRUNCATE")
@@ -237,10 +242,11 @@ class EntryHandler:
         if not entries:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "APPEND without entries")
         end = self.store.ledger_end_index
-        if entries[-1].index <= end:
+        kind = classify_append(entries[0].index, entries[-1].index, end)
+        if kind is AppendKind.DUPLICATE:
             self._on_duplicate(req, d, entries)
             return
-        if entries[0].index <= end:
+        if kind is AppendKind.OVERLAP:
             # Overlaps what we hold (a retry after a lost ack): the held part must agree.
             held = [e for e in entries if e.index <= end]
             if not self._holds(held):
@@ -302,12 +308,10 @@ class EntryHandler:
     def _fast_forward(self) -> None:
         """Answer the earliest push that has waited too long for a gap, so the leader re-compares."""
         self._timer = None
-        now = self.clock.seconds()
-        # (a tolerance for float rounding: the timer fires at ``oldest + timeout`` give or take an ulp)
-        stale = [first for first, (_, _, arrived) in self._waiting.items()
-                 if now - arrived >= self.push_timeout - 1e-6]
-        if stale:
-            req, d, _ = self._waiting.pop(min(stale))
+        first = overdue_push({f: arrived for f, (_, _, arrived) in self._waiting.items()}, self.clock.seconds(),
+                             self.push_timeout)
+        if first is not None:
+            req, d, _ = self._waiting.pop(first)
             log.debug("{id}: push at {first} waited for a gap after {end}: INCONSISTENT_STATE",
                       id=self.state.self_id, first=req.first_entry_index, end=self.store.ledger_end_index)
             self._reply(d, req, ResponseCode.INCONSISTENT_STATE)

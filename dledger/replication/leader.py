@@ -19,7 +19,8 @@ from dledger.entry import HEADER_SIZE, Entry, EntryList
 from dledger.errors import DLedgerError
 from dledger.messages import PushEntryRequest
 from dledger.ratelog import RateLimitedLog, RateLimiter
-from dledger.replication.rules import Step, after_compare, first_compare_index, new_commit_index, truncate_reason
+from dledger.replication.progress import Progress
+from dledger.replication.rules import Step, after_compare, first_compare_index, leader_commit_index, truncate_reason
 from dledger.stats import lag_entries
 from dledger.store.base import read_range
 
@@ -99,32 +100,21 @@ class RecentEntries:
         return out
 
 
-class EntryDispatcher:
-    """Brings one follower's log in line with the leader's: COMPARE -> TRUNCATE -> APPEND."""
+class EntryDispatcher(Progress):
+    """Brings one follower's log in line with the leader's: COMPARE -> TRUNCATE -> APPEND.
+
+    The state and its transitions are :class:`~dledger.replication.progress.Progress`; this class reads
+    the leader's store, sends, and arms the retry timer.
+    """
 
     def __init__(self, leader: LeaderReplicator, peer: str):
+        super().__init__()
         self.leader = leader
         self.peer = peer
-        self.step = Step.COMPARE
-        self.compare_index = -1
-        self.write_index = -1
-        self.watermark = -1
-        self.in_flight: dict[int, int] = {}  # first index -> last index of pushes awaiting a reply
-        self.outstanding = False  # a COMPARE / TRUNCATE / COMMIT awaits a reply
-        self.told_commit = -1
-        self.gen = 0  # bumps on every state change; replies to older generations are ignored
         self._retry = None
-        self.stopped = False
-        # Whether the follower answered its last request: while it does not, what it holds is unknown
-        # (a restarted follower may come back with a wiped or recovered store).
-        self.in_contact = False
         self.down_since: float | None = None  # when the follower stopped answering (None: it answers)
         self.failures = 0  # requests that failed since then
         self.behind = False  # an info line said it is more than BEHIND_LOG_ENTRIES behind
-
-    def known_index(self) -> int:
-        """The highest index this follower is known to hold: its watermark while it answers, else -1 (unknown)."""
-        return self.watermark if self.in_contact else -1
 
     def _shrunk(self, resp) -> bool:
         """Believe what the follower says it holds when that is less than its watermark (True if so).
@@ -134,12 +124,13 @@ class EntryDispatcher:
         report no lag (issue #9: an emptied follower answered COMMIT with SUCCESS and was never refilled).
         Only the entry handler's own answers (SUCCESS, INCONSISTENT_STATE) carry its ledger range.
         """
-        code = resp.response_code
-        if code in (ResponseCode.SUCCESS, ResponseCode.INCONSISTENT_STATE) and resp.end_index < self.watermark:
+        if resp.response_code not in (ResponseCode.SUCCESS, ResponseCode.INCONSISTENT_STATE):
+            return False
+        mark = self.watermark
+        if self.shrunk_to(resp.end_index):
             log.warn("{leader}: {peer} holds entries only up to {end} but had acknowledged {mark} "
                      "(store wiped or recovered?): repairing it", leader=self.leader.self_id, peer=self.peer,
-                     end=resp.end_index, mark=self.watermark)
-            self.watermark = resp.end_index
+                     end=resp.end_index, mark=mark)
             return True
         return False
 
@@ -187,19 +178,9 @@ class EntryDispatcher:
                      end=store.ledger_end_index)
 
     # -- state ---------------------------------------------------------------------------
-    def _change(self, step: Step, index: int) -> None:
-        self.gen += 1
-        self.step = step
-        self.in_flight.clear()
-        self.outstanding = False
-        if step is Step.COMPARE:
-            self.compare_index = index
-        elif step is Step.APPEND:
-            self.write_index = index
-
     def _retry_later(self, why: str) -> None:
         """Something failed: compare again after a short pause (never a tight loop)."""
-        self._change(Step.COMPARE, -1)
+        self.become(Step.COMPARE, -1)
         if self._retry is None and not self.stopped:
             log.debug("{peer}: retrying in COMPARE: {why}", peer=self.peer, why=why)
             self._retry = self.leader.clock.callLater(self.leader.retry_delay, self._retry_now)
@@ -209,8 +190,7 @@ class EntryDispatcher:
         self.pump()
 
     def stop(self) -> None:
-        self.stopped = True
-        self.gen += 1
+        super().stop()
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
         self._retry = None
@@ -259,7 +239,7 @@ class EntryDispatcher:
         Retrying at once would spin; the leader (LeaderReplicator.entry_unreadable) logs it and decides
         whether to hand leadership to a member that holds the entry.
         """
-        self._change(Step.COMPARE, -1)
+        self.become(Step.COMPARE, -1)
         self.leader.entry_unreadable(self.peer, index, exc)
         if self._retry is None and not self.stopped:
             self._retry = self.leader.clock.callLater(self.leader.heartbeat, self._retry_now)
@@ -277,12 +257,12 @@ class EntryDispatcher:
         d = self.leader.transport.send(self.peer, req, timeout=self.leader.push_timeout)
 
         def reply(resp):
-            if gen == self.gen and not self.stopped:
+            if self.accepts(gen):
                 self._answering()
                 on_reply(resp)
 
         def failed(f):
-            if gen == self.gen and not self.stopped:
+            if self.accepts(gen):
                 self._lost_contact(f.value)
                 on_fail(f.value)
 
@@ -311,9 +291,9 @@ class EntryDispatcher:
         lead = self.leader
         store = lead.store
         end = store.ledger_end_index
-        while self.write_index <= end and len(self.in_flight) < lead.max_in_flight:
+        while self.may_append(end, lead.max_in_flight):
             if self.write_index < store.ledger_begin_index:
-                self._change(Step.COMPARE, -1)
+                self.become(Step.COMPARE, -1)
                 self.pump()
                 return
             if lead.batch_push:
@@ -329,20 +309,19 @@ class EntryDispatcher:
                     return
                 req = self._push(PushType.APPEND, entry=entry)
                 first = last = entry.index
-            self.in_flight[first] = last
-            self.write_index = last + 1
+            self.sent_append(first, last)
             on_reply = lambda resp, f=first, la=last: self._on_append(resp, f, la)
             if lead.server.stats is not None:
                 entries = batch if lead.batch_push else [entry]
                 on_reply = lead.server.stats.timed_push(self.peer, len(entries), sum(e.size for e in entries),
                                                         on_reply)
             self._send(req, on_reply, lambda exc: self._retry_later(f"APPEND failed: {exc}"))
-        if not self.in_flight and not self.outstanding and store.committed_index > self.told_commit:
+        if self.needs_commit(store.committed_index):
             self.send_commit()
 
     def send_commit(self) -> None:
         """Tell an idle follower the committed index (also sent once per heartbeat interval)."""
-        if self.stopped or self.step is not Step.APPEND or self.outstanding or self.in_flight:
+        if self.stopped or self.step is not Step.APPEND or not self.idle():
             return
         self.outstanding = True
         self.told_commit = self.leader.store.committed_index
@@ -357,24 +336,24 @@ class EntryDispatcher:
             self._retry_later(f"COMPARE answered {code.name}")
             return
         self._shrunk(resp)
-        nxt = after_compare(self.compare_index, code, resp.begin_index, resp.end_index,
+        nxt = after_compare(self.compare_index, code is ResponseCode.SUCCESS, resp.begin_index, resp.end_index,
                             store.ledger_begin_index, store.ledger_end_index)
         if nxt.step is Step.APPEND:
-            self.watermark = max(self.watermark, nxt.index - 1)
-            self._change(Step.APPEND, nxt.index)
+            self.matched(nxt.index - 1)
+            self.become(Step.APPEND, nxt.index)
             self.leader.watermark_changed(self)
         elif nxt.step is Step.TRUNCATE:
             self._truncate(nxt.index, resp.end_index)
             return
         else:
-            self._change(Step.COMPARE, nxt.index)
+            self.become(Step.COMPARE, nxt.index)
         self.pump()
 
     def _truncate(self, index: int, follower_end: int | None = None) -> None:
         entry = self._read(index)
         if entry is None:
             return
-        self._change(Step.TRUNCATE, index)
+        self.become(Step.TRUNCATE, index)
         self.outstanding = True
         log.info("{leader}: {peer}: " + truncate_reason(follower_end), leader=self.leader.self_id, peer=self.peer,
                  index=index)
@@ -389,17 +368,14 @@ class EntryDispatcher:
         if resp.response_code is not ResponseCode.SUCCESS:
             self._retry_later(f"TRUNCATE answered {resp.response_code.name}")
             return
-        self.watermark = index
-        self._change(Step.APPEND, index + 1)
+        self.truncated(index)
         self.leader.watermark_changed(self)
         self.pump()
 
     def _on_append(self, resp, first: int, last: int) -> None:
         code = resp.response_code
         if code is ResponseCode.SUCCESS:
-            self.in_flight.pop(first, None)
-            if last > self.watermark:
-                self.watermark = last
+            if self.append_acked(first, last):
                 self.leader.watermark_changed(self)
             self.pump()
         elif code is ResponseCode.REPEATED_PUSH:
@@ -419,9 +395,10 @@ class EntryDispatcher:
                                peer=self.peer, first=first, last=last)
 
     def _check_repeated(self, gen: int, first: int, last: int) -> None:
-        if gen != self.gen or self.stopped or first not in self.in_flight:
+        settled = self.repeated_settled(first, last) if self.accepts(gen) else None
+        if settled is None:
             return
-        if self.watermark >= last:
+        if settled:
             self.in_flight.pop(first, None)
             self.pump()
         else:
@@ -437,8 +414,7 @@ class EntryDispatcher:
             self._retry_later(f"COMMIT answered {resp.response_code.name} (follower end {resp.end_index})")
 
     def _on_commit_fail(self, exc) -> None:
-        self.outstanding = False
-        self.told_commit = -1
+        self.commit_lost()
 
 
 class LeaderReplicator:
@@ -463,7 +439,6 @@ class LeaderReplicator:
         self.max_in_flight = cfg.max_pending_size
         self.dispatchers = {peer: EntryDispatcher(self, peer) for peer in server.state.peers}
         self.term_start_index = -1
-        self.self_durable = server.store.flushed_index
         self.recent = RecentEntries()
         self.damage_log = RateLimitedLog(log, self.clock, interval=60.0)
         self.follower_log = RateLimitedLog(log, self.clock, interval=10.0)  # a flapping follower: one line per 10 s
@@ -538,7 +513,6 @@ class LeaderReplicator:
         self._durable_waiting = False
         if self.stopped:
             return
-        self.self_durable = max(self.self_durable, self.store.flushed_index)
         if self.server.flusher.sync and self._durable_wanted > self.store.flushed_index:
             self._wait_durable()
         self.check_commit()
@@ -578,9 +552,8 @@ class LeaderReplicator:
             return
         store = self.store
         current = store.committed_index
-        marks = self.watermarks()
-        # Never claim committed what this member does not hold durably itself (marks[0]).
-        target = min(new_commit_index(current, marks, self.members, self.term_start_index), marks[0])
+        own, *peers = self.watermarks()
+        target = leader_commit_index(current, own, peers, self.members, self.term_start_index)
         if target > current:
             store.update_committed_index(self.term, target)
             if store.committed_index > current:

@@ -13,6 +13,7 @@ from collections import deque
 from twisted.internet.defer import Deferred
 
 from dledger.codes import ResponseCode
+from dledger.timing import due
 
 
 class PendingAppends:
@@ -27,10 +28,6 @@ class PendingAppends:
 
     def __len__(self) -> int:
         return len(self._queue)
-
-    @property
-    def full(self) -> bool:
-        return len(self._queue) >= self.limit
 
     def add(self, index: int, response) -> Deferred:
         """Deferred firing with ``response`` (code SUCCESS) once ``index`` commits, or with an error code."""
@@ -58,7 +55,7 @@ class PendingAppends:
         self._timer = None
         now = self.clock.seconds()
         q = self._queue
-        while q and q[0][1] <= now + 1e-6:  # tolerate float rounding of the timer's time
+        while q and due(q[0][1], now):
             _, _, d, response = q.popleft()
             response.code = int(ResponseCode.WAIT_QUORUM_ACK_TIMEOUT)
             d.callback(response)

@@ -1,11 +1,16 @@
-"""Replication decisions as pure functions (SPEC §4): the compare step and the quorum index."""
+"""The leader's replication decisions as pure functions (SPEC §4): the compare step and the committed index.
+
+The per-follower state machine is :mod:`dledger.replication.progress`; the follower's decisions are
+:mod:`dledger.replication.follower_rules`.  Each function here has a table test in
+``tests/test_replication_rules.py``, one row per SPEC sentence.
+"""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
 
-from dledger.codes import ResponseCode
+from dledger.quorum import majority
 
 
 class Step(enum.Enum):
@@ -29,20 +34,18 @@ def first_compare_index(compare_index: int, leader_begin: int, leader_end: int) 
     return compare_index
 
 
-def after_compare(compare_index: int, code: ResponseCode, follower_begin: int, follower_end: int,
+def after_compare(compare_index: int, same: bool, follower_begin: int, follower_end: int,
                   leader_begin: int, leader_end: int) -> Next:
     """The dispatcher's move after a COMPARE reply, in DLedger's order (SPEC §4 "COMPARE").
 
-    ``code`` is SUCCESS when the follower holds exactly the compared entry and
-    INCONSISTENT_STATE otherwise; anything else is not a compare result and
-    keeps comparing at the same index.
+    ``same`` is True when the follower answered SUCCESS (it holds exactly the compared entry) and False
+    for INCONSISTENT_STATE; any other answer is not a compare result, and the dispatcher retries
+    instead of asking this function.
     """
-    if code is ResponseCode.SUCCESS:
+    if same:
         if compare_index == follower_end:
             return Next(Step.APPEND, compare_index + 1)
         return Next(Step.TRUNCATE, compare_index)
-    if code is not ResponseCode.INCONSISTENT_STATE:
-        return Next(Step.COMPARE, compare_index)
     if follower_end < leader_begin or follower_begin > leader_end:
         return Next(Step.TRUNCATE, leader_begin)  # disjoint ranges
     if compare_index < follower_begin:
@@ -62,7 +65,7 @@ def quorum_index(watermarks: list[int], members: int) -> int:
     Members without a watermark count as -1.
     """
     marks = sorted(watermarks + [-1] * (members - len(watermarks)), reverse=True)
-    return marks[members // 2]
+    return marks[majority(members) - 1]
 
 
 def new_commit_index(current: int, watermarks: list[int], members: int, term_start_index: int) -> int:
@@ -76,6 +79,16 @@ def new_commit_index(current: int, watermarks: list[int], members: int, term_sta
     if q > current and term_start_index >= 0 and q >= term_start_index:
         return q
     return current
+
+
+def leader_commit_index(current: int, own: int, peer_marks: list[int], members: int, term_start_index: int) -> int:
+    """The leader's new committed index: :func:`new_commit_index`, never above what it holds durably itself.
+
+    ``own`` is the leader's own watermark (its flushed index, or its end when flushing is asynchronous).
+    A quorum of followers may hold an entry the leader has not flushed yet; claiming it committed would
+    let a crash of the leader lose an entry it already reported committed.
+    """
+    return min(new_commit_index(current, [own] + peer_marks, members, term_start_index), max(own, current))
 
 
 def truncate_reason(follower_end: int | None) -> str:

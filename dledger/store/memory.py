@@ -95,29 +95,21 @@ class MemoryLogStore(positions.EntryPositionReader):
 
     def truncate(self, entry: Entry, leader_term: int, leader_id: str) -> int:
         base.check_follower(self.member_state, leader_term, leader_id)
-        begin, end = self.ledger_begin_index, self.ledger_end_index
-        if self._entries and begin <= entry.index <= end:
-            offset = entry.index - begin
-            if self._entries[offset] == entry:
-                if entry.index < end:
-                    base.check_truncate_keeps_committed(entry.index + 1, self.committed_index)
-                del self._entries[offset + 1:]
-            else:
-                base.check_truncate_keeps_committed(entry.index, self.committed_index)
-                del self._entries[offset:]
-                if self._entries:
-                    prev = self._entries[-1]
-                    self._write_pos = prev.pos + prev.size
-                    base.check_position(entry, self._place(entry.size))
-                else:
-                    base.check_entry_size(entry.size, self.max_entry_size)
-                self._entries.append(entry)
+        begin = self.ledger_begin_index
+        action = base.plan_truncate(entry, begin, self.ledger_end_index, self.committed_index, self.get)
+        if action is base.TruncateAction.DROP_AFTER:
+            del self._entries[entry.index - begin + 1:]
             self._write_pos = entry.pos + entry.size
-        elif entry.index == end + 1 and self._entries:
+        elif action is base.TruncateAction.REPLACE:
+            del self._entries[entry.index - begin:]
+            prev = self._entries[-1]
+            self._write_pos = prev.pos + prev.size
             base.check_position(entry, self._place(entry.size))
             self._push(entry)
-        else:
-            # Outside our range: start over at the leader's entry.
+        elif action is base.TruncateAction.APPEND:
+            base.check_position(entry, self._place(entry.size))
+            self._push(entry)
+        else:  # RESET: outside our range (or replacing our first entry): start over at the leader's entry
             base.check_entry_size(entry.size, self.max_entry_size)
             self._entries = [entry]
             self.ledger_begin_index = entry.index

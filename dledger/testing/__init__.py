@@ -10,7 +10,7 @@
 """
 
 from dledger.testing.clock import SimClock
-from dledger.testing.cluster import Cluster
+from dledger.testing.cluster import Cluster, isolated_plugin_manager
 from dledger.testing.simdisk import SimulatedDisk, make_entries, preload
 
-__all__ = ["Cluster", "SimClock", "SimulatedDisk", "make_entries", "preload"]
+__all__ = ["Cluster", "SimClock", "SimulatedDisk", "isolated_plugin_manager", "make_entries", "preload"]

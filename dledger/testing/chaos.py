@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from dledger.quorum import majority
 from dledger.transport.inprocess import FaultSettings
 
 
@@ -31,7 +32,7 @@ class Chaos:
         self.mix = mix
         self.active = False
         self.faults = 0
-        self.max_down = len(cluster.ids) // 2 + 1
+        self.max_down = majority(len(cluster.ids))
         kinds = [(self._partition, mix.partition), (self._block, mix.block), (self._heal, mix.heal),
                  (self._crash_leader, mix.crash_leader), (self._crash_any, mix.crash)]
         self._kinds = [k for k, w in kinds if w > 0]

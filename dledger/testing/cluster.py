@@ -27,8 +27,12 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+import pluggy
+
+from dledger import plugins
 from dledger.codes import Role
 from dledger.config import make_config
+from dledger.quorum import is_quorum
 from dledger.server import DLedgerServer
 from dledger.store.memory import MemoryTermVoteStore
 from dledger.testing.clock import SimClock
@@ -42,7 +46,7 @@ class Cluster:
     def __init__(self, n: int = 3, *, seed: int = 0, clock=None, preset: str = "fast", group: str = "g0",
                  faults: FaultSettings | None = None, store_factory: Callable | None = None,
                  handlers: Callable | None = None, ids: list[str] | None = None, tear_on_crash: bool = True,
-                 plugin_manager=None, **options):
+                 plugin_manager=None, commit_listeners: Callable | None = None, **options):
         self.clock = clock if clock is not None else SimClock()
         self.seed = seed
         self.rng = random.Random(seed)
@@ -57,6 +61,8 @@ class Cluster:
                                          self.configs[mid].max_entry_size) for mid in self.ids}
         self.store_factory = store_factory
         self.handlers = handlers
+        #: ``commit_listeners(mid)`` -> ICommitListeners to add to member ``mid`` each time it is built.
+        self.commit_listeners = commit_listeners
         self.tear_on_crash = tear_on_crash
         #: The pluggy manager members take their hooks, options and services from (None: the process-wide one).
         self.plugin_manager = plugin_manager
@@ -65,7 +71,12 @@ class Cluster:
         self._clients = 0
 
     # -- members -------------------------------------------------------------------------
-    def _make(self, mid: str) -> DLedgerServer:
+    def build(self, mid: str) -> DLedgerServer:
+        """Member ``mid`` built (plugins attached, handlers and listeners added) but not started or tracked.
+
+        :meth:`start` builds and starts; this is for tests of what happens at start (e.g. a plugin
+        service that fails to start).
+        """
         config = self.configs[mid]
         if self.store_factory is not None:
             store = lambda cfg, state: self.store_factory(mid, cfg, state)
@@ -78,12 +89,15 @@ class Cluster:
         if self.handlers is not None:
             for handler in self.handlers(mid, server) or ():
                 server.add_role_change_handler(handler)
+        if self.commit_listeners is not None:
+            for listener in self.commit_listeners(mid) or ():
+                server.add_commit_listener(listener)
         return server
 
     def start(self, *ids: str) -> None:
         """Start the given members (all by default)."""
         for mid in ids or self.ids:
-            server = self._make(mid)
+            server = self.build(mid)
             self.servers[mid] = server
             self.down.discard(mid)
             server.start()
@@ -136,6 +150,15 @@ class Cluster:
     def heal(self) -> None:
         self.network.heal()
 
+    def pause(self, mid: str) -> None:
+        """Freeze ``mid`` as a stopped (SIGSTOP) process: cut off from the others and its election timers frozen.
+
+        It keeps believing what it believed (a paused leader still thinks it leads); requests delivered
+        to it directly are still handled, as a process resumed later would handle them.
+        """
+        self.network.isolate(mid)
+        self.servers[mid].elector.pause()
+
     # -- observation -------------------------------------------------------------------------
     def leaders(self) -> list[tuple[str, int]]:
         """``(id, term)`` of every running member that believes it leads."""
@@ -156,7 +179,7 @@ class Cluster:
         term = self.servers[lid].state.curr_term
         followers = sum(1 for s in self.servers.values()
                         if s.state.curr_term == term and s.state.leader_id == lid)
-        return lid if followers >= len(self.ids) // 2 + 1 else None
+        return lid if is_quorum(followers, len(self.ids)) else None
 
     # -- time -------------------------------------------------------------------------------------
     def run(self, seconds: float) -> None:
@@ -254,3 +277,17 @@ class Cluster:
         if store.committed_index < 0 or store.ledger_begin_index < 0:
             return []
         return [store.get(i) for i in range(store.ledger_begin_index, store.committed_index + 1)]
+
+
+def isolated_plugin_manager(*extra) -> pluggy.PluginManager:
+    """A plugin manager with dledger's own plugins and ``extra`` only, whatever else is installed.
+
+    Entry points of other distributions (say an installed dledger-rocketmq) are not even imported, so
+    a test's answers (options declared, stores known, hooks called) do not depend on the machine.
+    Pass it as ``Cluster(plugin_manager=...)``.
+    """
+    pm = plugins.make_plugin_manager(distributions={"dledger"})
+    for plugin in extra:
+        pm.register(plugin)
+    pm.check_pending()
+    return pm

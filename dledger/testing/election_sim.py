@@ -97,14 +97,14 @@ def checked_cluster(n: int, seed: int, checker: ElectionChecker, **kw) -> Cluste
     cluster = Cluster(n, seed=seed, **kw)
     for mid in cluster.ids:
         cluster.term_stores[mid] = CheckedTermStore(mid, checker)
-    original = cluster._make
+    original = cluster.build
 
     def make(mid):
         server = original(mid)
         server.elector.observers.append(lambda term, role, m=mid: checker.role_changed(m, term, role))
         return server
 
-    cluster._make = make
+    cluster.build = make
     return cluster
 
 

@@ -62,7 +62,7 @@ class SimResult:
 
 def _watch_commits(cluster, committed: CommittedLog, held: dict[str, int], problems: list[str]) -> None:
     """Record every entry each member commits; check a member still holds what it committed before."""
-    original = cluster._make
+    original = cluster.build
 
     def make(mid):
         server = original(mid)
@@ -92,7 +92,7 @@ def _watch_commits(cluster, committed: CommittedLog, held: dict[str, int], probl
         store.update_committed_index = watched
         return server
 
-    cluster._make = make
+    cluster.build = make
 
 
 STORES = ("simdisk", "mmap", "lmdb")
