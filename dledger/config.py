@@ -22,6 +22,7 @@ from typing import Any
 
 from dledger.entry import INDEX_UNIT_SIZE, MIN_BLANK_LEN
 from dledger.errors import ConfigError
+from dledger.quorum import majority
 
 GiB = 1024 * 1024 * 1024
 MiB = 1024 * 1024
@@ -186,7 +187,7 @@ class DLedgerConfig:
 
     @property
     def quorum(self) -> int:
-        return len(self.members) // 2 + 1
+        return majority(len(self.members))
 
     @property
     def member_dir(self) -> Path:

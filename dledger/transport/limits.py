@@ -30,6 +30,7 @@ from typing import Any
 from twisted.logger import Logger
 
 from dledger.ratelog import RateLimitedLog
+from dledger.timing import due
 
 MiB = 1024 * 1024
 #: An unfinished frame up to this size keeps reading even when the total buffer cap is exceeded.
@@ -139,7 +140,7 @@ def idle_deadline(last_frame: float, serving: int, now: float, timeout: float) -
     """
     if serving > 0:
         return now + timeout
-    if now - last_frame >= timeout - 1e-9:
+    if due(last_frame + timeout, now):
         return None
     return last_frame + timeout
 
