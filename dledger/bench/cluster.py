@@ -19,7 +19,6 @@ to the leader (no retry wrapper).  Figures are printed, never asserted.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -28,14 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.task import react
-
 # The load generator, the failover prober and the PySyncObj driver live in their own modules; their
 # names stay importable from here.
 from dledger.bench.failover import Prober, measure_failover  # noqa: F401
-from dledger.bench.load import Loader, RawAppends, pause, progress  # noqa: F401
+from dledger.bench.load import Loader, RawAppends, pause  # noqa: F401
 from dledger.bench.pysyncobj_bench import PYSYNCOBJ_NODE_SCRIPT, measure_pysyncobj, pysyncobj_version  # noqa: F401
+from dledger.bench.runner import progress, run_benchmark
 from dledger.commands.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
 from dledger.errors import ConfigError
 from dledger.launcher import LocalGroup, durable_store
@@ -143,32 +140,7 @@ def options_from_args(args) -> Options:
 
 def cmd_bench_cluster(args) -> int:
     opts = options_from_args(args)
-    outcome: list = []
-
-    def main(reactor):
-        d = Deferred.fromCoroutine(run(reactor, opts, progress))
-        d.addBoth(outcome.append)
-        # SIGTERM/SIGINT stop the reactor mid-run: cancel the run first so that its ``finally`` kills the
-        # members it started and removes its temporary directory.
-        reactor.addSystemEventTrigger("before", "shutdown", d.cancel)
-        return d
-
-    try:
-        react(main)
-    except SystemExit:
-        pass
-    if not outcome or (hasattr(outcome[0], "check") and outcome[0].check(CancelledError)):
-        from twisted.internet import reactor
-
-        from dledger.commands.bench import interrupted
-
-        raise interrupted(reactor)
-    if hasattr(outcome[0], "raiseException"):
-        outcome[0].raiseException()
-    print(json.dumps(outcome[0], sort_keys=True) if opts.json else format_results(outcome[0]))
-    return 0
-
-
+    return run_benchmark(lambda reactor, say: run(reactor, opts, say), format_results, as_json=opts.json)
 
 
 async def run(reactor: Any, opts: Options, say=progress) -> dict:

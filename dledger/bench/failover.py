@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 
-from dledger.bench.load import pause, progress
+from dledger.bench.load import pause
+from dledger.bench.runner import progress
 from dledger.errors import DLedgerError
 from dledger.launcher import LocalGroup
 

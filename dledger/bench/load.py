@@ -8,21 +8,17 @@ import json
 import os
 import re
 import struct
-import sys
 from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import LoopingCall
 
+from dledger.bench.runner import progress
 from dledger.codes import ResponseCode
 from dledger.config import parse_peers
 from dledger.errors import DLedgerError
 from dledger.messages import AppendEntryRequest, MetadataRequest
-
-
-def progress(text: str) -> None:
-    print(f"  .. {text}", file=sys.stderr, flush=True)
 
 
 async def pause(reactor: Any, seconds: float) -> None:

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dledger.bench.load import pause, progress
+from dledger.bench.load import pause
+from dledger.bench.runner import progress
 from dledger.launcher import LocalGroup, free_ports
 
 if TYPE_CHECKING:

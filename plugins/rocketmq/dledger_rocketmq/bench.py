@@ -20,7 +20,6 @@ the in-process dispatcher benchmark (:mod:`dledger_rocketmq.bench_dispatch`).
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import tempfile
@@ -28,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.task import deferLater, react
+from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
 
+from dledger.bench.runner import progress, run_benchmark
 from dledger.commands.argtypes import positive_float, positive_int
 from dledger.launcher import LocalGroup, durable_store, free_ports
 from dledger_rocketmq.batch import BatchItem, encode_batch
@@ -97,31 +97,9 @@ def options_from_args(args) -> Options:
                    directory=args.directory, keep=args.keep, json=args.json)
 
 
-def progress(text: str) -> None:
-    print(f"  .. {text}", file=sys.stderr, flush=True)
-
-
 def cmd_bench_rocketmq(args) -> int:
     opts = options_from_args(args)
-    outcome: list = []
-
-    def main(reactor):
-        d = Deferred.fromCoroutine(run(reactor, opts, progress))
-        d.addBoth(outcome.append)
-        reactor.addSystemEventTrigger("before", "shutdown", d.cancel)  # a signal: stop the members first
-        return d
-
-    try:
-        react(main)
-    except SystemExit:
-        pass
-    if not outcome or (hasattr(outcome[0], "check") and outcome[0].check(CancelledError)):
-        print("dledger bench rocketmq: interrupted", file=sys.stderr)
-        return 130
-    if hasattr(outcome[0], "raiseException"):
-        outcome[0].raiseException()
-    print(json.dumps(outcome[0], sort_keys=True) if opts.json else format_results(outcome[0]))
-    return 0
+    return run_benchmark(lambda reactor, say: run(reactor, opts, say), format_results, as_json=opts.json)
 
 
 # -- the load ----------------------------------------------------------------------------------------
