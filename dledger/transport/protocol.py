@@ -25,6 +25,7 @@ from dledger import messages
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
 from dledger.interfaces import IBatchRequestHandler
+from dledger.messages import GetEntriesResponse
 from dledger.ratelog import RateLimitedLog
 from dledger.transport import remoting
 from dledger.transport.base import failure_response
@@ -404,12 +405,14 @@ class RemotingProtocol(Protocol):
                     # to Java's, which sends no remark).
                     remark = exc.message[:500]
                 result = failure_response(request, result)
-            body = remoting.encode_body(result)
+            binary = type(result) is GetEntriesResponse and header.reply_encoding == remoting.BODY_BINARY
+            body = remoting.encode_get_reply_binary(result) if binary else remoting.encode_body(result)
         except Exception:
             self.log.failure("cannot encode the reply to request {code} from {peer}; answering INTERNAL_ERROR",
                              code=header.code, peer=self.peer)
             body = remoting.error_body(header, ResponseCode.INTERNAL_ERROR)
-        self._write_reply(header, body, remark)
+            binary = False
+        self._write_reply(header, body, remark, binary=binary)
         self._request_done(None)
 
     def _request_done(self, _: Any) -> None:
@@ -419,14 +422,14 @@ class RemotingProtocol(Protocol):
             if self.is_open and not self._budget_paused:
                 self.transport.resumeProducing()
 
-    def _write_reply(self, header: Header, body: bytes, remark: str | None = None) -> None:
+    def _write_reply(self, header: Header, body: bytes, remark: str | None = None, *, binary: bool = False) -> None:
         if header.is_oneway:
             return
         if not self.is_open:
             self.log.debug("connection from {peer} closed; dropping reply {opaque}", peer=self.peer,
                            opaque=header.opaque)
             return
-        self.transport.write(remoting.encode_reply(header.opaque, body, remark))
+        self.transport.write(remoting.encode_reply(header.opaque, body, remark, binary=binary))
 
 
 class RemotingServerFactory(Factory):

@@ -1,0 +1,1 @@
+"""dledger-spark: the PySpark data source ``dledger`` (committed entries of dledger groups)."""
