@@ -93,6 +93,10 @@ class BlockingClient:
         """Detailed metadata (role, term, indexes) of ``member``, or of whichever member answers first."""
         return self._checked(self._call(lambda: self._client.metadata(member), timeout))
 
+    def find_leader(self, timeout: float | None = None) -> Any:
+        """The leader's detailed metadata (``leader_id``, ``committed_index``, ``ledger_begin_index`` ...)."""
+        return self._call(self._client.find_leader, timeout)
+
     def transfer(self, to: str, timeout: float | None = None) -> Any:
         """Move leadership to member ``to``; the LeadershipTransferResponse."""
         return self._call(lambda: self._client.transfer(to), timeout)
