@@ -10,9 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Bytes of an entry's header (index, term, pos, CRCs ...) in the log: what a partition's size counts besides bodies.
-ENTRY_OVERHEAD = 48
-
 
 def resolve_start(spec: str | int, begin: int, committed: int) -> int:
     """The first index to read for ``startingIndex`` ``spec``, given the log's ``begin`` and ``committed`` indexes.
@@ -57,9 +54,9 @@ def admit(start: dict[str, int], latest: dict[str, int], limit: int | None) -> d
     return {g: start[g] + share[g] for g in start}
 
 
-def entries_per_partition(partition_bytes: int, body_size: int) -> int:
-    """How many entries of about ``body_size`` bytes make a partition of ``partition_bytes`` (at least 1)."""
-    return max(1, partition_bytes // (max(body_size, 0) + ENTRY_OVERHEAD))
+def entries_per_partition(partition_bytes: int, entry_size: int) -> int:
+    """How many entries of about ``entry_size`` bytes (header included) make ``partition_bytes`` (at least 1)."""
+    return max(1, partition_bytes // max(entry_size, 1))
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from dledger_spark.planning import entries_per_partition, resolve_end, resolve_s
 from dledger_spark.reader import Partition, SourceError, read_partition
 from dledger_spark.schema import ddl
 
-#: Entry body size assumed when the first entry of a range cannot be sampled.
-DEFAULT_BODY_SIZE = 1024
+#: Entry size assumed when a range cannot be measured.
+DEFAULT_ENTRY_SIZE = 1024 + 48
 
 
 class Planner:
@@ -60,12 +60,23 @@ class Planner:
         return {g: resolve_start(self.opts.starting[g], m.ledger_begin_index, m.committed_index)
                 for g, m in self.metas().items()}
 
-    def body_size(self, group: str, index: int) -> int:
+    def entry_size(self, group: str, lo: int, hi: int) -> int:
+        """Average bytes per index over ``[lo, hi)``: from the positions of its first and last entries.
+
+        Positions are byte offsets in the log, the same on every member, so two one-entry GETs measure the
+        whole range (blank padding at file ends included) whatever its entries' sizes.
+        """
+        client = self.client(group)
         try:
-            entries = self.client(group).get(index, 1)
-        except DLedgerError:
-            return DEFAULT_BODY_SIZE  # deleted or moving: the read will tell; planning goes on
-        return len(entries[0].body) if entries else DEFAULT_BODY_SIZE
+            [first] = client.get(lo, 1) or [None]
+            [last] = client.get(max(hi - 1, lo), 1) or [None]
+        except (DLedgerError, ValueError):
+            return DEFAULT_ENTRY_SIZE  # deleted or moving: the read will tell; planning goes on
+        if first is None or last is None:
+            return DEFAULT_ENTRY_SIZE
+        if last.index > first.index:
+            return max(1, (last.pos + last.size - first.pos) // (last.index - first.index + 1))
+        return first.size
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[Partition]:
         """The tasks reading ``[start[g], end[g])`` of every group, each about ``partitionBytes``."""
@@ -75,7 +86,7 @@ class Planner:
             lo, hi = int(start.get(group, end.get(group, 0))), int(end.get(group, 0))
             if hi <= lo:
                 continue
-            per = entries_per_partition(opts.partition_bytes, self.body_size(group, lo))
+            per = entries_per_partition(opts.partition_bytes, self.entry_size(group, lo, hi))
             followers: list[str] = []
             if opts.read_from != "leader":
                 leader = self.leader_meta(group).leader_id

@@ -1,0 +1,159 @@
+"""The dledger data source on a local[2] session against live 3-member groups (real twistd processes)."""
+
+import json
+import os
+import threading
+
+import pytest
+from conftest import Group, wait_until
+
+pytestmark = [pytest.mark.spark, pytest.mark.process]
+
+
+def read(spark, group: Group, **options):
+    reader = spark.read.format("dledger").option("peers", group.peers).option("group", group.name)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def as_tuples(rows):
+    return sorted((r["index"], r["term"], r["pos"], bytes(r["body"])) for r in rows)
+
+
+def entry_tuples(entries):
+    return sorted((e.index, e.term, e.pos, e.body) for e in entries)
+
+
+def test_batch_read_equals_the_committed_log(spark, group):
+    """A batch read (several partitions) returns exactly the committed entries: indexes, terms, positions, bodies."""
+    bodies = [os.urandom(n % 3000) for n in range(1500)]
+    group.append(bodies)
+    df = read(spark, group, partitionBytes=200_000)
+    assert df.rdd.getNumPartitions() > 3
+    rows = df.collect()
+    assert as_tuples(rows) == entry_tuples(group.committed())
+    assert sorted(bytes(r["body"]) for r in rows) == sorted(bodies)
+    assert {r["group"] for r in rows} == {"g0"} and all(r["ingest_time"] is not None for r in rows)
+
+
+@pytest.mark.parametrize("read_from", ["follower", "any"])
+def test_reads_served_by_followers_equal_the_committed_log(spark, group, read_from):
+    """readFrom=follower/any: the followers' committed prefixes give the same rows as the leader's log."""
+    group.append([b"f%d" % i for i in range(800)])
+    rows = read(spark, group, readFrom=read_from, partitionBytes=10_000).collect()
+    assert as_tuples(rows) == entry_tuples(group.committed())
+
+
+def test_starting_and_ending_index_bound_a_batch_read(spark, group):
+    """startingIndex N and endingIndex M read exactly the committed entries with N <= index < M."""
+    group.append([b"r%d" % i for i in range(300)])
+    rows = read(spark, group, startingIndex=100, endingIndex=200).collect()
+    assert as_tuples(rows) == entry_tuples(e for e in group.committed() if 100 <= e.index < 200)
+    latest = read(spark, group, startingIndex="latest").collect()
+    assert latest == []
+
+
+def test_bad_option_fails_the_read_with_a_one_line_reason(spark, group):
+    """A malformed option fails at planning with the option named (no task runs)."""
+    with pytest.raises(Exception, match="option 'readFrom': expected leader | follower | any"):
+        read(spark, group, readFrom="nearest").collect()
+
+
+def test_no_streamed_row_is_past_the_committed_index_at_planning(spark, group, tmp_path):
+    """Micro-batches while appends run: every row's index is below its batch's end offset, which was committed."""
+    group.append([b"s%d" % i for i in range(100)])
+    stop = threading.Event()
+    appended = []
+
+    def writer():
+        from dledger.blocking import BlockingClient
+
+        with BlockingClient(group.peers, group.name, timeout=20) as c:
+            while not stop.is_set() and len(appended) < 3000:
+                appended.append(c.append_batch([b"w"] * 50).index)
+
+    seen: dict[int, tuple[int, int]] = {}  # batch id -> (its highest index, leader's committed index after it)
+
+    def batch(df, batch_id):
+        top = max((r["index"] for r in df.select("index").collect()), default=-1)
+        seen[batch_id] = (top, group.wait_leader().committed_index)
+
+    thread = threading.Thread(target=writer)
+    stream = (spark.readStream.format("dledger").option("peers", group.peers).option("group", "g0")
+              .option("maxEntriesPerTrigger", 400).load())
+    query = stream.writeStream.foreachBatch(batch).option("checkpointLocation", str(tmp_path / "ck")) \
+        .trigger(processingTime="0.2 seconds").start()
+    thread.start()
+    try:
+        wait_until(lambda: len(seen) >= 6 and appended, 120, "six micro-batches during appends")
+    finally:
+        stop.set()
+        thread.join(30)
+        query.stop()
+    checked = 0
+    for p in query.recentProgress:
+        if p["batchId"] not in seen:
+            continue
+        source = p["sources"][0]
+        start = json.loads(source["startOffset"] or "null")
+        end = json.loads(source["endOffset"])["g0"]
+        top, committed_after = seen[p["batchId"]]
+        assert top < end <= committed_after + 1  # every row below the batch's end, itself committed
+        if start is not None:
+            assert end - start["g0"] <= 400  # maxEntriesPerTrigger holds
+        checked += 1
+    assert checked >= 3
+
+
+def test_planned_end_offsets_never_pass_the_committed_index(group):
+    """latestOffset during appends is at most the committed index + 1 read right after; partitions stay below it."""
+    from dledger_spark.options import parse_options
+    from dledger_spark.reader import read_entries
+    from dledger_spark.source import DLedgerStreamReader
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    reader = DLedgerStreamReader(parse_options({"peers": group.peers, "group": "g0"}))
+    stop = threading.Event()
+
+    def writer():
+        from dledger.blocking import BlockingClient
+
+        with BlockingClient(group.peers, group.name, timeout=20) as c:
+            while not stop.is_set():
+                c.append_batch([b"p"] * 20)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        start = reader.initialOffset()
+        for _ in range(20):
+            end = reader.latestOffset(start, ReadAllAvailable())
+            assert end["g0"] <= group.wait_leader().committed_index + 1
+            for part in reader.partitions(start, end):
+                for entries in read_entries(part):
+                    assert all(start["g0"] <= e.index < end["g0"] for e in entries)
+            start = end
+    finally:
+        stop.set()
+        thread.join(30)
+        reader.stop()
+
+
+def test_retention_past_the_start_fails_loudly_unless_failOnDataLoss_is_false(spark, tmp_path):
+    """Entries deleted by retention: the read fails naming them; failOnDataLoss=false skips to the log's begin."""
+    g = Group(tmp_path / "ret", options={"mappedFileSizeForEntryData": 64 << 10, "fileReservedHours": 0,
+                                         "deleteWhen": ";".join(f"{h:02d}" for h in range(24))})
+    try:
+        g.start()
+        g.append([os.urandom(1000) for _ in range(300)])
+        begin = wait_until(lambda: (m := g.leader_meta()) is not None and m.ledger_begin_index > 0
+                           and m.ledger_begin_index, 30, "retention to delete the first data files")
+        with pytest.raises(Exception, match=r"dledger source: entries 0\.\.\d+ of group 'g0' were deleted by "
+                                            r"retention"):
+            read(spark, g, startingIndex=0).collect()
+        rows = read(spark, g, startingIndex=0, failOnDataLoss="false").collect()
+        assert rows and min(r["index"] for r in rows) >= begin
+        assert as_tuples(rows) == entry_tuples(e for e in g.committed() if e.index >= min(r["index"] for r in rows))
+    finally:
+        g.close()
