@@ -105,7 +105,7 @@ def committed_parquet(out: Path):
 
 
 def test_ingest_runs_unchanged_on_a_standalone_cluster_with_two_workers(tmp_path):
-    """spark-submit --master spark://... spark/ingest.py --once: both workers' executors read, Parquet equals the log."""
+    """spark-submit --master spark://... spark/ingest.py --once: executors on both workers; Parquet equals the log."""
     group = Group(tmp_path / "g0")
     cluster = StandaloneCluster(tmp_path / "spark")
     try:

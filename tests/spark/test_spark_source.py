@@ -225,7 +225,7 @@ def test_ingest_killed_and_restarted_writes_every_index_exactly_once(spark, grou
 
 
 def test_leader_kill_during_a_streaming_query_only_delays_it(spark, group, tmp_path):
-    """SIGKILL of the leader while micro-batches run: the query goes on under the new leader, no index lost or doubled."""
+    """SIGKILL of the leader during micro-batches: the query goes on under a new leader, no index lost or doubled."""
     group.append([b"l%d" % i for i in range(500)])
     got: list[int] = []
 
