@@ -102,10 +102,11 @@ def parse_position(name: str, text: str | None, groups: dict[str, str], default:
         if text in words:
             return text
         try:
-            return one(int(text), where)
+            number = int(text)
         except ValueError:
             raise OptionError(f"option {name!r}{where}: expected {' | '.join(words)} or an index, "
                               f"got {value!r}") from None
+        return one(number, where)
 
     if text is None or not str(text).strip():
         return dict.fromkeys(groups, default)
