@@ -14,8 +14,9 @@ from dledger.errors import ConfigError
 
 READ_FROM = ("leader", "follower", "any")
 FORMATS = ("raw", "rocketmq")
-#: What a partition aims at: a few MB of entries (Spark's tasks stay small, a retry re-reads little).
-DEFAULT_PARTITION_BYTES = 4 << 20
+#: What a partition aims at: a few MB of entries -- enough that the per-task cost (a Python worker, a leader
+#: lookup) is small against the read, small enough that a retried task re-reads little.
+DEFAULT_PARTITION_BYTES = 16 << 20
 DEFAULT_TIMEOUT = 60.0
 
 

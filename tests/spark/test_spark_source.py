@@ -249,3 +249,70 @@ def test_leader_kill_during_a_streaming_query_only_delays_it(spark, group, tmp_p
     finally:
         query.stop()
     assert sorted(got) == expected
+
+
+class BrokerGroup(Group):
+    """A group whose members run the RocketMQ broker layer, each member's broker port on 127.0.0.1."""
+
+    def __init__(self, base_dir):
+        super().__init__(base_dir, options={"plugins.rocketmq.enabled": True})
+        from dledger.launcher import free_ports
+
+        self.broker_ports = dict(zip(self.local.ids, free_ports(3)))
+        argv = self.local.argv
+        self.local.argv = lambda mid: [*argv(mid), "--plugin-opt",
+                                       f"rocketmq.listen=tcp:{self.broker_ports[mid]}:interface=127.0.0.1"]
+
+    def master_client(self):
+        """A blocking RocketMQ client of the member whose broker accepts sends (the leader's)."""
+        from dledger_rocketmq.client import BlockingRocketMQClient, RocketMQError
+
+        def attempt():
+            for port in self.broker_ports.values():
+                try:
+                    c = BlockingRocketMQClient("127.0.0.1", port, timeout=5)
+                except (RocketMQError, OSError):
+                    continue
+                try:
+                    c.send("Probe", b"probe")
+                    return c
+                except RocketMQError:
+                    c.close()
+            return None
+
+        return wait_until(attempt, 60, "a broker master that accepts sends", interval=0.2)
+
+
+def test_rocketmq_rows_equal_what_the_broker_consumer_pulls(spark, tmp_path):
+    """format=rocketmq: one row per message with the fields a consumer's PULL returns; offset commits left out."""
+    pytest.importorskip("dledger_rocketmq")
+    g = BrokerGroup(tmp_path / "rmq")
+    try:
+        g.start()
+        c = g.master_client()
+        try:
+            for i in range(20):
+                c.send("TopicS", b"body-%d" % i, tags=f"T{i % 3}", keys=[f"k{i}", "shared"],
+                       properties={"custom": str(i)})
+            c.send_batch("TopicS", [b"batch-1", b"batch-2"], tags="B")
+            c.commit_offset("cg", "TopicS", 0, 5)  # a CONTROL entry in the log: no row
+            pulled = c.pull("cg", "TopicS", 0, 0, 100).messages
+        finally:
+            c.close()
+        assert len(pulled) == 22
+        rows = [r for r in read(spark, g, format="rocketmq").collect() if r["topic"] == "TopicS"]
+
+        def row_fields(r):
+            return (r["topic"], r["queue_id"], r["queue_offset"], r["physical_offset"], r["msg_id"], r["tags"],
+                    r["keys"], dict(r["properties"]), r["born_timestamp"], r["store_timestamp"], r["born_host"],
+                    bytes(r["body"]))
+
+        def pulled_fields(m):
+            props = m.property_map
+            return (m.topic, m.queue_id, m.queue_offset, m.physical_offset, m.message_id, props.get("TAGS"),
+                    props.get("KEYS"), props, m.born_timestamp, m.store_timestamp, str(m.born_host), m.body)
+
+        assert sorted(map(row_fields, rows)) == sorted(map(pulled_fields, pulled))
+        assert {r["properties"]["custom"] for r in rows if r["tags"] != "B"} == {str(i) for i in range(20)}
+    finally:
+        g.close()
