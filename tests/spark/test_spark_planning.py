@@ -1,5 +1,7 @@
 """The data source's pure parts: option parsing, planning decisions, and the executor read loop on a fake client."""
 
+import json
+
 import pytest
 from dledger_spark import planning
 from dledger_spark.options import OptionError, parse_options
@@ -21,7 +23,8 @@ def test_options_defaults():
 
 def test_options_are_case_insensitive_and_groups_take_json():
     """Spark lower-cases option names; groups as JSON {group: peers} with per-group startingIndex JSON."""
-    o = parse_options({"groups": '{"b": "%s", "a": "%s"}' % (PEERS, PEERS), "startingindex": '{"a": 5}',
+    groups = json.dumps({"b": PEERS, "a": PEERS})
+    o = parse_options({"groups": groups, "startingindex": '{"a": 5}',
                        "maxentriespertrigger": "100", "readfrom": "ANY", "failondataloss": "false"})
     assert list(o.groups) == ["a", "b"] and o.starting == {"a": 5, "b": "earliest"}
     assert (o.max_entries_per_trigger, o.read_from, o.fail_on_data_loss) == (100, "any", False)
