@@ -168,3 +168,28 @@ def test_unreachable_group_gives_up_after_timeout_without_progress():
     client = FakeClient(log(5), errors=[DLedgerError(ResponseCode.NETWORK_ERROR, "refused")] * 100)
     with pytest.raises(SourceError, match="no progress reading group 'g' at index 0 for 3s"):
         list(read_entries(Partition("g", PEERS, 0, 5, timeout=3.0), client, clock=clock))
+
+
+def test_ingest_bad_option_is_one_line_and_exit_2(tmp_path, capsys):
+    """dledger ingest with a malformed option prints one line naming it and exits 2 (no Spark started)."""
+    from dledger import cli
+
+    status = cli.main(["ingest", "--peers", PEERS, "--group", "g0", "--output", str(tmp_path / "o"),
+                       "--starting-index", "soon"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.strip() == ("dledger ingest: option 'startingIndex': expected earliest | latest or an index, "
+                           "got 'soon'")
+
+
+def test_ingest_unreachable_group_is_one_line_and_exit_1(tmp_path, capsys):
+    """dledger ingest against a group nobody answers for fails in --timeout seconds with one line, exit 1."""
+    from dledger import cli
+    from dledger.launcher import free_ports
+
+    port = free_ports(1)[0]
+    status = cli.main(["ingest", "--peers", f"n0-127.0.0.1:{port}", "--group", "g0", "--output",
+                       str(tmp_path / "o"), "--timeout", "1.5", "--once"])
+    err = capsys.readouterr().err.strip()
+    assert status == 1 and "\n" not in err
+    assert err.startswith("dledger ingest: dledger source: no leader of group 'g0'")
