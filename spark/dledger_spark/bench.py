@@ -37,6 +37,8 @@ def register(subparsers) -> None:
     p.add_argument("--size", type=int, default=1024, help="body bytes (default 1024)")
     p.add_argument("--runs", type=int, default=3, help="interleaved bulk GET runs per reply form (default 3)")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    p.add_argument("--read-from", default="leader", choices=("leader", "follower", "any"),
+                   help="who serves the ingest's reads (default leader)")
     p.add_argument("--batches", type=int, default=2, help="micro-batches the ingest is cut into (default 2)")
     p.add_argument("--partition-bytes", type=int, default=None, help="bytes per Spark task (default 16 MiB)")
     p.add_argument("--phases", default="fill,get,ingest", help="comma-separated subset of fill,get,ingest")
@@ -88,7 +90,8 @@ def ingest(peers: str, group: str, count: int, args, work: Path) -> dict:
     from dledger_spark.options import parse_options
     from dledger_spark.session import get_session
 
-    opts = {"peers": peers, "group": group, "maxEntriesPerTrigger": str(max(1, count // max(args.batches, 1)))}
+    opts = {"peers": peers, "group": group, "maxEntriesPerTrigger": str(max(1, count // max(args.batches, 1))),
+            "readFrom": args.read_from}
     if args.partition_bytes:
         opts["partitionBytes"] = str(args.partition_bytes)
     t0 = time.monotonic()
@@ -139,7 +142,8 @@ def run(args) -> int:
     work = Path(args.directory) if args.directory else Path(tempfile.mkdtemp(prefix="dledger-bench-ingest-"))
     work.mkdir(parents=True, exist_ok=True)
     local = None
-    results: dict = {"count": args.count, "size": args.size}
+    results: dict = {"count": args.count, "size": args.size, "read_from": args.read_from,
+                     "load_average_start": round(os.getloadavg()[0], 1)}
     try:
         peers = args.peers
         if peers is None:
@@ -177,7 +181,8 @@ def run(args) -> int:
         if "ingest" in phases:
             results["ingest"] = ingest(peers, args.group, end - begin + 1, args, work)
             i = results["ingest"]
-            say(f"ingest: {i['rows']:,} rows into Parquet in {i['wall_s']} s: {i['rows_per_s']:,} rows/s "
+            say(f"ingest (readFrom={args.read_from}): {i['rows']:,} rows into Parquet in {i['wall_s']} s: "
+                f"{i['rows_per_s']:,} rows/s "
                 f"({i['batches']} batches; without the first: {i['steady_rows_per_s'] or 0:,} rows/s; "
                 f"target {TARGET_ROWS_PER_S:,})")
     finally:
@@ -185,6 +190,9 @@ def run(args) -> int:
             local.close()
         if not args.directory:
             shutil.rmtree(work, ignore_errors=True)
+    results["load_average_end"] = round(os.getloadavg()[0], 1)
+    say(f"load average (1 min): {results['load_average_start']} at the start, {results['load_average_end']} at the "
+        f"end, on {os.cpu_count()} cores (other processes' load slows every figure)")
     if args.json:
         print(json.dumps(results, sort_keys=True))
     return 0

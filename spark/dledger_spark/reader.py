@@ -160,9 +160,7 @@ def read_entries(part: Partition, client=None, clock=time.monotonic) -> Iterator
             entries = [e for e in entries if e.index < part.end]
             if not entries:
                 break
-        last_progress = clock()
-        if part.read_from != "leader":
-            use_leader = False
+        last_progress = clock()  # (once the leader was asked, it stays asked: the followers lag this range)
         yield entries
         index = entries[-1].index + 1
 
