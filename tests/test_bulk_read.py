@@ -157,3 +157,29 @@ def test_client_get_from_a_member_reads_the_follower():
     d.addErrback(failure.append)
     assert failure and failure[0].value.code is ResponseCode.INDEX_OUT_OF_RANGE
     cluster.stop()
+
+
+def test_client_gets_ask_for_binary_and_read_json_replies_from_java():
+    """RemoteTransport marks GETs; a JSON reply (a Java member) is read; a remoting error gets the GET again in JSON."""
+    from test_transport_tcp import Echo, Net, result_of
+
+    from dledger.client import RemoteTransport
+
+    net = Net(Echo())
+    client = RemoteTransport(net.reactor, {"n0": "127.0.0.1:20911"})
+    request = GetEntriesRequest(group="g0", remote_id="n0", begin_index=1, max_size=5)
+    d = client.send("n0", request)
+    pump = net.completer.succeedOnce(greet=False)
+    sent = remoting.decode_frame(pump.clientIO.getOutBuffer())
+    assert sent.header.reply_encoding == "bin" and remoting.decode_request(sent) == request
+    java_reply = GetEntriesResponse(group="g0", entries=[JAVA_ENTRY])
+    pump.clientIO.bufferReceived(remoting.encode_response(java_reply, sent.header.opaque))  # JSON, unmarked
+    assert result_of(d).entries == [JAVA_ENTRY] and client.binary_refused == set()
+    d = client.send("n0", request)
+    sent = remoting.decode_frame(pump.clientIO.getOutBuffer())
+    pump.clientIO.bufferReceived(remoting.encode_frame(remoting.Header(1, sent.header.opaque, 1, remark="no")))
+    again = remoting.decode_frame(pump.clientIO.getOutBuffer())
+    assert again.header.ext_fields is None and remoting.decode_request(again) == request
+    pump.clientIO.bufferReceived(remoting.encode_reply(again.header.opaque, remoting.encode_get_reply_binary(
+        java_reply), binary=True))
+    assert result_of(d).entries == [JAVA_ENTRY] and client.binary_refused == {"127.0.0.1:20911"}
