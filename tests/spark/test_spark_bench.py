@@ -5,6 +5,7 @@ import json
 import pytest
 
 pytestmark = [pytest.mark.spark, pytest.mark.process]
+pytest.importorskip("dledger_spark", reason="dledger-spark is not installed (pip install -e spark)")
 
 
 def test_bench_ingest_get_phase_prints_progress_and_both_reply_forms(tmp_path, capsys):

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import Group, wait_until
+from spark_util import Group, wait_until
 
 from dledger.launcher import free_ports
 

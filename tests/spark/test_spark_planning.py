@@ -3,13 +3,16 @@
 import json
 
 import pytest
-from dledger_spark import planning
-from dledger_spark.options import OptionError, parse_options
-from dledger_spark.reader import Partition, SourceError, read_entries
 
 from dledger.codes import ResponseCode
 from dledger.entry import Entry
 from dledger.errors import DLedgerError
+
+pytest.importorskip("dledger_spark", reason="dledger-spark is not installed (pip install -e spark)")
+
+from dledger_spark import planning
+from dledger_spark.options import OptionError, parse_options
+from dledger_spark.reader import Partition, SourceError, read_entries
 
 PEERS = "n0-127.0.0.1:20911;n1-127.0.0.1:20912;n2-127.0.0.1:20913"
 

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import Group, wait_until
+from spark_util import Group, group_fixture, spark_fixture, wait_until  # noqa: F401 (the fixtures)
 
 pytestmark = [pytest.mark.spark, pytest.mark.process]
 

@@ -1,4 +1,7 @@
-"""Fixtures of the Spark tests: ONE local[2] session per module, and live 3-member groups of real twistd processes."""
+"""Helpers of the Spark tests (a unique module name: other test directories import their own `conftest`).
+
+ONE local[2] session per module (fixture `spark`), and live 3-member groups of real twistd processes (`group`).
+"""
 
 import time
 
@@ -75,8 +78,8 @@ class Group:
         self.local.close()
 
 
-@pytest.fixture(scope="module")
-def spark():
+@pytest.fixture(scope="module", name="spark")
+def spark_fixture():
     """One local[2] SparkSession for the whole module (start-up costs ~5 s and ~1 GB), stopped at the end."""
     from dledger_spark.session import get_session
 
@@ -85,8 +88,8 @@ def spark():
     session.stop()
 
 
-@pytest.fixture
-def group(tmp_path):
+@pytest.fixture(name="group")
+def group_fixture(tmp_path):
     """A started 3-member group g0 (real twistd processes), killed at the end."""
     g = Group(tmp_path / "g0")
     try:
