@@ -67,12 +67,12 @@ def test_follower_read_flag_is_a_json_extension_field():
 
 @implementer(IRequestHandler)
 class Entries:
-    """Answers GETs with ENTRIES, anything else with NOT_LEADER."""
+    """Answers GETs from below 10 with ENTRIES, anything else with INDEX_OUT_OF_RANGE."""
 
     def handle_request(self, request):
-        if isinstance(request, GetEntriesRequest):
+        if isinstance(request, GetEntriesRequest) and request.begin_index < 10:
             return GetEntriesResponse(group=request.group, entries=list(ENTRIES))
-        raise DLedgerError(ResponseCode.NOT_LEADER, "no", leader_id="n1")
+        raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, "past the end", leader_id="n1")
 
 
 def serve(frame: bytes):
@@ -97,11 +97,12 @@ def test_member_answers_a_marked_get_with_a_binary_reply_and_others_with_json():
 
 
 def test_error_reply_to_a_binary_get_stays_json():
-    """A refused GET (here: any error) is answered with Java's JSON error body, even when binary was asked for."""
-    from dledger.messages import MetadataRequest
-
-    reply = serve(remoting.encode_request(MetadataRequest(group="g0", remote_id="n0"), 3))
+    """A refused GET is answered with Java's JSON error body (its code, leaderId), even when binary was asked for."""
+    req = GetEntriesRequest(group="g0", remote_id="n0", begin_index=99, max_size=3)
+    reply = serve(remoting.encode_request(req, 3, binary=True))
     assert reply.header.body_encoding is None
+    resp = remoting.decode_response(reply, GetEntriesResponse)
+    assert resp.response_code is ResponseCode.INDEX_OUT_OF_RANGE and resp.leader_id == "n1"
 
 
 @pytest.mark.parametrize("begin, ledger_begin, committed, code", [

@@ -405,7 +405,9 @@ class RemotingProtocol(Protocol):
                     # to Java's, which sends no remark).
                     remark = exc.message[:500]
                 result = failure_response(request, result)
-            binary = type(result) is GetEntriesResponse and header.reply_encoding == remoting.BODY_BINARY
+            # Only a successful GET gets the binary body it asked for; refusals stay Java's JSON error reply.
+            binary = (type(result) is GetEntriesResponse and result.code == ResponseCode.SUCCESS
+                      and header.reply_encoding == remoting.BODY_BINARY)
             body = remoting.encode_get_reply_binary(result) if binary else remoting.encode_body(result)
         except Exception:
             self.log.failure("cannot encode the reply to request {code} from {peer}; answering INTERNAL_ERROR",
