@@ -11,6 +11,8 @@ their meaning: :mod:`dledger_spark.options`, README "Spark ingest".
 
 from __future__ import annotations
 
+import time
+
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
@@ -42,12 +44,20 @@ class Planner:
         return client
 
     def leader_meta(self, group: str):
-        """The leader's detailed metadata; a one-line SourceError if the group has no reachable leader."""
-        try:
-            return self.client(group).find_leader()
-        except DLedgerError as exc:
-            raise SourceError(f"dledger source: no leader of group {group!r} at {self.opts.groups[group]} "
-                              f"answered within {self.opts.timeout:g}s: {exc}") from None
+        """The leader's detailed metadata; a one-line SourceError if the group has no leader for ``timeout`` s.
+
+        An election (a leader killed while a query plans) is waited out: the client's own search gives up
+        after ~13 s of pauses, so it is asked again until the option ``timeout`` has passed.
+        """
+        deadline = time.monotonic() + self.opts.timeout
+        while True:
+            try:
+                return self.client(group).find_leader()
+            except DLedgerError as exc:
+                if time.monotonic() >= deadline:
+                    raise SourceError(f"dledger source: no leader of group {group!r} at {self.opts.groups[group]} "
+                                      f"answered within {self.opts.timeout:g}s: {exc}") from None
+                time.sleep(0.1)
 
     def metas(self) -> dict:
         return {g: self.leader_meta(g) for g in self.opts.groups}

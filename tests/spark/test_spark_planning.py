@@ -196,3 +196,29 @@ def test_ingest_unreachable_group_is_one_line_and_exit_1(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert status == 1 and "\n" not in err
     assert err.startswith("dledger ingest: dledger source: no leader of group 'g0'")
+
+
+def test_planning_waits_out_an_election():
+    """The driver asks again while no leader answers (an election), and gives up with one line after `timeout`."""
+    from dledger_spark.source import Planner
+
+    class Electing:
+        def __init__(self, failures):
+            self.failures = failures
+
+        def find_leader(self):
+            if self.failures:
+                self.failures -= 1
+                raise DLedgerError(ResponseCode.NOT_LEADER, "no leader found")
+
+            class Meta:
+                committed_index, ledger_begin_index, leader_id = 41, 0, "n1"
+            return Meta()
+
+    planner = Planner(parse_options({"peers": PEERS, "group": "g0", "timeout": "5"}))
+    planner._clients["g0"] = Electing(failures=3)
+    assert planner.latest() == {"g0": 42}
+    planner = Planner(parse_options({"peers": PEERS, "group": "g0", "timeout": "0.3"}))
+    planner._clients["g0"] = Electing(failures=10**6)
+    with pytest.raises(SourceError, match=r"no leader of group 'g0' at .* answered within 0.3s"):
+        planner.latest()
