@@ -126,8 +126,14 @@ def read_entries(part: Partition, client=None, clock=time.monotonic) -> Iterator
                 if not use_leader:  # a follower's own retention: the leader may still hold them
                     use_leader = True
                     continue
-                begin = client.find_leader().ledger_begin_index
+                try:
+                    begin = client.find_leader().ledger_begin_index
+                except DLedgerError as again:  # an election: ask again (bounded by the timeout)
+                    last_error = again
+                    time.sleep(0.05)
+                    continue
                 if begin <= index:  # the leader changed and the new one holds it: ask again
+                    time.sleep(0.02)
                     continue
                 if part.fail_on_data_loss:
                     raise SourceError(data_loss_message(part.group, index, begin)) from None
