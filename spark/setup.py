@@ -13,8 +13,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["dledger_spark", "dledger_spark.*"]),
-    # pyspark 4.2 added admission control for Python streaming sources (latestOffset(start, limit));
-    # pyarrow is what Python data sources hand their rows to Spark in.
+    # Dependencies of dledger-spark only (dledger itself needs neither): pyspark >= 4.2 for the Python Data
+    # Source API with admission control (latestOffset(start, limit), SupportsTriggerAvailableNow; PyPI has
+    # 4.3); pyarrow, the form read() hands rows to Spark in (record batches, no per-row Python objects).
     install_requires=["dledger", "pyspark>=4.2", "pyarrow>=15"],
     # format=rocketmq decodes entries with the broker layer's codec; imported only for that format.
     extras_require={"rocketmq": ["dledger-rocketmq"]},
