@@ -10,7 +10,7 @@ ALIONS := tools/alions/node_modules/.installed
 
 .PHONY: demo demo-rocketmq test lint soak clean
 
-$(STAMP): setup.py plugins/rocketmq/setup.py
+$(STAMP): setup.py plugins/rocketmq/setup.py spark/setup.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dledger needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip 'setuptools>=70,<90' wheel
@@ -19,6 +19,8 @@ $(STAMP): setup.py plugins/rocketmq/setup.py
 	$(PY) -m pip install --quiet --no-build-isolation -e '.[test]' --config-settings editable_mode=compat
 	# The RocketMQ broker layer: its own distribution, a plugin in the 'dledger' entry-point group.
 	$(PY) -m pip install --quiet --no-build-isolation -e plugins/rocketmq --config-settings editable_mode=compat
+	# Spark ingest: its own distribution (pyspark and pyarrow are its dependencies, not dledger's), a plugin too.
+	$(PY) -m pip install --quiet --no-build-isolation -e spark --config-settings editable_mode=compat
 	touch $(STAMP)
 
 $(ALIONS): tools/alions/package.json tools/alions/package-lock.json
@@ -43,4 +45,5 @@ soak: $(STAMP)
 	$(PY) -m tools.simulate replication --seeds 10000
 
 clean:
-	rm -rf $(VENV) tools/alions/node_modules build *.egg-info plugins/rocketmq/build plugins/rocketmq/*.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) tools/alions/node_modules build *.egg-info plugins/rocketmq/build plugins/rocketmq/*.egg-info \
+		spark/build spark/*.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -26,7 +26,6 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-twisted>=1.14", "hypothesis>=6.100", "ruff>=0.6"],
-        "spark": ["pyspark>=4.2", "pyarrow>=15"],
     },
     entry_points={
         "console_scripts": ["dledger = dledger.cli:main"],

@@ -85,13 +85,17 @@ class BlockingClient:
         """Append several bodies as consecutive entries; the response carries the last one's index."""
         return self._checked(self._call(lambda: self._client.append_batch(list(bodies)), timeout))
 
-    def get(self, index: int, count: int = 1, timeout: float | None = None) -> list:
-        """Committed entries from ``index`` (at most ``count``; NOOPs skipped)."""
-        return self._call(lambda: self._client.get(index, count), timeout)
+    def get(self, index: int, count: int = 1, timeout: float | None = None, *, member: str | None = None) -> list:
+        """Committed entries from ``index`` (at most ``count``; NOOPs skipped); ``member``: ask that one only."""
+        return self._call(lambda: self._client.get(index, count, member=member), timeout)
 
     def metadata(self, member: str | None = None, timeout: float | None = None) -> Any:
         """Detailed metadata (role, term, indexes) of ``member``, or of whichever member answers first."""
         return self._checked(self._call(lambda: self._client.metadata(member), timeout))
+
+    def find_leader(self, timeout: float | None = None) -> Any:
+        """The leader's detailed metadata (``leader_id``, ``committed_index``, ``ledger_begin_index`` ...)."""
+        return self._call(self._client.find_leader, timeout)
 
     def transfer(self, to: str, timeout: float | None = None) -> Any:
         """Move leadership to member ``to``; the LeadershipTransferResponse."""

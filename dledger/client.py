@@ -133,8 +133,20 @@ class DLedgerClient:
                           retry_ambiguous=self.at_least_once)
 
     @inlineCallbacks
-    def get(self, index: int, count: int = 1):
-        """Committed entries from ``index`` (at most ``count``; NOOP entries are skipped by the server)."""
+    def get(self, index: int, count: int = 1, *, member: str | None = None):
+        """Committed entries from ``index`` (at most ``count``; NOOP entries are skipped by the server).
+
+        With ``member`` the request goes to that member only, once, marked ``followerRead``: a follower
+        answers from its own committed prefix (never past its committed index: INDEX_OUT_OF_RANGE), the
+        leader as usual; any refusal is raised as a :class:`DLedgerError` for the caller to decide.
+        """
+        if member is not None:
+            req = GetEntriesRequest(group=self.group, remote_id=member, begin_index=index, max_size=count,
+                                    follower_read=True)
+            resp = yield self.transport.send(member, req, timeout=self.request_timeout)
+            if resp.response_code is not ResponseCode.SUCCESS:
+                raise DLedgerError(resp.response_code, f"GET {index} from {member}", leader_id=resp.leader_id)
+            return resp.entries
         resp = yield self._call(lambda m: GetEntriesRequest(group=self.group, remote_id=m, begin_index=index,
                                                             max_size=count), retry_ambiguous=True)
         return resp.entries
@@ -206,13 +218,16 @@ class RemoteTransport:
     except APPENDs with ``binary_append`` (the default): their bodies travel raw in dledger's binary
     APPEND body (no Base64, no JSON for the payload; see docs/transport.md).  A member that answers one
     with a remoting error (a Java member cannot read it, so it appended nothing) gets the request again
-    at once in JSON, and only JSON from then on.
+    at once in JSON, and only JSON from then on.  GETs with ``binary_get`` (the default) ask for a binary
+    reply (entries raw, as stored); a Java member ignores the request's marker and answers JSON, which
+    is read as well.
     """
 
     log = Logger()
 
     def __init__(self, reactor: Any, members: Mapping[str, str], *, timeout: float = 3.0,
-                 connect_timeout: float = 3.0, binary_append: bool = True, credentials: Any = None):
+                 connect_timeout: float = 3.0, binary_append: bool = True, binary_get: bool = True,
+                 credentials: Any = None):
         from dledger.transport.client import RemotingClient
 
         self.members = dict(members)
@@ -220,6 +235,7 @@ class RemoteTransport:
                                        credentials=credentials)
         self.remoting.expected_peers.update({address: pid for pid, address in self.members.items()})
         self.binary_append = binary_append
+        self.binary_get = binary_get
         #: Addresses that refused a binary APPEND: they get JSON.
         self.binary_refused: set[str] = set()
 
@@ -228,7 +244,9 @@ class RemoteTransport:
         if address is None:
             return fail(DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{peer_id!r} is not a member "
                                                                   f"(members: {', '.join(self.members)})"))
-        if self.binary_append and isinstance(request, AppendEntryRequest) and address not in self.binary_refused:
+        if address not in self.binary_refused and (
+                (self.binary_append and isinstance(request, AppendEntryRequest))
+                or (self.binary_get and isinstance(request, GetEntriesRequest))):
             d = self.remoting.send(address, request, timeout, binary=True)
             return d.addErrback(self._binary_refused, address, request, timeout)
         return self.remoting.send(address, request, timeout)
@@ -239,7 +257,8 @@ class RemoteTransport:
         failure.trap(BinaryBodyRefused)
         if address not in self.binary_refused:
             self.binary_refused.add(address)
-            self.log.warn("{address} refused a binary APPEND ({error}); sending it JSON from now on",
+            self.log.warn("{address} refused a binary {kind} ({error}); sending it JSON from now on",
+                          kind="GET" if isinstance(request, GetEntriesRequest) else "APPEND",
                           address=address, error=failure.value)
         return self.remoting.send(address, request, timeout)
 
@@ -248,11 +267,12 @@ class RemoteTransport:
 
 
 def connect(peers: str, group: str, *, reactor: Any = None, request_timeout: float = 3.0,
-            connect_timeout: float = 3.0, binary_append: bool = True, credentials: Any = None,
-            **client_options: Any) -> DLedgerClient:
+            connect_timeout: float = 3.0, binary_append: bool = True, binary_get: bool = True,
+            credentials: Any = None, **client_options: Any) -> DLedgerClient:
     """A client of the group whose members are ``peers`` (``n0-host:port;n1-host:port``), over TCP.
 
-    ``binary_append=False`` sends appends in Java's JSON form (see :class:`RemoteTransport`).
+    ``binary_append=False`` sends appends in Java's JSON form, ``binary_get=False`` asks for JSON GET replies
+    (see :class:`RemoteTransport`).
     ``credentials`` (:meth:`dledger.security.guard.ClientCredentials.for_client`) for members with TLS or
     authentication (docs/security.md).
     ``client_options`` go to :class:`DLedgerClient` (``max_attempts``, ``retry_delay``,
@@ -268,6 +288,6 @@ def connect(peers: str, group: str, *, reactor: Any = None, request_timeout: flo
     if unknown:
         raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{', '.join(unknown)} not in peers {peers!r}")
     transport = RemoteTransport(reactor, addresses, timeout=request_timeout, connect_timeout=connect_timeout,
-                                binary_append=binary_append, credentials=credentials)
+                                binary_append=binary_append, binary_get=binary_get, credentials=credentials)
     return DLedgerClient(transport, group, members, clock=reactor, request_timeout=request_timeout,
                          owns_transport=True, **client_options)

@@ -106,9 +106,12 @@ class AppendEntryResponse(RequestOrResponse):
 
 @dataclass(slots=True, kw_only=True)
 class GetEntriesRequest(RequestOrResponse):
+    """``followerRead`` (a dledger extension) lets a follower answer from its own committed prefix."""
+
     begin_index: int = 0
     max_size: int = 0
     index_list: list[int] | None = None
+    follower_read: bool | None = None
 
 
 @dataclass(slots=True, kw_only=True)

@@ -15,7 +15,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from dledger import plugins
+from dledger import plugins, reads
 from dledger.codes import ResponseCode, Role
 from dledger.commit_feed import CommitFeed
 from dledger.diskio import INLINE
@@ -306,6 +306,8 @@ class DLedgerServer:
         stale INDEX_OUT_OF_RANGE.
         """
         if self.state.role is not Role.LEADER or self.replicator is None:
+            if request.follower_read is True:
+                return self._follower_read(request)
             raise self.not_leader()
         store = self.store
         begin = request.begin_index
@@ -329,6 +331,16 @@ class DLedgerServer:
                                f"index {begin} > committed index {store.committed_index}", leader_id=self.self_id)
 
         return d.addCallback(confirmed)
+
+    def _follower_read(self, request: GetEntriesRequest) -> GetEntriesResponse:
+        """A ``followerRead`` GET on a member that is not leader: its own committed prefix (:mod:`dledger.reads`)."""
+        store = self.store
+        error = reads.committed_read_error(request.begin_index, store.ledger_begin_index, store.committed_index,
+                                           self.self_id)
+        if error is not None:
+            error.leader_id = self.state.leader_id
+            raise error
+        return self._read(request.begin_index, max(1, request.max_size))
 
     def _read(self, begin: int, want: int) -> GetEntriesResponse:
         store = self.store

@@ -221,10 +221,12 @@ def request_authentic(frame: Any, key: bytes, seq: int) -> bool:
                              given)
 
 
-def sign_reply(opaque: int, body: bytes, remark: str | None, key: bytes) -> bytes:
+def sign_reply(opaque: int, body: bytes, remark: str | None, key: bytes, *, binary: bool = False) -> bytes:
+    """The reply frame with its MAC (and, for a binary GET reply, the binary marker next to it)."""
     mac = secret.reply_mac(key, opaque, remoting.REMOTING_SUCCESS, remark, body)
+    ext = {secret.MAC_KEY: mac, **(remoting.BINARY_EXT_FIELDS if binary else {})}
     return remoting.encode_frame(remoting.Header(remoting.REMOTING_SUCCESS, opaque, remoting.FLAG_RESPONSE,
-                                                 remark=remark, ext_fields={secret.MAC_KEY: mac}), body)
+                                                 remark=remark, ext_fields=ext), body)
 
 
 def reply_authentic(frame: Any, key: bytes) -> bool:

@@ -26,6 +26,7 @@ from dledger import messages
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
 from dledger.interfaces import IBatchRequestHandler
+from dledger.messages import GetEntriesResponse
 from dledger.ratelog import RateLimitedLog
 from dledger.security import policy as auth_policy
 from dledger.security import secret as auth_secret
@@ -585,12 +586,16 @@ class RemotingProtocol(Protocol):
                     # to Java's, which sends no remark).
                     remark = exc.message[:500]
                 result = failure_response(request, result)
-            body = remoting.encode_body(result)
+            # Only a successful GET gets the binary body it asked for; refusals stay Java's JSON error reply.
+            binary = (type(result) is GetEntriesResponse and result.code == ResponseCode.SUCCESS
+                      and header.reply_encoding == remoting.BODY_BINARY)
+            body = remoting.encode_get_reply_binary(result) if binary else remoting.encode_body(result)
         except Exception:
             self.log.failure("cannot encode the reply to request {code} from {peer}; answering INTERNAL_ERROR",
                              code=header.code, peer=self.peer)
             body = remoting.error_body(header, ResponseCode.INTERNAL_ERROR)
-        self._write_reply(header, body, remark)
+            binary = False
+        self._write_reply(header, body, remark, binary=binary)
         self._request_done(None)
 
     def _request_done(self, _: Any) -> None:
@@ -600,7 +605,7 @@ class RemotingProtocol(Protocol):
             if self.is_open and not self._budget_paused:
                 self.transport.resumeProducing()
 
-    def _write_reply(self, header: Header, body: bytes, remark: str | None = None) -> None:
+    def _write_reply(self, header: Header, body: bytes, remark: str | None = None, *, binary: bool = False) -> None:
         if header.is_oneway:
             return
         if not self.is_open:
@@ -610,9 +615,9 @@ class RemotingProtocol(Protocol):
         if self._session is not None:
             from dledger.security.guard import sign_reply
 
-            self.transport.write(sign_reply(header.opaque, body, remark, self._session))
+            self.transport.write(sign_reply(header.opaque, body, remark, self._session, binary=binary))
             return
-        self.transport.write(remoting.encode_reply(header.opaque, body, remark))
+        self.transport.write(remoting.encode_reply(header.opaque, body, remark, binary=binary))
 
 
 class RemotingServerFactory(Factory):

@@ -29,8 +29,8 @@ import crc32c as _crc32c
 
 from dledger import messages
 from dledger.codes import RequestCode, ResponseCode
-from dledger.entry import HEADER_SIZE, CodecError, EntryList, decode_entry, encode_entry_into
-from dledger.messages import AppendEntryRequest, PushEntryRequest, RequestOrResponse
+from dledger.entry import HEADER_SIZE, CodecError, Entry, EntryList, decode_entry, encode_entry_into
+from dledger.messages import AppendEntryRequest, GetEntriesResponse, PushEntryRequest, RequestOrResponse
 
 SERIALIZE_JSON = 0
 SERIALIZE_ROCKETMQ = 1
@@ -46,6 +46,10 @@ REMOTING_REQUEST_CODE_NOT_SUPPORTED = 3
 BODY_ENCODING_KEY = "dledger.body"
 BODY_BINARY = "bin"
 BINARY_EXT_FIELDS = {BODY_ENCODING_KEY: BODY_BINARY}
+#: On a GET request: "answer me with a binary body" (dledger clients; Java members ignore extFields they do
+#: not know and answer JSON, which the client reads as well).
+REPLY_ENCODING_KEY = "dledger.reply"
+BINARY_REPLY_EXT_FIELDS = {REPLY_ENCODING_KEY: BODY_BINARY}
 
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024  # Java remoting's FRAME_MAX_LENGTH
 _LENGTHS = struct.Struct(">iI")
@@ -133,6 +137,11 @@ class Header:
     def body_encoding(self) -> str | None:
         """``"bin"`` for a dledger binary body, None for Java's JSON body."""
         return self.ext_fields.get(BODY_ENCODING_KEY) if self.ext_fields else None
+
+    @property
+    def reply_encoding(self) -> str | None:
+        """``"bin"`` when a GET request asks for dledger's binary reply body, None for Java's JSON."""
+        return self.ext_fields.get(REPLY_ENCODING_KEY) if self.ext_fields else None
 
     def to_json(self) -> bytes:
         """The header exactly as Java writes it: compact, keys sorted, null fields omitted."""
@@ -495,21 +504,7 @@ def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRe
         request = messages.from_wire(PushEntryRequest, meta)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise BinaryBodyError(f"binary PUSH meta: {str(exc)[:200]}", header) from None
-    entries = []
-    off, end = len(body) - len(section), len(body)
-    try:
-        for _ in range(count):
-            entry = decode_entry(body, off, accept_zero_crc=True, max_size=end - off)
-            off += entry.size
-            entries.append(entry)
-    except CodecError as exc:
-        raise BinaryBodyError(f"binary PUSH entry #{len(entries)}: {exc}", header) from None
-    if off != end:
-        raise BinaryBodyError(f"binary PUSH body has {end - off} bytes after its {count} entries", header)
-    for i, entry in enumerate(entries):
-        error = messages.entry_bounds_error(entry, f"binary PUSH entry #{i}")
-        if error is not None:
-            raise BinaryBodyError(error, header)
+    entries = _decode_entry_section(body, len(body) - len(section), count, "PUSH", header)
     if flags & _FLAG_BATCH:
         if not entries:
             raise BinaryBodyError("binary PUSH marked batch but carries no entries", header)
@@ -519,6 +514,71 @@ def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRe
     elif entries:
         request.entry = entries[0]
     return request
+
+
+def _decode_entry_section(body: bytes, off: int, count: int, what: str, header: Header | None) -> list[Entry]:
+    """The ``count`` entries from ``off`` to the end of a binary body, each decoded, CRC-checked and bounded."""
+    entries = []
+    end = len(body)
+    try:
+        for _ in range(count):
+            entry = decode_entry(body, off, accept_zero_crc=True, max_size=end - off)
+            off += entry.size
+            entries.append(entry)
+    except CodecError as exc:
+        raise BinaryBodyError(f"binary {what} entry #{len(entries)}: {exc}", header) from None
+    if off != end:
+        raise BinaryBodyError(f"binary {what} body has {end - off} bytes after its {count} entries", header)
+    for i, entry in enumerate(entries):
+        error = messages.entry_bounds_error(entry, f"binary {what} entry #{i}")
+        if error is not None:
+            raise BinaryBodyError(error, header)
+    return entries
+
+
+# -- binary GET replies ----------------------------------------------------------------
+
+def encode_get_reply_binary(response: GetEntriesResponse) -> bytes:
+    """The dledger binary body of a GET reply: the binary PUSH layout with the reply's fields as meta.
+
+    ``u8 version=1 | u8 flags=0 | u32 metaLen | u32 count | u32 crc32c(entries) | meta | entries``; ``meta`` is
+    the reply's JSON without ``entries``, the entries are in the entry codec's layout (header then body, as
+    stored).  A bulk reader then gets a 4 MiB reply without Base64 on either side, and the section CRC
+    catches damage in transit.
+    """
+    entries = response.entries
+    meta_obj = messages.to_wire(replace(response, entries=[]))
+    meta_obj.pop("entries", None)
+    meta = _utf8(_dumps(meta_obj))
+    start = _BIN_PREFIX.size + len(meta)
+    buf = bytearray(start + sum([len(e.body) for e in entries]) + HEADER_SIZE * len(entries))
+    buf[_BIN_PREFIX.size:start] = meta
+    off = start
+    for e in entries:
+        off += encode_entry_into(buf, off, e)
+    with memoryview(buf) as view:
+        crc = _crc32c.crc32c(view[start:])
+    _BIN_PREFIX.pack_into(buf, 0, BINARY_VERSION, 0, len(meta), len(entries), crc)
+    return bytes(buf)
+
+
+def decode_get_reply_binary(body: bytes, header: Header | None = None) -> GetEntriesResponse:
+    """Inverse of :func:`encode_get_reply_binary`; every entry is CRC-checked (:class:`BinaryBodyError`)."""
+    flags, meta_bytes, section, count, _ = _binary_parts(body, "GET reply", header)
+    if flags:
+        raise BinaryBodyError(f"binary GET reply has flags {flags:#x} (none are defined)", header)
+    if count * HEADER_SIZE > len(section):
+        raise BinaryBodyError(f"binary GET reply announces {count} entries but has only {len(section)} bytes",
+                              header)
+    meta = _loads(meta_bytes, BinaryBodyError, "binary GET reply meta")
+    if not isinstance(meta, dict) or "entries" in meta:
+        raise BinaryBodyError("binary GET reply meta must be an object without entries", header)
+    try:
+        response = messages.from_wire(GetEntriesResponse, meta)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise BinaryBodyError(f"binary GET reply meta: {str(exc)[:200]}", header) from None
+    response.entries = _decode_entry_section(body, len(body) - len(section), count, "GET reply", header)
+    return response
 
 
 # -- binary APPEND bodies -------------------------------------------------------------
@@ -622,16 +682,21 @@ def _binary_parts(body: bytes, what: str, header: Header | None) -> tuple[int, b
 # -- messages <-> frames ---------------------------------------------------------------
 
 def encode_request(request: RequestOrResponse, opaque: int, *, binary: bool = False, oneway: bool = False) -> bytes:
-    """A request frame as Java writes it; ``binary`` selects the dledger binary body (PUSH and APPEND only)."""
+    """A request frame as Java writes it; ``binary`` selects the dledger binary body (PUSH and APPEND).
+
+    For a GET, ``binary`` keeps the JSON body and asks for a binary *reply* (``extFields`` ``dledger.reply``).
+    """
     code = int(messages.request_code(request))
     flag = FLAG_ONEWAY if oneway else 0
+    if binary and isinstance(request, messages.GetEntriesRequest):
+        return encode_frame(Header(code, opaque, flag, ext_fields=dict(BINARY_REPLY_EXT_FIELDS)), encode_body(request))
     if binary:
         header = Header(code, opaque, flag, ext_fields=dict(BINARY_EXT_FIELDS))
         if isinstance(request, PushEntryRequest):
             return _encode_push_frame(header, request)
         if isinstance(request, AppendEntryRequest):
             return encode_frame(header, encode_append_binary(request))
-        raise TypeError(f"only PUSH and APPEND requests have a binary body, not {type(request).__name__}")
+        raise TypeError(f"only PUSH, APPEND and GET requests have a binary form, not {type(request).__name__}")
     return encode_frame(Header(code, opaque, flag), encode_body(request))
 
 
@@ -640,10 +705,14 @@ def encode_response(response: RequestOrResponse, opaque: int, *, remark: str | N
     return encode_reply(opaque, encode_body(response), remark)
 
 
-def encode_reply(opaque: int, body: bytes, remark: str | None = None) -> bytes:
-    """The reply frame carrying ``body`` for request ``opaque`` (the header straight from its template)."""
-    if remark is not None:
-        return encode_frame(Header(REMOTING_SUCCESS, opaque, FLAG_RESPONSE, remark=remark), body)
+def encode_reply(opaque: int, body: bytes, remark: str | None = None, *, binary: bool = False) -> bytes:
+    """The reply frame carrying ``body`` for request ``opaque`` (the header straight from its template).
+
+    ``binary`` marks ``body`` as a dledger binary body (a GET reply from :func:`encode_get_reply_binary`).
+    """
+    if remark is not None or binary:
+        ext = dict(BINARY_EXT_FIELDS) if binary else None
+        return encode_frame(Header(REMOTING_SUCCESS, opaque, FLAG_RESPONSE, remark=remark, ext_fields=ext), body)
     head = _PLAIN_HEADER % (REMOTING_SUCCESS, FLAG_RESPONSE, opaque, 0)
     return b"".join((_LENGTHS.pack(4 + len(head) + len(body), len(head)), head, body))
 
@@ -685,6 +754,8 @@ def decode_response(frame: Frame, cls: type[RequestOrResponse]) -> RequestOrResp
     if header.code != REMOTING_SUCCESS:
         raise BodyError(f"remoting error {header.code}: {header.remark or 'no remark'}", header)
     if header.body_encoding is not None:
+        if header.body_encoding == BODY_BINARY and cls is GetEntriesResponse:
+            return decode_get_reply_binary(frame.body, header)
         raise BodyError(f"body encoding {header.body_encoding!r} is not supported in replies", header)
     return decode_body(cls, frame.body, header)
 
@@ -699,11 +770,12 @@ def error_body(header: Header, code: ResponseCode) -> bytes:
 
 
 __all__ = [
-    "BINARY_EXT_FIELDS", "BODY_BINARY", "BODY_ENCODING_KEY", "DEFAULT_MAX_FRAME_SIZE", "FLAG_ONEWAY",
-    "FLAG_RESPONSE", "REMOTING_SUCCESS", "SERIALIZE_JSON", "SERIALIZE_ROCKETMQ",
+    "BINARY_EXT_FIELDS", "BINARY_REPLY_EXT_FIELDS", "BODY_BINARY", "BODY_ENCODING_KEY", "DEFAULT_MAX_FRAME_SIZE",
+    "FLAG_ONEWAY", "FLAG_RESPONSE", "REMOTING_SUCCESS", "REPLY_ENCODING_KEY", "SERIALIZE_JSON", "SERIALIZE_ROCKETMQ",
     "BinaryBodyError", "BodyError", "Frame", "FrameError", "FrameLengthError", "FrameSplitter",
     "FrameTooLargeError", "Header", "HeaderError", "UnknownRequestCodeError", "UnsupportedSerializeTypeError",
-    "decode_append_binary", "decode_body", "decode_frame", "decode_push_binary", "decode_request",
-    "decode_response", "encode_append_binary", "encode_body", "encode_frame", "encode_push_binary",
-    "encode_reply", "encode_request", "encode_response", "error_body", "frame_size", "request_class", "split_frames",
+    "decode_append_binary", "decode_body", "decode_frame", "decode_get_reply_binary", "decode_push_binary",
+    "decode_request", "decode_response", "encode_append_binary", "encode_body", "encode_frame",
+    "encode_get_reply_binary", "encode_push_binary", "encode_reply", "encode_request", "encode_response",
+    "error_body", "frame_size", "request_class", "split_frames",
 ]

@@ -1,0 +1,176 @@
+"""The data source's options, parsed and checked once (pure functions, no Spark, no network).
+
+Every mistake is one line naming the option (``OptionError``, a ``ValueError``), raised where
+Spark plans the query, so ``spark.read.format("dledger")...load()`` fails before any task runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from dledger.config import parse_peers
+from dledger.errors import ConfigError
+
+READ_FROM = ("leader", "follower", "any")
+FORMATS = ("raw", "rocketmq")
+#: What a partition aims at: a few MB of entries -- enough that the per-task cost (a Python worker, a leader
+#: lookup) is small against the read, small enough that a retried task re-reads little.
+DEFAULT_PARTITION_BYTES = 16 << 20
+DEFAULT_TIMEOUT = 60.0
+
+
+class OptionError(ValueError):
+    """A data source option is missing or malformed (the message names it)."""
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """The parsed options of one ``format("dledger")`` read."""
+
+    #: group -> peers string (``n0-host:port;n1-host:port``), sorted by group.
+    groups: dict[str, str]
+    #: group -> "earliest" | "latest" | an index (the first one to read).
+    starting: dict[str, str | int]
+    #: group -> "latest" | an index (batch reads: read indexes below it).
+    ending: dict[str, str | int]
+    max_entries_per_trigger: int | None = None
+    read_from: str = "leader"
+    format: str = "raw"
+    fail_on_data_loss: bool = True
+    timeout: float = DEFAULT_TIMEOUT
+    partition_bytes: int = DEFAULT_PARTITION_BYTES
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def _get(options, name: str) -> str | None:
+    """Spark hands options case-insensitively (a CaseInsensitiveDict); plain dicts are searched too."""
+    if name in options:
+        return options[name]
+    lower = name.lower()
+    for key, value in options.items():
+        if key.lower() == lower:
+            return value
+    return None
+
+
+def parse_groups(options) -> dict[str, str]:
+    """``peers`` + ``group``, or ``groups``: a JSON object {group: peers} or group names sharing ``peers``."""
+    peers, group, groups = _get(options, "peers"), _get(options, "group"), _get(options, "groups")
+    if group and groups:
+        raise OptionError("options 'group' and 'groups' exclude each other: give one")
+    if groups:
+        text = groups.strip()
+        if text.startswith("{"):
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise OptionError(f"option 'groups': invalid JSON ({exc})") from None
+            if not isinstance(obj, dict) or not obj or not all(isinstance(v, str) for v in obj.values()):
+                raise OptionError("option 'groups': expected a JSON object {\"group\": \"n0-host:port;...\"}")
+            result = {str(k): v for k, v in obj.items()}
+        else:
+            if not peers:
+                raise OptionError("option 'groups' lists group names: 'peers' is needed too (or give "
+                                  "'groups' as JSON {group: peers})")
+            names = [g.strip() for g in text.split(",") if g.strip()]
+            if not names:
+                raise OptionError("option 'groups' names no group")
+            result = dict.fromkeys(names, peers)
+    else:
+        if not peers:
+            raise OptionError("option 'peers' is required (e.g. n0-127.0.0.1:20911;n1-127.0.0.1:20912)")
+        result = {group or "default": peers}
+    for name, text in result.items():
+        try:
+            parse_peers(text)
+        except (ConfigError, ValueError) as exc:
+            raise OptionError(f"peers of group {name!r}: {exc}") from None
+    return dict(sorted(result.items()))
+
+
+def parse_position(name: str, text: str | None, groups: dict[str, str], default: str,
+                   words: tuple[str, ...]) -> dict[str, str | int]:
+    """``startingIndex`` / ``endingIndex``: a word, an index for every group, or JSON {group: word or index}."""
+    def one(value, where: str) -> str | int:
+        if isinstance(value, bool):
+            raise OptionError(f"option {name!r}{where}: expected {' | '.join(words)} or an index, got {value!r}")
+        if isinstance(value, int):
+            if value < 0:
+                raise OptionError(f"option {name!r}{where}: an index is >= 0, got {value}")
+            return value
+        text = str(value).strip().lower()
+        if text in words:
+            return text
+        try:
+            number = int(text)
+        except ValueError:
+            raise OptionError(f"option {name!r}{where}: expected {' | '.join(words)} or an index, "
+                              f"got {value!r}") from None
+        return one(number, where)
+
+    if text is None or not str(text).strip():
+        return dict.fromkeys(groups, default)
+    text = str(text).strip()
+    if text.startswith("{"):
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise OptionError(f"option {name!r}: invalid JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise OptionError(f"option {name!r}: expected a JSON object {{group: index}}")
+        unknown = sorted(set(obj) - set(groups))
+        if unknown:
+            raise OptionError(f"option {name!r}: unknown group(s) {', '.join(unknown)} (groups: {', '.join(groups)})")
+        return {g: one(obj[g], f" of group {g!r}") if g in obj else default for g in groups}
+    value = one(text, "")
+    return dict.fromkeys(groups, value)
+
+
+def parse_bool(name: str, text: str | None, default: bool) -> bool:
+    if text is None:
+        return default
+    value = str(text).strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise OptionError(f"option {name!r}: expected true or false, got {text!r}")
+
+
+def parse_positive(name: str, text: str | None, kind: type, default):
+    if text is None:
+        return default
+    try:
+        value = kind(str(text).strip())
+    except ValueError:
+        raise OptionError(f"option {name!r}: expected a positive {'integer' if kind is int else 'number'}, "
+                          f"got {text!r}") from None
+    if not value > 0:
+        raise OptionError(f"option {name!r}: must be more than 0, got {text!r}")
+    return value
+
+
+def parse_options(options) -> SourceOptions:
+    """All options of a read (``options``: Spark's case-insensitive dict, or any mapping)."""
+    groups = parse_groups(options)
+    read_from = (_get(options, "readFrom") or "leader").strip().lower()
+    if read_from not in READ_FROM:
+        raise OptionError(f"option 'readFrom': expected {' | '.join(READ_FROM)}, got {read_from!r}")
+    fmt = (_get(options, "format") or "raw").strip().lower()
+    if fmt not in FORMATS:
+        raise OptionError(f"option 'format': expected {' | '.join(FORMATS)}, got {fmt!r}")
+    return SourceOptions(
+        groups=groups,
+        starting=parse_position("startingIndex", _get(options, "startingIndex"), groups, "earliest",
+                                ("earliest", "latest")),
+        ending=parse_position("endingIndex", _get(options, "endingIndex"), groups, "latest", ("latest",)),
+        max_entries_per_trigger=parse_positive("maxEntriesPerTrigger", _get(options, "maxEntriesPerTrigger"),
+                                               int, None),
+        read_from=read_from,
+        format=fmt,
+        fail_on_data_loss=parse_bool("failOnDataLoss", _get(options, "failOnDataLoss"), True),
+        timeout=parse_positive("timeout", _get(options, "timeout"), float, DEFAULT_TIMEOUT),
+        partition_bytes=parse_positive("partitionBytes", _get(options, "partitionBytes"), int,
+                                       DEFAULT_PARTITION_BYTES),
+    )

@@ -1,0 +1,179 @@
+"""What runs on executors: read one planned index range of a group and hand it to Spark as Arrow batches.
+
+Each Python worker keeps one :class:`dledger.blocking.BlockingClient` per group (its own connections,
+its own reactor thread), so a task costs no connection set-up once the worker is warm.  GETs ask for
+dledger's binary reply (entries raw, no Base64) and return up to 4 MiB each; every reply becomes one
+``pyarrow.RecordBatch`` built column by column, so no row tuples pass through Python.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from dledger.codes import ResponseCode
+from dledger.errors import DLedgerError
+from dledger_spark.planning import data_loss_message
+from dledger_spark.schema import arrow_batch
+
+log = logging.getLogger("dledger_spark")
+
+#: Entries asked for per GET (the member's 4 MiB reply budget usually stops it first).
+GET_COUNT = 16384
+#: How long a lagging follower is given to reach a range before the leader is asked instead.
+FOLLOWER_GRACE = 2.0
+
+try:  # pyspark is there on executors; the module also works (and is tested) without it
+    from pyspark.sql.datasource import InputPartition
+except ImportError:  # pragma: no cover
+    InputPartition = object
+
+
+class SourceError(RuntimeError):
+    """A read cannot go on (data loss with failOnDataLoss, a group unreachable for ``timeout`` seconds)."""
+
+
+@dataclass
+class Partition(InputPartition):
+    """One task: indexes ``[start, end)`` of ``group``.  Picklable (plain fields), planned on the driver.
+
+    ``members`` is the order to ask in: followers first for ``readFrom=follower``/``any`` (spread over the
+    followers by the planner), an empty tuple to ask the leader.
+    """
+
+    group: str
+    peers: str
+    start: int
+    end: int
+    members: tuple[str, ...] = ()
+    read_from: str = "leader"
+    format: str = "raw"
+    fail_on_data_loss: bool = True
+    timeout: float = 60.0
+
+    def __post_init__(self):
+        self.value = (self.group, self.start, self.end)  # what InputPartition's repr shows
+
+
+_clients: dict[tuple[str, str, float], object] = {}
+_clients_lock = threading.Lock()
+
+
+def client_for(peers: str, group: str, timeout: float):
+    """This process's blocking client of ``group`` (made on first use, closed at exit)."""
+    from dledger.blocking import BlockingClient
+
+    key = (peers, group, timeout)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = BlockingClient(peers, group, timeout=timeout, request_timeout=3.0)
+        return client
+
+
+def close_clients() -> None:
+    """Close every cached client (their reactor threads stop)."""
+    with _clients_lock:
+        clients = list(_clients.values())
+        _clients.clear()
+    for client in clients:
+        try:
+            client.close()
+        except Exception:
+            pass
+
+
+atexit.register(close_clients)
+
+
+def fetch(client, part: Partition, index: int, count: int, turn: int | None) -> tuple[list, str | None]:
+    """One GET: ``(entries, member asked)``: follower ``members[turn]`` with followerRead, or (None) the leader."""
+    if turn is not None and part.members:
+        member = part.members[turn % len(part.members)]
+        return client.get(index, count, member=member), member
+    return client.get(index, count), None
+
+
+def read_entries(part: Partition, client=None, clock=time.monotonic) -> Iterator[list]:
+    """The committed entries of ``part`` (NOOPs skipped), reply by reply: lists of ``dledger.entry.Entry``.
+
+    Retries what a group in motion answers (leader elections, a lagging follower, connections lost)
+    for up to ``part.timeout`` seconds without progress, then raises :class:`SourceError`.  Entries
+    deleted by retention raise :class:`SourceError` unless ``fail_on_data_loss`` is off: then the
+    missing ones are skipped (a warning says which).
+    """
+    client = client or client_for(part.peers, part.group, part.timeout)
+    index = part.start
+    last_progress = clock()
+    use_leader = part.read_from == "leader" or not part.members
+    turn = 0  # which of part.members is asked next
+    follower_since: float | None = None
+    last_error: Exception | None = None
+    while index < part.end:
+        if clock() - last_progress > part.timeout:
+            raise SourceError(f"dledger source: no progress reading group {part.group!r} at index {index} "
+                              f"for {part.timeout:g}s (last error: {last_error})")
+        try:
+            entries, member = fetch(client, part, index, min(part.end - index, GET_COUNT),
+                                    None if use_leader else turn)
+        except DLedgerError as exc:
+            last_error = exc
+            if exc.code is ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN:
+                if not use_leader:  # a follower's own retention: the leader may still hold them
+                    use_leader = True
+                    continue
+                try:
+                    begin = client.find_leader().ledger_begin_index
+                except DLedgerError as again:  # an election: ask again (bounded by the timeout)
+                    last_error = again
+                    time.sleep(0.05)
+                    continue
+                if begin <= index:  # the leader changed and the new one holds it: ask again
+                    time.sleep(0.02)
+                    continue
+                if part.fail_on_data_loss:
+                    raise SourceError(data_loss_message(part.group, index, begin)) from None
+                log.warning("dledger source: skipping entries %d..%d of group %r: deleted by retention "
+                            "(failOnDataLoss=false)", index, min(begin, part.end) - 1, part.group)
+                index = begin
+                last_progress = clock()
+                continue
+            if not use_leader and exc.code in (ResponseCode.INDEX_OUT_OF_RANGE, ResponseCode.NETWORK_ERROR,
+                                               ResponseCode.TIMEOUT, ResponseCode.UNKNOWN_MEMBER):
+                # A follower behind the planned range, or down: "any" asks the leader at once,
+                # "follower" gives the followers FOLLOWER_GRACE seconds first.
+                now = clock()
+                turn += 1
+                follower_since = follower_since if follower_since is not None else now
+                if part.read_from == "any" or now - follower_since > FOLLOWER_GRACE:
+                    use_leader = True
+                else:
+                    time.sleep(0.02)
+                continue
+            time.sleep(0.05)  # elections, connections: the client already retried; pause, then again
+            continue
+        if not entries and member is not None:
+            use_leader = True  # a follower whose committed prefix ends in NOOPs: ask the leader
+            continue
+        follower_since = None
+        if not entries:
+            break  # everything left in [index, end) is a NOOP
+        if entries[-1].index >= part.end:
+            entries = [e for e in entries if e.index < part.end]
+            if not entries:
+                break
+        last_progress = clock()  # (once the leader was asked, it stays asked: the followers lag this range)
+        yield entries
+        index = entries[-1].index + 1
+
+
+def read_partition(part: Partition, client=None) -> Iterator:
+    """``read()`` of the data source: the entries of ``part`` as Arrow record batches of the read's schema."""
+    for entries in read_entries(part, client):
+        batch = arrow_batch(part.format, part.group, entries, time.time())
+        if batch.num_rows:
+            yield batch

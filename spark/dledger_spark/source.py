@@ -1,0 +1,227 @@
+"""The PySpark data source ``dledger``: batch and micro-batch reads of the committed entries of dledger groups.
+
+    spark.dataSource.register(DLedgerDataSource)       # or dledger_spark.register(spark)
+    df = spark.read.format("dledger").option("peers", "n0-127.0.0.1:20911;...").option("group", "g0").load()
+    stream = spark.readStream.format("dledger").option(...).load()
+
+Planning (``partitions``, ``latestOffset``) runs in a Python process on the driver and asks each group's
+leader for its committed index; ``read`` runs on executors (:mod:`dledger_spark.reader`).  Options and
+their meaning: :mod:`dledger_spark.options`, README "Spark ingest".
+"""
+
+from __future__ import annotations
+
+import time
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+
+from dledger.config import parse_peers
+from dledger.errors import DLedgerError
+from dledger_spark.options import SourceOptions, parse_options
+from dledger_spark.planning import entries_per_partition, resolve_end, resolve_start, split
+from dledger_spark.reader import Partition, SourceError, read_partition
+from dledger_spark.schema import ddl
+
+#: Entry size assumed when a range cannot be measured.
+DEFAULT_ENTRY_SIZE = 1024 + 48
+
+
+class Planner:
+    """Driver-side questions to the groups: leaders' committed indexes, entry sizes, followers."""
+
+    def __init__(self, opts: SourceOptions):
+        self.opts = opts
+        self._clients: dict[str, object] = {}
+
+    def client(self, group: str):
+        from dledger.blocking import BlockingClient
+
+        client = self._clients.get(group)
+        if client is None:
+            client = self._clients[group] = BlockingClient(self.opts.groups[group], group,
+                                                           timeout=self.opts.timeout)
+        return client
+
+    def leader_meta(self, group: str):
+        """The leader's detailed metadata; a one-line SourceError if the group has no leader for ``timeout`` s.
+
+        An election (a leader killed while a query plans) is waited out: the client's own search gives up
+        after ~13 s of pauses, so it is asked again until the option ``timeout`` has passed.
+        """
+        deadline = time.monotonic() + self.opts.timeout
+        while True:
+            try:
+                return self.client(group).find_leader()
+            except DLedgerError as exc:
+                if time.monotonic() >= deadline:
+                    raise SourceError(f"dledger source: no leader of group {group!r} at {self.opts.groups[group]} "
+                                      f"answered within {self.opts.timeout:g}s: {exc}") from None
+                time.sleep(0.1)
+
+    def metas(self) -> dict:
+        return {g: self.leader_meta(g) for g in self.opts.groups}
+
+    def latest(self) -> dict[str, int]:
+        """``{group: committed index + 1}`` now: the end no batch may pass."""
+        return {g: m.committed_index + 1 for g, m in self.metas().items()}
+
+    def initial(self) -> dict[str, int]:
+        return {g: resolve_start(self.opts.starting[g], m.ledger_begin_index, m.committed_index)
+                for g, m in self.metas().items()}
+
+    def entry_size(self, group: str, lo: int, hi: int) -> int:
+        """Average bytes per index over ``[lo, hi)``: from the positions of its first and last entries.
+
+        Positions are byte offsets in the log, the same on every member, so two one-entry GETs measure the
+        whole range (blank padding at file ends included) whatever its entries' sizes.
+        """
+        client = self.client(group)
+        try:
+            [first] = client.get(lo, 1) or [None]
+            [last] = client.get(max(hi - 1, lo), 1) or [None]
+        except (DLedgerError, ValueError):
+            return DEFAULT_ENTRY_SIZE  # deleted or moving: the read will tell; planning goes on
+        if first is None or last is None:
+            return DEFAULT_ENTRY_SIZE
+        if last.index > first.index:
+            return max(1, (last.pos + last.size - first.pos) // (last.index - first.index + 1))
+        return first.size
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[Partition]:
+        """The tasks reading ``[start[g], end[g])`` of every group, each about ``partitionBytes``."""
+        opts = self.opts
+        out: list[Partition] = []
+        for group in opts.groups:
+            lo, hi = int(start.get(group, end.get(group, 0))), int(end.get(group, 0))
+            if hi <= lo:
+                continue
+            per = entries_per_partition(opts.partition_bytes, self.entry_size(group, lo, hi))
+            followers: list[str] = []
+            if opts.read_from != "leader":
+                leader = self.leader_meta(group).leader_id
+                followers = [m for m in parse_peers(opts.groups[group]) if m != leader]
+            for i, r in enumerate(split(group, lo, hi, per)):
+                members = tuple(followers[i % len(followers):] + followers[:i % len(followers)]) if followers else ()
+                out.append(Partition(group, opts.groups[group], r.start, r.end, members, opts.read_from,
+                                     opts.format, opts.fail_on_data_loss, opts.timeout))
+        return out
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+
+class _Planned:
+    """A reader that plans with a :class:`Planner` on the driver but pickles (to executors) without it."""
+
+    def __init__(self, opts: SourceOptions):
+        self.opts = opts
+        self._planner: Planner | None = None
+
+    @property
+    def planner(self) -> Planner:
+        if self._planner is None:
+            self._planner = Planner(self.opts)
+        return self._planner
+
+    def __getstate__(self):
+        return {"opts": self.opts, "_planner": None}
+
+    def read(self, partition: Partition):
+        return read_partition(partition)
+
+
+class DLedgerBatchReader(_Planned, DataSourceReader):
+    """``spark.read.format("dledger")``: ``startingIndex`` (default earliest) to ``endingIndex`` (default latest)."""
+
+    def partitions(self):
+        planner = self.planner
+        try:
+            metas = planner.metas()
+            start = {g: resolve_start(self.opts.starting[g], m.ledger_begin_index, m.committed_index)
+                     for g, m in metas.items()}
+            end = {g: resolve_end(self.opts.ending[g], m.committed_index) for g, m in metas.items()}
+            parts = planner.partitions(start, end)
+        finally:
+            planner.close()
+            self._planner = None
+        if not parts:  # nothing to read: one empty task, so Spark gets a (empty) scan
+            group = next(iter(self.opts.groups))
+            parts = [Partition(group, self.opts.groups[group], 0, 0)]
+        return parts
+
+
+class DLedgerStreamReader(_Planned, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("dledger")``: offsets ``{group: next index}``, admission control, AvailableNow."""
+
+    def __init__(self, opts: SourceOptions):
+        super().__init__(opts)
+        self._target: dict[str, int] | None = None
+
+    def __getstate__(self):
+        return {"opts": self.opts, "_planner": None, "_target": None}
+
+    def initialOffset(self) -> dict:
+        return self.planner.initial()
+
+    def _start(self, start: dict) -> dict[str, int]:
+        """``start`` with every configured group (a group added since the checkpoint starts per startingIndex)."""
+        missing = [g for g in self.opts.groups if g not in start]
+        fresh = self.planner.initial() if missing else {}
+        return {g: int(start[g]) if g in start else fresh[g] for g in self.opts.groups}
+
+    def latestOffset(self, start: dict, limit) -> dict:
+        begin = self._start(start)
+        latest = self.planner.latest()
+        if self._target is not None:
+            latest = {g: min(latest[g], self._target.get(g, latest[g])) for g in latest}
+        cap = None
+        if isinstance(limit, ReadMaxRows):
+            cap = int(limit.max_rows)
+        elif not isinstance(limit, ReadAllAvailable) and limit is not None:
+            cap = self.opts.max_entries_per_trigger
+        from dledger_spark.planning import admit
+
+        return admit(begin, {g: max(latest[g], begin[g]) for g in begin}, cap)
+
+    def getDefaultReadLimit(self):
+        if self.opts.max_entries_per_trigger:
+            return ReadMaxRows(self.opts.max_entries_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self.planner.latest()
+
+    def partitions(self, start: dict, end: dict):
+        return self.planner.partitions(self._start(start), {g: int(v) for g, v in end.items()})
+
+    def commit(self, end: dict) -> None:
+        """Nothing to release: a dledger log is read by index, the member keeps no reader state."""
+
+    def stop(self) -> None:
+        if self._planner is not None:
+            self._planner.close()
+            self._planner = None
+
+
+class DLedgerDataSource(DataSource):
+    """The data source named ``dledger`` (register it with ``spark.dataSource.register``)."""
+
+    def __init__(self, options):
+        super().__init__(options)
+        self.opts = parse_options(options)  # a bad option fails here, at planning, in one line
+
+    @classmethod
+    def name(cls) -> str:
+        return "dledger"
+
+    def schema(self) -> str:
+        return ddl(self.opts.format)
+
+    def reader(self, schema):
+        return DLedgerBatchReader(self.opts)
+
+    def streamReader(self, schema):
+        return DLedgerStreamReader(self.opts)

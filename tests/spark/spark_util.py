@@ -1,0 +1,98 @@
+"""Helpers of the Spark tests (a unique module name: other test directories import their own `conftest`).
+
+ONE local[2] session per module (fixture `spark`), and live 3-member groups of real twistd processes (`group`).
+"""
+
+import time
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark", reason="dledger-spark's tests need pyspark (pip install -e spark)")
+
+from dledger.blocking import BlockingClient  # noqa: E402
+from dledger.errors import DLedgerError  # noqa: E402
+from dledger.launcher import LocalGroup, durable_store  # noqa: E402
+
+STORE = durable_store()
+
+
+def wait_until(condition, timeout: float, what: str, interval: float = 0.05):
+    """Poll ``condition`` until truthy (bounded: TimeoutError naming ``what``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Group:
+    """A LocalGroup driven from plain (blocking) test code, with a blocking client."""
+
+    def __init__(self, base_dir, name: str = "g0", **kw):
+        self.local = LocalGroup(base_dir, n=3, group=name, store=STORE, preset="fast", **kw)
+        self.name = name
+        self.peers = self.local.peers
+        self.client: BlockingClient | None = None
+
+    def start(self) -> "Group":
+        self.local.start()
+        self.client = BlockingClient(self.peers, self.name, timeout=20)
+        self.wait_leader()
+        return self
+
+    def leader_meta(self):
+        try:
+            return self.client.find_leader(timeout=2)
+        except DLedgerError:
+            return None
+
+    def wait_leader(self, timeout: float = 30.0):
+        return wait_until(self.leader_meta, timeout, f"a leader of {self.name}")
+
+    def append(self, bodies) -> int:
+        """Append ``bodies`` in batches of 256; the index of the last one."""
+        last = -1
+        bodies = list(bodies)
+        for i in range(0, len(bodies), 256):
+            last = self.client.append_batch(bodies[i:i + 256]).index
+        return last
+
+    def committed(self) -> list:
+        """Every committed non-NOOP entry, read from the leader."""
+        meta = self.wait_leader()
+        out, index = [], meta.ledger_begin_index
+        while index <= meta.committed_index:
+            got = self.client.get(index, 4096)
+            if not got:
+                break
+            out.extend(e for e in got if e.index <= meta.committed_index)
+            index = got[-1].index + 1
+        return out
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        self.local.close()
+
+
+@pytest.fixture(scope="module", name="spark")
+def spark_fixture():
+    """One local[2] SparkSession for the whole module (start-up costs ~5 s and ~1 GB), stopped at the end."""
+    from dledger_spark.session import get_session
+
+    session = get_session("local[2]", app_name="dledger-spark-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(name="group")
+def group_fixture(tmp_path):
+    """A started 3-member group g0 (real twistd processes), killed at the end."""
+    g = Group(tmp_path / "g0")
+    try:
+        yield g.start()
+    finally:
+        g.close()
