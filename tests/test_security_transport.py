@@ -356,3 +356,14 @@ async def test_tls_port_closes_connections_that_never_finish_the_handshake(react
         for s in socks:
             s.close()
         await m.close()
+
+
+def test_signed_binary_get_reply_keeps_its_binary_marker():
+    """In secret mode a binary GET reply is signed and still marked binary (else the client parses it as JSON)."""
+    from dledger.security.guard import reply_authentic, sign_reply
+
+    key = b"k" * 32
+    frame = next(iter(remoting.FrameSplitter().feed(sign_reply(7, b"\x00binary", None, key, binary=True))))
+    assert frame.header.body_encoding == "bin" and reply_authentic(frame, key)
+    plain = next(iter(remoting.FrameSplitter().feed(sign_reply(8, b"{}", None, key))))
+    assert plain.header.body_encoding is None and reply_authentic(plain, key)
