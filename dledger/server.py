@@ -117,6 +117,8 @@ class DLedgerServer:
         ``blocking_io`` (a :class:`dledger.diskio.BlockingIO`) says where the
         store's fsyncs run: inline by default (tests, tools), on the reactor's
         thread pool for a running member (``BlockingIO(reactor, threaded=True)``).
+        Term/vote writes use it too when the term store allows it
+        (``save_off_reactor``, :mod:`dledger.election.state`).
         """
         if clock is None:
             from twisted.internet import reactor as clock
@@ -125,7 +127,10 @@ class DLedgerServer:
             store_type = plugins.get_store_type(config.store_type, plugin_manager)
         if term_store is None:
             term_store = store_type.make_term_store(config)
-        state = MemberState(config.self_id, list(config.members), term_store, config.group)
+        # Term/vote writes go off the reactor thread too when the term store says its save may run on a
+        # pool thread (``save_off_reactor``); otherwise (and for plugin stores that do not say) inline.
+        term_io = (blocking_io or INLINE) if getattr(term_store, "save_off_reactor", False) else INLINE
+        state = MemberState(config.self_id, list(config.members), term_store, config.group, blocking_io=term_io)
         if store is None:
             store = store_type.make_log_store(config, state, clock=clock, blocking_io=blocking_io or INLINE)
         elif callable(store) and not hasattr(store, "append_as_leader"):
@@ -204,6 +209,8 @@ class DLedgerServer:
         self.flusher.stop()
         yield maybeDeferred(self.transport.stop)
         yield maybeDeferred(self.store.shutdown)
+        # A term/vote write still in flight (on the thread pool) finishes before its store is closed.
+        yield self.state.persisted().addErrback(lambda _f: None)
         close = getattr(self.state.term_store, "close", None)
         if close is not None:
             close()  # releases the store directory's lock (dledger.store.ownership) with the log store's
@@ -478,7 +485,8 @@ class DLedgerServer:
     _handlers = {
         VoteRequest: lambda self, r: self.elector.handle_vote(r),
         HeartBeatRequest: lambda self, r: self.elector.handle_heartbeat(r),
-        PushEntryRequest: lambda self, r: self.entry_handler.handle_push(r),
+        # A push reply acknowledges entries of the leader's term: held until that term is on disk here.
+        PushEntryRequest: lambda self, r: self.state.after_persisted(self.entry_handler.handle_push(r)),
         AppendEntryRequest: handle_append,
         GetEntriesRequest: handle_get,
         MetadataRequest: handle_metadata,
