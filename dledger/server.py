@@ -70,9 +70,11 @@ class DLedgerServer:
         self.clock = clock
         self.self_id = config.self_id
         self.flusher = Flusher(store, clock, sync=config.flush_policy == "sync")
-        #: The store's batch leader append (or one made of one-entry appends).
-        self.append_batch = base.leader_batch_append(store)
         self.pending = PendingAppends(clock, config.max_wait_ack_time_ms / 1000.0, config.max_pending_requests_num)
+        #: The leader's client-append path (its collaborators given explicitly; see :mod:`.appends`).
+        self.client_appends = appends.ClientAppends(state=state, config=config, pending=self.pending,
+                                                    append_batch=base.leader_batch_append(store), clock=clock,
+                                                    check_request=self.check_request, not_leader=self.not_leader)
         self.elector = LeaderElector(config, state, store, transport, clock, rng)
         self.entry_handler = EntryHandler(state, store, self.flusher, clock,
                                           push_timeout=config.max_push_time_out_ms / 1000.0,
@@ -106,6 +108,11 @@ class DLedgerServer:
             for listener in ext.leader_ready_listeners:
                 self.add_leader_ready_listener(listener)
             plugins.add_services(self, self.services, plugin_manager)
+
+    @property
+    def append_batch(self):
+        """The store's batch leader append (or one made of one-entry appends), as the append path uses it."""
+        return self.client_appends.append_batch
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -146,6 +153,9 @@ class DLedgerServer:
         if self.stats is None:
             self.stats = ServerStats(self.clock)
             self.elector.observers.append(self.stats.role_changed)
+            self.client_appends.stats = self.stats
+            if self.replicator is not None:
+                self.replicator.stats = self.stats
         return self.stats
 
     def add_role_change_handler(self, handler) -> None:
@@ -238,7 +248,11 @@ class DLedgerServer:
         self.pending.fail_all(ResponseCode.TERM_CHANGED)
         self.entry_handler.reset()
         if role is Role.LEADER:
-            self.replicator = LeaderReplicator(self, term)
+            self.replicator = LeaderReplicator(term, config=self.config, self_id=self.self_id,
+                                               members=self.state.members, store=self.store,
+                                               transport=self.transport, clock=self.clock, flusher=self.flusher,
+                                               on_committed=self.committed_advanced,
+                                               on_store_damaged=self.store_damaged, stats=self.stats)
             self.replicator.start()
 
     def committed_advanced(self) -> None:
@@ -269,14 +283,14 @@ class DLedgerServer:
                 run.append(request)
                 continue
             if run:
-                results += appends.append_requests(self, run)
+                results += self.client_appends.append_requests(run, self.replicator)
                 run = []
             try:
                 results.append(self.handle_request(request))
             except Exception:
                 results.append(Failure())
         if run:
-            results += appends.append_requests(self, run)
+            results += self.client_appends.append_requests(run, self.replicator)
         return results
 
     def check_request(self, request) -> None:
@@ -298,7 +312,7 @@ class DLedgerServer:
 
     def handle_append(self, request: AppendEntryRequest) -> Deferred:
         """Append one body or a batch; fires when the last entry commits (SPEC §4 ``handleAppend``)."""
-        (result,) = appends.append_requests(self, [request])
+        (result,) = self.client_appends.append_requests([request], self.replicator)
         if isinstance(result, Failure):
             result.raiseException()
         return result
