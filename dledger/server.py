@@ -95,7 +95,7 @@ class DLedgerServer:
         #: cleared only by a restart (after the operator repaired the store).
         self.damaged: tuple[int, str] | None = None
         self._damage_log = RateLimitedLog(log, clock, interval=60.0)
-        self.elector.observers.append(self._role_changed)
+        self.elector.observe(self._role_changed)
         self.running = False
         if use_plugins:
             ext = plugins.server_extensions(self, plugin_manager)
@@ -152,7 +152,7 @@ class DLedgerServer:
         """Start counting appends, reads and replication round trips (for :mod:`dledger.metrics`)."""
         if self.stats is None:
             self.stats = ServerStats(self.clock)
-            self.elector.observers.append(self.stats.role_changed)
+            self.elector.observe(self.stats.role_changed)
             self.client_appends.stats = self.stats
             if self.replicator is not None:
                 self.replicator.stats = self.stats

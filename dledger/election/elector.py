@@ -19,7 +19,7 @@ Requests to peers go through the injected transport and never block.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
@@ -55,7 +55,15 @@ from dledger.timing import due
 log = Logger()
 
 class LeaderElector:
-    """Drives one member's role. ``observers`` are called synchronously on every role change."""
+    """Drives one member's role.
+
+    Role changes are observed one way: :meth:`observe` registers a callback ``(term, role)`` (optionally
+    only for some roles), called synchronously, in registration order, on every role change; it returns
+    the call that deregisters it (hashicorp/raft's ``RegisterObserver``/``DeregisterObserver``).  The
+    member's own reactions (the server's replicator, stats, simulation checkers) are observers; after
+    them, :attr:`notifier` delivers the change to plugin ``IRoleChangeHandler`` objects asynchronously, one
+    at a time, so a slow handler never holds the elector up.
+    """
 
     def __init__(self, config, state, store, transport, clock, rng: random.Random | None = None):
         self.config = config
@@ -65,6 +73,7 @@ class LeaderElector:
         self.clock = clock
         self.rng = rng or random.Random()
         self.notifier = RoleChangeNotifier(state.self_id)
+        #: The registered observers, in order (use :meth:`observe`; appending here is the same without a filter).
         self.observers: list[Callable[[int, Role], None]] = []
         ms = 1 / 1000.0
         self.heartbeat = config.heart_beat_time_interval_ms * ms
@@ -90,6 +99,30 @@ class LeaderElector:
         #: nor takes leadership, until a restart after the operator repaired the store (issue #9).
         self.store_damaged: str | None = None
         self._damage_log = RateLimitedLog(log, clock, interval=60.0)
+
+    # -- observers ------------------------------------------------------------
+    def observe(self, callback: Callable[[int, Role], None], *,
+                roles: Iterable[Role] | None = None) -> Callable[[], None]:
+        """Call ``callback(term, role)`` on every role change (to one of ``roles``, if given); returns deregister.
+
+        Observers run synchronously, in registration order, before plugin role-change handlers are told;
+        they must not block.  Deregistering twice is harmless.
+        """
+        wanted = None if roles is None else frozenset(roles)
+        if wanted is None:
+            observer = callback
+        else:
+            def observer(term: int, role: Role) -> None:
+                if role in wanted:
+                    callback(term, role)
+
+        self.observers.append(observer)
+
+        def deregister() -> None:
+            if observer in self.observers:
+                self.observers.remove(observer)
+
+        return deregister
 
     # -- lifecycle ------------------------------------------------------------
     def start(self) -> None:
