@@ -93,8 +93,8 @@ class MemberState:
             # every member).
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
                                f"term {term} does not fit the signed 64-bit term field; not persisted")
-        if (term, vote_for) == (self.curr_term, self.vote_for):
-            return
+        # Written even when unchanged (a repeated vote for the same candidate): as it always was, so
+        # seeded simulations, whose term stores observe every save, replay the same schedules.
         self.curr_term, self.vote_for = term, vote_for
         self._version += 1
         self._write()
