@@ -52,7 +52,7 @@ def test_deferred_handlers_see_transitions_one_at_a_time():
 # -- LeaderElector.observe: the one registration for the member's own role-change reactions -----------------
 
 def test_observers_run_in_order_with_role_filters_and_can_deregister():
-    """observe() calls observers in registration order (filtered by role), before plugin handlers; deregister stops it."""
+    """observe() calls observers in order (filtered by role), before plugin handlers; deregister stops it."""
     from twisted.internet import task
 
     from dledger.testing.cluster import Cluster

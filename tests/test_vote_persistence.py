@@ -277,3 +277,17 @@ def test_lmdb_term_store_stays_on_the_reactor_thread(store_type):
 
     assert LmdbTermVoteStore.save_off_reactor is False
     assert FileTermVoteStore.save_off_reactor is True
+
+
+def test_vote_whose_write_fails_is_never_granted():
+    """A vote whose write fails is answered with an error, not ACCEPT; the next request retries the write."""
+    cluster, ios = cluster_with_hand_io()
+    server = cluster.servers["n1"]
+    term = server.state.curr_term
+    reply = server.handle_request(vote_request("n2", term))
+    ios["n1"].fail()
+    assert isinstance(fired(reply).value, OSError)
+    again = server.handle_request(vote_request("n2", term))
+    assert not again.called and ios["n1"].calls[0][1] == (term, "n2")
+    ios["n1"].complete()
+    assert fired(again).vote_result is VoteResult.ACCEPT and cluster.term_stores["n1"].load() == (term, "n2")
