@@ -133,6 +133,11 @@ class ITermVoteStore(Interface):
 
     :meth:`save` must be durable (fsync) when it returns: a member answers a
     vote only after its promise is on disk.
+
+    Optional attribute ``save_off_reactor`` (default False): True says
+    :meth:`save` may run on a thread-pool thread (while the reactor keeps
+    running), so a running member writes term and vote off the reactor
+    thread.  The member never runs two saves at once.
     """
 
     def load() -> tuple:

@@ -70,9 +70,11 @@ class DLedgerServer:
         self.clock = clock
         self.self_id = config.self_id
         self.flusher = Flusher(store, clock, sync=config.flush_policy == "sync")
-        #: The store's batch leader append (or one made of one-entry appends).
-        self.append_batch = base.leader_batch_append(store)
         self.pending = PendingAppends(clock, config.max_wait_ack_time_ms / 1000.0, config.max_pending_requests_num)
+        #: The leader's client-append path (its collaborators given explicitly; see :mod:`.appends`).
+        self.client_appends = appends.ClientAppends(state=state, config=config, pending=self.pending,
+                                                    append_batch=base.leader_batch_append(store), clock=clock,
+                                                    check_request=self.check_request, not_leader=self.not_leader)
         self.elector = LeaderElector(config, state, store, transport, clock, rng)
         self.entry_handler = EntryHandler(state, store, self.flusher, clock,
                                           push_timeout=config.max_push_time_out_ms / 1000.0,
@@ -93,7 +95,7 @@ class DLedgerServer:
         #: cleared only by a restart (after the operator repaired the store).
         self.damaged: tuple[int, str] | None = None
         self._damage_log = RateLimitedLog(log, clock, interval=60.0)
-        self.elector.observers.append(self._role_changed)
+        self.elector.observe(self._role_changed)
         self.running = False
         if use_plugins:
             ext = plugins.server_extensions(self, plugin_manager)
@@ -107,6 +109,11 @@ class DLedgerServer:
                 self.add_leader_ready_listener(listener)
             plugins.add_services(self, self.services, plugin_manager)
 
+    @property
+    def append_batch(self):
+        """The store's batch leader append (or one made of one-entry appends), as the append path uses it."""
+        return self.client_appends.append_batch
+
     # -- construction ------------------------------------------------------------------
     @classmethod
     def build(cls, config, *, clock=None, transport=None, store=None, term_store=None,
@@ -117,6 +124,8 @@ class DLedgerServer:
         ``blocking_io`` (a :class:`dledger.diskio.BlockingIO`) says where the
         store's fsyncs run: inline by default (tests, tools), on the reactor's
         thread pool for a running member (``BlockingIO(reactor, threaded=True)``).
+        Term/vote writes use it too when the term store allows it
+        (``save_off_reactor``, :mod:`dledger.election.state`).
         """
         if clock is None:
             from twisted.internet import reactor as clock
@@ -125,7 +134,10 @@ class DLedgerServer:
             store_type = plugins.get_store_type(config.store_type, plugin_manager)
         if term_store is None:
             term_store = store_type.make_term_store(config)
-        state = MemberState(config.self_id, list(config.members), term_store, config.group)
+        # Term/vote writes go off the reactor thread too when the term store says its save may run on a
+        # pool thread (``save_off_reactor``); otherwise (and for plugin stores that do not say) inline.
+        term_io = (blocking_io or INLINE) if getattr(term_store, "save_off_reactor", False) else INLINE
+        state = MemberState(config.self_id, list(config.members), term_store, config.group, blocking_io=term_io)
         if store is None:
             store = store_type.make_log_store(config, state, clock=clock, blocking_io=blocking_io or INLINE)
         elif callable(store) and not hasattr(store, "append_as_leader"):
@@ -140,7 +152,10 @@ class DLedgerServer:
         """Start counting appends, reads and replication round trips (for :mod:`dledger.metrics`)."""
         if self.stats is None:
             self.stats = ServerStats(self.clock)
-            self.elector.observers.append(self.stats.role_changed)
+            self.elector.observe(self.stats.role_changed)
+            self.client_appends.stats = self.stats
+            if self.replicator is not None:
+                self.replicator.stats = self.stats
         return self.stats
 
     def add_role_change_handler(self, handler) -> None:
@@ -204,6 +219,8 @@ class DLedgerServer:
         self.flusher.stop()
         yield maybeDeferred(self.transport.stop)
         yield maybeDeferred(self.store.shutdown)
+        # A term/vote write still in flight (on the thread pool) finishes before its store is closed.
+        yield self.state.persisted().addErrback(lambda _f: None)
         close = getattr(self.state.term_store, "close", None)
         if close is not None:
             close()  # releases the store directory's lock (dledger.store.ownership) with the log store's
@@ -231,7 +248,11 @@ class DLedgerServer:
         self.pending.fail_all(ResponseCode.TERM_CHANGED)
         self.entry_handler.reset()
         if role is Role.LEADER:
-            self.replicator = LeaderReplicator(self, term)
+            self.replicator = LeaderReplicator(term, config=self.config, self_id=self.self_id,
+                                               members=self.state.members, store=self.store,
+                                               transport=self.transport, clock=self.clock, flusher=self.flusher,
+                                               on_committed=self.committed_advanced,
+                                               on_store_damaged=self.store_damaged, stats=self.stats)
             self.replicator.start()
 
     def committed_advanced(self) -> None:
@@ -262,14 +283,14 @@ class DLedgerServer:
                 run.append(request)
                 continue
             if run:
-                results += appends.append_requests(self, run)
+                results += self.client_appends.append_requests(run, self.replicator)
                 run = []
             try:
                 results.append(self.handle_request(request))
             except Exception:
                 results.append(Failure())
         if run:
-            results += appends.append_requests(self, run)
+            results += self.client_appends.append_requests(run, self.replicator)
         return results
 
     def check_request(self, request) -> None:
@@ -291,7 +312,7 @@ class DLedgerServer:
 
     def handle_append(self, request: AppendEntryRequest) -> Deferred:
         """Append one body or a batch; fires when the last entry commits (SPEC §4 ``handleAppend``)."""
-        (result,) = appends.append_requests(self, [request])
+        (result,) = self.client_appends.append_requests([request], self.replicator)
         if isinstance(result, Failure):
             result.raiseException()
         return result
@@ -490,7 +511,8 @@ class DLedgerServer:
     _handlers = {
         VoteRequest: lambda self, r: self.elector.handle_vote(r),
         HeartBeatRequest: lambda self, r: self.elector.handle_heartbeat(r),
-        PushEntryRequest: lambda self, r: self.entry_handler.handle_push(r),
+        # A push reply acknowledges entries of the leader's term: held until that term is on disk here.
+        PushEntryRequest: lambda self, r: self.state.after_persisted(self.entry_handler.handle_push(r)),
         AppendEntryRequest: handle_append,
         GetEntriesRequest: handle_get,
         MetadataRequest: handle_metadata,

@@ -162,16 +162,16 @@ def test_vote_is_persisted_before_it_is_granted():
     req = VoteRequest(group="g0", term=term, ledger_end_term=9, ledger_end_index=9, leader_id="n2",
                       local_id="n2", remote_id="n1")
     first = server.elector.handle_vote(req)
-    assert first.vote_result is VoteResult.REJECT_TERM_NOT_READY
+    assert first.called and first.result.vote_result is VoteResult.REJECT_TERM_NOT_READY
     cluster.run(0.01)
     reply = server.elector.handle_vote(req)
-    assert reply.vote_result is VoteResult.ACCEPT
+    assert reply.called and reply.result.vote_result is VoteResult.ACCEPT
     assert cluster.term_stores["n1"].load() == (term, "n2")
     again = MemberState("n1", cluster.ids, cluster.term_stores["n1"])
     assert (again.curr_term, again.vote_for) == (term, "n2")
     other = VoteRequest(group="g0", term=term, ledger_end_term=9, ledger_end_index=9, leader_id="n0",
                         local_id="n0", remote_id="n1")
-    assert server.elector.handle_vote(other).vote_result is VoteResult.REJECT_ALREADY_VOTED
+    assert server.elector.handle_vote(other).result.vote_result is VoteResult.REJECT_ALREADY_VOTED
 
 
 def test_member_state_never_moves_term_back():

@@ -235,8 +235,8 @@ def test_appends_that_arrive_together_are_one_store_batch():
     leader = cluster.wait_for_leader()
     server = cluster.servers[leader]
     batches = []
-    real = server.append_batch
-    server.append_batch = lambda entries: batches.append(len(entries)) or real(entries)
+    real = server.client_appends.append_batch
+    server.client_appends.append_batch = lambda entries: batches.append(len(entries)) or real(entries)
     end = server.store.ledger_end_index
     requests = [AppendEntryRequest(group="g0", body=b"a"), AppendEntryRequest(group="g0", batch_msgs=[b"b", b"c"]),
                 AppendEntryRequest(group="elsewhere", body=b"x"), AppendEntryRequest(group="g0", batch_msgs=[]),

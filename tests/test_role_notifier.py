@@ -47,3 +47,31 @@ def test_deferred_handlers_see_transitions_one_at_a_time():
     waits[1].callback(None)
     notifier.notify(2, Role.FOLLOWER)
     assert handler.seen[-1] == (2, Role.FOLLOWER)
+
+
+# -- LeaderElector.observe: the one registration for the member's own role-change reactions -----------------
+
+def test_observers_run_in_order_with_role_filters_and_can_deregister():
+    """observe() calls observers in order (filtered by role), before plugin handlers; deregister stops it."""
+    from twisted.internet import task
+
+    from dledger.testing.cluster import Cluster
+
+    cluster = Cluster(3, seed=2, clock=task.Clock())
+    cluster.start()
+    elector = cluster.servers["n0"].elector
+    seen = []
+    handler = Recorder()
+    cluster.servers["n0"].add_role_change_handler(handler)
+    first = elector.observe(lambda term, role: seen.append(("all", term, role)))
+    elector.observe(lambda term, role: seen.append(("leader-only", term, role)), roles=[Role.LEADER])
+    elector.observe(lambda term, role: seen.append(("handler-saw-it-already", len(handler.seen))))
+    elector._change_to_leader(elector.state.curr_term)
+    term = elector.state.curr_term
+    assert seen == [("all", term, Role.LEADER), ("leader-only", term, Role.LEADER), ("handler-saw-it-already", 0)]
+    assert handler.seen == [(term, Role.LEADER)]
+    first()
+    first()  # twice is harmless
+    seen.clear()
+    elector.change_to_candidate(term)
+    assert seen == [("handler-saw-it-already", 1)]

@@ -8,14 +8,18 @@ arms exactly one timer for its next action instead:
 * leader    -- the next heartbeat round.
 
 Decisions come from :mod:`dledger.election.rules`; this module applies
-them (persisting first, through :class:`MemberState`) and owns the timers.
+them and owns the timers.  Term and vote changes are written by
+:class:`MemberState` through a BlockingIO (off the reactor thread for a
+running member); nothing that depends on one -- a vote reply, a heartbeat
+reply, a vote request of the new term, our own vote -- is sent or counted
+before :meth:`MemberState.persisted` fires.
 Requests to peers go through the injected transport and never block.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
@@ -51,7 +55,15 @@ from dledger.timing import due
 log = Logger()
 
 class LeaderElector:
-    """Drives one member's role. ``observers`` are called synchronously on every role change."""
+    """Drives one member's role.
+
+    Role changes are observed one way: :meth:`observe` registers a callback ``(term, role)`` (optionally
+    only for some roles), called synchronously, in registration order, on every role change; it returns
+    the call that deregisters it (hashicorp/raft's ``RegisterObserver``/``DeregisterObserver``).  The
+    member's own reactions (the server's replicator, stats, simulation checkers) are observers; after
+    them, :attr:`notifier` delivers the change to plugin ``IRoleChangeHandler`` objects asynchronously, one
+    at a time, so a slow handler never holds the elector up.
+    """
 
     def __init__(self, config, state, store, transport, clock, rng: random.Random | None = None):
         self.config = config
@@ -61,6 +73,7 @@ class LeaderElector:
         self.clock = clock
         self.rng = rng or random.Random()
         self.notifier = RoleChangeNotifier(state.self_id)
+        #: The registered observers, in order (use :meth:`observe`; appending here is the same without a filter).
         self.observers: list[Callable[[int, Role], None]] = []
         ms = 1 / 1000.0
         self.heartbeat = config.heart_beat_time_interval_ms * ms
@@ -86,6 +99,30 @@ class LeaderElector:
         #: nor takes leadership, until a restart after the operator repaired the store (issue #9).
         self.store_damaged: str | None = None
         self._damage_log = RateLimitedLog(log, clock, interval=60.0)
+
+    # -- observers ------------------------------------------------------------
+    def observe(self, callback: Callable[[int, Role], None], *,
+                roles: Iterable[Role] | None = None) -> Callable[[], None]:
+        """Call ``callback(term, role)`` on every role change (to one of ``roles``, if given); returns deregister.
+
+        Observers run synchronously, in registration order, before plugin role-change handlers are told;
+        they must not block.  Deregistering twice is harmless.
+        """
+        wanted = None if roles is None else frozenset(roles)
+        if wanted is None:
+            observer = callback
+        else:
+            def observer(term: int, role: Role) -> None:
+                if role in wanted:
+                    callback(term, role)
+
+        self.observers.append(observer)
+
+        def deregister() -> None:
+            if observer in self.observers:
+                self.observers.remove(observer)
+
+        return deregister
 
     # -- lifecycle ------------------------------------------------------------
     def start(self) -> None:
@@ -244,15 +281,31 @@ class LeaderElector:
             if tally.certain():
                 self._vote_round_done(term, tally)
 
-        for remote in st.members:
-            if remote == st.self_id:
-                continue
-            d = self.transport.send(remote, request(remote), timeout=self.vote_timeout)
-            d.addCallbacks(lambda resp: counted(resp.vote_result, resp.term),
-                           lambda _f: counted(VoteResult.UNKNOWN, -1))
-        if round_id == self._round:
-            own = self.handle_vote(request(st.self_id), is_self=True)
-            counted(own.vote_result, own.term)
+        def send(_) -> None:
+            if round_id != self._round:
+                return
+            for remote in st.members:
+                if remote == st.self_id:
+                    continue
+                d = self.transport.send(remote, request(remote), timeout=self.vote_timeout)
+                d.addCallbacks(lambda resp: counted(resp.vote_result, resp.term),
+                               lambda _f: counted(VoteResult.UNKNOWN, -1))
+            if round_id == self._round:
+                # Our own vote counts only once it is on disk, like anyone else's.
+                self.handle_vote(request(st.self_id), is_self=True).addCallbacks(
+                    lambda own: counted(own.vote_result, own.term), lambda _f: counted(VoteResult.UNKNOWN, -1))
+
+        def unwritten(_failure) -> None:
+            # MemberState logged why; try again after a vote interval, in a new term.
+            if round_id != self._round:
+                return
+            self._round += 1
+            self._busy = False
+            self.next_time_to_request_vote = self.clock.seconds() + self._vote_interval()
+            self._arm(self.next_time_to_request_vote - self.clock.seconds())
+
+        # Persist before send: no vote request of a term leaves before that term is on disk.
+        st.persisted().addCallbacks(send, unwritten)
 
     def _vote_round_done(self, term: int, tally: VoteTally) -> None:
         self._round += 1
@@ -333,23 +386,31 @@ class LeaderElector:
         return VoterView(st.self_id, st.member_set, st.curr_term, st.vote_for, st.leader_id,
                          self.store.ledger_end_term, self.store.ledger_end_index, st.taking_leadership)
 
-    def handle_vote(self, request: VoteRequest, is_self: bool = False) -> VoteResponse:
-        """Answer a vote (SPEC §3); a granted vote is on disk before this returns."""
+    def handle_vote(self, request: VoteRequest, is_self: bool = False) -> Deferred:
+        """Answer a vote (SPEC §3): a Deferred of the reply, fired only once a granted vote is on disk.
+
+        The vote is recorded in memory at once (a second candidate of this term is refused from now on)
+        and written through the member's BlockingIO; the reply waits for that write, and for any
+        term/vote write still in flight, so it never promises what the disk does not hold.
+        """
         view = self.view()
         decision = decide_vote(view, request.leader_id, request.term, request.ledger_end_term,
                                request.ledger_end_index, is_self)
         if decision.action is Action.RECORD_VOTE:
-            self.state.record_vote(request.leader_id)
-        elif decision.action is Action.BECOME_CANDIDATE:
-            self.change_to_candidate(decision.term)
-            self.need_increase_term_immediately = True
-            self._arm_if_idle()
+            written = self.state.record_vote(request.leader_id)
+        else:
+            if decision.action is Action.BECOME_CANDIDATE:
+                self.change_to_candidate(decision.term)
+                self.need_increase_term_immediately = True
+                self._arm_if_idle()
+            written = self.state.persisted()
         # Java copies the request's base fields (localId/remoteId unswapped) into the reply.
-        return request.base_reply(VoteResponse, vote_result=decision.vote_result,
-                                  term=vote_reply_term(view, decision.vote_result))
+        reply = request.base_reply(VoteResponse, vote_result=decision.vote_result,
+                                   term=vote_reply_term(view, decision.vote_result))
+        return written.addCallback(lambda _: reply)
 
-    def handle_heartbeat(self, request: HeartBeatRequest) -> HeartBeatResponse:
-        """Answer a heartbeat (SPEC §3)."""
+    def handle_heartbeat(self, request: HeartBeatRequest) -> HeartBeatResponse | Deferred:
+        """Answer a heartbeat (SPEC §3); held (a Deferred) while a term/vote write is in flight."""
         view = self.view()
         decision = decide_heartbeat(view, request.leader_id, request.term)
         if decision.action is Action.REFRESH_LEADER:
@@ -362,7 +423,7 @@ class LeaderElector:
             self._arm_if_idle()
         # Only EXPIRED_TERM tells the leader our term; Java leaves it -1 otherwise.
         term = view.curr_term if decision.code is ResponseCode.EXPIRED_TERM else -1
-        return HeartBeatResponse(code=int(decision.code), term=term)
+        return self.state.after_persisted(HeartBeatResponse(code=int(decision.code), term=term))
 
     def _arm_if_idle(self) -> None:
         if not self._busy:

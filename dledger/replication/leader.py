@@ -311,10 +311,9 @@ class EntryDispatcher(Progress):
                 first = last = entry.index
             self.sent_append(first, last)
             on_reply = lambda resp, f=first, la=last: self._on_append(resp, f, la)
-            if lead.server.stats is not None:
+            if lead.stats is not None:
                 entries = batch if lead.batch_push else [entry]
-                on_reply = lead.server.stats.timed_push(self.peer, len(entries), sum(e.size for e in entries),
-                                                        on_reply)
+                on_reply = lead.stats.timed_push(self.peer, len(entries), sum(e.size for e in entries), on_reply)
             self._send(req, on_reply, lambda exc: self._retry_later(f"APPEND failed: {exc}"))
         if self.needs_commit(store.committed_index):
             self.send_commit()
@@ -418,18 +417,31 @@ class EntryDispatcher(Progress):
 
 
 class LeaderReplicator:
-    """One leadership: NOOP, dispatchers, watermarks and the committed index."""
+    """One leadership: NOOP, dispatchers, watermarks and the committed index.
 
-    def __init__(self, server, term: int):
-        self.server = server
-        cfg = server.config
-        self.self_id = server.state.self_id
+    Its collaborators are given explicitly (as etcd/raft's and hashicorp/raft's replication get theirs),
+    not reached through the server: the member's ``store``, ``transport``, ``clock`` and ``flusher``
+    (the leader's own durability), ``stats`` (None: nothing recorded; the server sets it when stats are
+    enabled later), and two callbacks: ``on_committed()`` when the committed index moved and
+    ``on_store_damaged(index, exc)`` when an entry of this member's log cannot be read.
+    """
+
+    def __init__(self, term: int, *, config, self_id: str, members: Sequence[str], store, transport, clock,
+                 flusher, on_committed: Callable[[], None], on_store_damaged: Callable[[int, Exception], None],
+                 stats=None):
+        cfg = config
+        self.self_id = self_id
         self.group = cfg.group
         self.term = term
-        self.store = server.store
-        self.transport = server.transport
-        self.clock = server.clock
-        self.members = len(server.state.members)
+        self.store = store
+        self.transport = transport
+        self.clock = clock
+        self.flusher = flusher
+        self.stats = stats
+        self.on_committed = on_committed
+        self.on_store_damaged = on_store_damaged
+        self.fast_advance = cfg.enable_fast_advance_commit_index
+        self.members = len(members)
         self.push_timeout = cfg.max_push_time_out_ms / 1000.0
         self.retry_delay = min(self.push_timeout, 0.05)
         self.heartbeat = cfg.heart_beat_time_interval_ms / 1000.0
@@ -437,7 +449,7 @@ class LeaderReplicator:
         self.max_batch_bytes = cfg.max_batch_push_size
         self.max_batch_entries = 10_000
         self.max_in_flight = cfg.max_pending_size
-        self.dispatchers = {peer: EntryDispatcher(self, peer) for peer in server.state.peers}
+        self.dispatchers = {peer: EntryDispatcher(self, peer) for peer in members if peer != self_id}
         self.term_start_index = -1
         self.recent = RecentEntries()
         self.damage_log = RateLimitedLog(log, self.clock, interval=60.0)
@@ -453,7 +465,7 @@ class LeaderReplicator:
 
     def start(self) -> None:
         store = self.store
-        if self.server.config.enable_fast_advance_commit_index:
+        if self.fast_advance:
             try:
                 noop = store.append_as_leader(Entry(body=b"", term=self.term, magic=EntryType.NOOP))
                 self.recent.add(noop)
@@ -502,7 +514,7 @@ class LeaderReplicator:
 
     def _wait_durable(self) -> None:
         self._durable_waiting = True
-        self.server.flusher.wait(self._durable_wanted).addCallbacks(self._self_durable, self._durable_failed)
+        self.flusher.wait(self._durable_wanted).addCallbacks(self._self_durable, self._durable_failed)
 
     def _pump_all(self) -> None:
         self._pump_scheduled = None
@@ -513,7 +525,7 @@ class LeaderReplicator:
         self._durable_waiting = False
         if self.stopped:
             return
-        if self.server.flusher.sync and self._durable_wanted > self.store.flushed_index:
+        if self.flusher.sync and self._durable_wanted > self.store.flushed_index:
             self._wait_durable()
         self.check_commit()
 
@@ -536,7 +548,7 @@ class LeaderReplicator:
 
     # -- quorum -------------------------------------------------------------------------------
     def watermarks(self) -> list[int]:
-        own = self.store.flushed_index if self.server.flusher.sync else self.store.ledger_end_index
+        own = self.store.flushed_index if self.flusher.sync else self.store.ledger_end_index
         return [own] + [d.watermark for d in self.dispatchers.values()]
 
     def watermark_changed(self, dispatcher: EntryDispatcher) -> None:
@@ -557,7 +569,7 @@ class LeaderReplicator:
         if target > current:
             store.update_committed_index(self.term, target)
             if store.committed_index > current:
-                self.server.committed_advanced()
+                self.on_committed()
 
     def peer_watermark(self, peer: str) -> int:
         d = self.dispatchers.get(peer)
@@ -567,13 +579,13 @@ class LeaderReplicator:
         """An entry a follower needs cannot be read from this member's store (e.g. its body CRC fails).
 
         Logged as an error (once per index and interval, with the store's file and offset), then handed
-        to the server, which marks the store damaged (no more standing for election) and moves
+        to ``on_store_damaged`` (the server's), which marks the store damaged (no more standing for election) and moves
         leadership to a member holding the entry (:func:`dledger.replication.rules.damaged_leader_action`).
         """
         self.damage_log.error(("unreadable", index), "{id}: cannot read entry {index} to replicate it to {peer}: "
                               "{why}; this member's store is damaged (see 'store damaged' in operations.md)",
                               id=self.self_id, index=index, peer=peer, why=exc.message or exc)
-        self.server.store_damaged(index, exc)
+        self.on_store_damaged(index, exc)
 
     def peer_known(self, peer: str) -> int:
         """The highest index ``peer`` is known to hold now (-1: unknown); what the lag metric counts from."""

@@ -531,7 +531,14 @@ def _lowest(a: int | None, b: int | None) -> int | None:
 
 @implementer(ITermVoteStore)
 class LmdbTermVoteStore:
-    """``currTerm``/``voteLeader`` in the ``termvote`` database of the member's environment; durable per save."""
+    """``currTerm``/``voteLeader`` in the ``termvote`` database of the member's environment; durable per save.
+
+    Saved on the reactor thread (``save_off_reactor`` False): a full map is grown in :meth:`save`, and
+    growing is only safe while no other transaction of the process is open, which a save on a pool
+    thread, beside the log store's flush rounds, could not ensure.
+    """
+
+    save_off_reactor = False
 
     def __init__(self, path: str | Path, map_size: int = 1 * GiB, owner: ownership.Owner | None = None):
         self.path = Path(path)

@@ -142,6 +142,8 @@ class MemoryLogStore(positions.EntryPositionReader):
 class MemoryTermVoteStore:
     """Term and vote kept in memory; survives a simulated crash if the same object is reused."""
 
+    save_off_reactor = True  # two attribute stores: safe on any thread
+
     def __init__(self, term: int = 0, vote_for: str | None = None):
         self.term = term
         self.vote_for = vote_for

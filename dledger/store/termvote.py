@@ -77,6 +77,9 @@ class FileTermVoteStore:
     gets its ``currterm`` (then its identity record) at once.
     """
 
+    #: :meth:`save` touches only ``currterm`` (+ ``.bak``/``.tmp``), so a running member runs it on the thread pool.
+    save_off_reactor = True
+
     def __init__(self, member_dir: str | Path, owner: ownership.Owner | None = None):
         self.member_dir = Path(member_dir)
         self.path = self.member_dir / NAME

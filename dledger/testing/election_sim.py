@@ -101,7 +101,7 @@ def checked_cluster(n: int, seed: int, checker: ElectionChecker, **kw) -> Cluste
 
     def make(mid):
         server = original(mid)
-        server.elector.observers.append(lambda term, role, m=mid: checker.role_changed(m, term, role))
+        server.elector.observe(lambda term, role, m=mid: checker.role_changed(m, term, role))
         return server
 
     cluster.build = make
