@@ -243,6 +243,17 @@ class LocalGroup:
 
         return await self.wait_for(leader, timeout, "a leader", interval=0.05)
 
+    async def start_and_wait(self, timeout: float = 30.0) -> Any:
+        """Start every member, wait until each serves and a leader is elected; the leader's metadata."""
+        self.start()
+        admin = self.client(request_timeout=0.5)
+        try:
+            for mid in self.ids:
+                await self.wait_ready(admin, mid, timeout)
+            return await self.wait_for_leader(admin, timeout)
+        finally:
+            await admin.close()
+
     async def wait_ready(self, client: Any, mid: str, timeout: float) -> Any:
         """Member ``mid`` answers metadata (it is started and serving)."""
         return await self.wait_for(lambda: self.metadata(client, mid), timeout, f"{mid} to serve")

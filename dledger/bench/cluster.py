@@ -171,14 +171,7 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
             group = LocalGroup(base / "load", n=3, store=opts.store, preset=opts.preset, flush_policy=opts.flush,
                                group=opts.group, reactor=reactor)
             say(f"starting 3 members ({opts.store}, flush {opts.flush}, preset {opts.preset}) in {base}")
-            group.start()
-            admin = group.client(request_timeout=0.5)
-            try:
-                for mid in group.ids:
-                    await group.wait_ready(admin, mid, 30)
-                await group.wait_for_leader(admin, 30)
-            finally:
-                await admin.close()
+            await group.start_and_wait(30)
             peers = group.peers
         else:
             peers = opts.peers
@@ -255,14 +248,7 @@ async def load_round(reactor: Any, base: Path, opts: Options, tls: bool, say=pro
     loader = None
     out: dict[str, Any] = {}
     try:
-        group.start()
-        admin = group.client(request_timeout=0.5)
-        try:
-            for mid in group.ids:
-                await group.wait_ready(admin, mid, 30)
-            await group.wait_for_leader(admin, 30)
-        finally:
-            await admin.close()
+        await group.start_and_wait(30)
         loader = Loader(reactor, group.peers, opts.group, opts.size, binary=not opts.java_frames,
                         credentials=credentials)
         await loader.find_leader()

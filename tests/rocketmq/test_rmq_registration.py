@@ -248,14 +248,19 @@ GOLDEN_SYNC = {SyncKind.TOPIC_CONFIG: "021-get-all-topic-config-end-of-run-with-
                SyncKind.SUBSCRIPTION_GROUP: "201-get-all-subscriptiongroup-config-end-of-run-with-data-response"}
 
 
-def golden_port(requests: list):
-    """A broker port answering GET_ALL_* with the recorded master's bodies (records the codes it got)."""
-    saved = port_module.EXTENSIONS[:]  # a bare port: the extensions need a real broker
+def bare_port() -> BrokerPort:
+    """A broker port without a broker: no extensions (they need one), handlers set by the test."""
+    saved = port_module.EXTENSIONS[:]
     port_module.EXTENSIONS.clear()
     try:
-        port = BrokerPort(SimpleNamespace(), "tcp:0")
+        return BrokerPort(SimpleNamespace(), "tcp:0")
     finally:
         port_module.EXTENSIONS[:] = saved
+
+
+def golden_port(requests: list):
+    """A broker port answering GET_ALL_* with the recorded master's bodies (records the codes it got)."""
+    port = bare_port()
 
     def answer(kind):
         def handler(req):
@@ -311,12 +316,7 @@ def test_fetch_without_a_master_fails_after_the_timeout_and_error_codes_fail(tmp
     out.clear()
     fetcher.fetch(SyncKind.CONSUMER_OFFSET).addErrback(out.append)  # same term and leader: no second wait
     assert out and "no master address" in out[0].getErrorMessage()
-    saved = port_module.EXTENSIONS[:]  # a bare port: the extensions need a real broker
-    port_module.EXTENSIONS.clear()
-    try:
-        port = BrokerPort(SimpleNamespace(), "tcp:0")
-    finally:
-        port_module.EXTENSIONS[:] = saved
+    port = bare_port()
     port.handlers = {}
     net.servers["10.0.0.1:10911"] = port.factory
     fetcher.learned("10.0.0.1:10911", (1, "n1"))
