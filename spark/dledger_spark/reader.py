@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import atexit
 import logging
-import threading
+import threading  # allowed: Spark executor code (a lock around the per-process client cache), not the reactor core
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -130,10 +130,10 @@ def read_entries(part: Partition, client=None, clock=time.monotonic) -> Iterator
                     begin = client.find_leader().ledger_begin_index
                 except DLedgerError as again:  # an election: ask again (bounded by the timeout)
                     last_error = again
-                    time.sleep(0.05)
+                    time.sleep(0.05)  # allowed: Spark-side blocking retry pause
                     continue
                 if begin <= index:  # the leader changed and the new one holds it: ask again
-                    time.sleep(0.02)
+                    time.sleep(0.02)  # allowed: Spark-side blocking retry pause
                     continue
                 if part.fail_on_data_loss:
                     raise SourceError(data_loss_message(part.group, index, begin)) from None
@@ -152,9 +152,9 @@ def read_entries(part: Partition, client=None, clock=time.monotonic) -> Iterator
                 if part.read_from == "any" or now - follower_since > FOLLOWER_GRACE:
                     use_leader = True
                 else:
-                    time.sleep(0.02)
+                    time.sleep(0.02)  # allowed: Spark-side blocking retry pause
                 continue
-            time.sleep(0.05)  # elections, connections: the client already retried; pause, then again
+            time.sleep(0.05)  # allowed: Spark-side retry pause (elections, connections)
             continue
         if not entries and member is not None:
             use_leader = True  # a follower whose committed prefix ends in NOOPs: ask the leader

@@ -57,7 +57,7 @@ class Planner:
                 if time.monotonic() >= deadline:
                     raise SourceError(f"dledger source: no leader of group {group!r} at {self.opts.groups[group]} "
                                       f"answered within {self.opts.timeout:g}s: {exc}") from None
-                time.sleep(0.1)
+                time.sleep(0.1)  # allowed: Spark-side blocking retry pause
 
     def metas(self) -> dict:
         return {g: self.leader_meta(g) for g in self.opts.groups}
