@@ -64,10 +64,7 @@ async def test_hostile_frames_change_nothing_on_disk_and_the_group_keeps_committ
     raw = RemotingClient(reactor, timeout=2.0)
     socks = []
     try:
-        group.start()
-        for mid in group.ids:
-            await group.wait_ready(admin, mid, 30)
-        leader = (await group.wait_for_leader(admin, 15)).leader_id
+        leader = (await group.start_and_wait(30)).leader_id
         for i in range(20):
             await admin.append(f"before {i}".encode())
 
@@ -164,10 +161,7 @@ async def test_idle_connection_flood_under_a_low_fd_limit_leaves_the_group_worki
     admin = group.client(request_timeout=1.0)
     socks = []
     try:
-        group.start()
-        for mid in group.ids:
-            await group.wait_ready(admin, mid, 30)
-        leader = (await group.wait_for_leader(admin, 15)).leader_id
+        leader = (await group.start_and_wait(30)).leader_id
         follower = next(mid for mid in group.ids if mid != leader)
         for i in range(10):
             await admin.append(f"before {i}".encode())

@@ -82,10 +82,7 @@ async def test_acknowledged_appends_survive_repeated_leader_kill9(tmp_path, reac
     appenders = None
     killed = []
     try:
-        group.start()
-        for mid in group.ids:
-            await group.wait_ready(admin, mid, 30)
-        await group.wait_for_leader(admin, 15)
+        await group.start_and_wait(30)
         appenders = Appenders(group, APPENDERS)
         for _ in range(KILLS):
             await appenders.progress(ACKS_BETWEEN_KILLS, 30)

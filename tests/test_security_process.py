@@ -96,10 +96,7 @@ async def test_forged_frames_are_refused_and_change_nothing(tmp_path, reactor, m
     admin = group.client(request_timeout=2.0)
     clients = {}
     try:
-        group.start()
-        for mid in group.ids:
-            await group.wait_ready(admin, mid, 30)
-        leader = (await group.wait_for_leader(admin, 20)).leader_id
+        leader = (await group.start_and_wait(30)).leader_id
         for i in range(20):
             await admin.append(f"before {i}".encode())
 
@@ -205,10 +202,7 @@ async def test_cli_client_with_and_without_credentials(tmp_path, reactor):
     group, d = secured_group(tmp_path, reactor, "tls")
     admin = group.client(request_timeout=2.0)
     try:
-        group.start()
-        for mid in group.ids:
-            await group.wait_ready(admin, mid, 30)
-        await group.wait_for_leader(admin, 20)
+        await group.start_and_wait(30)
         base = [sys.executable, "-m", "dledger.cli", "append", "--peers", group.peers, "--group", "g0",
                 "--body", "hello", "--timeout", "3"]
         creds = ["--tls-ca", str(d / "ca.crt"), "--tls-cert", str(d / "client-app1.crt"),

@@ -40,10 +40,7 @@ async def test_wiped_follower_in_an_idle_group_catches_up_within_two_heartbeats(
     heartbeat = group.configs["n0"].heart_beat_time_interval_ms / 1000.0
     admin = group.client(request_timeout=0.5)
     try:
-        group.start()
-        for mid in group.ids:
-            await group.wait_ready(admin, mid, 30)
-        leader = (await group.wait_for_leader(admin, 15)).leader_id
+        leader = (await group.start_and_wait(30)).leader_id
         for i in range(ENTRIES):
             await admin.append(b"entry %d" % i)
         end = (await group.metadata(admin, leader)).ledger_end_index

@@ -68,10 +68,7 @@ async def measure_failover(reactor: Any, base: Path, opts: Options, preset: str)
     times: list[float] = []
     prober = None
     try:
-        group.start()
-        for mid in group.ids:
-            await group.wait_ready(admin, mid, 30)
-        await group.wait_for_leader(admin, 30)
+        await group.start_and_wait(30)
         prober = Prober(group)
         rng = random.Random(opts.seed)
         heartbeat = group.configs[group.ids[0]].heart_beat_time_interval_ms / 1000.0

@@ -107,9 +107,7 @@ async def test_alions_producer_and_push_consumer_across_a_master_kill(tmp_path, 
                                    env=child_env(), path=str(tmp_path))
     driver = None
     try:
-        group.start()
-        for mid in group.ids:
-            await group.wait_ready(admin, mid, 30)
+        await group.start_and_wait(30)
 
         async def master_accepts():
             meta = await group.wait_for_leader(admin, 10)

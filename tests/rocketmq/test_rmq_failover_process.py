@@ -228,9 +228,7 @@ async def test_master_killed_twice_under_load_loses_and_skips_nothing(tmp_path, 
             return None
     load = Load(reactor, brokers, set(group.ids), consumer_brokers, leader)
     try:
-        group.start()
-        for mid in group.ids:
-            await group.wait_ready(admin, mid, 30)
+        await group.start_and_wait(30)
         await current_master(group, admin, load, 20)
         running = [Deferred.fromCoroutine(load.produce()), Deferred.fromCoroutine(load.consume())]
         outages = []

@@ -195,16 +195,22 @@ async def run(reactor: Any, args: argparse.Namespace) -> int:
             return route if set(route_masters(route)) == set(GROUPS) and len(route["queueDatas"]) == 2 else None
         await wait_for(reactor, f"{TOPIC}'s route on both groups", routed_on_both, 30)
         sent = [f"hello {g}".encode() for g in GROUPS]
-        spread: dict[str, int] = {}
-        for i in range(args.messages):
-            r = await rc.send(TOPIC, f"m{i}".encode())
-            sent.append(f"m{i}".encode())
-            spread[r.broker_name] = spread.get(r.broker_name, 0) + 1
-        print(f"sent {args.messages} messages: {spread}")
-        got = await read_all(rc, "demo_cg")
-        print(f"pulled {len(got)} messages from both groups")
-        if sorted(got) != sorted(sent):
-            print("error: the messages pulled are not the messages sent", file=sys.stderr)
+
+        async def send_and_read_back(prefix: str, what: str, pulled: str) -> bool:
+            """Send ``args.messages`` bodies spread over the groups; read everything back; equal to all sent?"""
+            spread: dict[str, int] = {}
+            for i in range(args.messages):
+                r = await rc.send(TOPIC, f"{prefix}{i}".encode())
+                sent.append(f"{prefix}{i}".encode())
+                spread[r.broker_name] = spread.get(r.broker_name, 0) + 1
+            print(f"sent {args.messages} {what}: {spread}")
+            got = await read_all(rc, "demo_cg")
+            print(f"pulled {len(got)} messages {pulled}")
+            if sorted(got) != sorted(sent):
+                print("error: the messages pulled are not the messages sent", file=sys.stderr)
+                return False
+            return True
+        if not await send_and_read_back("m", "messages", "from both groups"):
             return 1
         old = found["broker-a"]
         print(f"kill -9 broker-a's master {broker_ports[old]} ({old})")
@@ -216,16 +222,7 @@ async def run(reactor: Any, args: argparse.Namespace) -> int:
             return m if m and m != old else None
         new = await wait_for(reactor, "broker-a's new master", new_master, 60)
         print(f"name server: broker-a master {new} ({broker_ports[new]}) after {time.monotonic() - killed_at:.1f} s")
-        spread = {}
-        for i in range(args.messages):
-            r = await rc.send(TOPIC, f"after{i}".encode())
-            sent.append(f"after{i}".encode())
-            spread[r.broker_name] = spread.get(r.broker_name, 0) + 1
-        print(f"sent {args.messages} more: {spread}")
-        got = await read_all(rc, "demo_cg")
-        print(f"pulled {len(got)} messages in all")
-        if sorted(got) != sorted(sent):
-            print("error: the messages pulled are not the messages sent", file=sys.stderr)
+        if not await send_and_read_back("after", "more", "in all"):
             return 1
         print("ok: every message sent was read back once, across the failover")
         return 0
