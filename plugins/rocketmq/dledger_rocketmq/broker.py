@@ -30,6 +30,7 @@ from dledger_rocketmq import oldlog
 from dledger_rocketmq.commitlog import CommitLog, PutResult, PutStatus  # noqa: F401 (part of the facade's API)
 from dledger_rocketmq.consumequeue import DEFAULT_FILE_SIZE, tag_hash
 from dledger_rocketmq.control import (
+    KIND_GROUP_CONFIG,
     KIND_TOPIC_CONFIG,
     METADATA_KINDS,
     OffsetCommit,
@@ -219,7 +220,8 @@ class Broker(MultiService):
         #: is created); one that raises is logged.
         self.metadata_callbacks: list[Callable[[Broker, object], object]] = []
         #: Topic name -> the callers waiting for its auto-creation entry in flight (one entry per name at a time).
-        self._creating: dict[str, list[Deferred]] = {}
+        #: Topic/group creations in flight: (control kind, name) -> waiters (one log entry per name at a time).
+        self._creating: dict[tuple[int, str], list[Deferred]] = {}
 
     # -- service ---------------------------------------------------------------------------
     def startService(self):
@@ -323,21 +325,28 @@ class Broker(MultiService):
 
     def create_topic(self, config: dict) -> Deferred:
         """Create a topic through the log (a send's auto-creation); concurrent calls for one name share one entry."""
-        name = config["topicName"]
+        return self._create_once(KIND_TOPIC_CONFIG, config["topicName"], config)
+
+    def create_group(self, config: dict) -> Deferred:
+        """Create a subscription group through the log (a heartbeat's auto-creation); one entry per name at a time."""
+        return self._create_once(KIND_GROUP_CONFIG, config["groupName"], config)
+
+    def _create_once(self, kind: int, name: str, config: dict) -> Deferred:
+        key = (kind, name)
         d: Deferred = Deferred()
-        waiters = self._creating.get(name)
+        waiters = self._creating.get(key)
         if waiters is not None:
             waiters.append(d)
             return d
-        self._creating[name] = [d]
+        self._creating[key] = [d]
 
         def done(result):
-            for waiter in self._creating.pop(name, []):
+            for waiter in self._creating.pop(key, []):
                 if isinstance(result, Failure):
                     waiter.errback(result)
                 else:
                     waiter.callback(result)
-        self.change_metadata(KIND_TOPIC_CONFIG, [config]).addBoth(done)
+        self.change_metadata(kind, [config]).addBoth(done)
         return d
 
     def append_control(self, body: bytes) -> Deferred:

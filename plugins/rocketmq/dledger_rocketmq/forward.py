@@ -47,6 +47,7 @@ def should_forward(*, enabled: bool, is_master: bool, forwarded: bool, master_kn
 
 def install(port) -> None:
     """Wrap the port's send handlers (after the other extensions, so it sees their checks first)."""
+    port._forward_log = RateLimitedLog(log, port.broker.server.clock)
     for code in SEND_CODES:
         inner = port.handlers.get(code)
         if inner is not None:
@@ -81,9 +82,6 @@ def relay(port, fetcher: Any, req: Request) -> Deferred:
 
 
 def _fallback(port, fetcher, req: Request, inner, f) -> Reply | Deferred:
-    rated = getattr(port, "_forward_log", None)
-    if rated is None:
-        rated = port._forward_log = RateLimitedLog(log, port.broker.server.clock)
-    rated.warn("forward", "{id}: could not forward a send to the master {m}: {e}; answering it here",
+    port._forward_log.warn("forward", "{id}: could not forward a send to the master {m}: {e}; answering it here",
                 id=port.broker.server.self_id, m=fetcher.master_addr, e=f.getErrorMessage())
     return maybeDeferred(inner, req)

@@ -6,8 +6,10 @@ are set) listens on its own endpoint and answers SEND_MESSAGE (10),
 SEND_MESSAGE_V2 (310), SEND_BATCH_MESSAGE (320), PULL_MESSAGE (11),
 QUERY_CONSUMER_OFFSET (14), UPDATE_CONSUMER_OFFSET (15, two-way and oneway),
 GET_MAX_OFFSET (30) and GET_MIN_OFFSET (31) through the
-:class:`~dledger_rocketmq.broker.Broker` facade; every other request code gets
-REQUEST_CODE_NOT_SUPPORTED (3).
+:class:`~dledger_rocketmq.broker.Broker` facade.  Every other code is answered
+by the handler an extension module (``EXTENSIONS``: admin and query codes,
+client sessions, forwarding from a slave) put in ``BrokerPort.handlers``, or
+with REQUEST_CODE_NOT_SUPPORTED (3) when none did.
 
 The decisions are pure functions (``*_args``: extFields -> call arguments;
 ``*_reply``: broker result -> :class:`Reply`), table-tested; the protocol only
@@ -68,8 +70,6 @@ GET_MAX_OFFSET = 30
 GET_MIN_OFFSET = 31
 SEND_MESSAGE_V2 = 310
 SEND_BATCH_MESSAGE = 320
-SUPPORTED_CODES = frozenset({SEND_MESSAGE, PULL_MESSAGE, QUERY_CONSUMER_OFFSET, UPDATE_CONSUMER_OFFSET,
-                             GET_MAX_OFFSET, GET_MIN_OFFSET, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE})
 #: Modules that add request handlers to every BrokerPort: ``"module:function"``, called with the port as it is
 #: made (``port.handlers[code] = fn``; ``port.connection_lost_callbacks.append(...)``).  One line per module.
 EXTENSIONS: list[str] = [

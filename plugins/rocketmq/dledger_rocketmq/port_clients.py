@@ -28,7 +28,6 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults, succeed
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 
 from dledger.errors import DLedgerError
 from dledger.transport.remoting import FLAG_ONEWAY, Header
@@ -41,7 +40,6 @@ from dledger_rocketmq.clients import (
     parse_heartbeat,
     pull_subscription_check,
 )
-from dledger_rocketmq.control import KIND_GROUP_CONFIG, KIND_TOPIC_CONFIG
 from dledger_rocketmq.errors import CodecError
 from dledger_rocketmq.longpoll import PullHolds, hold_seconds, should_hold
 from dledger_rocketmq.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_TYPE_MASK, decode_record, peek_record
@@ -106,8 +104,6 @@ class ClientSessions:
         self.registry = ClientRegistry()
         self.holds = PullHolds(self.clock)
         self.locks = LockTable()
-        #: Subscription-group creations in flight: name -> waiters (one log entry per group at a time).
-        self._creating: dict[str, list[Deferred]] = {}
         self._expiry: dict[Any, Any] = {}  # channel -> IDelayedCall (its heartbeat deadline)
         self._opaque = itertools.count(1)
         self.notified = 0
@@ -226,7 +222,7 @@ class ClientSessions:
         if config is not None:
             return config
         config = subscription_group_config(group)
-        d = self._create(KIND_GROUP_CONFIG, "group", group, config)
+        d = self._create(self.broker.create_group, "group", group, config)
         if pending is not None:
             pending.append(d)
         return config
@@ -235,26 +231,13 @@ class ClientSessions:
         """Fires once the topic exists here: at once if known, else after its creation entry commits (master)."""
         if self.broker.meta.topics.get(config["topicName"]) is not None:
             return succeed(None)
-        return self._create(KIND_TOPIC_CONFIG, "topic", config["topicName"], config)
+        return self._create(self.broker.create_topic, "topic", config["topicName"], config)
 
-    def _create(self, kind: int, what: str, name: str, config: dict) -> Deferred:
-        broker = self.broker
-        if broker.role != "MASTER":
+    def _create(self, create, what: str, name: str, config: dict) -> Deferred:
+        """``create(config)`` on a master (concurrent creations of one name share one log entry); logged."""
+        if self.broker.role != "MASTER":
             return succeed(None)
-        if kind == KIND_TOPIC_CONFIG:
-            d = broker.create_topic(config)  # concurrent creations of one topic share one entry
-        else:  # a group: one entry while one is in flight (heartbeats come every few seconds per client)
-            d = Deferred()
-            waiters = self._creating.get(name)
-            if waiters is not None:
-                waiters.append(d)
-            else:
-                self._creating[name] = [d]
-
-                def settled(result):
-                    for waiter in self._creating.pop(name, []):
-                        (waiter.errback if isinstance(result, Failure) else waiter.callback)(result)
-                broker.change_metadata(kind, [config]).addBoth(settled)
+        d = create(config)
 
         def created(_):
             log.info("rocketmq port: {what} {n} created", what=what, n=name)
