@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import pytest_twisted
 from dledger_rocketmq.client import connect
+from dledger_rocketmq.localgroup import broker_port_args, wait_for_master
 from twisted.internet import protocol
 from twisted.internet.defer import Deferred
 
@@ -94,8 +95,7 @@ async def test_alions_producer_and_push_consumer_across_a_master_kill(tmp_path, 
     namesrv_port, *ports = free_ports(4)
     ports = dict(zip(["n0", "n1", "n2"], ports, strict=True))
     namesrv = f"127.0.0.1:{namesrv_port}"
-    member_args = {mid: ["--plugin-opt", f"rocketmq.listen=tcp:{p}:interface=127.0.0.1",
-                         "--plugin-opt", f"rocketmq.storeHost=127.0.0.1:{p}"] for mid, p in ports.items()}
+    member_args = broker_port_args(ports)
     group = LocalGroup(tmp_path, n=3, store=STORE, preset="fast", member_args=member_args,
                        options={"plugins.rocketmq.enabled": True, "plugins.rocketmq.namesrvAddr": namesrv,
                                 "plugins.rocketmq.brokerName": "broker-a"})
@@ -109,20 +109,8 @@ async def test_alions_producer_and_push_consumer_across_a_master_kill(tmp_path, 
     try:
         await group.start_and_wait(30)
 
-        async def master_accepts():
-            meta = await group.wait_for_leader(admin, 10)
-            try:
-                c = await connect(reactor, "127.0.0.1", ports[meta.leader_id], timeout=2)
-            except Exception:
-                return None
-            try:  # the topic exists on the master before the client asks the name server for its route
-                await c.send(TOPIC, b"warm-up", queue_id=0)
-                return meta.leader_id
-            except Exception:
-                return None
-            finally:
-                c.close()
-        await group.wait_for(master_accepts, 30, "a master broker")
+        # The topic exists on the master before ali-ons asks the name server for its route.
+        await wait_for_master(group, admin, ports, topic=TOPIC, body=b"warm-up")
 
         driver = Lines()
         node = reactor.spawnProcess(driver, NODE, [NODE, str(DRIVER), namesrv, TOPIC, GROUP, "--interval", "20",

@@ -22,6 +22,7 @@ import re
 import pytest
 import pytest_twisted
 from dledger_rocketmq.client import RocketMQError, connect
+from dledger_rocketmq.localgroup import broker_port_args, wait_for_master
 from dledger_rocketmq.message import message_id
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
@@ -186,22 +187,11 @@ class Load:
                 offsets = None
 
 
-async def current_master(group: LocalGroup, admin, load: Load, timeout: float) -> str:
-    """Wait until the dledger leader's broker accepts a request as master; set ``load.master``."""
-    async def found():
-        meta = await group.wait_for_leader(admin, timeout)
-        mid = meta.leader_id
-        if mid not in load.live:
-            return None
-        try:
-            c = await load.brokers.client(mid)
-            await c.send(TOPIC + "Probe", b"probe", queue_id=0)
-        except Exception:
-            return None
-        return mid
-    mid = await group.wait_for(found, timeout, "a master broker")
-    load.master = mid
-    return mid
+async def current_master(group: LocalGroup, admin, load: Load, ports, timeout: float) -> str:
+    """Wait until the dledger leader's broker accepts a send as master; set ``load.master``."""
+    load.master = await wait_for_master(group, admin, ports, topic=TOPIC + "Probe", timeout=timeout,
+                                        live=load.live)
+    return load.master
 
 
 async def wait_sends(group: LocalGroup, load: Load, n: int, timeout: float, what: str) -> None:
@@ -213,8 +203,7 @@ async def wait_sends(group: LocalGroup, load: Load, n: int, timeout: float, what
 async def test_master_killed_twice_under_load_loses_and_skips_nothing(tmp_path, reactor, capsys):
     """SIGKILL of the master twice while producing and consuming: nothing lost, skipped, moved or re-sent."""
     ports = dict(zip(["n0", "n1", "n2"], free_ports(3), strict=True))
-    member_args = {mid: ["--plugin-opt", f"rocketmq.listen=tcp:{p}:interface=127.0.0.1",
-                         "--plugin-opt", f"rocketmq.storeHost=127.0.0.1:{p}"] for mid, p in ports.items()}
+    member_args = broker_port_args(ports)
     group = LocalGroup(tmp_path, n=3, store=STORE, preset="fast", member_args=member_args,
                        options={"plugins.rocketmq.enabled": True, "plugins.rocketmq.masterWaitTimeout": 10.0})
     admin = group.client(request_timeout=0.3)
@@ -229,7 +218,7 @@ async def test_master_killed_twice_under_load_loses_and_skips_nothing(tmp_path, 
     load = Load(reactor, brokers, set(group.ids), consumer_brokers, leader)
     try:
         await group.start_and_wait(30)
-        await current_master(group, admin, load, 20)
+        await current_master(group, admin, load, ports, 20)
         running = [Deferred.fromCoroutine(load.produce()), Deferred.fromCoroutine(load.consume())]
         outages = []
         for k in range(KILLS):
@@ -243,7 +232,7 @@ async def test_master_killed_twice_under_load_loses_and_skips_nothing(tmp_path, 
             brokers.drop(victim)
             consumer_brokers.drop(victim)
             load.master = None
-            new = await current_master(group, admin, load, 30)
+            new = await current_master(group, admin, load, ports, 30)
             assert new != victim
             await wait_sends(group, load, 1, 30, f"a send after kill {k + 1}")
             first_ack = next(t for t in load.ack_times[acked_before:] if t >= killed_at)

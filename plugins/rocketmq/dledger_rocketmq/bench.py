@@ -35,6 +35,7 @@ from dledger.commands.argtypes import positive_float, positive_int
 from dledger.launcher import LocalGroup, durable_store, free_ports
 from dledger_rocketmq.batch import BatchItem, encode_batch
 from dledger_rocketmq.client import RocketMQError, connect, message_properties
+from dledger_rocketmq.localgroup import broker_port_args, wait_for_master
 
 PHASES = ("batch", "single", "dispatch")
 TOPIC = "BenchTopic"
@@ -208,19 +209,15 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
         return results
     base = Path(opts.directory) if opts.directory else Path(tempfile.mkdtemp(prefix="dledger-bench-rocketmq-"))
     ports = dict(zip(["n0", "n1", "n2"], free_ports(3), strict=True))
-    member_args = {mid: ["--plugin-opt", f"rocketmq.listen=tcp:{p}:interface=127.0.0.1",
-                         "--plugin-opt", f"rocketmq.storeHost=127.0.0.1:{p}"] for mid, p in ports.items()}
     group = LocalGroup(base, n=3, store=store, preset=opts.preset, flush_policy=opts.flush, reactor=reactor,
-                       member_args=member_args, options={"plugins.rocketmq.enabled": True})
+                       member_args=broker_port_args(ports), options={"plugins.rocketmq.enabled": True})
     clients: list = []
     try:
         say(f"starting 3 members with the broker plugin ({store}, flush {opts.flush}, preset {opts.preset}) in {base}")
-        group.start()
+        await group.start_and_wait(30)
         admin = group.client(request_timeout=0.5)
         try:
-            for mid in group.ids:
-                await group.wait_ready(admin, mid, 30)
-            master = await _find_master(reactor, group, admin, ports, opts.queues)
+            master = await wait_for_master(group, admin, ports, topic=TOPIC, timeout=60, queues=opts.queues)
         finally:
             await admin.close()
         slave = next(mid for mid in group.ids if mid != master)
@@ -248,25 +245,6 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
         group.close()
         if not (opts.keep or opts.directory):
             shutil.rmtree(base, ignore_errors=True)
-
-
-async def _find_master(reactor, group: LocalGroup, admin, ports: dict[str, int], queues: int) -> str:
-    """The leader whose broker accepts a send (it switched to master)."""
-    async def probe():
-        meta = await group.wait_for_leader(admin, 10)
-        try:
-            c = await connect(reactor, "127.0.0.1", ports[meta.leader_id], timeout=2,
-                              default_topic_queue_nums=queues)
-        except Exception:
-            return None
-        try:
-            await c.send(TOPIC, b"probe", queue_id=0)
-        except RocketMQError:
-            return None
-        finally:
-            c.close()
-        return meta.leader_id
-    return await group.wait_for(probe, 60, "a master broker", interval=0.05)
 
 
 def format_results(r: dict) -> str:
