@@ -54,6 +54,7 @@ from dledger.transport.remoting import (
 from dledger_rocketmq.batch import batch_records, decode_batch
 from dledger_rocketmq.broker import GetResult, GetStatus
 from dledger_rocketmq.commitlog import PutResult, PutStatus
+from dledger_rocketmq.consumequeue import tag_hash
 from dledger_rocketmq.control import OffsetCommit
 from dledger_rocketmq.errors import CodecError
 from dledger_rocketmq.message import Address, MessageRecord
@@ -414,6 +415,12 @@ def subscription_tags(expression: str | None) -> list[str] | None:
     return tags
 
 
+def subscription_codes(args: PullArgs) -> set[int] | None:
+    """The tag hashes a pull that carries its subscription asks for (None: every message)."""
+    tags = subscription_tags(args.subscription) if args.expression_type.upper() == "TAG" else None
+    return {tag_hash(t) for t in tags} if tags else None
+
+
 def pull_reply(args: PullArgs, result: GetResult, *, is_master: bool, offset_check_in_slave: bool = False,
                suggest_broker_id: int = MASTER_ID) -> Reply:
     """PullMessageProcessor's response for a GetResult (without long polling: nothing found is answered now).
@@ -726,9 +733,8 @@ class BrokerPort(service.Service):
         error = self.pull_precheck(args)
         if error is not None:
             return error
-        tags = subscription_tags(args.subscription) if args.expression_type.upper() == "TAG" else None
         self.commit_pulled(args)
-        return self.read_pull(args, {self.broker.tag_code(t) for t in tags} if tags else None)
+        return self.read_pull(args, subscription_codes(args))
 
     # -- the pull path in parts (extensions compose them: subscriptions, long polling) ---------------------------
     def pull_precheck(self, args: PullArgs) -> Reply | None:

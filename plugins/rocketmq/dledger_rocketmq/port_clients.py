@@ -62,7 +62,7 @@ from dledger_rocketmq.port import (
     ext_str,
     pull_args,
     send_args,
-    subscription_tags,
+    subscription_codes,
 )
 from dledger_rocketmq.retry import (
     DEFAULT_MAX_RECONSUME_TIMES,
@@ -366,9 +366,7 @@ class ClientSessions:
         if error is not None:
             return error
         if args.sys_flag & SYSFLAG_SUBSCRIPTION:
-            expression_type = args.expression_type
-            tags = subscription_tags(args.subscription) if expression_type.upper() == "TAG" else None
-            codes = {self.broker.tag_code(t) for t in tags} if tags else None
+            expression_type, codes = args.expression_type, subscription_codes(args)
         else:
             config = self.broker.meta.groups.get(args.group) or {}
             found = pull_subscription_check(self.registry.consumers.get(args.group), args.topic, args.sub_version,
