@@ -28,7 +28,7 @@ from dledger.errors import DLedgerError
 from dledger.messages import AppendEntryRequest
 from dledger_rocketmq import oldlog
 from dledger_rocketmq.commitlog import CommitLog, PutResult, PutStatus  # noqa: F401 (part of the facade's API)
-from dledger_rocketmq.consumequeue import DEFAULT_FILE_SIZE, tag_hash
+from dledger_rocketmq.consumequeue import DEFAULT_FILE_SIZE
 from dledger_rocketmq.control import (
     KIND_GROUP_CONFIG,
     KIND_TOPIC_CONFIG,
@@ -511,10 +511,6 @@ class Broker(MultiService):
         else:
             status = GetStatus.NO_MATCHED_MESSAGE
         return GetResult(status, records, nxt, lo, hi)
-
-    @staticmethod
-    def tag_code(tag: str) -> int:
-        return tag_hash(tag)
 
     def lag(self) -> int:
         """Committed bytes not yet dispatched into consume queues."""
