@@ -46,9 +46,10 @@ def send(cluster, net, addr: str, ext_extra=None):
     """SEND_MESSAGE_V2 of one message to ``addr`` over the in-memory network; the (header, body) reply."""
     host, port = addr.split(":")
     out = []
+    ext = {"a": "fwd_pg", "b": "Fwd", "c": "TBW102", "d": 4, "e": 0, "f": 0, "g": 1, "h": 0, "i": "", "j": 0,
+           "k": "false", "m": "false", **(ext_extra or {})}  # SEND_MESSAGE_V2's short names, as a Java client
     net.connect(cluster.clock, host, int(port)).addCallback(
-        lambda c: c.request(SEND_MESSAGE_V2, {**c._send_ext("Fwd", 0, "", False), **(ext_extra or {})}, b"hi")
-    ).addBoth(out.append)
+        lambda c: c.request(SEND_MESSAGE_V2, ext, b"hi")).addBoth(out.append)
     assert run(cluster, net, lambda: bool(out), 10)
     if isinstance(out[0], Exception) or hasattr(out[0], "value"):
         raise AssertionError(out[0])

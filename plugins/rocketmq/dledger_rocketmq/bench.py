@@ -131,8 +131,7 @@ class Phase:
         self.next_queue = (q + 1) % self.opts.queues
         c = self.client
         if self.batch_body is not None:
-            ext = c._send_ext(TOPIC, q, "", True)
-            d = c.request(320, ext, self.batch_body).addCallback(c._send_result)
+            d = c.send_encoded_batch(TOPIC, self.batch_body, queue_id=q)
         else:
             d = c.send(TOPIC, self.body, tags="TagA", queue_id=q)
         self.outstanding += 1

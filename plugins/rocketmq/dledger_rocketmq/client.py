@@ -217,7 +217,11 @@ class RocketMQClient:
                    ) -> Deferred:
         """SEND_BATCH_MESSAGE; fires with a :class:`SendResult` (msg_id: comma-separated ids)."""
         props = message_properties(tags).encode("utf-8")
-        body = encode_batch([BatchItem(b, props) for b in bodies])
+        return self.send_encoded_batch(topic, encode_batch([BatchItem(b, props) for b in bodies]), queue_id=queue_id)
+
+    def send_encoded_batch(self, topic: str, body: bytes, *, queue_id: int = 0) -> Deferred:
+        """SEND_BATCH_MESSAGE of a body already encoded with :func:`~dledger_rocketmq.batch.encode_batch` (a load
+        generator sends one body many times); fires with a :class:`SendResult`."""
         return self.request(SEND_BATCH_MESSAGE, self._send_ext(topic, queue_id, "", True), body
                             ).addCallback(self._send_result)
 
