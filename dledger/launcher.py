@@ -254,6 +254,17 @@ class LocalGroup:
         finally:
             await admin.close()
 
+    async def wait_converged(self, client: Any, timeout: float,
+                             what: str = "every member to hold and commit the same log") -> list:
+        """Every member's metadata once all hold and commit the same log in the same term under one leader."""
+        async def converged():
+            metas = [await self.metadata(client, mid) for mid in self.ids]
+            if any(m is None or m.peers is None for m in metas):
+                return None
+            ends = {(m.ledger_end_index, m.committed_index, m.term, m.leader_id) for m in metas}
+            return metas if len(ends) == 1 and metas[0].ledger_end_index == metas[0].committed_index else None
+        return await self.wait_for(converged, timeout, what)
+
     async def wait_ready(self, client: Any, mid: str, timeout: float) -> Any:
         """Member ``mid`` answers metadata (it is started and serving)."""
         return await self.wait_for(lambda: self.metadata(client, mid), timeout, f"{mid} to serve")

@@ -68,14 +68,7 @@ async def test_hostile_frames_change_nothing_on_disk_and_the_group_keeps_committ
         for i in range(20):
             await admin.append(f"before {i}".encode())
 
-        async def converged():
-            metas = [await group.metadata(admin, mid) for mid in group.ids]
-            if any(m is None for m in metas):
-                return None
-            ends = {(m.ledger_end_index, m.committed_index, m.term) for m in metas}
-            return metas if len(ends) == 1 and metas[0].ledger_end_index == metas[0].committed_index else None
-
-        metas = await group.wait_for(converged, 15, "every member to hold and commit the same log")
+        metas = await group.wait_converged(admin, 15)
         term, end = metas[0].term, metas[0].ledger_end_index
         before = {mid: checksums(group, mid) for mid in group.ids}
         assert all(any(k.startswith("data") for k in sums) or sums for sums in before.values())
@@ -127,7 +120,7 @@ async def test_hostile_frames_change_nothing_on_disk_and_the_group_keeps_committ
         assert {mid: checksums(group, mid) for mid in group.ids} == before, "a hostile frame changed a store"
         for i in range(20):
             await admin.append(f"after {i}".encode())
-        metas = await group.wait_for(converged, 15, "the group to commit after the hostile frames")
+        metas = await group.wait_converged(admin, 15, "the group to commit after the hostile frames")
         assert metas[0].committed_index >= end + 20 and metas[0].term < 1000
         lines = group.log_lines(follower, "refusing a TRUNCATE push")
         assert len(lines) == 1, lines  # two forged TRUNCATEs, one rate-limited line

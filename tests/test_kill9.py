@@ -95,14 +95,7 @@ async def test_acknowledged_appends_survive_repeated_leader_kill9(tmp_path, reac
         await appenders.progress(ACKS_BETWEEN_KILLS, 30)
         await appenders.stop()
 
-        async def converged():
-            metas = [await group.metadata(admin, mid) for mid in group.ids]
-            if any(m is None for m in metas):
-                return False
-            ends = {(m.ledger_end_index, m.committed_index) for m in metas}
-            return len(ends) == 1 and metas[0].ledger_end_index == metas[0].committed_index
-
-        await group.wait_for(converged, 30, "every member to hold and commit the same log")
+        await group.wait_converged(admin, 30)
         await admin.close()
         statuses = await group.stop_all()
         assert statuses == {mid: 0 for mid in group.ids}

@@ -100,14 +100,7 @@ async def test_forged_frames_are_refused_and_change_nothing(tmp_path, reactor, m
         for i in range(20):
             await admin.append(f"before {i}".encode())
 
-        async def converged():
-            metas = [await group.metadata(admin, mid) for mid in group.ids]
-            if any(m is None or m.peers is None for m in metas):
-                return None
-            ends = {(m.ledger_end_index, m.committed_index, m.term, m.leader_id) for m in metas}
-            return metas if len(ends) == 1 and metas[0].ledger_end_index == metas[0].committed_index else None
-
-        metas = await group.wait_for(converged, 20, "every member to hold and commit the same log")
+        metas = await group.wait_converged(admin, 20)
         term, end = metas[0].term, metas[0].ledger_end_index
         before = {mid: checksums(group, mid) for mid in group.ids}
         followers = [mid for mid in group.ids if mid != leader]
@@ -161,12 +154,12 @@ async def test_forged_frames_are_refused_and_change_nothing(tmp_path, reactor, m
         meta = await anonymous.send(addr[victim], messages.MetadataRequest(group="g0", remote_id=victim))
         assert meta.code == ResponseCode.SUCCESS and meta.peers is None and meta.leader_id is None, meta
 
-        after = await group.wait_for(converged, 10, "the group to answer metadata after the attacks")
+        after = await group.wait_converged(admin, 10, "the group to answer metadata after the attacks")
         assert (after[0].term, after[0].leader_id) == (term, leader), "a forged frame moved the term or leader"
         assert {mid: checksums(group, mid) for mid in group.ids} == before, "a forged frame changed a store"
         for i in range(10):
             await admin.append(f"after {i}".encode())
-        metas = await group.wait_for(converged, 15, "the group to commit after the attacks")
+        metas = await group.wait_converged(admin, 15, "the group to commit after the attacks")
         assert metas[0].committed_index >= end + 10
         refusals = sum(len(group.log_lines(mid, "refused a request from")) for mid in group.ids)
         assert 1 <= refusals <= 30, refusals  # rate-limited: one line per address and code per interval
