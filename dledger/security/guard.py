@@ -69,10 +69,7 @@ class ServerGuard:
         if config.auth_mode == "none" and not config.tls_cert:
             return None
         try:
-            tls_options = None
-            if config.tls_cert:
-                private = tls.load_private_certificate(config.tls_cert, config.tls_key)
-                tls_options = tls.server_options(private, tls.load_ca_certs(config.tls_ca))
+            tls_options = _member_tls(config, tls.server_options)
             secrets: dict[str, bytes] = {}
             if config.auth_mode == "secret":
                 secrets = {secret.key_id(s): s for s in secret.read_secrets(config.group_secret_file)}
@@ -151,10 +148,7 @@ class ClientCredentials:
         if config.auth_mode == "none" and not config.tls_cert:
             return None
         try:
-            tls_options = None
-            if config.tls_cert:
-                private = tls.load_private_certificate(config.tls_cert, config.tls_key)
-                tls_options = tls.client_options(private, tls.load_ca_certs(config.tls_ca))
+            tls_options = _member_tls(config, tls.client_options)
             key = secret.read_secrets(config.group_secret_file)[0] if config.auth_mode == "secret" else None
         except (tls.TLSConfigError, secret.AuthError) as exc:
             raise _one_line(exc) from None
@@ -219,6 +213,13 @@ def request_authentic(frame: Any, key: bytes, seq: int) -> bool:
     given = h.ext_fields.get(secret.MAC_KEY) if h.ext_fields else None
     return secret.macs_equal(secret.request_mac(key, seq, h.code, h.flag, h.opaque, h.body_encoding, frame.body),
                              given)
+
+
+def _member_tls(config: Any, options_of: Any) -> Any:
+    """TLS context options (server or client side) from a member's tlsCert / tlsKey / tlsCa; None without tlsCert."""
+    if not config.tls_cert:
+        return None
+    return options_of(tls.load_private_certificate(config.tls_cert, config.tls_key), tls.load_ca_certs(config.tls_ca))
 
 
 def sign_reply(opaque: int, body: bytes, remark: str | None, key: bytes, *, binary: bool = False) -> bytes:
