@@ -57,7 +57,9 @@ def install(port) -> None:
 def _forwarding(port, inner):
     def handler(req: Request) -> Reply | Deferred:
         broker = port.broker
-        fetcher = getattr(port, "master_fetcher", None)
+        if broker.role == "MASTER":  # the hot path: nothing to decide
+            return inner(req)
+        fetcher = port.master_fetcher
         enabled = bool(getattr(broker.options, "forward_sends", True))
         if not should_forward(enabled=enabled, is_master=broker.role == "MASTER",
                               forwarded=bool(req.ext.get(FORWARDED)),
