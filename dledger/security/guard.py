@@ -225,9 +225,7 @@ def _member_tls(config: Any, options_of: Any) -> Any:
 def sign_reply(opaque: int, body: bytes, remark: str | None, key: bytes, *, binary: bool = False) -> bytes:
     """The reply frame with its MAC (and, for a binary GET reply, the binary marker next to it)."""
     mac = secret.reply_mac(key, opaque, remoting.REMOTING_SUCCESS, remark, body)
-    ext = {secret.MAC_KEY: mac, **(remoting.BINARY_EXT_FIELDS if binary else {})}
-    return remoting.encode_frame(remoting.Header(remoting.REMOTING_SUCCESS, opaque, remoting.FLAG_RESPONSE,
-                                                 remark=remark, ext_fields=ext), body)
+    return remoting.encode_reply(opaque, body, remark, binary=binary, ext_fields={secret.MAC_KEY: mac})
 
 
 def reply_authentic(frame: Any, key: bytes) -> bool:

@@ -705,13 +705,15 @@ def encode_response(response: RequestOrResponse, opaque: int, *, remark: str | N
     return encode_reply(opaque, encode_body(response), remark)
 
 
-def encode_reply(opaque: int, body: bytes, remark: str | None = None, *, binary: bool = False) -> bytes:
+def encode_reply(opaque: int, body: bytes, remark: str | None = None, *, binary: bool = False,
+                 ext_fields: dict[str, str] | None = None) -> bytes:
     """The reply frame carrying ``body`` for request ``opaque`` (the header straight from its template).
 
-    ``binary`` marks ``body`` as a dledger binary body (a GET reply from :func:`encode_get_reply_binary`).
+    ``binary`` marks ``body`` as a dledger binary body (a GET reply from :func:`encode_get_reply_binary`);
+    ``ext_fields`` go into the header too (a signed reply's MAC).
     """
-    if remark is not None or binary:
-        ext = dict(BINARY_EXT_FIELDS) if binary else None
+    if remark is not None or binary or ext_fields:
+        ext = {**(ext_fields or {}), **(BINARY_EXT_FIELDS if binary else {})} or None
         return encode_frame(Header(REMOTING_SUCCESS, opaque, FLAG_RESPONSE, remark=remark, ext_fields=ext), body)
     head = _PLAIN_HEADER % (REMOTING_SUCCESS, FLAG_RESPONSE, opaque, 0)
     return b"".join((_LENGTHS.pack(4 + len(head) + len(body), len(head)), head, body))
