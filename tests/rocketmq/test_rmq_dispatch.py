@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 from dledger_rocketmq.dispatch import EntryKind, entry_kind, resume_physical
-from dledger_rocketmq.message import encode_record
+from dledger_rocketmq.message import Address, MessageRecord, encode_record
 from dledger_rocketmq.plugin import broker_for
+from hypothesis import given
+from hypothesis import strategies as st
 from rmq_cluster_util import broker_cluster, master, msg, put, queue_units, settled
 
 
@@ -203,3 +205,102 @@ def test_bench_dispatch_runs_on_a_tiny_workload(capsys):
     with pytest.raises(SystemExit) as exc:
         bench_dispatch.main(["--queues", "0"])
     assert exc.value.code == 2 and "--queues must be at least 1" in capsys.readouterr().err
+
+
+# -- the fast path (quick_unit) ------------------------------------------------------------------------------
+
+def _quick_as_index_fields(body):
+    """quick_unit's answer in index_fields' shape (None stays None)."""
+    from dledger_rocketmq.consumequeue import Unit, tag_hash
+    from dledger_rocketmq.dispatch import quick_unit
+    found = quick_unit(body)
+    if found is None:
+        return None
+    topic, qid, qoff, phys, size, tags = found
+    return topic.decode(), qid, qoff, Unit(phys, size, tag_hash(tags.decode("utf-8", "replace") if tags else None))
+
+
+def test_quick_unit_agrees_with_index_fields_on_every_golden_record():
+    """Where the fast path answers for a golden record, it gives index_fields' unit; it answers for plain ones."""
+    from conftest import STORE, golden_entries
+    from dledger_rocketmq.dispatch import index_fields
+    answered = 0
+    for entry in golden_entries(STORE / "dledger-n1" / "data"):
+        quick = _quick_as_index_fields(entry.body)
+        if quick is not None:
+            assert quick == index_fields(entry.body)
+            answered += 1
+    assert answered > 100  # the plain records of the recorded deployment take the fast path
+
+
+def _props(raw: bytes) -> MessageRecord:
+    return MessageRecord(topic="T", body=b"m", properties=raw, queue_id=3, queue_offset=7, physical_offset=4096)
+
+
+@pytest.mark.parametrize("name, record, answers", [
+    ("plain record with tags", msg(tags="TagA"), True),
+    ("no properties at all", msg(), True),
+    ("tags among other properties", _props(b"KEYS\x01k\x02TAGS\x01B\x02UNIQ_KEY\x01u"), True),
+    ("a property merely ending in TAGS is no TAGS", _props(b"XTAGS\x01x"), False),
+    ("two TAGS items: the full scan decides", _props(b"TAGS\x01a\x02TAGS\x01b"), False),
+    ("an empty TAGS value: the full scan decides", _props(b"TAGS\x01"), False),
+    ("schedule topic (delivery time, not a hash)", MessageRecord(topic="SCHEDULE_TOPIC_XXXX", body=b"m"), False),
+    ("transaction prepared (no unit)", MessageRecord(topic="T", body=b"m", sys_flag=0x4), False),
+    ("IPv6 born host (other layout)", MessageRecord(topic="T", body=b"m", sys_flag=0x10,
+                                                     born_host=Address("::1", 1)),
+     False),
+])
+def test_quick_unit_answers_only_where_it_is_certain(name, record, answers):
+    """quick_unit answers plain records exactly as index_fields does, and leaves every special case to it."""
+    from dledger_rocketmq.dispatch import index_fields, quick_unit
+    body = encode_record(record)
+    assert (quick_unit(body) is not None) is answers, name
+    if answers:
+        assert _quick_as_index_fields(body) == index_fields(body)
+
+
+@pytest.mark.parametrize("cut", [1, 10, 60])
+def test_quick_unit_leaves_a_cut_record_to_the_full_decode(cut):
+    """A record whose bytes do not add up is never answered by the fast path (index_fields then refuses it)."""
+    from dledger_rocketmq.dispatch import quick_unit
+    raw = encode_record(msg(tags="A", body=b"0123456789" * 5))
+    assert quick_unit(raw[:-cut]) is None
+    assert quick_unit(raw + b"\0") is None
+
+
+@given(props=st.lists(st.tuples(st.sampled_from(["TAGS", "KEYS", "XTAGS", "TAG"]),
+                                st.text(alphabet="ab\u00e9", max_size=3)), max_size=4),
+       body=st.binary(max_size=40), garbage=st.binary(max_size=6))
+def test_quick_unit_never_disagrees_with_index_fields(props, body, garbage):
+    """On any record (and any record with bytes appended), the fast path is silent or gives index_fields' unit."""
+    from dledger_rocketmq.dispatch import index_fields
+    from dledger_rocketmq.errors import CodecError
+    raw_props = "\x02".join(f"{k}\x01{v}" for k, v in props).encode()
+    for raw in (encode_record(MessageRecord(topic="T", body=body, properties=raw_props)),
+                encode_record(_props(raw_props)) + garbage):
+        quick = _quick_as_index_fields(raw)
+        if quick is not None:
+            try:
+                assert quick == index_fields(raw)
+            except CodecError:
+                raise AssertionError("the fast path answered a record index_fields refuses") from None
+
+
+def test_fast_and_full_dispatch_write_the_same_queues(tmp_path):
+    """A dispatcher on the fast path and one decoding every record (verify_crc) build identical queues."""
+    from dledger_rocketmq.bench_dispatch import make_entries
+    from dledger_rocketmq.consumequeue import ConsumeQueues
+    from dledger_rocketmq.dispatch import Dispatcher
+    entries = make_entries(50, 4, 16)
+    views = []
+    for verify in (False, True):
+        root = tmp_path / str(verify)
+        d = Dispatcher(_FakeServer(), root, file_size=20 * 8, verify_crc=verify)
+        d.queues = ConsumeQueues(root, file_size=20 * 8)
+        for i in range(0, len(entries), 7):
+            d.entries_committed(entries[i:i + 7])
+        views.append(([(q.topic, q.queue_id, q.read(0, 100)) for q in d.queues.queues()],
+                      d.dispatched_index, d.dispatched_position))
+        d.close()
+    assert views[0] == views[1]
+    assert views[0][1] == 49 and sum(len(units) for _, _, units in views[0][0]) == 50

@@ -476,6 +476,25 @@ class ConsumeQueue:
             self.drain()
         return True
 
+    def append_next(self, queue_offset: int, physical_offset: int, size: int, tags_code: int) -> bool:
+        """``append(queue_offset, Unit(...), defer=True)``, with the dispatcher's common case taken inline.
+
+        The common case: the unit goes right after the one buffered before it
+        (same delivery, next offset, physical offsets ascending), so none of
+        :meth:`append`'s other placements can apply; anything else goes
+        through :meth:`append` and its checks.
+        """
+        if queue_offset == self._next and self._pending and size > 0 and physical_offset >= self._max_physical:
+            try:
+                self._pending += UNIT.pack(physical_offset, size, tags_code)
+            except struct.error:
+                raise CodecError(f"consume-queue unit {(physical_offset, size, tags_code)} does not fit "
+                                 f"int64/int32/int64") from None
+            self._next = queue_offset + 1
+            self._max_physical = physical_offset + size
+            return True
+        return self.append(queue_offset, Unit(physical_offset, size, tags_code), defer=True)
+
     def drain(self) -> None:
         """Write the deferred units (one pwrite per file they span).
 
