@@ -78,8 +78,8 @@ def test_recent_entries_serve_ranges_like_the_store():
     """The leader's recent-entries cache answers get_range exactly as the store does, for the entries it holds."""
     from dledger.codes import Role
     from dledger.entry import Entry
-    from dledger.replication.leader import RecentEntries
     from dledger.store.memory import MemoryLogStore
+    from dledger.store.recent import RecentEntries
     from dledger.testing.store_contract import FakeMemberState
 
     store = MemoryLogStore(FakeMemberState(role=Role.LEADER, curr_term=1, leader_id="n0"), data_file_size=4096)
@@ -101,7 +101,7 @@ def test_recent_entries_serve_ranges_like_the_store():
 def test_recent_entries_start_over_after_a_gap():
     """An entry that does not follow the last one held (a new leadership) replaces what was held."""
     from dledger.entry import Entry
-    from dledger.replication.leader import RecentEntries
+    from dledger.store.recent import RecentEntries
 
     recent = RecentEntries()
     for i in range(5):
@@ -114,7 +114,7 @@ def test_recent_entries_start_over_after_a_gap():
 def test_recent_entries_hand_out_one_list_per_range_while_it_holds():
     """Followers in step get the same EntryList (one encoding); after an add they get the longer range."""
     from dledger.entry import Entry, EntryList
-    from dledger.replication.leader import RecentEntries
+    from dledger.store.recent import RecentEntries
 
     recent = RecentEntries()
     recent.extend([Entry(body=b"x" * 10, index=i, term=1) for i in range(5)])
@@ -169,3 +169,24 @@ def test_follower_writes_the_bytes_a_push_carried(tmp_path, monkeypatch):
     assert [follower.get(i) for i in range(9)] == entries
     follower.append_batch_as_follower([Entry(b"z", 9, 1, entries[-1].pos + entries[-1].size).sealed()], 1, "n0")
     assert len(packed) == 1, "a plain list is encoded"
+
+
+@pytest.mark.parametrize("cut, held_after", [
+    (9, list(range(5, 10))),   # at the last entry: nothing goes
+    (7, [5, 6, 7]),            # inside: the tail goes
+    (5, [5]),                  # at the first held entry: it stays
+    (4, []),                   # before what is held: everything goes
+])
+def test_recent_entries_drop_after_a_cut(cut, held_after):
+    """drop_after(k) keeps what is held up to k; a later add must follow k or it starts over."""
+    from dledger.entry import Entry
+    from dledger.store.recent import RecentEntries
+
+    recent = RecentEntries()
+    recent.extend([Entry(body=b"x", index=i, term=1) for i in range(5, 10)])
+    recent.drop_after(cut)
+    assert [i for i in range(0, 12) if recent.get(i) is not None] == held_after
+    recent.add(Entry(body=b"y", index=cut + 1, term=2))
+    assert recent.get(cut + 1).body == b"y"
+    if held_after:
+        assert [e.index for e in recent.get_range(5, 100, 1 << 20)] == held_after + [cut + 1]

@@ -683,3 +683,39 @@ def test_mmap_store_type_is_registered(tmp_path):
     term = st.make_term_store(config)
     term.save(1, "n0")
     assert (tmp_path / "dledger-n0" / "currterm").exists()
+
+
+# -- the newest entries held in memory ---------------------------------------------------------
+
+def test_reads_after_a_truncate_see_the_new_entries_not_the_dropped_ones(member_dir, state):
+    """Entries served from memory are the log's own: after a truncate and new appends, reads give the new bytes."""
+    state.follow(1)
+    store = open_mmap(member_dir, state)
+    old = LogStoreContract()._leader_entries(12, file_size=1024)
+    for e in old:
+        store.append_as_follower(e, 1, "n1")
+    assert store.get_range(8, 10, 1 << 20) == old[8:]  # held: the same entries back
+    state.follow(2)
+    new = [Entry(body=b"new-%d" % i, index=e.index, term=2, pos=e.pos).sealed() for i, e in enumerate(old[8:10])]
+    new[1] = Entry(body=new[1].body, index=new[1].index, term=2,
+                   pos=new[0].pos + new[0].size).sealed()
+    store.truncate(new[0], 2, "n1")
+    store.append_as_follower(new[1], 2, "n1")
+    assert store.ledger_end_index == 9
+    assert [e.body for e in store.get_range(7, 10, 1 << 20)] == [old[7].body, b"new-0", b"new-1"]
+    assert store.get(8).body == b"new-0" and store.get(9).term == 2
+    fired(store.shutdown())
+    again = open_mmap(member_dir, state)
+    assert [e.body for e in again.get_range(7, 10, 1 << 20)] == [old[7].body, b"new-0", b"new-1"]
+    fired(again.shutdown())
+
+
+def test_entries_held_in_memory_equal_what_the_files_hold(member_dir, state):
+    """Every entry a store serves from memory is the one a reopened store decodes from its files."""
+    store = open_mmap(member_dir, state)
+    written = append(store, 40, state, size=100)
+    held = store.get_range(0, 100, 1 << 30)
+    fired(store.shutdown())
+    again = open_mmap(member_dir, state)
+    assert held == written == again.get_range(0, 100, 1 << 30)
+    fired(again.shutdown())

@@ -15,7 +15,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from dledger.codes import EntryType, PushType, ResponseCode
-from dledger.entry import HEADER_SIZE, Entry, EntryList
+from dledger.entry import Entry
 from dledger.errors import DLedgerError
 from dledger.messages import PushEntryRequest
 from dledger.ratelog import RateLimitedLog, RateLimiter
@@ -23,6 +23,7 @@ from dledger.replication.progress import Progress
 from dledger.replication.rules import Step, after_compare, first_compare_index, leader_commit_index, truncate_reason
 from dledger.stats import lag_entries
 from dledger.store.base import read_range
+from dledger.store.recent import RecentEntries
 
 log = Logger()
 
@@ -31,73 +32,6 @@ log = Logger()
 BEHIND_LOG_ENTRIES = 1000
 #: While a follower does not answer, the leader repeats one summary line per this many seconds.
 DOWN_SUMMARY_INTERVAL = 60.0
-
-
-class RecentEntries:
-    """The entries this leader appended lately, as the store returned them, so pushes need not read them back.
-
-    Reading an entry back from a file store means decoding (and checking) it again; a follower that keeps
-    up only ever asks for the newest entries, which are here.  Bounded by ``max_bytes``; anything older,
-    or any gap, is read from the store as before.
-    """
-
-    def __init__(self, max_bytes: int = 16 << 20):
-        self.max_bytes = max_bytes
-        self._entries: list[Entry] = []
-        self._start = 0  # self._entries[self._start] has index self.first
-        self.first = -1
-        self._bytes = 0
-        # The last range handed out: followers in step ask for the same one, and share its encoding.
-        self._last: tuple[tuple[int, int, int], EntryList, bool] | None = None
-
-    def add(self, entry: Entry) -> None:
-        self.extend((entry,))
-
-    def extend(self, stored: Sequence[Entry]) -> None:
-        """Remember consecutive entries just appended (a gap before them forgets everything held)."""
-        if not stored:
-            return
-        entries = self._entries
-        if len(entries) == self._start or stored[0].index != self.first + len(entries) - self._start:
-            entries.clear()
-            self._start, self.first, self._bytes, self._last = 0, stored[0].index, 0, None
-        entries.extend(stored)
-        self._bytes += sum([len(e.body) for e in stored]) + HEADER_SIZE * len(stored)
-        while self._bytes > self.max_bytes and len(entries) - self._start > 1:
-            self._bytes -= entries[self._start].size
-            self._start += 1
-            self.first += 1
-        if self._start > 4096 and self._start * 2 > len(entries):
-            del entries[:self._start]
-            self._start = 0
-
-    def get_range(self, begin: int, max_count: int, max_bytes: int) -> EntryList | None:
-        """Like ``ILogStore.get_range`` for entries held here; None if ``begin`` is not held.
-
-        Asked again for the same range while no entry was added, it returns the same EntryList, so a
-        push to every follower encodes those entries once.
-        """
-        offset = begin - self.first
-        held = len(self._entries) - self._start
-        if offset < 0 or offset >= held or self.first < 0:
-            return None
-        key = (begin, max_count, max_bytes)
-        last = self._last
-        if last is not None and last[0] == key and (last[2] or begin + len(last[1]) == self.first + held):
-            return last[1]  # cut short by the limits, or nothing was added since: the same range
-        i = self._start + offset
-        entries = self._entries
-        out = EntryList((entries[i],))
-        total = out[0].size
-        stop = min(len(entries), i + max_count)
-        for j in range(i + 1, stop):
-            e = entries[j]
-            total += e.size
-            if total > max_bytes:
-                break
-            out.append(e)
-        self._last = (key, out, begin + len(out) < self.first + held)
-        return out
 
 
 class EntryDispatcher(Progress):

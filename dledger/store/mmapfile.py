@@ -59,6 +59,7 @@ from dledger.store.checkpoint import Checkpoint, read_checkpoint, write_checkpoi
 from dledger.store.groupcommit import FlushPlan, GroupCommit
 from dledger.store.indexlog import IndexLog
 from dledger.store.mappedfiles import MappedFile, MappedFileList
+from dledger.store.recent import RecentEntries
 from dledger.store.recovery import Recovered, recover, verified_entry
 from dledger.store.retention import CleanMode, RetentionPolicy
 from dledger.store.scan import decode_at, scan_forward
@@ -125,6 +126,8 @@ class MmapLogStore:
         self._write_pos = 0
         self._initial_pos = 0
         self._hooks: list = []
+        #: The newest entries as written, for reads of the tail (the commit feed's, a follower's pushes).
+        self._recent = RecentEntries()
         self._data: MappedFileList | None = None
         self._index: MappedFileList | None = None
         self._ilog: IndexLog | None = None
@@ -247,6 +250,7 @@ class MmapLogStore:
         self.recovered = rec
         self.ledger_begin_index, self._begin_pos = rec.begin, rec.begin_pos
         self.ledger_end_index, self.ledger_end_term = rec.end, rec.end_term
+        self._recent.clear()
         self._write_pos = rec.write_pos if rec.end >= 0 else (0 if data.files else self._initial_pos)
         self.committed_index = rec.committed
         self._refresh_tails()
@@ -338,6 +342,7 @@ class MmapLogStore:
         if not self._open:
             return
         self._open = False
+        self._recent.clear()
         for lst in (self._data, self._index):
             if lst is not None:
                 lst.close()
@@ -554,6 +559,7 @@ class MmapLogStore:
         self._write_pos = run.end
         if self.ledger_begin_index < 0:
             self.ledger_begin_index, self._begin_pos = entries[0].index, run.pos
+        self._recent.extend(entries)
         stored.extend(entries)
 
     def _make_room(self, size: int) -> int:
@@ -634,6 +640,7 @@ class MmapLogStore:
                 g.mm[ioff - g.start:hi - g.start] = bytes(hi - ioff)
         self._index.remove_after(len(kept), self._close_file)
         self.ledger_end_index, self.ledger_end_term = keep, rec[4]
+        self._recent.drop_after(keep)
         self._write_pos = new_wp
         self._data_dirty_lo = min(self._data_dirty_lo, new_wp)
         self._index_dirty_lo = min(self._index_dirty_lo, keep + 1)
@@ -667,6 +674,7 @@ class MmapLogStore:
         self._set_data_tail(None)
         self._set_index_tail(None)
         self.ledger_begin_index = self.ledger_end_index = self.ledger_end_term = -1
+        self._recent.clear()
         self._write_pos = entry.pos - rel
         self._data.create(self._write_pos)
         self._refresh_tails()
@@ -733,6 +741,9 @@ class MmapLogStore:
         """Entry ``index``, checked against its index record; DISK_ERROR rather than a damaged entry."""
         if index > self.ledger_end_index or index < self.ledger_begin_index or self.ledger_end_index < 0:
             raise base.index_out_of_range(index, self.ledger_begin_index, self.ledger_end_index)
+        held = self._recent.get(index)
+        if held is not None:
+            return held
         problem = "index record and data disagree"
         for attempt in (0, 1):
             rec = self._record(index) if attempt == 0 else self._repair_index(index)
@@ -756,6 +767,10 @@ class MmapLogStore:
         raise DLedgerError(ResponseCode.DISK_ERROR, problem)
 
     def get_range(self, begin_index: int, max_count: int, max_bytes: int) -> list[Entry]:
+        if self.ledger_begin_index <= begin_index <= self.ledger_end_index:
+            held = self._recent.get_range(begin_index, max_count, max_bytes)
+            if held is not None:
+                return held
         return base.read_range(self.get, begin_index, self.ledger_end_index, max_count, max_bytes)
 
     def get_first_log_of_target_term(self, term: int, end_index: int) -> int:

@@ -1,0 +1,104 @@
+"""The newest entries of a log, held in memory for the readers of its tail (see :class:`RecentEntries`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dledger.entry import HEADER_SIZE, Entry, EntryList
+
+
+class RecentEntries:
+    """The newest entries of a log, as they were stored, so readers of the tail need not read them back.
+
+    Reading an entry back from a file store means decoding (and checking) it again, yet the readers of
+    a busy log mostly want its newest entries: a leader's pushes to followers that keep up, and the
+    commit feed (committed entries are delivered moments after they were appended).  The leader keeps
+    one for its pushes, the mmap store one for its reads.  Bounded by ``max_bytes``; anything older, or
+    any gap, is read from the store as before.  Whoever cuts the log must say so (:meth:`drop_after`,
+    :meth:`clear`): what is held is only ever the log's own tail.
+    """
+
+    def __init__(self, max_bytes: int = 16 << 20):
+        self.max_bytes = max_bytes
+        self._entries: list[Entry] = []
+        self._start = 0  # self._entries[self._start] has index self.first
+        self.first = -1
+        self._bytes = 0
+        # The last range handed out: followers in step ask for the same one, and share its encoding.
+        self._last: tuple[tuple[int, int, int], EntryList, bool] | None = None
+
+    def get(self, index: int) -> Entry | None:
+        """Entry ``index`` if held here, else None."""
+        offset = index - self.first
+        if offset < 0 or self.first < 0:
+            return None
+        i = self._start + offset
+        return self._entries[i] if i < len(self._entries) else None
+
+    def drop_after(self, index: int) -> None:
+        """Forget entries after ``index`` (the log was cut there); the ones up to it stay."""
+        held = len(self._entries) - self._start
+        if self.first < 0 or index >= self.first + held - 1:
+            return
+        if index < self.first:
+            self.clear()
+            return
+        keep = self._start + index - self.first + 1
+        for e in self._entries[keep:]:
+            self._bytes -= e.size
+        del self._entries[keep:]
+        self._last = None
+
+    def clear(self) -> None:
+        """Forget everything (the log started over, or the store closed)."""
+        self._entries.clear()
+        self._start, self.first, self._bytes, self._last = 0, -1, 0, None
+
+    def add(self, entry: Entry) -> None:
+        self.extend((entry,))
+
+    def extend(self, stored: Sequence[Entry]) -> None:
+        """Remember consecutive entries just appended (a gap before them forgets everything held)."""
+        if not stored:
+            return
+        entries = self._entries
+        if len(entries) == self._start or stored[0].index != self.first + len(entries) - self._start:
+            self.clear()
+            self.first = stored[0].index
+        entries.extend(stored)
+        self._bytes += sum([len(e.body) for e in stored]) + HEADER_SIZE * len(stored)
+        while self._bytes > self.max_bytes and len(entries) - self._start > 1:
+            self._bytes -= entries[self._start].size
+            self._start += 1
+            self.first += 1
+        if self._start > 4096 and self._start * 2 > len(entries):
+            del entries[:self._start]
+            self._start = 0
+
+    def get_range(self, begin: int, max_count: int, max_bytes: int) -> EntryList | None:
+        """Like ``ILogStore.get_range`` for entries held here; None if ``begin`` is not held.
+
+        Asked again for the same range while no entry was added, it returns the same EntryList, so a
+        push to every follower encodes those entries once.
+        """
+        offset = begin - self.first
+        held = len(self._entries) - self._start
+        if offset < 0 or offset >= held or self.first < 0:
+            return None
+        key = (begin, max_count, max_bytes)
+        last = self._last
+        if last is not None and last[0] == key and (last[2] or begin + len(last[1]) == self.first + held):
+            return last[1]  # cut short by the limits, or nothing was added since: the same range
+        i = self._start + offset
+        entries = self._entries
+        out = EntryList((entries[i],))
+        total = out[0].size
+        stop = min(len(entries), i + max_count)
+        for j in range(i + 1, stop):
+            e = entries[j]
+            total += e.size
+            if total > max_bytes:
+                break
+            out.append(e)
+        self._last = (key, out, begin + len(out) < self.first + held)
+        return out
