@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import struct
 
 import pytest
@@ -86,3 +87,53 @@ def test_batch_limits():
 def test_batch_round_trip(items):
     """Any list of batch messages decodes back to itself."""
     assert b.decode_batch(b.encode_batch(items)) == items
+
+
+def _one_at_a_time(template, items, first, step, host, max_size=m.DEFAULT_MAX_MESSAGE_SIZE):
+    """What the put path stored before batches were encoded together: encode_record of each batch record."""
+    return [m.encode_record(r, max_size=max_size, queue_offset=first + i * step, physical_offset=0, store_host=host)
+            for i, r in enumerate(b.batch_records(items, template))]
+
+
+def test_batch_records_encoded_together_equal_the_golden_ones():
+    """encode_batch_records of the recorded batch gives the stored records (placed as the hook places them)."""
+    items = b.decode_batch(BODY)
+    stored = [m.decode_record(e.body) for e in STORED]
+    template = dataclasses.replace(stored[0], physical_offset=0)
+    bodies = m.encode_batch_records(template, items, first_queue_offset=1, queue_offset_step=1,
+                                    store_host=stored[0].store_host)
+    for body, entry, original in zip(bodies, STORED, stored, strict=True):
+        placed = m.decode_record(body)
+        placed = dataclasses.replace(placed, physical_offset=entry.pos + 48, store_timestamp=original.store_timestamp)
+        assert m.encode_record(placed) == entry.body
+
+
+_HOSTS = st.sampled_from([m.Address("127.0.0.1", 10911), m.Address("::1", 10911), m.Address("10.1.2.3", 1)])
+
+
+@given(items=st.lists(st.builds(b.BatchItem, st.binary(max_size=40), st.binary(max_size=30),
+                                st.integers(-(2**31), 2**31 - 1) | st.just(2**31)), min_size=1, max_size=6),
+       topic=st.sampled_from(["T", "topic-\u00e9", "x" * 127, "", "y" * 128]),
+       born=_HOSTS, store=_HOSTS, sys_flag=st.sampled_from([0, 0x4, 0x8, 0xC, 0x1]),
+       first=st.integers(0, 2**40), step=st.sampled_from([0, 1]), max_size=st.sampled_from([200, 4096]))
+def test_batch_records_encoded_together_equal_one_at_a_time(items, topic, born, store, sys_flag, first, step,
+                                                            max_size):
+    """Byte for byte what encode_record gives for each record, and the same CodecError where that refuses one."""
+    template = m.MessageRecord(topic=topic, body=b"", queue_id=2, sys_flag=sys_flag, born_timestamp=77,
+                               born_host=born, reconsume_times=1)
+    try:
+        want = _one_at_a_time(template, items, first, step, store, max_size)
+    except CodecError as exc:
+        with pytest.raises(type(exc), match=re.escape(str(exc))):
+            m.encode_batch_records(template, items, first_queue_offset=first, queue_offset_step=step,
+                                   store_host=store, max_size=max_size)
+        return
+    assert m.encode_batch_records(template, items, first_queue_offset=first, queue_offset_step=step,
+                                  store_host=store, max_size=max_size) == want
+
+
+def test_message_ids_are_message_id_of_each_offset():
+    """A batch's ids computed together equal message_id of each physical offset (IPv4 and IPv6 store hosts)."""
+    for host in (m.Address("127.0.0.1", 10911), m.Address("::1", 7)):
+        offsets = [0, 48, 1 << 40, 2**63 - 1]
+        assert m.message_ids(host, offsets) == tuple(m.message_id(host, p) for p in offsets)

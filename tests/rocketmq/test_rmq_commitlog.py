@@ -144,3 +144,49 @@ def test_raw_dledger_appends_of_records_are_refused(tmp_path):
     ok = []
     b.server.append(b"RMQC\x01payload").addBoth(ok.append)  # control entries pass
     assert cluster.run_until(lambda: bool(ok), 10) and not hasattr(ok[0], "value")
+
+
+def _put_batch(cluster, broker, template, items):
+    out = []
+    broker.put_batch(template, items).addBoth(out.append)
+    assert cluster.run_until(lambda: bool(out), 10), "put_batch never answered"
+    return out[0]
+
+
+@pytest.mark.parametrize("sys_flag", [0, TRANSACTION_PREPARED_TYPE])
+def test_put_batch_stores_what_put_messages_stores(tmp_path, sys_flag):
+    """A batch encoded together is stored byte for byte as its records put one by one, with the same answer."""
+    from dledger_rocketmq.batch import BatchItem, batch_records
+    from dledger_rocketmq.message import encode_properties
+    items = [BatchItem(b"body-%d" % i, encode_properties({"TAGS": f"t{i % 2}"}), i) for i in range(6)]
+    template = MessageRecord(topic="T", body=b"", queue_id=1, sys_flag=sys_flag, born_timestamp=5,
+                             born_host=Address("10.0.0.9", 4000))
+    results, logs = [], []
+    for way in ("records", "batch"):
+        cluster = broker_cluster(tmp_path / way)
+        b = master(cluster)
+        put(cluster, b, msg(queue_id=1))  # the queue does not start at 0
+        if way == "records":
+            result = put(cluster, b, batch_records(items, template))
+        else:
+            result = _put_batch(cluster, b, template, items)
+        store = b.server.store
+        results.append(result)
+        logs.append([store.get(i).body for i in range(store.ledger_end_index + 1)])
+    assert results[0] == results[1] and results[0].status is PutStatus.PUT_OK
+    assert logs[0] == logs[1]
+    assert results[1].queue_offset == (1 if sys_flag == 0 else 0) and results[1].count == 6
+
+
+def test_put_batch_refuses_what_put_refuses(tmp_path):
+    """An empty batch, a slave, a message too large: the same refusals as put, and no queue offset consumed."""
+    from dledger_rocketmq.batch import BatchItem
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    slave = next(broker_for(s) for s in cluster.servers.values() if broker_for(s) is not b)
+    template = msg()
+    assert _put_batch(cluster, b, template, []).status is PutStatus.MESSAGE_ILLEGAL
+    assert _put_batch(cluster, slave, template, [BatchItem(b"x")]).status is PutStatus.SERVICE_NOT_AVAILABLE
+    huge = _put_batch(cluster, b, template, [BatchItem(b"x"), BatchItem(b"y" * (b.commitlog.max_message_size + 1))])
+    assert huge.status is PutStatus.MESSAGE_ILLEGAL and "exceeds the maximum message size" in huge.error
+    assert put(cluster, b, msg()).queue_offset == 0

@@ -27,6 +27,7 @@ from dledger.codes import ResponseCode, Role
 from dledger.errors import DLedgerError
 from dledger.messages import AppendEntryRequest
 from dledger_rocketmq import oldlog
+from dledger_rocketmq.batch import BatchItem, batch_records
 from dledger_rocketmq.commitlog import CommitLog, PutResult, PutStatus  # noqa: F401 (part of the facade's API)
 from dledger_rocketmq.consumequeue import DEFAULT_FILE_SIZE
 from dledger_rocketmq.control import (
@@ -442,6 +443,17 @@ class Broker(MultiService):
     def put_messages(self, msgs: Sequence[MessageRecord]) -> Deferred:
         """Store a batch as one dledger batch with consecutive queue offsets; fires with a :class:`PutResult`."""
         return self.commitlog.put([delayed(m) for m in msgs])
+
+    def put_batch(self, template: MessageRecord, items: Sequence[BatchItem]) -> Deferred:
+        """``put_messages(batch_records(items, template))``, encoded a batch at a time (SEND_BATCH_MESSAGE).
+
+        A batch where a message carries a DELAY level (stock clients refuse to
+        send one) takes :meth:`put_messages`, which rewrites each such message.
+        """
+        delay = PROPERTY_DELAY_TIME_LEVEL.encode()
+        if any(delay in item.properties for item in items):
+            return self.put_messages(batch_records(items, template))
+        return self.commitlog.put_batch(template, items)
 
     def put_as_is(self, msg: MessageRecord) -> Deferred:
         """Store a record without the delay rewrite (delayed delivery's re-put: its DELAY property stays).

@@ -54,8 +54,9 @@ from dledger_rocketmq.message import (
     SYS_FLAG_POSITION,
     Address,
     MessageRecord,
+    encode_batch_records,
     encode_record,
-    message_id,
+    message_ids,
     patch_physical_offset,
 )
 
@@ -232,12 +233,9 @@ class CommitLog:
         IPv6 bits that go with it), its planned queue offset, and the
         physical offset and store time the append hook writes.
         """
-        server = self.server
-        if not records:
-            return succeed(PutResult(PutStatus.MESSAGE_ILLEGAL, error="no message"))
-        if server.state.role is not Role.LEADER or not self.writable():
-            return succeed(PutResult(PutStatus.SERVICE_NOT_AVAILABLE,
-                                     error=f"{server.self_id} is not the master"))
+        refused = self._refuse_put(len(records))
+        if refused is not None:
+            return refused
         offsets = plan_offsets(self.offsets, records)
         try:
             host = self.store_host
@@ -246,6 +244,48 @@ class CommitLog:
                       for r, q in zip(records, offsets, strict=True)]
         except CodecError as exc:
             return succeed(PutResult(PutStatus.MESSAGE_ILLEGAL, error=str(exc)))
+        return self._append(bodies, records[0].queue_id, offsets[0],
+                            lambda stored: advance_offsets(self.offsets, records, offsets, stored))
+
+    def put_batch(self, template: MessageRecord, items: Sequence) -> Deferred:
+        """``put(batch_records(items, template))`` without a MessageRecord per message (SEND_BATCH_MESSAGE).
+
+        The items share the template's topic and queue, so their queue
+        offsets are consecutive (all 0 for records that get no unit, as
+        :func:`plan_offsets` gives); the records are encoded together
+        (:func:`~dledger_rocketmq.message.encode_batch_records`).  The caller
+        applies no DELAY rewrite: a batch with a DELAY property goes through :meth:`put`.
+        """
+        refused = self._refuse_put(len(items))
+        if refused is not None:
+            return refused
+        key = (template.topic, template.queue_id)
+        step = 1 if is_dispatched(template) else 0
+        first = self.offsets.get(key, 0) if step else 0
+        try:
+            bodies = encode_batch_records(template, items, first_queue_offset=first, queue_offset_step=step,
+                                          store_host=self.store_host, max_size=self.max_message_size)
+        except CodecError as exc:
+            return succeed(PutResult(PutStatus.MESSAGE_ILLEGAL, error=str(exc)))
+
+        def advance(stored: int) -> None:
+            if step and stored:
+                self.offsets[key] = max(self.offsets.get(key, 0), first + stored)
+        return self._append(bodies, template.queue_id, first, advance)
+
+    def _refuse_put(self, count: int) -> Deferred | None:
+        """The PutResult of a put that cannot be taken here (nothing to put, not the master); None if it can."""
+        if not count:
+            return succeed(PutResult(PutStatus.MESSAGE_ILLEGAL, error="no message"))
+        server = self.server
+        if server.state.role is not Role.LEADER or not self.writable():
+            return succeed(PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=f"{server.self_id} is not the master"))
+        return None
+
+    def _append(self, bodies: list[bytes], queue_id: int, first_offset: int,
+                advance: Callable[[int], None]) -> Deferred:
+        """Append encoded records as one dledger batch, advance the queue offsets by what was stored; a PutResult."""
+        server = self.server
         store = server.store
         before = store.ledger_end_index
         self.putting, self.placed = True, []
@@ -259,15 +299,14 @@ class CommitLog:
         finally:
             self.putting = False
         stored = store.ledger_end_index - before
-        advance_offsets(self.offsets, records, offsets, stored)
+        advance(stored)
         placed = self.placed[:stored]
         if isinstance(d, DLedgerError):
             return succeed(PutResult(put_status_for(d.code), error=str(d)))
-        first = records[0]
-        ids = tuple(message_id(self.store_host, p) for p in placed)
-        ok = PutResult(PutStatus.PUT_OK, msg_id=ids[0] if ids else None, queue_id=first.queue_id,
-                       queue_offset=offsets[0], physical_offset=placed[0] if placed else -1, msg_ids=ids,
-                       count=len(records))
+        ids = message_ids(self.store_host, placed)
+        ok = PutResult(PutStatus.PUT_OK, msg_id=ids[0] if ids else None, queue_id=queue_id,
+                       queue_offset=first_offset, physical_offset=placed[0] if placed else -1, msg_ids=ids,
+                       count=len(bodies))
 
         def failed(f):
             code = getattr(f.value, "code", ResponseCode.UNKNOWN)

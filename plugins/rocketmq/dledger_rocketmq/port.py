@@ -51,7 +51,7 @@ from dledger.transport.remoting import (
     HeaderError,
     UnsupportedSerializeTypeError,
 )
-from dledger_rocketmq.batch import batch_records, decode_batch
+from dledger_rocketmq.batch import BatchItem, batch_records, decode_batch
 from dledger_rocketmq.broker import GetResult, GetStatus
 from dledger_rocketmq.commitlog import PutResult, PutStatus
 from dledger_rocketmq.consumequeue import tag_hash
@@ -291,19 +291,29 @@ def send_args(code: int, ext: dict[str, str]) -> SendArgs:
                     batch=code == SEND_BATCH_MESSAGE or ext_bool(ext, "batch"))
 
 
-def send_records(args: SendArgs, body: bytes, born_host: Address, *, queue_id: int | None = None
-                 ) -> list[MessageRecord]:
-    """The records a send stores: one message, or one per item of a batch body (CodecError if malformed)."""
-    template = MessageRecord(topic=args.topic, body=body, properties=args.properties.encode("utf-8"),
-                             queue_id=args.queue_id if queue_id is None else queue_id, flag=args.flag,
-                             sys_flag=args.sys_flag, born_timestamp=args.born_timestamp, born_host=born_host,
-                             reconsume_times=args.reconsume_times)
-    if not args.batch:
-        return [template]
+def send_template(args: SendArgs, body: bytes, born_host: Address, *, queue_id: int | None = None) -> MessageRecord:
+    """The record a send stores (for a batch: what its messages share, see :func:`batch_records`)."""
+    return MessageRecord(topic=args.topic, body=body, properties=args.properties.encode("utf-8"),
+                         queue_id=args.queue_id if queue_id is None else queue_id, flag=args.flag,
+                         sys_flag=args.sys_flag, born_timestamp=args.born_timestamp, born_host=born_host,
+                         reconsume_times=args.reconsume_times)
+
+
+def send_items(body: bytes) -> list[BatchItem]:
+    """The messages of a batch send's body (CodecError if malformed or empty)."""
     items = decode_batch(body)
     if not items:
         raise CodecError("empty batch")
-    return batch_records(items, template)
+    return items
+
+
+def send_records(args: SendArgs, body: bytes, born_host: Address, *, queue_id: int | None = None
+                 ) -> list[MessageRecord]:
+    """The records a send stores: one message, or one per item of a batch body (CodecError if malformed)."""
+    template = send_template(args, body, born_host, queue_id=queue_id)
+    if not args.batch:
+        return [template]
+    return batch_records(send_items(body), template)
 
 
 def send_topic_check(args: SendArgs, topic: dict | None, default: dict | None, *, can_create: bool
@@ -713,13 +723,14 @@ class BrokerPort(service.Service):
                                                    can_create=True)
         if error is not None:
             return error
+        template = send_template(args, body, born_host, queue_id=queue_id)
         try:
-            records = send_records(args, body, born_host, queue_id=queue_id)
+            items = send_items(body) if args.batch else None
         except CodecError as exc:
             return Reply(MESSAGE_ILLEGAL, f"the batch is malformed: {exc}", dict(SEND_EXTRA))
 
         def store(_=None):
-            d = broker.put_messages(records) if args.batch else broker.put_message(records[0])
+            d = broker.put_batch(template, items) if items is not None else broker.put_message(template)
             return d.addCallback(send_reply)
         if create is None:
             return store()
