@@ -219,21 +219,8 @@ TLS_FIGURES = {"batch": "entries_per_s", "pipeline": "entries_per_s", "latency":
 
 
 def members_cpu_seconds(group: LocalGroup) -> float:
-    """User + system CPU seconds the members' processes used so far (from /proc; 0 where unknown).
-
-    On a shared machine throughput follows whatever else runs; the CPU a member spends per entry
-    does not, so ``--tls`` reports it next to the throughput.
-    """
-    total = 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    for mid in group.ids:
-        try:
-            with open(f"/proc/{group.members[mid].pid}/stat", encoding="ascii") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, ValueError, IndexError, TypeError):
-            continue
-    return total
+    """User + system CPU seconds all members' processes used so far (see :meth:`LocalGroup.cpu_seconds`)."""
+    return sum(group.cpu_seconds(mid) for mid in group.ids)
 
 
 async def load_round(reactor: Any, base: Path, opts: Options, tls: bool, say=progress) -> dict:

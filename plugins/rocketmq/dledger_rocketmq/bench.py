@@ -23,6 +23,7 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,12 +150,14 @@ class Phase:
             self._one()
         d.addCallbacks(ok, failed).addBoth(next_)
 
-    async def run(self, say, name: str, lag_probes: dict[str, Any]) -> dict:
+    async def run(self, say, name: str, lag_probes: dict[str, Any],
+                  cpu: Callable[[], dict[str, float]] = dict) -> dict:
+        """Measure for ``opts.duration`` after the warm-up; ``cpu()``: each member's CPU seconds so far."""
         opts, reactor = self.opts, self.reactor
         for _ in range(self.in_flight):
             self._one()
         await deferLater(reactor, opts.warmup, lambda: None)
-        start_acked, start = self.acked, reactor.seconds()
+        start_acked, start, start_cpu = self.acked, reactor.seconds(), cpu()
         lag_max = dict.fromkeys(lag_probes, 0)
         tick = 0
         while reactor.seconds() - start < opts.duration:
@@ -168,6 +171,7 @@ class Phase:
                 say(f"{name}: {rate:,.0f} msg/s, dispatch lag {', '.join(f'{m} {v}' for m, v in lag_max.items())}")
         elapsed = reactor.seconds() - start
         measured = self.acked - start_acked
+        used = {mid: seconds - start_cpu.get(mid, 0.0) for mid, seconds in cpu().items()}
         self.stopping = True
         self.done = Deferred()
         if self.outstanding == 0:
@@ -175,6 +179,7 @@ class Phase:
         await self.done
         return {"msgs_per_s": round(measured / elapsed), "messages": measured, "seconds": round(elapsed, 2),
                 "batch": self.batch, "in_flight": self.in_flight, "dispatch_lag_max_msgs": lag_max,
+                "cpu_us_per_msg": {mid: round(s * 1e6 / measured, 1) for mid, s in used.items()} if measured else {},
                 "errors": self.errors}
 
 
@@ -233,7 +238,8 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
             say(f"{name}: {batch} message(s) of {opts.size} B per request, {in_flight} in flight, "
                 f"{opts.duration:g} s after {opts.warmup:g} s warm-up")
             phase = Phase(reactor, load, opts, batch=batch, in_flight=in_flight)
-            r = await phase.run(say, name, {master: probes[master], slave: probes[slave]})
+            r = await phase.run(say, name, {master: probes[master], slave: probes[slave]},
+                                lambda: {mid: group.cpu_seconds(mid) for mid in group.ids})
             r["drain_s"] = await _drain(reactor, probes, phase.ends, opts.queues)
             say(f"{name}: {r['msgs_per_s']:,} msg/s; every member dispatched all within {r['drain_s']} s")
             results[name] = r
@@ -260,6 +266,10 @@ def format_results(r: dict) -> str:
                      f"{b['in_flight']} in flight")
         lines.append(f"  {'':22} dispatch lag max {lag} msgs; all members dispatched {b['drain_s']} s after "
                      f"the last ack; errors {b['errors'] or 'none'}")
+        if b.get("cpu_us_per_msg"):
+            cpu = ", ".join(f"{m}{' (master)' if m == r.get('master') else ''} {v:g}"
+                            for m, v in b["cpu_us_per_msg"].items())
+            lines.append(f"  {'':22} CPU per message (us): {cpu}")
     if "dispatch" in r:
         d = r["dispatch"]
         lines.append(f"  {'dispatcher alone':22} {d['units_per_s']:>9,} units/s (flush {d['flush_s']} s)")
