@@ -312,11 +312,15 @@ def check_bounds(name: str, value: int, bounds: Bounds) -> int:
 
 
 def entry_bounds_error(entry: Entry, where: str = "entry") -> str | None:
-    """Why a transported entry's integers are out of range (None if all fit)."""
+    """Why a transported entry's integers are out of range (None if all fit).
+
+    Every entry a follower receives is checked, so the field names are only
+    formatted for a field that fails.
+    """
     for name, bounds in ENTRY_BOUNDS.items():
-        error = bounds_error(f"{where}.{name}", getattr(entry, name), bounds)
-        if error is not None:
-            return error
+        value = getattr(entry, name)
+        if not bounds.lo <= value <= bounds.hi:
+            return bounds_error(f"{where}.{name}", value, bounds)
     return None
 
 

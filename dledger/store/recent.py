@@ -67,10 +67,14 @@ class RecentEntries:
             self.first = stored[0].index
         entries.extend(stored)
         self._bytes += sum([len(e.body) for e in stored]) + HEADER_SIZE * len(stored)
-        while self._bytes > self.max_bytes and len(entries) - self._start > 1:
-            self._bytes -= entries[self._start].size
-            self._start += 1
-            self.first += 1
+        if self._bytes > self.max_bytes:
+            start, held, size = self._start, self._bytes, HEADER_SIZE
+            last = len(entries) - 1
+            while held > self.max_bytes and start < last:
+                held -= size + len(entries[start].body)
+                start += 1
+            self.first += start - self._start
+            self._start, self._bytes = start, held
         if self._start > 4096 and self._start * 2 > len(entries):
             del entries[:self._start]
             self._start = 0

@@ -530,9 +530,8 @@ def _decode_entry_section(body: bytes, off: int, count: int, what: str, header: 
     if off != end:
         raise BinaryBodyError(f"binary {what} body has {end - off} bytes after its {count} entries", header)
     for i, entry in enumerate(entries):
-        error = messages.entry_bounds_error(entry, f"binary {what} entry #{i}")
-        if error is not None:
-            raise BinaryBodyError(error, header)
+        if messages.entry_bounds_error(entry) is not None:
+            raise BinaryBodyError(messages.entry_bounds_error(entry, f"binary {what} entry #{i}"), header)
     return entries
 
 
