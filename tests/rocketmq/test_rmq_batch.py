@@ -137,3 +137,18 @@ def test_message_ids_are_message_id_of_each_offset():
     for host in (m.Address("127.0.0.1", 10911), m.Address("::1", 7)):
         offsets = [0, 48, 1 << 40, 2**63 - 1]
         assert m.message_ids(host, offsets) == tuple(m.message_id(host, p) for p in offsets)
+
+
+@given(st.lists(st.builds(b.BatchItem, st.binary(max_size=50), st.binary(max_size=50),
+                          st.integers(-(2**31), 2**31 - 1)), max_size=10), st.integers(0, 30))
+def test_batch_views_are_decode_batch_without_copies(items, cut):
+    """batch_views gives decode_batch's messages (as views) and refuses exactly what it refuses."""
+    body = b.encode_batch(items)
+    for data in (body, body[:max(len(body) - cut, 0)]):
+        try:
+            want = b.decode_batch(data)
+        except CodecError as exc:
+            with pytest.raises(type(exc), match=re.escape(str(exc))):
+                b.batch_views(data)
+            continue
+        assert [(bytes(x), bytes(y), f) for x, y, f in b.batch_views(data)] == [tuple(i) for i in want]

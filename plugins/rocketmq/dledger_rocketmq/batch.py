@@ -34,6 +34,10 @@ class BatchItem:
     properties: bytes = b""
     flag: int = 0
 
+    def __iter__(self):
+        """``body, properties, flag``: an item unpacks like :func:`batch_views`' tuples."""
+        return iter((self.body, self.properties, self.flag))
+
 
 def encode_batch(items: Iterable[BatchItem]) -> bytes:
     """The SEND_BATCH_MESSAGE body for ``items`` (magic and CRC written as 0, as the Java client does)."""
@@ -53,7 +57,15 @@ def encode_batch(items: Iterable[BatchItem]) -> bytes:
 
 def decode_batch(body: bytes | bytearray | memoryview, *, max_items: int = 1 << 16) -> list[BatchItem]:
     """The messages of a SEND_BATCH_MESSAGE body; CodecError (one line, with the offset) if it is malformed."""
-    items: list[BatchItem] = []
+    return [BatchItem(bytes(data), bytes(props), flag) for data, props, flag in batch_views(body, max_items=max_items)]
+
+
+def batch_views(body: bytes | bytearray | memoryview, *, max_items: int = 1 << 16
+                ) -> list[tuple[memoryview, memoryview, int]]:
+    """``(body, properties, flag)`` of each message of a batch body, as views into it (the put path copies
+    each message once, into its record); the same checks and CodecErrors as :func:`decode_batch`."""
+    items: list[tuple[memoryview, memoryview, int]] = []
+    view = memoryview(body)
     pos, end = 0, len(body)
     while pos < end:
         if len(items) >= max_items:
@@ -65,13 +77,13 @@ def decode_batch(body: bytes | bytearray | memoryview, *, max_items: int = 1 << 
             raise CorruptRecordError(f"batch message TOTALSIZE {size} / BODYLEN {body_len} inconsistent", pos)
         if end - pos < size:
             raise TruncatedRecordError(f"batch message of {size} bytes, {end - pos} left", pos)
-        data = bytes(body[pos + _HEAD.size:pos + _HEAD.size + body_len])
+        data = view[pos + _HEAD.size:pos + _HEAD.size + body_len]
         props_at = pos + _HEAD.size + body_len
         props_len = _I16.unpack_from(body, props_at)[0]
         if props_len < 0 or ITEM_OVERHEAD + body_len + props_len != size:
             raise CorruptRecordError(f"batch message lengths add up to {ITEM_OVERHEAD + body_len + props_len}, "
                                      f"TOTALSIZE says {size}", pos)
-        items.append(BatchItem(data, bytes(body[props_at + 2:props_at + 2 + props_len]), flag))
+        items.append((data, view[props_at + 2:props_at + 2 + props_len], flag))
         pos += size
     return items
 

@@ -444,15 +444,16 @@ class Broker(MultiService):
         """Store a batch as one dledger batch with consecutive queue offsets; fires with a :class:`PutResult`."""
         return self.commitlog.put([delayed(m) for m in msgs])
 
-    def put_batch(self, template: MessageRecord, items: Sequence[BatchItem]) -> Deferred:
+    def put_batch(self, template: MessageRecord, items: Sequence) -> Deferred:
         """``put_messages(batch_records(items, template))``, encoded a batch at a time (SEND_BATCH_MESSAGE).
 
+        ``items``: BatchItems or :func:`~dledger_rocketmq.batch.batch_views`.
         A batch where a message carries a DELAY level (stock clients refuse to
         send one) takes :meth:`put_messages`, which rewrites each such message.
         """
         delay = PROPERTY_DELAY_TIME_LEVEL.encode()
-        if any(delay in item.properties for item in items):
-            return self.put_messages(batch_records(items, template))
+        if any(delay in bytes(props) for _, props, _ in items):
+            return self.put_messages(batch_records([BatchItem(bytes(b), bytes(p), f) for b, p, f in items], template))
         return self.commitlog.put_batch(template, items)
 
     def put_as_is(self, msg: MessageRecord) -> Deferred:

@@ -51,7 +51,7 @@ from dledger.transport.remoting import (
     HeaderError,
     UnsupportedSerializeTypeError,
 )
-from dledger_rocketmq.batch import BatchItem, batch_records, decode_batch
+from dledger_rocketmq.batch import batch_records, batch_views, decode_batch
 from dledger_rocketmq.broker import GetResult, GetStatus
 from dledger_rocketmq.commitlog import PutResult, PutStatus
 from dledger_rocketmq.consumequeue import tag_hash
@@ -299,9 +299,9 @@ def send_template(args: SendArgs, body: bytes, born_host: Address, *, queue_id: 
                          reconsume_times=args.reconsume_times)
 
 
-def send_items(body: bytes) -> list[BatchItem]:
-    """The messages of a batch send's body (CodecError if malformed or empty)."""
-    items = decode_batch(body)
+def send_items(body: bytes) -> list[tuple[memoryview, memoryview, int]]:
+    """The messages of a batch send's body as views (:func:`batch_views`; CodecError if malformed or empty)."""
+    items = batch_views(body)
     if not items:
         raise CodecError("empty batch")
     return items
@@ -313,7 +313,8 @@ def send_records(args: SendArgs, body: bytes, born_host: Address, *, queue_id: i
     template = send_template(args, body, born_host, queue_id=queue_id)
     if not args.batch:
         return [template]
-    return batch_records(send_items(body), template)
+    send_items(body)  # the checks, the empty batch's included
+    return batch_records(decode_batch(body), template)
 
 
 def send_topic_check(args: SendArgs, topic: dict | None, default: dict | None, *, can_create: bool
