@@ -23,6 +23,7 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,7 +153,8 @@ class Phase:
 
     async def run(self, say, name: str, lag_probes: dict[str, Any],
                   cpu: Callable[[], dict[str, float]] = dict) -> dict:
-        """Measure for ``opts.duration`` after the warm-up; ``cpu()``: each member's CPU seconds so far."""
+        """Measure for ``opts.duration`` after the warm-up; ``cpu()``: CPU seconds so far of each member (and of
+        this process, as ``client``: it shares the machine with the members)."""
         opts, reactor = self.opts, self.reactor
         for _ in range(self.in_flight):
             self._one()
@@ -239,7 +241,8 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
                 f"{opts.duration:g} s after {opts.warmup:g} s warm-up")
             phase = Phase(reactor, load, opts, batch=batch, in_flight=in_flight)
             r = await phase.run(say, name, {master: probes[master], slave: probes[slave]},
-                                lambda: {mid: group.cpu_seconds(mid) for mid in group.ids})
+                                lambda: {**{mid: group.cpu_seconds(mid) for mid in group.ids},
+                                         "client": time.process_time()})
             r["drain_s"] = await _drain(reactor, probes, phase.ends, opts.queues)
             say(f"{name}: {r['msgs_per_s']:,} msg/s; every member dispatched all within {r['drain_s']} s")
             results[name] = r
