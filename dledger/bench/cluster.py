@@ -180,11 +180,11 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
             results["leader"] = await loader.find_leader()
             await loader.connect_raw()
         if "batch" in opts.phases:
-            results["batch"] = await loader.closed_loop("batched appends", opts.batch, opts.batch_in_flight,
-                                                        opts.duration, opts.warmup)
+            results["batch"] = await measured(group, opts.duration, loader.closed_loop(
+                "batched appends", opts.batch, opts.batch_in_flight, opts.duration, opts.warmup))
         if "pipeline" in opts.phases:
-            results["pipeline"] = await loader.closed_loop("one entry per request", 1, opts.in_flight,
-                                                           opts.duration, opts.warmup)
+            results["pipeline"] = await measured(group, opts.duration, loader.closed_loop(
+                "one entry per request", 1, opts.in_flight, opts.duration, opts.warmup))
         if "latency" in opts.phases:
             results["latency"] = await loader.open_loop(opts.rate, opts.duration, opts.warmup)
         if "rss" in opts.phases and group is not None:
@@ -223,6 +223,24 @@ def members_cpu_seconds(group: LocalGroup) -> float:
     return sum(group.cpu_seconds(mid) for mid in group.ids)
 
 
+async def measured(group: LocalGroup | None, duration: float, coro: Any) -> dict:
+    """A closed-loop phase's result with ``member_cpu_ms_per_1k_entries``: the members' CPU over the phase.
+
+    The warm-up's CPU is counted too (its entries are not), so compare the
+    figure between runs of the same settings; it follows the code, not the
+    machine's load, as throughput does.  Nothing is added for a group this
+    benchmark did not start (``--peers``).
+    """
+    if group is None:
+        return await coro
+    cpu = members_cpu_seconds(group)
+    result = await coro
+    acked = result["entries_per_s"] * duration
+    result["member_cpu_ms_per_1k_entries"] = (round((members_cpu_seconds(group) - cpu) * 1e6 / acked, 1)
+                                              if acked else None)
+    return result
+
+
 async def load_round(reactor: Any, base: Path, opts: Options, tls: bool, say=progress) -> dict:
     """One round of the load phases on a fresh group, plain or with mutual TLS (authMode=tls)."""
     options, credentials = {}, None
@@ -242,21 +260,12 @@ async def load_round(reactor: Any, base: Path, opts: Options, tls: bool, say=pro
         await loader.connect_raw()
         label = "TLS" if tls else "plain"
 
-        async def measured(coro: Any) -> dict:
-            cpu = members_cpu_seconds(group)
-            result = await coro
-            acked = result["entries_per_s"] * opts.duration
-            # the warm-up's CPU is counted too (its entries are not): the ratio compares like with like
-            result["member_cpu_ms_per_1k_entries"] = ((members_cpu_seconds(group) - cpu) * 1e6 / acked
-                                                      if acked else None)
-            return result
-
         if "batch" in opts.phases:
-            out["batch"] = await measured(loader.closed_loop(f"{label}: batched appends", opts.batch,
-                                                             opts.batch_in_flight, opts.duration, opts.warmup))
+            out["batch"] = await measured(group, opts.duration, loader.closed_loop(
+                f"{label}: batched appends", opts.batch, opts.batch_in_flight, opts.duration, opts.warmup))
         if "pipeline" in opts.phases:
-            out["pipeline"] = await measured(loader.closed_loop(f"{label}: one entry per request", 1,
-                                                                opts.in_flight, opts.duration, opts.warmup))
+            out["pipeline"] = await measured(group, opts.duration, loader.closed_loop(
+                f"{label}: one entry per request", 1, opts.in_flight, opts.duration, opts.warmup))
         if "latency" in opts.phases:
             out["latency"] = await loader.open_loop(opts.rate, opts.duration, opts.warmup)
         await loader.close()
@@ -317,11 +326,11 @@ def format_results(r: dict) -> str:
     if "batch" in r:
         b = r["batch"]
         row(f"batched appends ({b['bodies_per_request']}/request, {b['in_flight']} in flight)",
-            f"{b['entries_per_s']:>9,.0f} entries/s   (target >= {TARGETS['batch']:,}){_errors(b)}")
+            f"{b['entries_per_s']:>9,.0f} entries/s   (target >= {TARGETS['batch']:,}){_errors(b)}{_cpu(b)}")
     if "pipeline" in r:
         b = r["pipeline"]
         row(f"one entry per request ({b['in_flight']} in flight)",
-            f"{b['entries_per_s']:>9,.0f} entries/s   (target >= {TARGETS['pipeline']:,}){_errors(b)}")
+            f"{b['entries_per_s']:>9,.0f} entries/s   (target >= {TARGETS['pipeline']:,}){_errors(b)}{_cpu(b)}")
     if "latency" in r:
         lat = r["latency"]
         fmt = lambda v: "-" if v is None else f"{v:.2f}"
@@ -365,3 +374,8 @@ def format_results(r: dict) -> str:
 
 def _errors(b: dict) -> str:
     return f"  errors {b['errors']}" if b.get("errors") else ""
+
+
+def _cpu(b: dict) -> str:
+    cpu = b.get("member_cpu_ms_per_1k_entries")
+    return f"; members' CPU {cpu:g} ms per 1k entries" if cpu is not None else ""
