@@ -26,6 +26,8 @@ import crc32c as _crc32c
 from dledger.codes import EntryType
 
 HEADER = struct.Struct(">iiqqqiiii")
+#: The header's fields in order (the names of :class:`Entry`'s fields where they are one).
+HEADER_FIELDS = ("magic", "size", "index", "term", "pos", "channel", "chain_crc", "body_crc", "body_size")
 INDEX_RECORD = struct.Struct(">iqiqq")
 BLANK = struct.Struct(">ii")
 
@@ -209,6 +211,39 @@ def decode_entry(buf: bytes | bytearray | memoryview, offset: int = 0, *,
             raise CorruptEntryError(f"body crc32c mismatch: stored {crc & 0xFFFFFFFF:#010x}, "
                                     f"computed {actual & 0xFFFFFFFF:#010x}", offset)
     return Entry(body, index, term, pos, magic, channel, chain_crc, crc)
+
+
+def decode_entries(buf: bytes | bytearray | memoryview, offset: int, end: int, count: int, *,
+                   accept_zero_crc: bool = False) -> tuple[list[Entry], int]:
+    """``count`` entries encoded back to back from ``offset``, none reaching past ``end``; ``(entries, offset after)``.
+
+    What :func:`decode_entry` gives for each (``max_size`` = the bytes left
+    before ``end``), with the valid case -- exactly decode_entry's conditions
+    -- decided inline: a follower decodes every entry of every push.  The
+    first entry that is not valid raises decode_entry's own CodecError, with
+    ``number`` set to its position in the batch.
+    """
+    out: list[Entry] = []
+    unpack, magics, header = _unpack_header_from, VALID_MAGICS, HEADER_SIZE
+    off = offset
+    try:
+        for _ in range(count):
+            if end - off >= header:
+                magic, size, index, term, pos, channel, chain_crc, crc, n = unpack(buf, off)
+                if (magic in magics and size == header + n and n >= 0 and index >= 0 and term >= 0 and pos >= 0
+                        and off + size <= end):
+                    body = bytes(buf[off + header:off + size])
+                    if (crc == 0 and accept_zero_crc) or body_crc(body) == crc:
+                        out.append(Entry(body, index, term, pos, magic, channel, chain_crc, crc))
+                        off += size
+                        continue
+            entry = decode_entry(buf, off, accept_zero_crc=accept_zero_crc, max_size=end - off)
+            out.append(entry)  # not reached for an invalid entry: decode_entry raised its reason
+            off += entry.size
+    except CodecError as exc:
+        exc.number = len(out)
+        raise
+    return out, off
 
 
 def peek(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[int, int]:

@@ -14,13 +14,14 @@ import base64
 import binascii
 import dataclasses
 import enum
+import struct
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from dledger.codes import PushType, RequestCode, ResponseCode, VoteResult
-from dledger.entry import Entry
+from dledger.entry import HEADER, HEADER_FIELDS, Entry
 
 
 @dataclass(slots=True, kw_only=True)
@@ -318,6 +319,28 @@ def entry_bounds_error(entry: Entry, where: str = "entry") -> str | None:
     formatted for a field that fails.
     """
     for name, bounds in ENTRY_BOUNDS.items():
+        value = getattr(entry, name)
+        if not bounds.lo <= value <= bounds.hi:
+            return bounds_error(f"{where}.{name}", value, bounds)
+    return None
+
+
+def _codec_range(fmt: str) -> tuple[int, int]:
+    bits = struct.calcsize(fmt) * 8
+    return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+
+
+#: The ENTRY_BOUNDS an entry decoded from the entry codec can still fail (the others are as wide as the
+#: codec's integer of that field, so decoding alone keeps them): derived from the header's layout.
+DECODED_ENTRY_BOUNDS: dict[str, Bounds] = {
+    name: bounds for name, bounds in ENTRY_BOUNDS.items()
+    for lo, hi in [_codec_range(HEADER.format[1 + HEADER_FIELDS.index(name)])]
+    if not bounds.lo <= lo <= hi <= bounds.hi}
+
+
+def decoded_entry_bounds_error(entry: Entry, where: str = "entry") -> str | None:
+    """:func:`entry_bounds_error` of an entry the entry codec decoded (only :data:`DECODED_ENTRY_BOUNDS` can fail)."""
+    for name, bounds in DECODED_ENTRY_BOUNDS.items():
         value = getattr(entry, name)
         if not bounds.lo <= value <= bounds.hi:
             return bounds_error(f"{where}.{name}", value, bounds)

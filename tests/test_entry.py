@@ -201,3 +201,69 @@ def test_java_bodies_are_the_documented_ones():
     e11 = decode_entry(raw, 6112, accept_zero_crc=True)
     assert e11.body == b"golden-10"
     assert struct.unpack(">ii", raw[6104:6112]) == (-1, 8)
+
+
+def _one_at_a_time(buf, offset, end, count, accept_zero_crc):
+    """decode_entry of each entry in turn: what decode_entries must give (or the error it must raise)."""
+    out, off = [], offset
+    for k in range(count):
+        try:
+            e = decode_entry(buf, off, accept_zero_crc=accept_zero_crc, max_size=end - off)
+        except CodecError as exc:
+            return ("error", type(exc), str(exc), k)
+        out.append(e)
+        off += e.size
+    return out, off
+
+
+@given(st.lists(entries, min_size=1, max_size=5), st.data(), st.booleans())
+@settings(max_examples=300)
+def test_decode_entries_is_decode_entry_of_each(batch, data, accept_zero_crc):
+    """Entries decoded together equal decode_entry of each, and a damaged one raises decode_entry's error."""
+    raw = bytearray(b"".join(encode_entry(e) for e in batch))
+    starts = [sum(e.size for e in batch[:k]) for k in range(len(batch))]
+    for _ in range(data.draw(st.integers(0, 2))):  # headers hold the rules: damage them most
+        offset = data.draw(st.one_of(st.integers(0, len(raw) - 1),
+                                     st.builds(lambda s, k: s + k, st.sampled_from(starts), st.integers(0, 47))))
+        raw[offset] = data.draw(st.integers(0, 255))
+    end = data.draw(st.integers(0, len(raw)))
+    count = data.draw(st.integers(0, len(batch) + 1))
+    buf = bytes(raw) if data.draw(st.booleans()) else memoryview(bytes(raw))
+    want = _one_at_a_time(buf, 0, end, count, accept_zero_crc)
+    try:
+        got = codec.decode_entries(buf, 0, end, count, accept_zero_crc=accept_zero_crc)
+    except CodecError as exc:
+        assert want == ("error", type(exc), str(exc), exc.number)
+        return
+    assert got == want
+
+
+def test_decode_entries_names_the_damaged_entry():
+    """The error of a batch says which entry (its number) and why, as decode_entry does for that entry alone."""
+    batch = [Entry(body=b"x" * 10, index=i, term=1, pos=58 * i).sealed() for i in range(3)]
+    raw = bytearray(b"".join(encode_entry(e) for e in batch))
+    raw[2 * 58 + BODY_OFFSET] ^= 1  # the third entry's body
+    with pytest.raises(CorruptEntryError, match="body crc32c mismatch") as info:
+        codec.decode_entries(bytes(raw), 0, len(raw), 3)
+    assert info.value.number == 2
+
+
+@pytest.mark.parametrize("field, value", [
+    ("magic", 99), ("magic", -1), ("size", 47), ("size", 10_000), ("body_size", -1), ("index", -1), ("term", -1),
+    ("pos", -1), ("body_crc", 0), ("body_crc", 12345),
+])
+@pytest.mark.parametrize("accept_zero_crc", [False, True])
+def test_decode_entries_applies_each_rule_of_decode_entry(field, value, accept_zero_crc):
+    """One header field made invalid in the second of three entries: decode_entries does what decode_entry does."""
+    batch = [Entry(body=b"y" * 10, index=i, term=1, pos=58 * i).sealed() for i in range(3)]
+    raw = bytearray(b"".join(encode_entry(e) for e in batch))
+    names = codec.HEADER_FIELDS
+    fields = list(codec.HEADER.unpack_from(raw, 58))
+    fields[names.index(field)] = value
+    codec.HEADER.pack_into(raw, 58, *fields)
+    want = _one_at_a_time(bytes(raw), 0, len(raw), 3, accept_zero_crc)
+    try:
+        got = codec.decode_entries(bytes(raw), 0, len(raw), 3, accept_zero_crc=accept_zero_crc)
+    except CodecError as exc:
+        got = ("error", type(exc), str(exc), exc.number)
+    assert got == want

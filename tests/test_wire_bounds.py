@@ -358,3 +358,23 @@ def test_unexpected_argument_replies_say_what_was_wrong(error, remark):
     (frame,) = remoting.split_frames(transport.value())
     assert frame.header.remark == remark
     assert remoting.decode_body(messages.PushEntryResponse, frame.body).code == error.code
+
+
+def test_decoded_entry_bounds_are_those_the_codec_cannot_keep():
+    """Only index, term and pos can be out of bounds after decoding: every other field's codec integer fits."""
+    from dledger.messages import DECODED_ENTRY_BOUNDS, ENTRY_BOUNDS
+    assert sorted(DECODED_ENTRY_BOUNDS) == ["index", "pos", "term"]
+    assert all(ENTRY_BOUNDS[name] == bounds for name, bounds in DECODED_ENTRY_BOUNDS.items())
+
+
+@pytest.mark.parametrize("field, value, fails", [
+    ("index", 2**63 - 1, True), ("index", 2**63 - 2, False), ("term", 2**63 - 1, True), ("pos", 2**63 - 1, False),
+])
+def test_decoded_entry_bounds_error_agrees_with_the_full_check(field, value, fails):
+    """For an entry the codec decoded, the short check finds exactly what entry_bounds_error finds."""
+    from dledger.entry import Entry
+    from dledger.messages import decoded_entry_bounds_error, entry_bounds_error
+    e = Entry(body=b"b", index=1, term=1, pos=0)
+    setattr(e, field, value)
+    assert (decoded_entry_bounds_error(e) is not None) is fails
+    assert decoded_entry_bounds_error(e) == entry_bounds_error(e)

@@ -29,7 +29,7 @@ import crc32c as _crc32c
 
 from dledger import messages
 from dledger.codes import RequestCode, ResponseCode
-from dledger.entry import HEADER_SIZE, CodecError, Entry, EntryList, decode_entry, encode_entry_into
+from dledger.entry import HEADER_SIZE, CodecError, Entry, EntryList, decode_entries, encode_entry_into
 from dledger.messages import AppendEntryRequest, GetEntriesResponse, PushEntryRequest, RequestOrResponse
 
 SERIALIZE_JSON = 0
@@ -518,19 +518,15 @@ def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRe
 
 def _decode_entry_section(body: bytes, off: int, count: int, what: str, header: Header | None) -> list[Entry]:
     """The ``count`` entries from ``off`` to the end of a binary body, each decoded, CRC-checked and bounded."""
-    entries = []
     end = len(body)
     try:
-        for _ in range(count):
-            entry = decode_entry(body, off, accept_zero_crc=True, max_size=end - off)
-            off += entry.size
-            entries.append(entry)
+        entries, off = decode_entries(body, off, end, count, accept_zero_crc=True)
     except CodecError as exc:
-        raise BinaryBodyError(f"binary {what} entry #{len(entries)}: {exc}", header) from None
+        raise BinaryBodyError(f"binary {what} entry #{exc.number}: {exc}", header) from None
     if off != end:
         raise BinaryBodyError(f"binary {what} body has {end - off} bytes after its {count} entries", header)
     for i, entry in enumerate(entries):
-        if messages.entry_bounds_error(entry) is not None:
+        if messages.decoded_entry_bounds_error(entry) is not None:
             raise BinaryBodyError(messages.entry_bounds_error(entry, f"binary {what} entry #{i}"), header)
     return entries
 
