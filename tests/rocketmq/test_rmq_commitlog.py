@@ -90,9 +90,9 @@ def test_batch_offsets_contiguous_and_physical_offsets_are_entry_positions(tmp_p
     assert (rec.body, rec.queue_offset, rec.physical_offset) == (b"single", 5, r2.physical_offset)
     assert rec.store_timestamp == int(put_at * 1000)  # written by the append hook when the leader stored it
     assert rec.message_id == r2.msg_id
-    offs = [decode_record(b.get_message(int(mid[16:], 16), _size(b, int(mid[16:], 16)))).queue_offset
-            for mid in r1.msg_ids]
-    assert offs == [0, 1, 2, 3, 4]
+    batch = [decode_record(b.get_message(int(mid[16:], 16), _size(b, int(mid[16:], 16)))) for mid in r1.msg_ids]
+    assert [r.queue_offset for r in batch] == [0, 1, 2, 3, 4]
+    assert len({r.store_timestamp for r in batch}) == 1  # one store time per put, as RocketMQ stamps a batch
 
 
 def _size(broker, phys):

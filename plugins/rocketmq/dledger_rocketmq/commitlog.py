@@ -51,19 +51,20 @@ from dledger_rocketmq.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
     MAGIC_POSITION,
     MESSAGE_MAGIC,
+    PHYSICAL_OFFSET_POSITION,
     SYS_FLAG_POSITION,
     Address,
     MessageRecord,
     encode_batch_records,
     encode_record,
     message_ids,
-    patch_physical_offset,
 )
 
 log = Logger()
 
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
+_TOTAL_MAGIC = struct.Struct(">ii")
 
 CONTROL_PREFIX = b"RMQC"
 
@@ -171,21 +172,28 @@ class PhysicalOffsetHook:
         self.commitlog = commitlog
 
     def before_append(self, entry, buffer, body_offset: int) -> None:
+        """Runs for every entry a leader appends: the common case is a few unpacks and packs.
+
+        The store time is the put's (one per batch, as RocketMQ stamps a
+        batch with one ``storeTimestamp``).
+        """
         cl = self.commitlog
         size = len(buffer) - body_offset
-        if not is_record_body(buffer, body_offset):
+        if size < 8:
+            return
+        total, magic = _TOTAL_MAGIC.unpack_from(buffer, body_offset)
+        if magic != MESSAGE_MAGIC:
             return  # control entries and foreign bodies pass unchanged
         if not cl.putting:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
                                "RocketMQ records must be put through the broker (it assigns queue offsets)")
-        total = _I32.unpack_from(buffer, body_offset)[0]
         if total != size:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
                                f"record TOTALSIZE {total} != entry body of {size} bytes")
         physical = entry.pos + BODY_OFFSET
-        patch_physical_offset(buffer, body_offset, physical)
+        _I64.pack_into(buffer, body_offset + PHYSICAL_OFFSET_POSITION, physical)
         sys_flag = _I32.unpack_from(buffer, body_offset + SYS_FLAG_POSITION)[0]
-        _I64.pack_into(buffer, body_offset + store_timestamp_position(sys_flag), cl.now_ms())
+        _I64.pack_into(buffer, body_offset + store_timestamp_position(sys_flag), cl.put_ms)
         cl.placed.append(physical)
 
 
@@ -209,6 +217,7 @@ class CommitLog:
         self.offsets: dict[QueueKey, int] = {}
         self.putting = False
         self.placed: list[int] = []
+        self.put_ms = 0  # the store time of the put in progress (the hook writes it)
         self.hook = PhysicalOffsetHook(self)
 
     def now_ms(self) -> int:
@@ -288,7 +297,7 @@ class CommitLog:
         server = self.server
         store = server.store
         before = store.ledger_end_index
-        self.putting, self.placed = True, []
+        self.putting, self.placed, self.put_ms = True, [], self.now_ms()
         try:
             d = server.handle_append(AppendEntryRequest(group=server.config.group, batch_msgs=bodies))
         except DLedgerError as exc:
