@@ -21,6 +21,7 @@ commit), on the reactor thread pool when the member gives us a threaded
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import mmap
@@ -34,7 +35,6 @@ from zope.interface import implementer
 
 from dledger import diskio
 from dledger.codes import ResponseCode, Role
-from dledger.config import FLUSH_POLICIES, GiB, MiB
 from dledger.entry import (
     HEADER,
     HEADER_SIZE,
@@ -59,6 +59,7 @@ from dledger.store.checkpoint import Checkpoint, read_checkpoint, write_checkpoi
 from dledger.store.groupcommit import FlushPlan, GroupCommit
 from dledger.store.indexlog import IndexLog
 from dledger.store.mappedfiles import MappedFile, MappedFileList
+from dledger.store.mmapoptions import MmapStoreOptions
 from dledger.store.recovery import Recovered, recover, verified_entry
 from dledger.store.retention import CleanMode, RetentionPolicy
 from dledger.store.scan import decode_at, scan_forward
@@ -82,39 +83,26 @@ class MmapLogStore:
     ``clock`` (an ``IReactorTime``) drives the periodic checkpoint, the
     ``async`` flush and retention/disk checks; without one nothing runs by
     itself (offline tools).  ``disk_usage()`` returns the used fraction of
-    the disk (tests patch it).  ``full_verify`` makes start-up verify every
-    entry instead of starting at the checkpoint.
+    the disk (tests pass their own).  What the store is configured with is
+    one :class:`MmapStoreOptions` value, :attr:`options`.
     """
 
-    def __init__(self, member_dir: str | Path, member_state, *,
-                 data_file_size: int = 1 * GiB, index_file_size: int = 160 * MiB,
-                 max_entry_size: int = 4 * MiB, flush_policy: str = "sync", flush_interval_ms: int = 10,
-                 checkpoint_interval_ms: int = 3000, clean_interval_ms: int = 1000,
-                 retention: RetentionPolicy | None = None, accept_zero_crc: bool = False,
-                 clock=None, blocking_io: diskio.BlockingIO = diskio.INLINE, disk_usage=None,
-                 full_verify: bool = False, release_flushed_pages: bool = True, truncate_damaged: bool = False):
-        if index_file_size <= 0 or index_file_size % INDEX_UNIT_SIZE:
-            raise ValueError(f"index file size {index_file_size} is not a positive multiple of {INDEX_UNIT_SIZE}")
-        if data_file_size < HEADER_SIZE + MIN_BLANK_LEN:
-            raise ValueError(f"data file size {data_file_size} cannot hold an entry")
-        if flush_policy not in FLUSH_POLICIES:
-            raise ValueError(f"flush policy {flush_policy!r} is not one of {FLUSH_POLICIES}")
+    def __init__(self, member_dir: str | Path, member_state, options: MmapStoreOptions | None = None, *,
+                 clock=None, blocking_io: diskio.BlockingIO = diskio.INLINE, disk_usage=None, **settings):
+        """``options`` (default: :class:`MmapStoreOptions`'s defaults), with ``settings`` (its fields, as
+        keywords) replacing some of them; ``clock``, ``blocking_io`` and ``disk_usage`` are what it is wired to."""
+        options = options or MmapStoreOptions()
+        if settings:
+            options = dataclasses.replace(options, **settings)
+        self.options = options
         self.member_dir = Path(member_dir)
         self.member_state = member_state
-        self.data_file_size = data_file_size
-        self.index_file_size = index_file_size
-        self.max_entry_size = max_entry_size
-        self.flush_policy = flush_policy
-        self.flush_interval_ms = flush_interval_ms
-        self.checkpoint_interval_ms = checkpoint_interval_ms
-        self.clean_interval_ms = clean_interval_ms
-        self.retention = retention or RetentionPolicy()
-        self.accept_zero_crc = accept_zero_crc
+        # Read on every append: plain attributes rather than ``self.options.x``.
+        self.data_file_size = options.data_file_size
+        self.max_entry_size = options.max_entry_size
+        self.accept_zero_crc = options.accept_zero_crc
         self.clock = clock
         self.io = blocking_io
-        self.full_verify = full_verify
-        self.truncate_damaged = truncate_damaged
-        self.release_flushed_pages = release_flushed_pages
         self._disk_usage = disk_usage or (lambda: diskio.disk_used_ratio(self.member_dir))
         self.ledger_begin_index = -1
         self.ledger_end_index = -1
@@ -151,14 +139,8 @@ class MmapLogStore:
         """The store a member runs: options from ``config``; timers on ``clock`` (default: the global reactor)."""
         if clock is None:
             from twisted.internet import reactor as clock
-        return cls(config.member_dir, member_state,
-                   data_file_size=config.mapped_file_size_for_entry_data,
-                   index_file_size=config.mapped_file_size_for_entry_index,
-                   max_entry_size=config.max_entry_size, flush_policy=config.flush_policy,
-                   flush_interval_ms=config.flush_file_interval, checkpoint_interval_ms=config.check_point_interval,
-                   retention=RetentionPolicy.from_config(config), accept_zero_crc=config.accept_java_zero_crc,
-                   clock=clock, blocking_io=blocking_io or diskio.INLINE, disk_usage=disk_usage,
-                   truncate_damaged=config.truncate_damaged)
+        return cls(config.member_dir, member_state, MmapStoreOptions.from_config(config), clock=clock,
+                   blocking_io=blocking_io or diskio.INLINE, disk_usage=disk_usage)
 
     # -- state -----------------------------------------------------------------
     @property
@@ -169,6 +151,18 @@ class MmapLogStore:
     def flush_stats(self):
         """Latency and reactor-blocked time of recent flush rounds (:class:`.groupcommit.FlushStats`)."""
         return self._gc.stats
+
+    @property
+    def retention(self) -> RetentionPolicy:
+        return self.options.retention
+
+    @property
+    def closing_files(self) -> tuple[MappedFile, ...]:
+        """Removed files still open because the running flush round may be syncing their descriptors.
+
+        Read-only, for tests and diagnostics: they are closed when that round ends (or at shutdown).
+        """
+        return tuple(self._graveyard)
 
     @property
     def disk_full(self) -> bool:
@@ -219,7 +213,7 @@ class MmapLogStore:
         """Open the files, recover (see :mod:`.recovery`), make the repairs durable, start the timers."""
         self.member_dir.mkdir(parents=True, exist_ok=True)
         data = MappedFileList(self.member_dir / "data", self.data_file_size, kind="data")
-        index = MappedFileList(self.member_dir / "index", self.index_file_size, kind="index")
+        index = MappedFileList(self.member_dir / "index", self.options.index_file_size, kind="index")
         notes = data.load(stop_at_gap=True)
         try:
             notes += index.load(contiguous=False)
@@ -236,7 +230,8 @@ class MmapLogStore:
         self._data, self._index, self._ilog = data, index, IndexLog(index)
         try:
             rec = recover(data, index, checkpoint, accept_zero_crc=self.accept_zero_crc,
-                          closer=self._close_file, full=self.full_verify, truncate_damaged=self.truncate_damaged)
+                          closer=self._close_file, full=self.options.full_verify,
+                          truncate_damaged=self.options.truncate_damaged)
         except BaseException:
             data.close()
             index.close()
@@ -371,10 +366,10 @@ class MmapLogStore:
                 lambda f: log.failure("mmap store timer {fn} stopped", f, fn=fn.__name__))
             self._timers.append(lc)
 
-        every(self.checkpoint_interval_ms, self._periodic_checkpoint)
-        if self.flush_policy == "async":
-            every(self.flush_interval_ms, self._periodic_flush)
-        every(self.clean_interval_ms, self._periodic_clean)
+        every(self.options.checkpoint_interval_ms, self._periodic_checkpoint)
+        if self.options.flush_policy == "async":
+            every(self.options.flush_interval_ms, self._periodic_flush)
+        every(self.options.clean_interval_ms, self._periodic_clean)
 
     def _periodic_flush(self):
         if self._gc.busy or not self._dirty():
@@ -583,7 +578,7 @@ class MmapLogStore:
         off = index * INDEX_UNIT_SIZE
         f = self._index.file_for(off)
         if f is None:
-            start = off - off % self.index_file_size
+            start = off - off % self.options.index_file_size
             if self._index.files and start != self._index.end:
                 raise StoreError(f"index record {index} does not follow the index files in {self._index.directory}")
             f = self._index.create(start)
@@ -851,7 +846,7 @@ class MmapLogStore:
         In steps of ``_RELEASE_STEP`` bytes, not after every round: a busy member runs hundreds of
         rounds a second, each covering a few KiB, and a madvise per file per round is work for nothing.
         """
-        if not self.release_flushed_pages:
+        if not self.options.release_flushed_pages:
             return
         data_to = min(self._data_dirty_lo, self._write_pos)
         if data_to - self._released_to >= _RELEASE_STEP:
