@@ -53,7 +53,7 @@ from dledger.errors import BatchAppendError, DLedgerError, StoreError
 from dledger.hookspecs import hookimpl
 from dledger.interfaces import IBatchLogStore, IPositionReader, IRetainingLogStore
 from dledger.plugin_types import StoreType
-from dledger.store import base, ownership, positions
+from dledger.store import base, ownership, positions, runplan
 from dledger.store.base import TruncateAction
 from dledger.store.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from dledger.store.groupcommit import FlushPlan, GroupCommit
@@ -415,7 +415,7 @@ class MmapLogStore:
         if f is None:
             self._dfd, self._dstart, self._dlimit = -1, 0, -1
         else:
-            self._dfd, self._dstart, self._dlimit = f.fd, f.start, f.end - MIN_BLANK_LEN
+            self._dfd, self._dstart, self._dlimit = f.fd, f.start, runplan.run_limit(f.end)
 
     def _set_index_tail(self, f: MappedFile | None) -> None:
         if f is None:
@@ -479,7 +479,7 @@ class MmapLogStore:
                         self._refuse_disk_full()
                     if entry.channel or entry.chain_crc:
                         base.check_reserved_fields(entry)
-                    if wp + size > self._dlimit or size > self.max_entry_size:
+                    if wp + size > self._dlimit or size > self.max_entry_size:  # not runplan.extends_run
                         run = self._next_run(run, stored, size)
                         wp = run.end
                     if hooks:
@@ -496,10 +496,7 @@ class MmapLogStore:
                         if self._disk_full:
                             self._refuse_disk_full()
                     if e.pos != wp or e.pos + size > self._dlimit:
-                        run = self._next_run(run, stored, size)
-                        if run.end != e.pos:
-                            raise DLedgerError(ResponseCode.DISK_ERROR,
-                                               f"entry {e.index}: placement changed under us")
+                        run = self._next_run(run, stored, size, e)
                         if known is not None:
                             run.src, run.src_off = known[0], src_off
                 if run.src is None:
@@ -522,10 +519,19 @@ class MmapLogStore:
             raise  # a failing hook (or a failing file creation) propagates as it is
         return stored
 
-    def _next_run(self, run: _Run, stored: list[Entry], size: int) -> _Run:
-        """Write ``run``, then make room for an entry of ``size`` (blank marker, new file); the run that follows."""
+    def _next_run(self, run: _Run, stored: list[Entry], size: int, placed: Entry | None = None) -> _Run:
+        """Write ``run``, then start the run :func:`.runplan.next_run` plans for an entry of ``size`` bytes.
+
+        ``placed`` is an entry whose position is fixed already (follower, truncate). The plan is made
+        first; the run before is written whatever it says (the batch rule: earlier entries stay).
+        """
+        data = self._data
+        plan = runplan.next_run(run.end, size, file_size=self.data_file_size, max_size=self.max_entry_size,
+                                files_start=data.start, files_end=data.end,
+                                fixed_pos=None if placed is None else placed.pos,
+                                index=-1 if placed is None else placed.index)
         self._write_run(run, stored)
-        return _Run(self._make_room(size))
+        return _Run(self._start_run(plan))
 
     def _write_run(self, run: _Run, stored: list[Entry]) -> None:
         """Write a run's entries with one pwrite, then their index records; only then do they count as stored."""
@@ -551,28 +557,26 @@ class MmapLogStore:
             self.ledger_begin_index, self._begin_pos = entries[0].index, run.pos
         stored.extend(entries)
 
-    def _make_room(self, size: int) -> int:
-        """Place an entry that does not fit the current file: checks first, then the blank marker and a new file."""
-        wp = self._write_pos
-        pos, blank = base.place(wp, size, self.data_file_size, self.max_entry_size)
-        if self._data.file_for(pos) is None:
+    def _start_run(self, plan: runplan.NextRun) -> int:
+        """Do what ``plan`` says before its run: refuse on a full disk before a new file, blank marker, new file."""
+        if plan.new_file is not None:
             self.check_disk()
             if self._disk_full:
                 self._refuse_disk_full()
-        if blank:
-            f = self._data.file_for(wp)
-            if f is not None:
-                _write_at(f.fd, encode_blank(blank), wp - f.start)
-                self._data_dirty_lo = min(self._data_dirty_lo, wp)
-        f = self._data.file_for(pos)
-        if f is None:
+        if plan.blank_at is not None:
+            f = self._data.file_for(plan.blank_at)
+            _write_at(f.fd, encode_blank(plan.blank), plan.blank_at - f.start)
+            self._data_dirty_lo = min(self._data_dirty_lo, plan.blank_at)
+        if plan.new_file is None:
+            f = self._data.file_for(plan.pos)
+        else:
             try:
-                f = self._data.create(pos - pos % self.data_file_size)
+                f = self._data.create(plan.new_file)
             except OSError as exc:
                 raise _disk_error(exc, self.ledger_end_index + 1) from None
         self._set_data_tail(f)
-        self._write_pos = pos
-        return pos
+        self._write_pos = plan.pos
+        return plan.pos
 
     def _index_room(self, index: int) -> int:
         off = index * INDEX_UNIT_SIZE
