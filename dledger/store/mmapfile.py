@@ -41,7 +41,6 @@ from dledger.entry import (
     INDEX_RECORD,
     INDEX_UNIT_SIZE,
     MIN_BLANK_LEN,
-    VALID_MAGICS,
     CodecError,
     Entry,
     EntryList,
@@ -60,9 +59,9 @@ from dledger.store.groupcommit import FlushPlan, GroupCommit
 from dledger.store.indexlog import IndexLog
 from dledger.store.mappedfiles import MappedFile, MappedFileList
 from dledger.store.mmapoptions import MmapStoreOptions
-from dledger.store.recovery import Recovered, recover, verified_entry
+from dledger.store.recovery import Recovered, recover, repair_index
 from dledger.store.retention import CleanMode, RetentionPolicy
-from dledger.store.scan import decode_at, scan_forward
+from dledger.store.scan import decode_at
 from dledger.store.termvote import FileTermVoteStore
 
 log = Logger()
@@ -71,7 +70,6 @@ _write_at = diskio.write_at
 _pack_header = HEADER.pack
 _pack_index = INDEX_RECORD.pack_into
 _unpack_index = INDEX_RECORD.unpack_from
-_REPAIR_LOOKBACK = 64
 #: Flushed pages are unmapped (RSS) once this many bytes of a log were flushed since the last time.
 _RELEASE_STEP = 1 << 20
 
@@ -682,43 +680,13 @@ class MmapLogStore:
     # -- reads -----------------------------------------------------------------
     def _record(self, index: int) -> tuple[int, int, int, int, int]:
         """Index record ``index`` (magic, pos, size, index, term), repaired from the data if it is damaged."""
-        off = index * INDEX_UNIT_SIZE
-        f = self._index.file_for(off)
-        if f is not None:
-            rec = _unpack_index(f.mm, off - f.start)
-            if rec[3] == index and rec[0] in VALID_MAGICS and rec[2] >= HEADER_SIZE:
-                return rec
-        return self._repair_index(index)
+        rec = self._ilog.read(index)
+        return rec if rec is not None else self._repair_index(index)
 
     def _repair_index(self, index: int) -> tuple[int, int, int, int, int]:
-        """Rewrite index records up to ``index`` from the data, starting at the newest record that checks out."""
-        anchor = None
-        for k in range(index - 1, max(self.ledger_begin_index, index - _REPAIR_LOOKBACK) - 1, -1):
-            anchor = verified_entry(self._data, self._ilog, k, self.accept_zero_crc, verify_crc=False)
-            if anchor is not None:
-                break
-        try:
-            if anchor is None:
-                anchor = decode_at(self._data, self._begin_pos, accept_zero_crc=self.accept_zero_crc,
-                                   verify_crc=False)
-        except CodecError as exc:
-            raise DLedgerError(ResponseCode.DISK_ERROR, f"cannot locate entry {index}: {exc}") from None
-        rewritten = []
-
-        def fix(e: Entry) -> str | None:
-            conflict = self._ilog.check(e)
-            if conflict:
-                return conflict
-            if not self._ilog.matches(e):
-                self._ilog.write(e)
-                rewritten.append(e.index)
-            return None
-
-        result = scan_forward(self._data, anchor.pos, anchor.index, -1, accept_zero_crc=self.accept_zero_crc,
-                              on_entry=fix, check_tail=False, stop_after=index)
-        if result.last_index != index:
-            raise DLedgerError(ResponseCode.DISK_ERROR,
-                               f"cannot read entry {index}: {result.problem or 'the data log ends before it'}")
+        """Rewrite index records up to ``index`` from the data (see :func:`.recovery.repair_index`)."""
+        rewritten = repair_index(self._data, self._ilog, index, begin=self.ledger_begin_index,
+                                 begin_pos=self._begin_pos, accept_zero_crc=self.accept_zero_crc)
         if rewritten:
             log.warn("mmap store {dir}: rewrote {n} damaged index records ({first}..{last}) from the data",
                      dir=str(self.member_dir), n=len(rewritten), first=rewritten[0], last=rewritten[-1])
