@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import functools
-import mmap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -55,6 +53,7 @@ from dledger.plugin_types import StoreType
 from dledger.store import base, ownership, positions, runplan
 from dledger.store.base import TruncateAction
 from dledger.store.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from dledger.store.flushing import FlushTracker
 from dledger.store.groupcommit import FlushPlan, GroupCommit
 from dledger.store.indexlog import IndexLog
 from dledger.store.mappedfiles import MappedFile, MappedFileList
@@ -70,8 +69,6 @@ _write_at = diskio.write_at
 _pack_header = HEADER.pack
 _pack_index = INDEX_RECORD.pack_into
 _unpack_index = INDEX_RECORD.unpack_from
-#: Flushed pages are unmapped (RSS) once this many bytes of a log were flushed since the last time.
-_RELEASE_STEP = 1 << 20
 
 
 @implementer(IRetainingLogStore, IBatchLogStore, IPositionReader)
@@ -116,10 +113,7 @@ class MmapLogStore:
         self._ilog: IndexLog | None = None
         self._graveyard: list[MappedFile] = []
         self._gc = GroupCommit(blocking_io, self._prepare_flush, after_round=self._bury)
-        self._data_dirty_lo = 0
-        self._index_dirty_lo = 0
-        self._released_to = 0
-        self._index_released_to = 0
+        self._flushing: FlushTracker | None = None
         self._disk_full = False
         self._used_ratio = 0.0
         self._timers: list[LoopingCall] = []
@@ -250,10 +244,9 @@ class MmapLogStore:
             checkpoint = Checkpoint(end_index=rec.end, committed_index=rec.committed)
             write_checkpoint(self.member_dir, checkpoint)
         self._gc.flushed_index = rec.end
-        self._data_dirty_lo = self._write_pos
-        self._index_dirty_lo = rec.end + 1
-        self._released_to = data.start if data.files else 0
-        self._index_released_to = index.start if index.files else 0
+        self._flushing = FlushTracker(data, index, lambda: self._write_pos,
+                                      release_pages=self.options.release_flushed_pages)
+        self._flushing.restart(self._write_pos, rec.end)
         self._checkpoint_written = checkpoint
         self._open = True
         msg = "mmap store {dir}: {summary}"
@@ -370,7 +363,7 @@ class MmapLogStore:
         every(self.options.clean_interval_ms, self._periodic_clean)
 
     def _periodic_flush(self):
-        if self._gc.busy or not self._dirty():
+        if self._gc.busy or not self._flushing.dirty(self._write_pos, self.ledger_end_index):
             return None
         return self._gc.request().addErrback(lambda f: log.failure("periodic flush failed", f))
 
@@ -564,7 +557,7 @@ class MmapLogStore:
         if plan.blank_at is not None:
             f = self._data.file_for(plan.blank_at)
             _write_at(f.fd, encode_blank(plan.blank), plan.blank_at - f.start)
-            self._data_dirty_lo = min(self._data_dirty_lo, plan.blank_at)
+            self._flushing.mark_data(plan.blank_at)
         if plan.new_file is None:
             f = self._data.file_for(plan.pos)
         else:
@@ -632,8 +625,8 @@ class MmapLogStore:
         self._index.remove_after(len(kept), self._close_file)
         self.ledger_end_index, self.ledger_end_term = keep, rec[4]
         self._write_pos = new_wp
-        self._data_dirty_lo = min(self._data_dirty_lo, new_wp)
-        self._index_dirty_lo = min(self._index_dirty_lo, keep + 1)
+        self._flushing.mark_data(new_wp)
+        self._flushing.mark_index(keep + 1)
         self._gc.cap(keep)
         self._refresh_tails()
 
@@ -672,10 +665,7 @@ class MmapLogStore:
         self._begin_pos = entry.pos
         self.committed_index = entry.index - 1
         self._gc.cap(entry.index - 1)
-        self._data_dirty_lo = entry.pos
-        self._index_dirty_lo = entry.index
-        self._released_to = self._data.start
-        self._index_released_to = self._index.start
+        self._flushing.restart(entry.pos, entry.index - 1)
 
     # -- reads -----------------------------------------------------------------
     def _record(self, index: int) -> tuple[int, int, int, int, int]:
@@ -690,7 +680,7 @@ class MmapLogStore:
         if rewritten:
             log.warn("mmap store {dir}: rewrote {n} damaged index records ({first}..{last}) from the data",
                      dir=str(self.member_dir), n=len(rewritten), first=rewritten[0], last=rewritten[-1])
-            self._index_dirty_lo = min(self._index_dirty_lo, rewritten[0])
+            self._flushing.mark_index(rewritten[0])
         self._refresh_tails()
         off = index * INDEX_UNIT_SIZE
         f = self._index.file_for(off)
@@ -769,71 +759,9 @@ class MmapLogStore:
             return succeed(self.flushed_index)
         return self._gc.request()
 
-    def _dirty(self) -> bool:
-        return (self._data_dirty_lo < self._write_pos or self._index_dirty_lo <= self.ledger_end_index
-                or self._data.dir_dirty or self._index.dir_dirty)
-
-    def _files_between(self, lst: MappedFileList, lo: int, hi: int) -> list[MappedFile]:
-        files = lst.files
-        if not files or hi <= lo:
-            return []
-        size = lst.file_size
-        a = max(0, (lo - files[0].start) // size)
-        b = min(len(files), (hi - 1 - files[0].start) // size + 1)
-        return files[a:b]
-
     def _prepare_flush(self) -> FlushPlan:
-        target = self.ledger_end_index
-        data_lo, index_lo = self._data_dirty_lo, self._index_dirty_lo
-        touched = self._files_between(self._data, data_lo, self._write_pos) + self._files_between(
-            self._index, index_lo * INDEX_UNIT_SIZE, (target + 1) * INDEX_UNIT_SIZE)
-        new = [f for lst in (self._data, self._index) for f in lst.files if f.new]
-        dirs = [lst for lst in (self._data, self._index) if lst.dir_dirty or any(f.new for f in lst.files)]
-        if not touched and not new and not dirs:
-            return FlushPlan(target, None)
-        self._data_dirty_lo, self._index_dirty_lo = self._write_pos, target + 1
-        for f in new:
-            f.new = False
-        for lst in dirs:
-            lst.dir_dirty = False
-        synced = [f.fd for f in touched if f not in new]
-        # One job for the round (data files first, then index files, new files, directories): one thread
-        # hand-off per round.  Syncing data and index on two pool threads side by side made each round a
-        # little shorter but cost a member more CPU in wake-ups than it saved (docs/benchmarks.md).
-        work = functools.partial(diskio.flush_files, synced, [f.fd for f in new], [str(lst.directory) for lst in dirs])
-
-        def failed(_failure) -> None:
-            self._data_dirty_lo = min(self._data_dirty_lo, data_lo)
-            self._index_dirty_lo = min(self._index_dirty_lo, index_lo)
-            for f in new:
-                f.new = True
-            for lst in dirs:
-                lst.dir_dirty = True
-
-        return FlushPlan(target, work, done=self._flushed, failed=failed)
-
-    def _flushed(self, _result) -> None:
-        """After a round: drop our mapping of flushed, full pages so RSS does not grow with the log.
-
-        In steps of ``_RELEASE_STEP`` bytes, not after every round: a busy member runs hundreds of
-        rounds a second, each covering a few KiB, and a madvise per file per round is work for nothing.
-        """
-        if not self.options.release_flushed_pages:
-            return
-        data_to = min(self._data_dirty_lo, self._write_pos)
-        if data_to - self._released_to >= _RELEASE_STEP:
-            self._released_to = self._release(self._data, self._released_to, data_to)
-        index_to = self._index_dirty_lo * INDEX_UNIT_SIZE
-        if index_to - self._index_released_to >= _RELEASE_STEP:
-            self._index_released_to = self._release(self._index, self._index_released_to, index_to)
-
-    def _release(self, lst: MappedFileList, lo: int, upto: int) -> int:
-        if not lst.files:
-            return lo
-        lo = max(lo, lst.start)
-        for f in self._files_between(lst, lo, upto):
-            f.release(max(lo, f.start) - f.start, min(upto, f.end) - f.start)
-        return max(lo, upto - upto % mmap.PAGESIZE)
+        """The next group-commit round (see :meth:`.flushing.FlushTracker.prepare`)."""
+        return self._flushing.prepare(self._write_pos, self.ledger_end_index)
 
     # -- retention and disk space ----------------------------------------------
     def check_disk(self) -> float:
@@ -885,7 +813,7 @@ class MmapLogStore:
                 used = self._disk_usage()
         if not files:
             return 0
-        self._released_to = max(self._released_to, self._data.start)
+        self._flushing.dropped_below()
         self._ilog.drop_below(self.ledger_begin_index, self._close_file)
         self._refresh_tails()
         log.info("mmap store {dir}: retention ({mode}) removed {files} data files, entries [{a}, {b}]",
