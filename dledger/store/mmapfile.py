@@ -59,8 +59,7 @@ from dledger.store.indexlog import IndexLog
 from dledger.store.mappedfiles import MappedFile, MappedFileList
 from dledger.store.mmapoptions import MmapStoreOptions
 from dledger.store.recovery import Recovered, recover, repair_index
-from dledger.store.retention import CleanMode, RetentionPolicy
-from dledger.store.scan import decode_at
+from dledger.store.retention import CleanMode, RetentionPolicy, first_index_from, keeps_uncommitted
 from dledger.store.termvote import FileTermVoteStore
 
 log = Logger()
@@ -778,16 +777,6 @@ class MmapLogStore:
         self._disk_full, self._used_ratio = full, ratio
         return ratio
 
-    def _first_index_from(self, k: int) -> int | None:
-        """Index of the first entry in data file ``k`` or a later one (blank-only files skipped)."""
-        for f in self._data.files[k:]:
-            pos = self._begin_pos if f.start <= self._begin_pos < f.end else f.start
-            try:
-                return decode_at(self._data, pos, accept_zero_crc=self.accept_zero_crc, verify_crc=False).index
-            except CodecError:
-                continue
-        return None
-
     def clean_expired(self, now: float) -> int:
         """Delete whole data files past retention (see :mod:`.retention`); returns how many entries went."""
         if not self._open:
@@ -799,11 +788,10 @@ class MmapLogStore:
         old_begin = self.ledger_begin_index
         files = 0
         while len(self._data.files) > 1:
-            next_first = self._first_index_from(1)
-            if next_first is None or next_first - 1 > self.committed_index:
+            next_first = first_index_from(self._data, 1, self._begin_pos, self.accept_zero_crc)
+            if keeps_uncommitted(next_first, self.committed_index):
                 break
-            expired = self.retention.expired(now, diskio.file_mtime(self._data.files[0].path))
-            if not expired and not (mode is CleanMode.FORCE and self.retention.keep_forcing(used)):
+            if not self.retention.may_delete(mode, now, diskio.file_mtime(self._data.files[0].path), used):
                 break
             self._data.remove_first(1, self._close_file)
             self.ledger_begin_index = next_first
