@@ -145,6 +145,7 @@ class MmapLogStore:
 
     @property
     def retention(self) -> RetentionPolicy:
+        """When old data files go and when the disk counts as full (``options.retention``)."""
         return self.options.retention
 
     @property
@@ -469,7 +470,7 @@ class MmapLogStore:
                         self._refuse_disk_full()
                     if entry.channel or entry.chain_crc:
                         base.check_reserved_fields(entry)
-                    if wp + size > self._dlimit or size > self.max_entry_size:  # not runplan.extends_run
+                    if wp + size > self._dlimit or size > self.max_entry_size:  # runplan.extends_run, negated, inline
                         run = self._next_run(run, stored, size)
                         wp = run.end
                     if hooks:
