@@ -61,10 +61,25 @@ def _store(tmp_path, n=40):
     return store, entries
 
 
+def _record_file(store, index):
+    off = index * INDEX_UNIT_SIZE
+    path = next(p for p in store.index_files if int(p.name) <= off < int(p.name) + 256)
+    return path, off - int(path.name)
+
+
 def _overwrite_record(store, index, rec):
+    """Damage a record through the file (the store's shared mapping sees it)."""
     from dledger.entry import INDEX_RECORD
-    f = store._index.file_for(index * INDEX_UNIT_SIZE)
-    INDEX_RECORD.pack_into(f.mm, index * INDEX_UNIT_SIZE - f.start, *rec)
+    path, rel = _record_file(store, index)
+    with open(path, "r+b") as fh:
+        fh.seek(rel)
+        fh.write(INDEX_RECORD.pack(*rec))
+
+
+def _read_record(store, index):
+    from dledger.entry import INDEX_RECORD
+    path, rel = _record_file(store, index)
+    return INDEX_RECORD.unpack(path.read_bytes()[rel:rel + INDEX_UNIT_SIZE])
 
 
 def test_a_read_repairs_a_torn_record_by_the_rule_recovery_uses(tmp_path):
@@ -73,7 +88,7 @@ def test_a_read_repairs_a_torn_record_by_the_rule_recovery_uses(tmp_path):
     e = entries[21]
     _overwrite_record(store, 21, (e.magic, e.pos, e.size, e.index, -1))
     assert store.get(21) == e
-    assert store._ilog.read(21) == (e.magic, e.pos, e.size, e.index, e.term)
+    assert _read_record(store, 21) == (e.magic, e.pos, e.size, e.index, e.term)
     store.abandon()
 
 
