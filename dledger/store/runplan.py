@@ -4,8 +4,8 @@ The mmap store writes a batch as *runs*: entries encoded back to back and
 written with one ``pwrite``, all inside one data file.  An entry extends the
 current run when it ends at or before the run's *limit* (the last byte an
 entry may end at in that file: its end minus room for a blank marker, SPEC
-§5) and is not oversized; that comparison is all the append loop does per
-entry.  Any other entry starts a new run, and :func:`next_run` decides
+§5) and is not oversized; that comparison is the only placement work the
+append loop does per entry.  Any other entry starts a new run, and :func:`next_run` decides
 where: at the end of the log if it fits there, else at the start of the
 next file, after a blank marker that fills the rest of the current one (the
 rule of :func:`dledger.entry.place_entry`, which every store shares), and
