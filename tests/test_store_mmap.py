@@ -722,3 +722,12 @@ def test_options_from_config_follow_the_member_config(tmp_path):
         1 << 20, 1 << 16, 1000, "async", 7, 99, True, True)
     assert o.retention == RetentionPolicy.from_config(cfg) and o.retention.file_reserved_hours == 5
     assert (o.full_verify, o.release_flushed_pages, o.clean_interval_ms) == (False, True, 1000)
+
+
+def test_retention_policy_can_be_replaced_while_running(member_dir, state):
+    """Assigning store.retention replaces the policy in the store's options; the next clean uses it."""
+    store, entries, _ = aged_store(member_dir, state, committed=59)
+    store.retention = RetentionPolicy(file_reserved_hours=float("inf"), enable_disk_force_clean=False)
+    assert store.options.retention.file_reserved_hours == float("inf")
+    assert store.clean_expired(local(4)) == 0
+    fired(store.shutdown())

@@ -145,8 +145,16 @@ class MmapLogStore:
 
     @property
     def retention(self) -> RetentionPolicy:
-        """When old data files go and when the disk counts as full (``options.retention``)."""
+        """When old data files go and when the disk counts as full (``options.retention``).
+
+        It may be replaced while the store runs (the RocketMQ plugin keeps every data file while an
+        old CommitLog exists); the next retention check uses the new policy.
+        """
         return self.options.retention
+
+    @retention.setter
+    def retention(self, policy: RetentionPolicy) -> None:
+        self.options = dataclasses.replace(self.options, retention=policy)
 
     @property
     def closing_files(self) -> tuple[MappedFile, ...]:
