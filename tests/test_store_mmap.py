@@ -302,10 +302,11 @@ def test_removed_files_stay_open_until_the_flush_round_ends(member_dir, state):
         store.append_as_follower(e, 1, "n1")
     d = store.flush()
     store.truncate(entries[2], 1, "n1")
-    assert store._graveyard and all(not f.mm.closed for f in store._graveyard)
+    assert store.closing_files and all(not f.mm.closed for f in store.closing_files)
+    held = store.closing_files
     io.step()
     fired(d)
-    assert not store._graveyard
+    assert not store.closing_files and all(f.mm.closed for f in held)
     d = store.shutdown()
     io.drain()
     fired(d)
@@ -497,9 +498,12 @@ def local(hour: int) -> float:
 
 
 def aged_store(member_dir, state, *, committed, age_hours=100, usage=0.1, **kwargs):
-    """A store with ~16 data files, all last modified ``age_hours`` before local(4)."""
+    """A store with ~16 data files, all last modified ``age_hours`` before local(4).
+
+    ``used[0]`` is the disk usage it reports: a fraction, or a function returning one.
+    """
     used = [usage]
-    store = open_mmap(member_dir, state, disk_usage=lambda: used[0],
+    store = open_mmap(member_dir, state, disk_usage=lambda: used[0]() if callable(used[0]) else used[0],
                       retention=RetentionPolicy(file_reserved_hours=72, delete_when="04", **kwargs))
     entries = append(store, 60, state, size=200)
     store.update_committed_index(1, committed)
@@ -567,7 +571,7 @@ def test_force_clean_deletes_young_committed_files_until_below_ratio(member_dir,
         calls.append(1)
         return 0.95 if len(calls) < 4 else 0.5
 
-    store._disk_usage = usage
+    used[0] = usage
     removed = store.clean_expired(local(10))
     assert removed > 0 and len(store.data_files) > 1
     assert store.ledger_begin_index == removed
@@ -683,6 +687,50 @@ def test_mmap_store_type_is_registered(tmp_path):
     term = st.make_term_store(config)
     term.save(1, "n0")
     assert (tmp_path / "dledger-n0" / "currterm").exists()
+
+
+def test_options_are_one_checked_value(member_dir, state):
+    """A store's settings are one MmapStoreOptions (keywords replace fields); bad sizes or names fail at once."""
+    from dledger.store.mmapoptions import MmapStoreOptions
+    opts = MmapStoreOptions(data_file_size=1024, index_file_size=256, max_entry_size=1016)
+    store = MmapLogStore(member_dir, state, opts, flush_policy="async")
+    assert store.options == MmapStoreOptions(data_file_size=1024, index_file_size=256, max_entry_size=1016,
+                                             flush_policy="async")
+    assert store.data_file_size == 1024 and store.retention == RetentionPolicy()
+    assert MmapStoreOptions(retention=None).retention == RetentionPolicy()
+    with pytest.raises(ValueError, match="not a positive multiple of 32"):
+        MmapStoreOptions(index_file_size=100)
+    with pytest.raises(ValueError, match="cannot hold an entry"):
+        MmapLogStore(member_dir, state, data_file_size=40)
+    with pytest.raises(ValueError, match="flush policy 'sometimes'"):
+        MmapLogStore(member_dir, state, flush_policy="sometimes")
+    with pytest.raises(TypeError):
+        MmapLogStore(member_dir, state, data_file_sise=1024)
+
+
+def test_options_from_config_follow_the_member_config(tmp_path):
+    """MmapLogStore.from_config builds its options from the DLedgerConfig fields it maps."""
+    from dledger.config import DLedgerConfig
+    cfg = DLedgerConfig(group="g", self_id="n0", peers="n0-127.0.0.1:1", store_base_dir=str(tmp_path),
+                        mapped_file_size_for_entry_data=1 << 20, mapped_file_size_for_entry_index=1 << 16,
+                        max_entry_size=1000, flush_policy="async", flush_file_interval=7, check_point_interval=99,
+                        accept_java_zero_crc=True, truncate_damaged=True, file_reserved_hours=5)
+    store = MmapLogStore.from_config(cfg, FakeMemberState(), clock=object())
+    o = store.options
+    assert (o.data_file_size, o.index_file_size, o.max_entry_size, o.flush_policy, o.flush_interval_ms,
+            o.checkpoint_interval_ms, o.accept_zero_crc, o.truncate_damaged) == (
+        1 << 20, 1 << 16, 1000, "async", 7, 99, True, True)
+    assert o.retention == RetentionPolicy.from_config(cfg) and o.retention.file_reserved_hours == 5
+    assert (o.full_verify, o.release_flushed_pages, o.clean_interval_ms) == (False, True, 1000)
+
+
+def test_retention_policy_can_be_replaced_while_running(member_dir, state):
+    """Assigning store.retention replaces the policy in the store's options; the next clean uses it."""
+    store, entries, _ = aged_store(member_dir, state, committed=59)
+    store.retention = RetentionPolicy(file_reserved_hours=float("inf"), enable_disk_force_clean=False)
+    assert store.options.retention.file_reserved_hours == float("inf")
+    assert store.clean_expired(local(4)) == 0
+    fired(store.shutdown())
 
 
 # -- the newest entries held in memory ---------------------------------------------------------

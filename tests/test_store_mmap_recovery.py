@@ -325,7 +325,7 @@ def test_stale_entries_after_a_hole_are_not_resurrected(original, copy):
     replacement = store.append_as_leader(Entry(body=bytes(len(victim.body)), term=victim.term))
     assert (replacement.pos, replacement.size) == (victim.pos, victim.size)
     fired(store.flush())
-    store._close_all()  # crash: no shutdown, no checkpoint
+    store.abandon()  # crash: no shutdown, no checkpoint
     again = open_store(member_dir)
     assert again.ledger_end_index == 150 and again.get(150) == replacement
     fired(again.shutdown())
@@ -618,7 +618,7 @@ def test_reset_interrupted_before_flush(tmp_path):
     store.truncate(entry, 1, "n1")
     f = store._data.files[0]
     f.mm[100:100 + entry.size] = bytes(entry.size)  # as if the page never reached the disk
-    store._close_all()
+    store.abandon()
     again = open_store(member_dir)
     assert (again.ledger_begin_index, again.ledger_end_index) == (-1, -1)
     assert again.data_files == [] and again.index_files == []

@@ -242,7 +242,7 @@ def test_truncate_damaged_option_and_config(tmp_path):
     f.write_text(f'selfId = "n0"\npeers = "{peers}"\ntruncateDamaged = true\nstoreBaseDir = "{tmp_path}"\n')
     config = make_config(file=str(f))
     assert config.truncate_damaged is True
-    assert MmapLogStore.from_config(config, FakeMemberState(), clock=None).truncate_damaged is True
+    assert MmapLogStore.from_config(config, FakeMemberState(), clock=None).options.truncate_damaged is True
 
 
 # -- a member that cut its log re-fetches it from the leader -------------------------------------------

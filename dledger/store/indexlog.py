@@ -7,11 +7,55 @@ rewrite the ones that are missing or disagree instead of trusting them.
 
 from __future__ import annotations
 
-from dledger.entry import INDEX_RECORD, INDEX_UNIT_SIZE, VALID_MAGICS, Entry
+import enum
+
+from dledger.entry import HEADER_SIZE, INDEX_RECORD, INDEX_UNIT_SIZE, VALID_MAGICS, Entry
 from dledger.store.mappedfiles import MappedFileList
 
 _unpack = INDEX_RECORD.unpack_from
 _pack_into = INDEX_RECORD.pack_into
+
+Record = tuple[int, int, int, int, int]
+
+
+def record_ok(rec: Record, index: int) -> bool:
+    """Whether ``(magic, pos, size, index, term)`` can be record ``index`` at all (else it is missing or torn).
+
+    The one validity rule for reads and recovery alike: a record that fails
+    it is rebuilt from the data, never believed.
+    """
+    return (rec[3] == index and rec[0] in VALID_MAGICS and rec[1] >= 0 and rec[2] >= HEADER_SIZE
+            and rec[4] >= 0)
+
+
+class RecordVerdict(enum.Enum):
+    """What a walk over the data does about the index record of an entry it verified (:func:`judge_record`)."""
+
+    AGREES = "agrees"
+    REWRITE = "rewrite"  # missing, torn or stale: written again from the entry
+    CONFLICT = "conflict"  # same place, other term or magic: one copy is damaged, and which is unknown
+
+
+def judge_record(rec: Record | None, e: Entry) -> RecordVerdict:
+    """Compare a verified entry with its (valid or None) record.
+
+    A record that agrees on pos and size but not on term or magic is a
+    second copy contradicting the entry's header (which no CRC covers): one
+    of them is damaged, so that is reported, not repaired.
+    """
+    if rec is None:
+        return RecordVerdict.REWRITE
+    if rec == (e.magic, e.pos, e.size, e.index, e.term):
+        return RecordVerdict.AGREES
+    if rec[1] == e.pos and rec[2] == e.size:
+        return RecordVerdict.CONFLICT
+    return RecordVerdict.REWRITE
+
+
+def conflict_line(rec: Record, e: Entry) -> str:
+    """How a :attr:`RecordVerdict.CONFLICT` is reported."""
+    return (f"entry {e.index} at pos {e.pos} says term {e.term} magic {e.magic} but its index record "
+            f"says term {rec[4]} magic {rec[0]}")
 
 
 class IndexLog:
@@ -27,26 +71,21 @@ class IndexLog:
         if f is None:
             return None
         rec = _unpack(f.mm, off - f.start)
-        if rec[3] != index or rec[0] not in VALID_MAGICS or rec[1] < 0 or rec[2] <= 0 or rec[4] < 0:
-            return None
-        return rec
+        return rec if record_ok(rec, index) else None
 
     def matches(self, e: Entry) -> bool:
-        return self.read(e.index) == (e.magic, e.pos, e.size, e.index, e.term)
+        return judge_record(self.read(e.index), e) is RecordVerdict.AGREES
 
-    def check(self, e: Entry) -> str | None:
-        """Compare ``e`` with its record: None if they agree or the record is missing/stale (then rewrite it).
-
-        A record that agrees on index, pos and size but not on term or magic
-        is a second copy contradicting the entry's header (which no CRC
-        covers): one of them is damaged, so that is reported, not repaired.
-        """
+    def fix(self, e: Entry, rewritten: list[int]) -> str | None:
+        """Make the record of the verified entry ``e`` agree with it (appending its index to ``rewritten``
+        if it had to be written), or return the :func:`conflict_line` that stops the walk."""
         rec = self.read(e.index)
-        if rec is None or rec == (e.magic, e.pos, e.size, e.index, e.term):
-            return None
-        if rec[1] == e.pos and rec[2] == e.size:
-            return (f"entry {e.index} at pos {e.pos} says term {e.term} magic {e.magic} but its index record "
-                    f"says term {rec[4]} magic {rec[0]}")
+        verdict = judge_record(rec, e)
+        if verdict is RecordVerdict.CONFLICT:
+            return conflict_line(rec, e)
+        if verdict is RecordVerdict.REWRITE:
+            self.write(e)
+            rewritten.append(e.index)
         return None
 
     def write(self, e: Entry) -> None:

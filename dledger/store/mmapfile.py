@@ -21,9 +21,8 @@ commit), on the reactor thread pool when the member gives us a threaded
 
 from __future__ import annotations
 
+import dataclasses
 import errno
-import functools
-import mmap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,14 +33,12 @@ from zope.interface import implementer
 
 from dledger import diskio
 from dledger.codes import ResponseCode, Role
-from dledger.config import FLUSH_POLICIES, GiB, MiB
 from dledger.entry import (
     HEADER,
     HEADER_SIZE,
     INDEX_RECORD,
     INDEX_UNIT_SIZE,
     MIN_BLANK_LEN,
-    VALID_MAGICS,
     CodecError,
     Entry,
     EntryList,
@@ -53,16 +50,17 @@ from dledger.errors import BatchAppendError, DLedgerError, StoreError
 from dledger.hookspecs import hookimpl
 from dledger.interfaces import IBatchLogStore, IPositionReader, IRetainingLogStore
 from dledger.plugin_types import StoreType
-from dledger.store import base, ownership, positions
+from dledger.store import base, ownership, positions, runplan
 from dledger.store.base import TruncateAction
 from dledger.store.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from dledger.store.flushing import FlushTracker
 from dledger.store.groupcommit import FlushPlan, GroupCommit
 from dledger.store.indexlog import IndexLog
 from dledger.store.mappedfiles import MappedFile, MappedFileList
+from dledger.store.mmapoptions import MmapStoreOptions
 from dledger.store.recent import RecentEntries
-from dledger.store.recovery import Recovered, recover, verified_entry
-from dledger.store.retention import CleanMode, RetentionPolicy
-from dledger.store.scan import decode_at, scan_forward
+from dledger.store.recovery import Recovered, recover, repair_index
+from dledger.store.retention import CleanMode, RetentionPolicy, first_index_from, keeps_uncommitted
 from dledger.store.termvote import FileTermVoteStore
 
 log = Logger()
@@ -71,9 +69,6 @@ _write_at = diskio.write_at
 _pack_header = HEADER.pack
 _pack_index = INDEX_RECORD.pack_into
 _unpack_index = INDEX_RECORD.unpack_from
-_REPAIR_LOOKBACK = 64
-#: Flushed pages are unmapped (RSS) once this many bytes of a log were flushed since the last time.
-_RELEASE_STEP = 1 << 20
 
 
 @implementer(IRetainingLogStore, IBatchLogStore, IPositionReader)
@@ -83,39 +78,26 @@ class MmapLogStore:
     ``clock`` (an ``IReactorTime``) drives the periodic checkpoint, the
     ``async`` flush and retention/disk checks; without one nothing runs by
     itself (offline tools).  ``disk_usage()`` returns the used fraction of
-    the disk (tests patch it).  ``full_verify`` makes start-up verify every
-    entry instead of starting at the checkpoint.
+    the disk (tests pass their own).  What the store is configured with is
+    one :class:`MmapStoreOptions` value, :attr:`options`.
     """
 
-    def __init__(self, member_dir: str | Path, member_state, *,
-                 data_file_size: int = 1 * GiB, index_file_size: int = 160 * MiB,
-                 max_entry_size: int = 4 * MiB, flush_policy: str = "sync", flush_interval_ms: int = 10,
-                 checkpoint_interval_ms: int = 3000, clean_interval_ms: int = 1000,
-                 retention: RetentionPolicy | None = None, accept_zero_crc: bool = False,
-                 clock=None, blocking_io: diskio.BlockingIO = diskio.INLINE, disk_usage=None,
-                 full_verify: bool = False, release_flushed_pages: bool = True, truncate_damaged: bool = False):
-        if index_file_size <= 0 or index_file_size % INDEX_UNIT_SIZE:
-            raise ValueError(f"index file size {index_file_size} is not a positive multiple of {INDEX_UNIT_SIZE}")
-        if data_file_size < HEADER_SIZE + MIN_BLANK_LEN:
-            raise ValueError(f"data file size {data_file_size} cannot hold an entry")
-        if flush_policy not in FLUSH_POLICIES:
-            raise ValueError(f"flush policy {flush_policy!r} is not one of {FLUSH_POLICIES}")
+    def __init__(self, member_dir: str | Path, member_state, options: MmapStoreOptions | None = None, *,
+                 clock=None, blocking_io: diskio.BlockingIO = diskio.INLINE, disk_usage=None, **settings):
+        """``options`` (default: :class:`MmapStoreOptions`'s defaults), with ``settings`` (its fields, as
+        keywords) replacing some of them; ``clock``, ``blocking_io`` and ``disk_usage`` are what it is wired to."""
+        options = options or MmapStoreOptions()
+        if settings:
+            options = dataclasses.replace(options, **settings)
+        self.options = options
         self.member_dir = Path(member_dir)
         self.member_state = member_state
-        self.data_file_size = data_file_size
-        self.index_file_size = index_file_size
-        self.max_entry_size = max_entry_size
-        self.flush_policy = flush_policy
-        self.flush_interval_ms = flush_interval_ms
-        self.checkpoint_interval_ms = checkpoint_interval_ms
-        self.clean_interval_ms = clean_interval_ms
-        self.retention = retention or RetentionPolicy()
-        self.accept_zero_crc = accept_zero_crc
+        # Read on every append: plain attributes rather than ``self.options.x``.
+        self.data_file_size = options.data_file_size
+        self.max_entry_size = options.max_entry_size
+        self.accept_zero_crc = options.accept_zero_crc
         self.clock = clock
         self.io = blocking_io
-        self.full_verify = full_verify
-        self.truncate_damaged = truncate_damaged
-        self.release_flushed_pages = release_flushed_pages
         self._disk_usage = disk_usage or (lambda: diskio.disk_used_ratio(self.member_dir))
         self.ledger_begin_index = -1
         self.ledger_end_index = -1
@@ -133,10 +115,7 @@ class MmapLogStore:
         self._ilog: IndexLog | None = None
         self._graveyard: list[MappedFile] = []
         self._gc = GroupCommit(blocking_io, self._prepare_flush, after_round=self._bury)
-        self._data_dirty_lo = 0
-        self._index_dirty_lo = 0
-        self._released_to = 0
-        self._index_released_to = 0
+        self._flushing: FlushTracker | None = None
         self._disk_full = False
         self._used_ratio = 0.0
         self._timers: list[LoopingCall] = []
@@ -154,14 +133,8 @@ class MmapLogStore:
         """The store a member runs: options from ``config``; timers on ``clock`` (default: the global reactor)."""
         if clock is None:
             from twisted.internet import reactor as clock
-        return cls(config.member_dir, member_state,
-                   data_file_size=config.mapped_file_size_for_entry_data,
-                   index_file_size=config.mapped_file_size_for_entry_index,
-                   max_entry_size=config.max_entry_size, flush_policy=config.flush_policy,
-                   flush_interval_ms=config.flush_file_interval, checkpoint_interval_ms=config.check_point_interval,
-                   retention=RetentionPolicy.from_config(config), accept_zero_crc=config.accept_java_zero_crc,
-                   clock=clock, blocking_io=blocking_io or diskio.INLINE, disk_usage=disk_usage,
-                   truncate_damaged=config.truncate_damaged)
+        return cls(config.member_dir, member_state, MmapStoreOptions.from_config(config), clock=clock,
+                   blocking_io=blocking_io or diskio.INLINE, disk_usage=disk_usage)
 
     # -- state -----------------------------------------------------------------
     @property
@@ -172,6 +145,27 @@ class MmapLogStore:
     def flush_stats(self):
         """Latency and reactor-blocked time of recent flush rounds (:class:`.groupcommit.FlushStats`)."""
         return self._gc.stats
+
+    @property
+    def retention(self) -> RetentionPolicy:
+        """When old data files go and when the disk counts as full (``options.retention``).
+
+        It may be replaced while the store runs (the RocketMQ plugin keeps every data file while an
+        old CommitLog exists); the next retention check uses the new policy.
+        """
+        return self.options.retention
+
+    @retention.setter
+    def retention(self, policy: RetentionPolicy) -> None:
+        self.options = dataclasses.replace(self.options, retention=policy)
+
+    @property
+    def closing_files(self) -> tuple[MappedFile, ...]:
+        """Removed files still open because the running flush round may be syncing their descriptors.
+
+        Read-only, for tests and diagnostics: they are closed when that round ends (or at shutdown).
+        """
+        return tuple(self._graveyard)
 
     @property
     def disk_full(self) -> bool:
@@ -222,7 +216,7 @@ class MmapLogStore:
         """Open the files, recover (see :mod:`.recovery`), make the repairs durable, start the timers."""
         self.member_dir.mkdir(parents=True, exist_ok=True)
         data = MappedFileList(self.member_dir / "data", self.data_file_size, kind="data")
-        index = MappedFileList(self.member_dir / "index", self.index_file_size, kind="index")
+        index = MappedFileList(self.member_dir / "index", self.options.index_file_size, kind="index")
         notes = data.load(stop_at_gap=True)
         try:
             notes += index.load(contiguous=False)
@@ -239,7 +233,8 @@ class MmapLogStore:
         self._data, self._index, self._ilog = data, index, IndexLog(index)
         try:
             rec = recover(data, index, checkpoint, accept_zero_crc=self.accept_zero_crc,
-                          closer=self._close_file, full=self.full_verify, truncate_damaged=self.truncate_damaged)
+                          closer=self._close_file, full=self.options.full_verify,
+                          truncate_damaged=self.options.truncate_damaged)
         except BaseException:
             data.close()
             index.close()
@@ -261,10 +256,9 @@ class MmapLogStore:
             checkpoint = Checkpoint(end_index=rec.end, committed_index=rec.committed)
             write_checkpoint(self.member_dir, checkpoint)
         self._gc.flushed_index = rec.end
-        self._data_dirty_lo = self._write_pos
-        self._index_dirty_lo = rec.end + 1
-        self._released_to = data.start if data.files else 0
-        self._index_released_to = index.start if index.files else 0
+        self._flushing = FlushTracker(data, index, lambda: self._write_pos,
+                                      release_pages=self.options.release_flushed_pages)
+        self._flushing.restart(self._write_pos, rec.end)
         self._checkpoint_written = checkpoint
         self._open = True
         msg = "mmap store {dir}: {summary}"
@@ -376,13 +370,13 @@ class MmapLogStore:
                 lambda f: log.failure("mmap store timer {fn} stopped", f, fn=fn.__name__))
             self._timers.append(lc)
 
-        every(self.checkpoint_interval_ms, self._periodic_checkpoint)
-        if self.flush_policy == "async":
-            every(self.flush_interval_ms, self._periodic_flush)
-        every(self.clean_interval_ms, self._periodic_clean)
+        every(self.options.checkpoint_interval_ms, self._periodic_checkpoint)
+        if self.options.flush_policy == "async":
+            every(self.options.flush_interval_ms, self._periodic_flush)
+        every(self.options.clean_interval_ms, self._periodic_clean)
 
     def _periodic_flush(self):
-        if self._gc.busy or not self._dirty():
+        if self._gc.busy or not self._flushing.dirty(self._write_pos, self.ledger_end_index):
             return None
         return self._gc.request().addErrback(lambda f: log.failure("periodic flush failed", f))
 
@@ -425,7 +419,7 @@ class MmapLogStore:
         if f is None:
             self._dfd, self._dstart, self._dlimit = -1, 0, -1
         else:
-            self._dfd, self._dstart, self._dlimit = f.fd, f.start, f.end - MIN_BLANK_LEN
+            self._dfd, self._dstart, self._dlimit = f.fd, f.start, runplan.run_limit(f.end)
 
     def _set_index_tail(self, f: MappedFile | None) -> None:
         if f is None:
@@ -489,7 +483,7 @@ class MmapLogStore:
                         self._refuse_disk_full()
                     if entry.channel or entry.chain_crc:
                         base.check_reserved_fields(entry)
-                    if wp + size > self._dlimit or size > self.max_entry_size:
+                    if wp + size > self._dlimit or size > self.max_entry_size:  # runplan.extends_run, negated, inline
                         run = self._next_run(run, stored, size)
                         wp = run.end
                     if hooks:
@@ -506,10 +500,7 @@ class MmapLogStore:
                         if self._disk_full:
                             self._refuse_disk_full()
                     if e.pos != wp or e.pos + size > self._dlimit:
-                        run = self._next_run(run, stored, size)
-                        if run.end != e.pos:
-                            raise DLedgerError(ResponseCode.DISK_ERROR,
-                                               f"entry {e.index}: placement changed under us")
+                        run = self._next_run(run, stored, size, e)
                         if known is not None:
                             run.src, run.src_off = known[0], src_off
                 if run.src is None:
@@ -532,10 +523,19 @@ class MmapLogStore:
             raise  # a failing hook (or a failing file creation) propagates as it is
         return stored
 
-    def _next_run(self, run: _Run, stored: list[Entry], size: int) -> _Run:
-        """Write ``run``, then make room for an entry of ``size`` (blank marker, new file); the run that follows."""
+    def _next_run(self, run: _Run, stored: list[Entry], size: int, placed: Entry | None = None) -> _Run:
+        """Write ``run``, then start the run :func:`.runplan.next_run` plans for an entry of ``size`` bytes.
+
+        ``placed`` is an entry whose position is fixed already (follower, truncate). The plan is made
+        first; the run before is written whatever it says (the batch rule: earlier entries stay).
+        """
+        data = self._data
+        plan = runplan.next_run(run.end, size, file_size=self.data_file_size, max_size=self.max_entry_size,
+                                files_start=data.start, files_end=data.end,
+                                fixed_pos=None if placed is None else placed.pos,
+                                index=-1 if placed is None else placed.index)
         self._write_run(run, stored)
-        return _Run(self._make_room(size))
+        return _Run(self._start_run(plan))
 
     def _write_run(self, run: _Run, stored: list[Entry]) -> None:
         """Write a run's entries with one pwrite, then their index records; only then do they count as stored."""
@@ -562,34 +562,32 @@ class MmapLogStore:
         self._recent.extend(entries)
         stored.extend(entries)
 
-    def _make_room(self, size: int) -> int:
-        """Place an entry that does not fit the current file: checks first, then the blank marker and a new file."""
-        wp = self._write_pos
-        pos, blank = base.place(wp, size, self.data_file_size, self.max_entry_size)
-        if self._data.file_for(pos) is None:
+    def _start_run(self, plan: runplan.NextRun) -> int:
+        """Do what ``plan`` says before its run: refuse on a full disk before a new file, blank marker, new file."""
+        if plan.new_file is not None:
             self.check_disk()
             if self._disk_full:
                 self._refuse_disk_full()
-        if blank:
-            f = self._data.file_for(wp)
-            if f is not None:
-                _write_at(f.fd, encode_blank(blank), wp - f.start)
-                self._data_dirty_lo = min(self._data_dirty_lo, wp)
-        f = self._data.file_for(pos)
-        if f is None:
+        if plan.blank_at is not None:
+            f = self._data.file_for(plan.blank_at)
+            _write_at(f.fd, encode_blank(plan.blank), plan.blank_at - f.start)
+            self._flushing.mark_data(plan.blank_at)
+        if plan.new_file is None:
+            f = self._data.file_for(plan.pos)
+        else:
             try:
-                f = self._data.create(pos - pos % self.data_file_size)
+                f = self._data.create(plan.new_file)
             except OSError as exc:
                 raise _disk_error(exc, self.ledger_end_index + 1) from None
         self._set_data_tail(f)
-        self._write_pos = pos
-        return pos
+        self._write_pos = plan.pos
+        return plan.pos
 
     def _index_room(self, index: int) -> int:
         off = index * INDEX_UNIT_SIZE
         f = self._index.file_for(off)
         if f is None:
-            start = off - off % self.index_file_size
+            start = off - off % self.options.index_file_size
             if self._index.files and start != self._index.end:
                 raise StoreError(f"index record {index} does not follow the index files in {self._index.directory}")
             f = self._index.create(start)
@@ -642,8 +640,8 @@ class MmapLogStore:
         self.ledger_end_index, self.ledger_end_term = keep, rec[4]
         self._recent.drop_after(keep)
         self._write_pos = new_wp
-        self._data_dirty_lo = min(self._data_dirty_lo, new_wp)
-        self._index_dirty_lo = min(self._index_dirty_lo, keep + 1)
+        self._flushing.mark_data(new_wp)
+        self._flushing.mark_index(keep + 1)
         self._gc.cap(keep)
         self._refresh_tails()
 
@@ -683,55 +681,22 @@ class MmapLogStore:
         self._begin_pos = entry.pos
         self.committed_index = entry.index - 1
         self._gc.cap(entry.index - 1)
-        self._data_dirty_lo = entry.pos
-        self._index_dirty_lo = entry.index
-        self._released_to = self._data.start
-        self._index_released_to = self._index.start
+        self._flushing.restart(entry.pos, entry.index - 1)
 
     # -- reads -----------------------------------------------------------------
     def _record(self, index: int) -> tuple[int, int, int, int, int]:
         """Index record ``index`` (magic, pos, size, index, term), repaired from the data if it is damaged."""
-        off = index * INDEX_UNIT_SIZE
-        f = self._index.file_for(off)
-        if f is not None:
-            rec = _unpack_index(f.mm, off - f.start)
-            if rec[3] == index and rec[0] in VALID_MAGICS and rec[2] >= HEADER_SIZE:
-                return rec
-        return self._repair_index(index)
+        rec = self._ilog.read(index)
+        return rec if rec is not None else self._repair_index(index)
 
     def _repair_index(self, index: int) -> tuple[int, int, int, int, int]:
-        """Rewrite index records up to ``index`` from the data, starting at the newest record that checks out."""
-        anchor = None
-        for k in range(index - 1, max(self.ledger_begin_index, index - _REPAIR_LOOKBACK) - 1, -1):
-            anchor = verified_entry(self._data, self._ilog, k, self.accept_zero_crc, verify_crc=False)
-            if anchor is not None:
-                break
-        try:
-            if anchor is None:
-                anchor = decode_at(self._data, self._begin_pos, accept_zero_crc=self.accept_zero_crc,
-                                   verify_crc=False)
-        except CodecError as exc:
-            raise DLedgerError(ResponseCode.DISK_ERROR, f"cannot locate entry {index}: {exc}") from None
-        rewritten = []
-
-        def fix(e: Entry) -> str | None:
-            conflict = self._ilog.check(e)
-            if conflict:
-                return conflict
-            if not self._ilog.matches(e):
-                self._ilog.write(e)
-                rewritten.append(e.index)
-            return None
-
-        result = scan_forward(self._data, anchor.pos, anchor.index, -1, accept_zero_crc=self.accept_zero_crc,
-                              on_entry=fix, check_tail=False, stop_after=index)
-        if result.last_index != index:
-            raise DLedgerError(ResponseCode.DISK_ERROR,
-                               f"cannot read entry {index}: {result.problem or 'the data log ends before it'}")
+        """Rewrite index records up to ``index`` from the data (see :func:`.recovery.repair_index`)."""
+        rewritten = repair_index(self._data, self._ilog, index, begin=self.ledger_begin_index,
+                                 begin_pos=self._begin_pos, accept_zero_crc=self.accept_zero_crc)
         if rewritten:
             log.warn("mmap store {dir}: rewrote {n} damaged index records ({first}..{last}) from the data",
                      dir=str(self.member_dir), n=len(rewritten), first=rewritten[0], last=rewritten[-1])
-            self._index_dirty_lo = min(self._index_dirty_lo, rewritten[0])
+            self._flushing.mark_index(rewritten[0])
         self._refresh_tails()
         off = index * INDEX_UNIT_SIZE
         f = self._index.file_for(off)
@@ -817,71 +782,9 @@ class MmapLogStore:
             return succeed(self.flushed_index)
         return self._gc.request()
 
-    def _dirty(self) -> bool:
-        return (self._data_dirty_lo < self._write_pos or self._index_dirty_lo <= self.ledger_end_index
-                or self._data.dir_dirty or self._index.dir_dirty)
-
-    def _files_between(self, lst: MappedFileList, lo: int, hi: int) -> list[MappedFile]:
-        files = lst.files
-        if not files or hi <= lo:
-            return []
-        size = lst.file_size
-        a = max(0, (lo - files[0].start) // size)
-        b = min(len(files), (hi - 1 - files[0].start) // size + 1)
-        return files[a:b]
-
     def _prepare_flush(self) -> FlushPlan:
-        target = self.ledger_end_index
-        data_lo, index_lo = self._data_dirty_lo, self._index_dirty_lo
-        touched = self._files_between(self._data, data_lo, self._write_pos) + self._files_between(
-            self._index, index_lo * INDEX_UNIT_SIZE, (target + 1) * INDEX_UNIT_SIZE)
-        new = [f for lst in (self._data, self._index) for f in lst.files if f.new]
-        dirs = [lst for lst in (self._data, self._index) if lst.dir_dirty or any(f.new for f in lst.files)]
-        if not touched and not new and not dirs:
-            return FlushPlan(target, None)
-        self._data_dirty_lo, self._index_dirty_lo = self._write_pos, target + 1
-        for f in new:
-            f.new = False
-        for lst in dirs:
-            lst.dir_dirty = False
-        synced = [f.fd for f in touched if f not in new]
-        # One job for the round (data files first, then index files, new files, directories): one thread
-        # hand-off per round.  Syncing data and index on two pool threads side by side made each round a
-        # little shorter but cost a member more CPU in wake-ups than it saved (docs/benchmarks.md).
-        work = functools.partial(diskio.flush_files, synced, [f.fd for f in new], [str(lst.directory) for lst in dirs])
-
-        def failed(_failure) -> None:
-            self._data_dirty_lo = min(self._data_dirty_lo, data_lo)
-            self._index_dirty_lo = min(self._index_dirty_lo, index_lo)
-            for f in new:
-                f.new = True
-            for lst in dirs:
-                lst.dir_dirty = True
-
-        return FlushPlan(target, work, done=self._flushed, failed=failed)
-
-    def _flushed(self, _result) -> None:
-        """After a round: drop our mapping of flushed, full pages so RSS does not grow with the log.
-
-        In steps of ``_RELEASE_STEP`` bytes, not after every round: a busy member runs hundreds of
-        rounds a second, each covering a few KiB, and a madvise per file per round is work for nothing.
-        """
-        if not self.release_flushed_pages:
-            return
-        data_to = min(self._data_dirty_lo, self._write_pos)
-        if data_to - self._released_to >= _RELEASE_STEP:
-            self._released_to = self._release(self._data, self._released_to, data_to)
-        index_to = self._index_dirty_lo * INDEX_UNIT_SIZE
-        if index_to - self._index_released_to >= _RELEASE_STEP:
-            self._index_released_to = self._release(self._index, self._index_released_to, index_to)
-
-    def _release(self, lst: MappedFileList, lo: int, upto: int) -> int:
-        if not lst.files:
-            return lo
-        lo = max(lo, lst.start)
-        for f in self._files_between(lst, lo, upto):
-            f.release(max(lo, f.start) - f.start, min(upto, f.end) - f.start)
-        return max(lo, upto - upto % mmap.PAGESIZE)
+        """The next group-commit round (see :meth:`.flushing.FlushTracker.prepare`)."""
+        return self._flushing.prepare(self._write_pos, self.ledger_end_index)
 
     # -- retention and disk space ----------------------------------------------
     def check_disk(self) -> float:
@@ -898,16 +801,6 @@ class MmapLogStore:
         self._disk_full, self._used_ratio = full, ratio
         return ratio
 
-    def _first_index_from(self, k: int) -> int | None:
-        """Index of the first entry in data file ``k`` or a later one (blank-only files skipped)."""
-        for f in self._data.files[k:]:
-            pos = self._begin_pos if f.start <= self._begin_pos < f.end else f.start
-            try:
-                return decode_at(self._data, pos, accept_zero_crc=self.accept_zero_crc, verify_crc=False).index
-            except CodecError:
-                continue
-        return None
-
     def clean_expired(self, now: float) -> int:
         """Delete whole data files past retention (see :mod:`.retention`); returns how many entries went."""
         if not self._open:
@@ -919,11 +812,10 @@ class MmapLogStore:
         old_begin = self.ledger_begin_index
         files = 0
         while len(self._data.files) > 1:
-            next_first = self._first_index_from(1)
-            if next_first is None or next_first - 1 > self.committed_index:
+            next_first = first_index_from(self._data, 1, self._begin_pos, self.accept_zero_crc)
+            if keeps_uncommitted(next_first, self.committed_index):
                 break
-            expired = self.retention.expired(now, diskio.file_mtime(self._data.files[0].path))
-            if not expired and not (mode is CleanMode.FORCE and self.retention.keep_forcing(used)):
+            if not self.retention.may_delete(mode, now, diskio.file_mtime(self._data.files[0].path), used):
                 break
             self._data.remove_first(1, self._close_file)
             self.ledger_begin_index = next_first
@@ -933,7 +825,7 @@ class MmapLogStore:
                 used = self._disk_usage()
         if not files:
             return 0
-        self._released_to = max(self._released_to, self._data.start)
+        self._flushing.dropped_below()
         self._ilog.drop_below(self.ledger_begin_index, self._close_file)
         self._refresh_tails()
         log.info("mmap store {dir}: retention ({mode}) removed {files} data files, entries [{a}, {b}]",

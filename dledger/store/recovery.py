@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from dledger import diskio
+from dledger.codes import ResponseCode
 from dledger.entry import (
     BLANK_MAGIC,
     HEADER_SIZE,
@@ -45,12 +46,20 @@ from dledger.entry import (
     decode_entry,
     peek,
 )
-from dledger.errors import DamagedStoreError, StoreError
+from dledger.errors import DamagedStoreError, DLedgerError, StoreError
 from dledger.store.base import committed_after_recovery
 from dledger.store.checkpoint import Checkpoint
 from dledger.store.indexlog import IndexLog
 from dledger.store.mappedfiles import MappedFile, MappedFileList, file_name
-from dledger.store.scan import decode_at, first_entry, has_java_zero_crc, scan_forward, where, zero_after
+from dledger.store.scan import (
+    ScanResult,
+    decode_at,
+    first_entry,
+    has_java_zero_crc,
+    scan_forward,
+    where,
+    zero_after,
+)
 
 
 @dataclass
@@ -164,16 +173,8 @@ def recover(data: MappedFileList, index: MappedFileList, checkpoint: Checkpoint 
         anchor, rec.full_scan = first, True
     rec.anchor = anchor.index
 
-    def fix(e: Entry) -> str | None:
-        conflict = ilog.check(e)
-        if conflict:
-            return conflict
-        if not ilog.matches(e):
-            ilog.write(e)
-            rec.rebuilt_index += 1
-        return None
-
-    result = scan_forward(data, anchor.pos, anchor.index, -1, accept_zero_crc=accept_zero_crc, on_entry=fix)
+    result, rewritten = rewrite_index(data, ilog, anchor, accept_zero_crc=accept_zero_crc)
+    rec.rebuilt_index += len(rewritten)
     rec.verified = result.count
     empty = result.count == 0 and anchor is first
     damage = find_damage(data, problem=result.problem, problem_pos=result.problem_pos,
@@ -201,6 +202,54 @@ def recover(data: MappedFileList, index: MappedFileList, checkpoint: Checkpoint 
     rec.removed_index_files += removed
     rec.committed = committed_after_recovery(committed, rec.begin, rec.end)
     return rec
+
+
+# -- index repair: one walk for start-up and for reads -------------------------------------------------------
+#: How many records before a damaged one a read looks back for a record that still checks out.
+REPAIR_LOOKBACK = 64
+
+
+def rewrite_index(data: MappedFileList, ilog: IndexLog, anchor: Entry, *, accept_zero_crc: bool,
+                  stop_after: int | None = None) -> tuple[ScanResult, list[int]]:
+    """Walk the data from the verified ``anchor``, rewriting every index record that is missing, torn or stale.
+
+    Returns the walk's result and the indexes whose records were written.  A
+    record contradicting its entry in place (:attr:`.RecordVerdict.CONFLICT`)
+    stops the walk there as a problem.  Without ``stop_after`` the walk goes
+    to the end of the log and checks the bytes after it (start-up); with it,
+    it stops after that entry (a read repairing the record it needs).
+    """
+    rewritten: list[int] = []
+    result = scan_forward(data, anchor.pos, anchor.index, -1, accept_zero_crc=accept_zero_crc,
+                          on_entry=lambda e: ilog.fix(e, rewritten), check_tail=stop_after is None,
+                          stop_after=stop_after)
+    return result, rewritten
+
+
+def repair_index(data: MappedFileList, ilog: IndexLog, index: int, *, begin: int, begin_pos: int,
+                 accept_zero_crc: bool) -> list[int]:
+    """Rewrite the records up to ``index`` from the data (a read found record ``index`` damaged).
+
+    The walk starts at the newest of the :data:`REPAIR_LOOKBACK` records
+    before it that still checks out against its entry, else at the first
+    entry of the log (``begin``, at ``begin_pos``).  Returns the indexes
+    rewritten; DISK_ERROR when entry ``index`` cannot be reached.
+    """
+    anchor = None
+    for k in range(index - 1, max(begin, index - REPAIR_LOOKBACK) - 1, -1):
+        anchor = verified_entry(data, ilog, k, accept_zero_crc, verify_crc=False)
+        if anchor is not None:
+            break
+    try:
+        if anchor is None:
+            anchor = decode_at(data, begin_pos, accept_zero_crc=accept_zero_crc, verify_crc=False)
+    except CodecError as exc:
+        raise DLedgerError(ResponseCode.DISK_ERROR, f"cannot locate entry {index}: {exc}") from None
+    result, rewritten = rewrite_index(data, ilog, anchor, accept_zero_crc=accept_zero_crc, stop_after=index)
+    if result.last_index != index:
+        raise DLedgerError(ResponseCode.DISK_ERROR,
+                           f"cannot read entry {index}: {result.problem or 'the data log ends before it'}")
+    return rewritten
 
 
 # -- the rule: what recovery may cut on its own ------------------------------------------------------------

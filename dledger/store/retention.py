@@ -8,6 +8,11 @@ expired files (older than ``fileReservedHours``) are deleted at the
 the mode, the store never deletes a file holding an entry above the
 committed index, nor the last file.  Past ``diskFullRatio`` appends fail
 with DISK_FULL until space is freed.
+
+The decisions are pure (:class:`RetentionPolicy`, :func:`keeps_uncommitted`,
+table-tested in ``tests/test_store_retention.py``); the store walks its
+oldest files with them, reading each next file's first entry with
+:func:`first_index_from`.
 """
 
 from __future__ import annotations
@@ -15,6 +20,10 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass
+
+from dledger.entry import CodecError
+from dledger.store.mappedfiles import MappedFileList
+from dledger.store.scan import decode_at
 
 
 class CleanMode(enum.Enum):
@@ -56,9 +65,41 @@ class RetentionPolicy:
     def expired(self, now: float, mtime: float) -> bool:
         return now - mtime > self.reserved_seconds
 
+    def may_delete(self, mode: CleanMode, now: float, mtime: float, used_ratio: float) -> bool:
+        """Whether the oldest data file (last modified at ``mtime``, all of it committed) goes in ``mode``.
+
+        An expired file goes in any cleaning mode; in FORCE mode a young one
+        goes too while the disk is still over ``diskSpaceRatioToForceClean``.
+        """
+        return self.expired(now, mtime) or (mode is CleanMode.FORCE and self.keep_forcing(used_ratio))
+
     def keep_forcing(self, used_ratio: float) -> bool:
         """In FORCE mode, whether the disk is still too full to stop deleting."""
         return used_ratio > self.disk_space_ratio_to_force_clean
 
     def disk_full(self, used_ratio: float) -> bool:
         return used_ratio > self.disk_full_ratio
+
+
+def keeps_uncommitted(next_first: int | None, committed: int) -> bool:
+    """Whether the oldest data file must stay because it may hold an entry above the committed index.
+
+    ``next_first`` is the first entry after that file (None: no later file
+    says where it ends); the file holds entries up to ``next_first - 1``.
+    """
+    return next_first is None or next_first - 1 > committed
+
+
+def first_index_from(data: MappedFileList, k: int, begin_pos: int, accept_zero_crc: bool) -> int | None:
+    """Index of the first entry in data file ``k`` or a later one (blank-only files skipped), else None.
+
+    The first file's entries may start inside it (``begin_pos``, after a
+    follower reset); every later file starts with an entry or a blank marker.
+    """
+    for f in data.files[k:]:
+        pos = begin_pos if f.start <= begin_pos < f.end else f.start
+        try:
+            return decode_at(data, pos, accept_zero_crc=accept_zero_crc, verify_crc=False).index
+        except CodecError:
+            continue
+    return None

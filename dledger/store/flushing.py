@@ -1,0 +1,156 @@
+"""What of the mmap store's files is not durable yet, what a flush round syncs, and which pages it may unmap.
+
+The store appends into the page cache and remembers where unflushed bytes
+begin: ``data_lo`` (a data position) and ``index_lo`` (an entry index; its
+record is at ``index_lo * 32``).  A flush round (:meth:`FlushTracker.prepare`,
+run by :class:`.groupcommit.GroupCommit`) syncs the files holding
+``[data_lo, write_pos)`` and the records up to the end of the log, new files
+in full and the directories that gained or lost files, in one job; if it
+fails, the marks go back so the next round covers it all again.  After a
+round, flushed pages are unmapped (RSS only) in steps of
+:data:`RELEASE_STEP` bytes.  The decisions -- which files a range touches,
+whether a round is needed, when a release is due and how far it reaches --
+are pure functions, table-tested in ``tests/test_store_flushing.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import mmap
+from collections.abc import Callable
+
+from dledger import diskio
+from dledger.entry import INDEX_UNIT_SIZE
+from dledger.store.groupcommit import FlushPlan
+from dledger.store.mappedfiles import MappedFile, MappedFileList
+
+#: Flushed pages are unmapped (RSS) once this many bytes of a log were flushed since the last time.
+RELEASE_STEP = 1 << 20
+
+
+def span(first_start: int, file_size: int, count: int, lo: int, hi: int) -> tuple[int, int]:
+    """Positions ``[a, b)`` in a list of ``count`` files of ``file_size`` bytes (the first at ``first_start``)
+    of the files holding bytes ``[lo, hi)``; ``a >= b`` when none does."""
+    if not count or hi <= lo:
+        return 0, 0
+    return max(0, (lo - first_start) // file_size), min(count, (hi - 1 - first_start) // file_size + 1)
+
+
+def files_between(lst: MappedFileList, lo: int, hi: int) -> list[MappedFile]:
+    """The files of ``lst`` holding bytes ``[lo, hi)``."""
+    files = lst.files
+    if not files:
+        return []
+    a, b = span(files[0].start, lst.file_size, len(files), lo, hi)
+    return files[a:b]
+
+
+def needs_flush(data_lo: int, write_pos: int, index_lo: int, end_index: int, dirs_changed: bool) -> bool:
+    """Whether anything is not durable: data bytes, index records, or a directory that gained or lost files."""
+    return data_lo < write_pos or index_lo <= end_index or dirs_changed
+
+
+def release_due(released_to: int, flushed_to: int, step: int = RELEASE_STEP) -> bool:
+    """Whether enough was flushed since the last release to unmap again (not after every small round)."""
+    return flushed_to - released_to >= step
+
+
+def released_mark(lo: int, upto: int, page: int = mmap.PAGESIZE) -> int:
+    """How far a release of ``[lo, upto)`` reached: whole pages only, the partial last one is released later."""
+    return max(lo, upto - upto % page)
+
+
+class FlushTracker:
+    """An open mmap store's unflushed ranges and released pages over its ``data`` and ``index`` file lists.
+
+    ``write_pos()`` tells where the data log ends now (read when a round has
+    finished, to release only what that round made durable).
+    """
+
+    def __init__(self, data: MappedFileList, index: MappedFileList, write_pos: Callable[[], int], *,
+                 release_pages: bool = True):
+        self.data, self.index = data, index
+        self._write_pos = write_pos
+        self.release_pages = release_pages
+        self.data_lo = 0
+        self.index_lo = 0
+        self.data_released = 0
+        self.index_released = 0
+
+    def restart(self, write_pos: int, end_index: int) -> None:
+        """Everything before ``write_pos`` and up to ``end_index`` is durable (after recovery, after a reset)."""
+        self.data_lo, self.index_lo = write_pos, end_index + 1
+        self.data_released = self.data.start if self.data.files else 0
+        self.index_released = self.index.start if self.index.files else 0
+
+    def mark_data(self, pos: int) -> None:
+        """Bytes from ``pos`` on changed (a blank marker, a truncate)."""
+        self.data_lo = min(self.data_lo, pos)
+
+    def mark_index(self, index: int) -> None:
+        """Records from ``index`` on changed (repaired, or dropped by a truncate)."""
+        self.index_lo = min(self.index_lo, index)
+
+    def dropped_below(self) -> None:
+        """Retention removed data files from the start: nothing below the first one is left to release."""
+        self.data_released = max(self.data_released, self.data.start)
+
+    def dirty(self, write_pos: int, end_index: int) -> bool:
+        return needs_flush(self.data_lo, write_pos, self.index_lo, end_index,
+                           self.data.dir_dirty or self.index.dir_dirty)
+
+    def prepare(self, write_pos: int, end_index: int) -> FlushPlan:
+        """One flush round up to ``end_index``: what to sync, and how to put the marks back if it fails."""
+        data, index = self.data, self.index
+        data_lo, index_lo = self.data_lo, self.index_lo
+        touched = files_between(data, data_lo, write_pos) + files_between(
+            index, index_lo * INDEX_UNIT_SIZE, (end_index + 1) * INDEX_UNIT_SIZE)
+        new = [f for lst in (data, index) for f in lst.files if f.new]
+        dirs = [lst for lst in (data, index) if lst.dir_dirty or any(f.new for f in lst.files)]
+        if not touched and not new and not dirs:
+            return FlushPlan(end_index, None)
+        self.data_lo, self.index_lo = write_pos, end_index + 1
+        for f in new:
+            f.new = False
+        for lst in dirs:
+            lst.dir_dirty = False
+        synced = [f.fd for f in touched if f not in new]
+        # One job for the round (data files first, then index files, new files, directories): one thread
+        # hand-off per round.  Syncing data and index on two pool threads side by side made each round a
+        # little shorter but cost a member more CPU in wake-ups than it saved (docs/benchmarks.md).
+        work = functools.partial(diskio.flush_files, synced, [f.fd for f in new], [str(lst.directory) for lst in dirs])
+
+        def failed(_failure) -> None:
+            self.data_lo = min(self.data_lo, data_lo)
+            self.index_lo = min(self.index_lo, index_lo)
+            for f in new:
+                f.new = True
+            for lst in dirs:
+                lst.dir_dirty = True
+
+        return FlushPlan(end_index, work, done=self.flushed, failed=failed)
+
+    def flushed(self, _result=None) -> None:
+        """After a round: drop our mapping of flushed, full pages so RSS does not grow with the log.
+
+        In steps of :data:`RELEASE_STEP` bytes, not after every round: a busy member runs hundreds of
+        rounds a second, each covering a few KiB, and a madvise per file per round is work for nothing.
+        """
+        if not self.release_pages:
+            return
+        data_to = min(self.data_lo, self._write_pos())
+        if release_due(self.data_released, data_to):
+            self.data_released = _release(self.data, self.data_released, data_to)
+        index_to = self.index_lo * INDEX_UNIT_SIZE
+        if release_due(self.index_released, index_to):
+            self.index_released = _release(self.index, self.index_released, index_to)
+
+
+def _release(lst: MappedFileList, lo: int, upto: int) -> int:
+    """Unmap the flushed pages of ``lst`` in ``[lo, upto)``; returns how far that reached."""
+    if not lst.files:
+        return lo
+    lo = max(lo, lst.start)
+    for f in files_between(lst, lo, upto):
+        f.release(max(lo, f.start) - f.start, min(upto, f.end) - f.start)
+    return released_mark(lo, upto)
