@@ -99,3 +99,13 @@ def _past_committed(begin: int, committed: int, member: str) -> ReadDecision:
     return ReadDecision(ReadAction.REFUSE, ResponseCode.INDEX_OUT_OF_RANGE,
                         f"index {begin} > committed index {committed} of {member}")
 
+
+
+def committed_read_error(begin: int, ledger_begin: int, committed: int, member: str) -> DLedgerError | None:
+    """Why ``member`` cannot serve a committed read from ``begin`` from its own store (None: it can).
+
+    :func:`read_decision`'s follower-read rule as an error (``leader_id`` unset), for callers that only
+    serve committed reads.
+    """
+    decision = read_decision(False, True, begin, ledger_begin, committed, member)
+    return decision.error(None) if decision.action is ReadAction.REFUSE else None

@@ -306,6 +306,10 @@ class DLedgerServer:
                                leader_id=self.state.leader_id)
 
     # -- client API -------------------------------------------------------------------------
+    def leads(self) -> bool:
+        """This member leads and its replicator runs: it may append, transfer, and answer reads as leader."""
+        return self.state.role is Role.LEADER and self.replicator is not None
+
     def not_leader(self) -> DLedgerError:
         """NOT_LEADER naming the leader this member knows, so a client can redirect."""
         return DLedgerError(ResponseCode.NOT_LEADER, f"{self.self_id} is {self.state.role.name}",
@@ -331,8 +335,7 @@ class DLedgerServer:
         store = self.store
         begin, want = request.begin_index, max(1, request.max_size)
         replicator = self.replicator
-        decision = reads.read_decision(self.state.role is Role.LEADER and replicator is not None,
-                                       request.follower_read is True, begin, store.ledger_begin_index,
+        decision = reads.read_decision(self.leads(), request.follower_read is True, begin, store.ledger_begin_index,
                                        store.committed_index, self.self_id)
         if decision.action is reads.ReadAction.SERVE:
             return self._read(begin, want)
@@ -399,7 +402,7 @@ class DLedgerServer:
         """
         st = self.state
         target = request.transferee_id
-        leads = st.role is Role.LEADER and self.replicator is not None
+        leads = self.leads()
         refusal = transfer.transfer_refusal(target, self.self_id, st.member_set, leads, request.term, st.curr_term,
                                             st.transferee, self.store.ledger_end_index,
                                             self.replicator.peer_watermark(target) if leads else -1,
@@ -463,7 +466,7 @@ class DLedgerServer:
                       "leadership and not stand for election until its store is repaired and it is restarted",
                       id=self.self_id, index=index, why=why)
         st = self.state
-        if st.role is not Role.LEADER or self.replicator is None or st.transferee is not None:
+        if not self.leads() or st.transferee is not None:
             return
         known = {peer: self.replicator.peer_known(peer) for peer in st.peers}
         action = damaged_leader_action(index, self.store.ledger_end_index, known,
@@ -486,7 +489,7 @@ class DLedgerServer:
         st = self.state
         replicator = self.replicator
         preferred = self.config.preferred_leaders
-        leads = st.role is Role.LEADER and replicator is not None
+        leads = self.leads()
         marks = {pid: replicator.peer_watermark(pid) for pid in preferred} if leads else {}
         pid = transfer.preferred_transferee(self.self_id, preferred, leads, st.transferee is not None,
                                             st.peers_live, self.store.ledger_end_index, marks,

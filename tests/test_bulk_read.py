@@ -11,6 +11,7 @@ from dledger.entry import Entry
 from dledger.errors import DLedgerError
 from dledger.interfaces import IRequestHandler
 from dledger.messages import GetEntriesRequest, GetEntriesResponse
+from dledger.reads import committed_read_error
 from dledger.testing import Cluster
 from dledger.transport import remoting
 from dledger.transport.protocol import RemotingServerFactory
@@ -102,6 +103,19 @@ def test_error_reply_to_a_binary_get_stays_json():
     assert reply.header.body_encoding is None
     resp = remoting.decode_response(reply, GetEntriesResponse)
     assert resp.response_code is ResponseCode.INDEX_OUT_OF_RANGE and resp.leader_id == "n1"
+
+
+@pytest.mark.parametrize("begin, ledger_begin, committed, code", [
+    (5, 0, 10, None),
+    (10, 0, 10, None),                                   # the committed index itself
+    (11, 0, 10, ResponseCode.INDEX_OUT_OF_RANGE),        # past what this member knows is committed
+    (0, 0, -1, ResponseCode.INDEX_OUT_OF_RANGE),         # nothing committed yet
+    (3, 4, 10, ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN),  # deleted by retention
+])
+def test_committed_read_error_table(begin, ledger_begin, committed, code):
+    """A member serves a committed read exactly from its begin index up to its own committed index."""
+    error = committed_read_error(begin, ledger_begin, committed, "n1")
+    assert (error and error.code) == code
 
 
 def test_follower_serves_committed_entries_only_when_asked_and_never_past_its_commit():
