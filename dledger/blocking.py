@@ -101,6 +101,11 @@ class BlockingClient:
         """Move leadership to member ``to``; the LeadershipTransferResponse."""
         return self._call(lambda: self._client.transfer(to), timeout)
 
+    @property
+    def thread_alive(self) -> bool:
+        """The client's reactor thread runs (False once :meth:`close` returned)."""
+        return self._thread.is_alive()
+
     def close(self) -> None:
         """Close the connections and stop the reactor thread (idempotent)."""
         if self._closed:

@@ -45,6 +45,10 @@ class RateLimiter:
         self._last[key] = now
         return self._held.pop(key, 0)
 
+    def __len__(self) -> int:
+        """How many keys the table tracks now (never more than ``max_keys``)."""
+        return len(self._last)
+
     def forget(self, key: Any) -> int:
         """Drop ``key`` (its condition ended); returns the lines held back since the last one."""
         self._last.pop(key, None)

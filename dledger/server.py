@@ -19,6 +19,7 @@ from dledger import plugins, reads
 from dledger.codes import ResponseCode, Role
 from dledger.commit_feed import CommitFeed
 from dledger.diskio import INLINE
+from dledger.election import transfer
 from dledger.election.elector import LeaderElector
 from dledger.election.state import MemberState
 from dledger.entry import Entry
@@ -196,7 +197,7 @@ class DLedgerServer:
                  e=self.store.ledger_end_index, c=self.store.committed_index)
         self.elector.start()
         self.commit_feed.advanced()
-        if self.config.preferred_leaders and self.self_id not in self.config.preferred_leaders:
+        if transfer.takes_preferred_check(self.self_id, self.config.preferred_leaders):
             self._preferred_timer = self.clock.callLater(self.elector.heartbeat, self._check_preferred_leader)
 
     @inlineCallbacks
@@ -305,6 +306,10 @@ class DLedgerServer:
                                leader_id=self.state.leader_id)
 
     # -- client API -------------------------------------------------------------------------
+    def leads(self) -> bool:
+        """This member leads and its replicator runs: it may append, transfer, and answer reads as leader."""
+        return self.state.role is Role.LEADER and self.replicator is not None
+
     def not_leader(self) -> DLedgerError:
         """NOT_LEADER naming the leader this member knows, so a client can redirect."""
         return DLedgerError(ResponseCode.NOT_LEADER, f"{self.self_id} is {self.state.role.name}",
@@ -324,44 +329,32 @@ class DLedgerServer:
         served at once.  Before saying an index is *not* committed yet the
         leader confirms it still leads and that its own term's first entry is
         committed (Raft's ReadIndex), so a deposed leader never answers a
-        stale INDEX_OUT_OF_RANGE.
+        stale INDEX_OUT_OF_RANGE; a follower serves ``followerRead`` GETs from
+        its own committed prefix.  The decisions are :mod:`dledger.reads`'.
         """
-        if self.state.role is not Role.LEADER or self.replicator is None:
-            if request.follower_read is True:
-                return self._follower_read(request)
-            raise self.not_leader()
         store = self.store
-        begin = request.begin_index
-        if begin < store.ledger_begin_index:
-            raise DLedgerError(ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN,
-                               f"index {begin} < begin index {store.ledger_begin_index}", leader_id=self.self_id)
-        if begin <= store.committed_index:
-            return self._read(begin, max(1, request.max_size))
+        begin, want = request.begin_index, max(1, request.max_size)
         replicator = self.replicator
-        d = self.elector.confirm_leadership()
+        decision = reads.read_decision(self.leads(), request.follower_read is True, begin, store.ledger_begin_index,
+                                       store.committed_index, self.self_id)
+        if decision.action is reads.ReadAction.SERVE:
+            return self._read(begin, want)
+        if decision.action is reads.ReadAction.REFUSE:
+            raise self._read_refused(decision)
 
         def confirmed(ok: bool):
-            if not ok or self.replicator is not replicator:
-                raise self.not_leader()
-            if store.committed_index < replicator.term_start_index:
-                raise DLedgerError(ResponseCode.LEADER_NOT_READY, "this term's first entry is not committed yet",
-                                   leader_id=self.self_id)
-            if begin <= store.committed_index:
-                return self._read(begin, max(1, request.max_size))
-            raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE,
-                               f"index {begin} > committed index {store.committed_index}", leader_id=self.self_id)
+            after = reads.confirmed_read_decision(ok, self.replicator is replicator, begin, store.committed_index,
+                                                  replicator.term_start_index, self.self_id)
+            if after.action is reads.ReadAction.SERVE:
+                return self._read(begin, want)
+            raise self._read_refused(after)
 
-        return d.addCallback(confirmed)
+        return self.elector.confirm_leadership().addCallback(confirmed)
 
-    def _follower_read(self, request: GetEntriesRequest) -> GetEntriesResponse:
-        """A ``followerRead`` GET on a member that is not leader: its own committed prefix (:mod:`dledger.reads`)."""
-        store = self.store
-        error = reads.committed_read_error(request.begin_index, store.ledger_begin_index, store.committed_index,
-                                           self.self_id)
-        if error is not None:
-            error.leader_id = self.state.leader_id
-            raise error
-        return self._read(request.begin_index, max(1, request.max_size))
+    def _read_refused(self, decision: reads.ReadDecision) -> DLedgerError:
+        if decision.code is ResponseCode.NOT_LEADER:
+            return self.not_leader()
+        return decision.error(self.state.leader_id)
 
     def _read(self, begin: int, want: int) -> GetEntriesResponse:
         store = self.store
@@ -403,22 +396,22 @@ class DLedgerServer:
                            f"transfer {request.transfer_id} -> {request.transferee_id} does not involve {self.self_id}")
 
     def _transfer_from_here(self, request: LeadershipTransferRequest) -> Deferred:
+        """The leader side: stop appends, wait until ``target`` holds our end, ask it to take over (SPEC §3).
+
+        Whether it may start and whether a failure ends it are :mod:`dledger.election.transfer`'s decisions.
+        """
         st = self.state
         target = request.transferee_id
-        if target not in st.member_set or target == self.self_id:
-            raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"cannot transfer leadership to {target!r}")
-        if st.role is not Role.LEADER or self.replicator is None:
-            raise self.not_leader()
-        term = st.curr_term if request.term == -1 else request.term
-        if term != st.curr_term:
-            raise DLedgerError(ResponseCode.INCONSISTENT_TERM, f"term {request.term} != {st.curr_term}")
-        if st.transferee is not None:
-            raise DLedgerError(ResponseCode.LEADER_TRANSFERRING, f"already transferring to {st.transferee}")
-        behind = self.store.ledger_end_index - self.replicator.peer_watermark(target)
-        if behind >= self.config.max_leadership_transfer_wait_index:
-            raise DLedgerError(ResponseCode.FALL_BEHIND_TOO_MUCH,
-                               f"{target} is {behind} entries behind (limit "
-                               f"{self.config.max_leadership_transfer_wait_index})")
+        leads = self.leads()
+        refusal = transfer.transfer_refusal(target, self.self_id, st.member_set, leads, request.term, st.curr_term,
+                                            st.transferee, self.store.ledger_end_index,
+                                            self.replicator.peer_watermark(target) if leads else -1,
+                                            self.config.max_leadership_transfer_wait_index)
+        if refusal is not None:
+            if refusal[0] is ResponseCode.NOT_LEADER:
+                raise self.not_leader()
+            raise DLedgerError(*refusal)
+        term = st.curr_term
         st.transferee = target
         replicator = self.replicator
         end = self.store.ledger_end_index
@@ -444,7 +437,7 @@ class DLedgerServer:
                 timeout.cancel()
             if isinstance(result, LeadershipTransferResponse) and result.response_code is ResponseCode.SUCCESS:
                 return result
-            if st.transferee == target and st.curr_term == term:
+            if transfer.transfer_failure_resumes(st.transferee, target, st.curr_term, term):
                 st.transferee = None
             if isinstance(result, LeadershipTransferResponse):
                 return result
@@ -473,7 +466,7 @@ class DLedgerServer:
                       "leadership and not stand for election until its store is repaired and it is restarted",
                       id=self.self_id, index=index, why=why)
         st = self.state
-        if st.role is not Role.LEADER or self.replicator is None or st.transferee is not None:
+        if not self.leads() or st.transferee is not None:
             return
         known = {peer: self.replicator.peer_known(peer) for peer in st.peers}
         action = damaged_leader_action(index, self.store.ledger_end_index, known,
@@ -494,18 +487,18 @@ class DLedgerServer:
         if not self.running:
             return
         st = self.state
-        if st.role is Role.LEADER and st.transferee is None and self.replicator is not None:
-            for pid in self.config.preferred_leaders:
-                if pid == self.self_id or not st.peers_live.get(pid):
-                    continue
-                behind = self.store.ledger_end_index - self.replicator.peer_watermark(pid)
-                if behind >= self.config.max_leadership_transfer_wait_index:
-                    continue
-                log.info("{id}: preferred leader {pid} is live and caught up: transferring", id=self.self_id, pid=pid)
-                req = LeadershipTransferRequest(group=self.config.group, term=st.curr_term, transfer_id=self.self_id,
-                                                transferee_id=pid)
-                maybeDeferred(self.handle_leadership_transfer, req).addErrback(lambda f: None)
-                break
+        replicator = self.replicator
+        preferred = self.config.preferred_leaders
+        leads = self.leads()
+        marks = {pid: replicator.peer_watermark(pid) for pid in preferred} if leads else {}
+        pid = transfer.preferred_transferee(self.self_id, preferred, leads, st.transferee is not None,
+                                            st.peers_live, self.store.ledger_end_index, marks,
+                                            self.config.max_leadership_transfer_wait_index)
+        if pid is not None:
+            log.info("{id}: preferred leader {pid} is live and caught up: transferring", id=self.self_id, pid=pid)
+            req = LeadershipTransferRequest(group=self.config.group, term=st.curr_term, transfer_id=self.self_id,
+                                            transferee_id=pid)
+            maybeDeferred(self.handle_leadership_transfer, req).addErrback(lambda f: None)
         self._preferred_timer = self.clock.callLater(self.elector.heartbeat, self._check_preferred_leader)
 
     _handlers = {

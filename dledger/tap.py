@@ -270,6 +270,16 @@ class MemberService(service.Service):
         #: Fires once the member serves (after the summary line), or fails if it could not start.
         self.ready: Deferred = Deferred()
 
+    def forget_exit_status(self) -> None:
+        """Do not set the process's exit status at reactor shutdown (it is set by default, for ``twistd``).
+
+        For a member service run inside a longer-lived process -- a test, an application embedding it --
+        whose exit status is not the member's.  Call it after :meth:`startService`.
+        """
+        if self._exit_trigger is not None:
+            self.reactor.removeSystemEventTrigger(self._exit_trigger)
+            self._exit_trigger = None
+
     def startService(self) -> None:
         super().startService()
         tune_gc()

@@ -268,7 +268,7 @@ def test_blocking_client_reports_unreachable_group():
         c.append(b"x")
     assert time.monotonic() - started < 5 and info.value.code.name in ("TIMEOUT", "NETWORK_ERROR")
     c.close()
-    assert not c._thread.is_alive()
+    assert not c.thread_alive
     with pytest.raises(DLedgerError):
         c.metadata()
 

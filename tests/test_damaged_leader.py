@@ -90,12 +90,16 @@ def test_mmap_read_error_names_file_offset_and_index(tmp_path):
     """A body byte flipped in an mmap data file makes get() fail with the file, the offset and the index."""
     from dledger.store.mmapfile import MmapLogStore
     state = FakeMemberState()
-    store = MmapLogStore(tmp_path / "dledger-n0", state, data_file_size=4096, index_file_size=256,
-                         max_entry_size=1024)
-    store.startup()
+    def open_():
+        store = MmapLogStore(tmp_path / "dledger-n0", state, data_file_size=4096, index_file_size=256,
+                             max_entry_size=1024)
+        store.startup()
+        return store
+    store = open_()
     for i in range(4):
         store.append_as_leader(Entry(body=b"body-%d" % i, term=1))
-    fired(store.flush())
+    fired(store.shutdown())
+    store = open_()  # reads go to the files (a running store serves the entries it just wrote from memory)
     pos = store.get(2).pos
     data_file = sorted((tmp_path / "dledger-n0" / "data").iterdir())[0]
     with open(data_file, "r+b") as f:

@@ -16,7 +16,6 @@ from dledger.election.rules import (
     is_quorum,
     next_term,
     next_vote_delay,
-    take_leadership_refusal,
 )
 from dledger.quorum import majority
 
@@ -230,28 +229,6 @@ NEXT_VOTE_DELAY = [
 def test_next_vote_delay(rule, when, expected):
     """The next vote round starts after the delay of its SPEC §3 table row."""
     assert next_vote_delay(when, 0.4, 6.0, 1.0) == pytest.approx(expected)
-
-
-TAKE_REFUSALS = [
-    # (rule, changes to a valid request/state, expected code or None)
-    ("from_our_leader_in_our_term_caught_up_takes_it", {}, None),
-    ("another_term_is_refused", {"request_term": 4}, C.INCONSISTENT_TERM),
-    ("not_our_leader_is_refused", {"transfer_id": "n2"}, C.INCONSISTENT_LEADER),
-    ("behind_the_required_index_is_refused", {"ledger_end_index": 9}, C.FALL_BEHIND_TOO_MUCH),
-    ("already_taking_is_refused", {"already_taking": True}, C.LEADER_TRANSFERRING),
-    ("damaged_store_never_stands", {"damaged": "crc"}, C.TAKE_LEADERSHIP_FAILED),
-    ("term_is_checked_first", {"request_term": 4, "transfer_id": "n2", "damaged": "crc"}, C.INCONSISTENT_TERM),
-]
-
-
-@pytest.mark.parametrize("rule, changes, expected", TAKE_REFUSALS, ids=[r[0] for r in TAKE_REFUSALS])
-def test_take_leadership_refusal(rule, changes, expected):
-    """The transferee takes leadership only when asked by its leader in its term and caught up (SPEC §3)."""
-    args = dict(request_term=5, curr_term=5, transfer_id="n1", leader_id="n1", ledger_end_index=10,
-                required_index=10, already_taking=False, damaged=None)
-    args.update(changes)
-    refusal = take_leadership_refusal(**args)
-    assert (refusal[0] if refusal else None) is expected
 
 
 READ_INDEX = [

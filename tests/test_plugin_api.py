@@ -327,7 +327,7 @@ async def test_member_service_runs_plugin_services_inside_the_member_lifetime(pm
         monkeypatch.setattr(store, "shutdown", lambda: (closed.append(list(log)), real_shutdown())[1])
     finally:
         await member.stopService()
-        reactor.removeSystemEventTrigger(member._exit_trigger)
+        member.forget_exit_status()
     assert log == [("start", True), ("flushed", True, True)]
     assert closed == [log]  # the store closed after the service had flushed
     assert member.stopped_cleanly

@@ -44,7 +44,7 @@ def test_key_table_is_bounded():
     limiter = RateLimiter(clock, interval=10, max_keys=8)
     for i in range(100):
         assert limiter.check(i) == 0
-    assert len(limiter._last) <= 8
+    assert len(limiter) <= 8
 
 
 def test_rate_limited_log_suffixes_suppressed_count():

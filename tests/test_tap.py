@@ -194,7 +194,7 @@ async def test_member_service_gives_a_durable_store_a_threaded_blocking_io(tmp_p
         assert f"store {store} in {tmp_path}/dledger-n0 (flush sync)" in member.summary()
     finally:
         await member.stopService()
-        reactor.removeSystemEventTrigger(member._exit_trigger)
+        member.forget_exit_status()
     assert member.stopped_cleanly and not member.server.running
 
 

@@ -17,10 +17,10 @@ def test_transcript(path):
 
 
 def test_there_are_transcripts_for_the_spec_scenarios():
-    """The SPEC §3/§4 scenarios the design names each have a transcript."""
+    """The SPEC §3/§4 scenarios the design names (and reads, preferred leaders) each have a transcript."""
     names = {p.stem for p in TRANSCRIPTS}
     assert {"five_node_question", "figure_8", "stale_truncate", "follower_behind_begin", "check_quorum",
-            "transfer"} <= names
+            "transfer", "read_index", "preferred_leader"} <= names
 
 
 def test_a_wrong_expected_output_is_reported(tmp_path):

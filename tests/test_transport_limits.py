@@ -251,7 +251,7 @@ def test_twenty_large_unfinished_frames_stay_within_the_total_cap():
     for _ in range(300):  # 64 KiB reads, round robin, until every connection is paused or closed
         for c in conns:
             if c.transport.producerState == "producing" and not c.transport.disconnecting:
-                c.dataReceived((announce(16 * MiB) if not c._splitter.buffered else b"") + b"z" * 65536)
+                c.dataReceived((announce(16 * MiB) if not c.buffered else b"") + b"z" * 65536)
     assert f.budget.total <= ConnectionLimits().max_buffered_total + 20 * 65536 + 20 * 16
     assert sum(c.transport.producerState == "paused" for c in conns) >= 15
 
@@ -367,13 +367,14 @@ async def test_limits_on_a_real_port(reactor):
             s = socket.create_connection(address, timeout=2)
             s.setblocking(False)
             socks.append(s)
-        await wait_until(reactor, lambda: server._factory.refused == 2 and len(server._factory.connections) == 6)
+        await wait_until(reactor, lambda: server.server_factory.refused == 2
+                         and len(server.server_factory.connections) == 6)
         await wait_until(reactor, lambda: sum(closed_by_peer(s) for s in socks) == 2)
         socks[0].send(announce(1000) + b"partial")  # an unfinished frame
         during = await client.send_to_address(target, messages.MetadataRequest(group="g0"), timeout=2)
         assert during.group == "g0"  # the established connection keeps working
         await wait_until(reactor, lambda: all(closed_by_peer(s) for s in socks))  # idle and unfinished: closed
-        assert server._factory.budget.total == 0
+        assert server.server_factory.budget.total == 0
         after = await client.send_to_address(target, messages.MetadataRequest(group="g0"), timeout=2)
         assert after.group == "g0"
     finally:

@@ -225,9 +225,9 @@ def test_far_appends_cannot_fill_the_waiting_table():
     for i in range(5):
         d = h.handle_push(push(PushType.APPEND, entry=Entry(b"x", 20 + i, 1, 0).sealed()))
         d.addErrback(lambda f: codes.append(f.value.code))
-    assert len(h._waiting) == 3 and codes == [ResponseCode.UNEXPECTED_ARGUMENT] * 2
+    assert h.parked == 3 and codes == [ResponseCode.UNEXPECTED_ARGUMENT] * 2
     clock.advance(2)  # the parked ones time out (INCONSISTENT_STATE) and free the table
-    assert h._waiting == {} and store.ledger_end_index == 9
+    assert h.parked == 0 and store.ledger_end_index == 9
 
 
 def test_append_window_covers_the_leaders_pipeline():
@@ -297,7 +297,7 @@ def test_far_past_end_append_is_refused_not_parked():
     before = snapshot(store)
     result = outcome(h, clock, push(PushType.APPEND, entry=Entry(b"x", 10 ** 12, 1, 0).sealed()))
     assert isinstance(result, Failure) and result.value.code == ResponseCode.UNEXPECTED_ARGUMENT
-    assert h._waiting == {} and snapshot(store) == before
+    assert h.parked == 0 and snapshot(store) == before
 
 
 def test_non_consecutive_append_batch_is_refused():

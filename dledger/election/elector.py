@@ -37,9 +37,9 @@ from dledger.election.rules import (
     decide_heartbeat,
     decide_vote,
     next_vote_delay,
-    take_leadership_refusal,
     vote_reply_term,
 )
+from dledger.election.transfer import take_leadership_refusal
 from dledger.errors import DLedgerError
 from dledger.messages import (
     HeartBeatRequest,

@@ -115,28 +115,6 @@ def bumps_term(last_parse: VoteParseResult, need_increase_term_immediately: bool
     return last_parse is VoteParseResult.WAIT_TO_VOTE_NEXT or need_increase_term_immediately
 
 
-def take_leadership_refusal(request_term: int, curr_term: int, transfer_id: str | None, leader_id: str | None,
-                            ledger_end_index: int, required_index: int, already_taking: bool,
-                            damaged: str | None) -> tuple[ResponseCode, str] | None:
-    """Why the transferee refuses to take leadership (SPEC §3 "Leadership transfer"), in Java's order; None: take it.
-
-    The transfer must come from our leader in our term, we must hold the index the leader asks for, we
-    must not already be taking leadership, and a damaged store never stands for election.
-    """
-    C = ResponseCode
-    if request_term != curr_term:
-        return C.INCONSISTENT_TERM, f"transfer term {request_term} != {curr_term}"
-    if transfer_id != leader_id:
-        return C.INCONSISTENT_LEADER, f"transfer from {transfer_id} but our leader is {leader_id}"
-    if ledger_end_index < required_index:
-        return C.FALL_BEHIND_TOO_MUCH, f"our end index {ledger_end_index} < {required_index} required"
-    if already_taking:
-        return C.LEADER_TRANSFERRING, "already taking leadership"
-    if damaged is not None:
-        return C.TAKE_LEADERSHIP_FAILED, f"store damaged: {damaged}"
-    return None
-
-
 class NextVote(enum.Enum):
     """When the next vote round starts, relative to the randomized vote interval (SPEC §3 table)."""
 

@@ -62,6 +62,11 @@ class EntryHandler:
         self._matched = MatchedPrefix()
         self._refusals = RateLimitedLog(log, clock, interval=30.0)
 
+    @property
+    def parked(self) -> int:
+        """APPENDs that arrived ahead of the log's end and wait for the gap before them (at most ``max_waiting``)."""
+        return len(self._waiting)
+
     # -- replies -------------------------------------------------------------------
     def _response(self, req: PushEntryRequest, code: ResponseCode) -> PushEntryResponse:
         return PushEntryResponse(

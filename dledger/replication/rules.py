@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from dledger.election.transfer import within_transfer_wait
 from dledger.quorum import majority
 
 
@@ -128,7 +129,7 @@ def damaged_leader_action(damaged_index: int, leader_end: int, known: dict[str, 
     Ties go to the smaller id, so the choice is deterministic.
     """
     holders = [(mark, peer) for peer, mark in known.items()
-               if mark >= damaged_index and leader_end - mark < max_behind]
+               if mark >= damaged_index and within_transfer_wait(leader_end, mark, max_behind)]
     if not holders:
         return DamageAction(None, f"no member is known to hold entry {damaged_index} within {max_behind} "
                                   f"entries of the end ({leader_end})")

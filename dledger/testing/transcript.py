@@ -29,6 +29,8 @@ Group commands (a whole :class:`~dledger.testing.Cluster`):
 * ``run-until leader=id [timeout=s]`` -- advance until ``id`` leads; prints whether it did.
 * ``propose body ...`` -- a client appends the bodies; prints each ack (index or error code).
 * ``transfer from->to`` -- ask the leader ``from`` to hand leadership to ``to``; prints the answer.
+* ``get id begin [max=10] [follower]`` -- a GET from ``begin`` sent to member ``id`` (``follower``: marked
+  ``followerRead``); prints the entries served, as ``log`` does, or the refusal's code.
 * ``state`` -- one line per member: role, term, leader, end index, committed index.
 * ``log id`` -- member ``id``'s log as runs ``first-last tTERM:what`` (what: ``noop``, a body prefix, a body).
 
@@ -53,7 +55,7 @@ from twisted.python.failure import Failure
 
 from dledger.codes import EntryType, PushType, ResponseCode
 from dledger.errors import DLedgerError
-from dledger.messages import LeadershipTransferRequest, PushEntryRequest
+from dledger.messages import GetEntriesRequest, LeadershipTransferRequest, PushEntryRequest
 from dledger.testing.cluster import Cluster
 from dledger.testing.simdisk import make_entries, preload
 
@@ -289,6 +291,21 @@ class Runner:
         if not got:
             return "no answer"
         return _code(got[0]) + (f" term={got[0].term}" if not isinstance(got[0], Failure) else "")
+
+    def do_get(self, args) -> str:
+        (mid, begin, *flags), kw = _kv(args)
+        c = self._group()
+        server = c.servers[mid]
+        req = GetEntriesRequest(group=server.config.group, remote_id=mid, begin_index=int(begin),
+                                max_size=int(kw.get("max", 10)), follower_read="follower" in flags or None)
+        got: list = []
+        maybeDeferred(server.handle_request, req).addBoth(got.append)
+        c.run_until(lambda: bool(got), 30)
+        if not got:
+            return "no answer"
+        if isinstance(got[0], Failure):
+            return _code(got[0])
+        return log_runs(got[0].entries)
 
     def do_state(self, args) -> str:
         c = self._group()

@@ -160,6 +160,11 @@ class RemotingProtocol(Protocol):
         """Requests sent on this connection and not answered yet."""
         return len(self._calls)
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received of a frame not complete yet (what the connection budget counts)."""
+        return self._splitter.buffered
+
     def connectionMade(self) -> None:
         set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if set_no_delay is not None:

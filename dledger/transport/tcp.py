@@ -162,6 +162,11 @@ class TcpTransport:
         self.client.expected_peers[address] = peer_id
 
     @property
+    def server_factory(self) -> RemotingServerFactory | None:
+        """The factory of the accepted connections once listening (their ``connections``, ``refused``, ``budget``)."""
+        return self._factory
+
+    @property
     def listening_address(self) -> Any:
         """The bound address (``IAddress``) once started, else None."""
         return self.port.getHost() if self.port is not None else None
