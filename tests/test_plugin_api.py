@@ -20,6 +20,7 @@ from dledger.errors import AppendHookError, DLedgerError
 from dledger.hookspecs import hookimpl
 from dledger.interfaces import IAppendHook, IPositionReader
 from dledger.messages import AppendEntryRequest
+from dledger.store.guard import LogGuard
 from dledger.store.lmdbstore import LmdbLogStore
 from dledger.store.memory import MemoryLogStore
 from dledger.store.mmapfile import MmapLogStore
@@ -162,11 +163,12 @@ def test_hook_changing_the_entry_length_fails_the_entry():
             buffer.extend(b"xx")
 
     store = MemoryLogStore(FakeMemberState())
-    store.add_append_hook(Grow())
+    guard = LogGuard(store, store.member_state)
+    guard.add_append_hook(Grow())
     with pytest.raises(AppendHookError, match="changed the length of entry 0"):
-        store.append_as_leader(Entry(body=b"abc", term=1))
+        guard.append_as_leader(Entry(body=b"abc", term=1))
     assert store.ledger_end_index == -1
-    noop = store.append_as_leader(Entry(body=b"", term=1, magic=EntryType.NOOP))
+    noop = guard.append_as_leader(Entry(body=b"", term=1, magic=EntryType.NOOP))
     assert noop.index == 0  # NOOPs bypass hooks
 
 
