@@ -23,6 +23,7 @@ still checks first and hands it the hooks.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from dledger.codes import EntryType, ResponseCode, Role
@@ -101,6 +102,9 @@ class LogGuard:
         self.state = state
         #: The append hooks (:class:`dledger.interfaces.IAppendHook`), run in this order on every leader entry.
         self.hooks: list = []
+        #: ``seal(entry, index, pos)``, what a plain store calls for each placed leader entry (see the module
+        #: docstring): :func:`seal_leader_entry` with :attr:`hooks` (a partial: no Python frame of its own).
+        self.seal = functools.partial(seal_leader_entry, hooks=self.hooks)
         self._plain = IPlainLogStore.providedBy(store)
         self._batch = IBatchLogStore.providedBy(store)
         self._seal = None  # None while there are no hooks: the store seals the CRC itself, no call per entry
@@ -112,10 +116,6 @@ class LogGuard:
             self._seal = self.seal
         else:
             self.store.add_append_hook(hook)  # a store that runs hooks itself (written before the guard)
-
-    def seal(self, entry: Entry, index: int, pos: int) -> Entry:
-        """The ``seal`` a plain store calls once it placed ``entry`` at ``index``/``pos`` (see the module docstring)."""
-        return seal_leader_entry(entry, index, pos, self.hooks)
 
     # -- leader --------------------------------------------------------------------
     def append_as_leader(self, entry: Entry) -> Entry:
