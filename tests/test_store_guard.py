@@ -11,10 +11,8 @@ from dledger.entry import Entry, body_crc
 from dledger.errors import AppendHookError, BatchAppendError, DLedgerError
 from dledger.interfaces import IBatchLogStore, ILogStore, IPlainLogStore
 from dledger.store.guard import LogGuard, check_follower, check_leader, seal_leader_entry
-from dledger.store.lmdbstore import LmdbLogStore
 from dledger.store.memory import MemoryLogStore
-from dledger.store.mmapfile import MmapLogStore
-from dledger.testing.store_contract import FakeMemberState, StampPos, bodies, fired
+from dledger.testing.store_contract import FakeMemberState, StampPos, bodies, fired, open_small_store
 
 # -- the rules, one row per SPEC §4 sentence ---------------------------------------------------------------
 
@@ -90,22 +88,10 @@ def test_seal_runs_hooks_in_order_then_seals():
 FILE = 1024
 
 
-def open_store(kind, tmp_path, state):
-    if kind == "memory":
-        return MemoryLogStore(state, data_file_size=FILE, max_entry_size=FILE - 8)
-    if kind == "mmap":
-        store = MmapLogStore(tmp_path / "dledger-n0", state, data_file_size=FILE, index_file_size=32 * 64,
-                             max_entry_size=FILE - 8)
-    else:
-        store = LmdbLogStore(tmp_path / "lmdb", state, data_file_size=FILE, max_entry_size=FILE - 8, map_size=1 << 20)
-    store.startup()
-    return store
-
-
 @pytest.fixture(params=["memory", "mmap", "lmdb"])
 def plain(request, tmp_path):
     state = FakeMemberState()
-    store = open_store(request.param, tmp_path, state)
+    store = open_small_store(request.param, tmp_path, state, FILE)
     yield store, state
     fired(store.shutdown())
 

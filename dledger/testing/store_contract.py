@@ -91,6 +91,33 @@ def bodies(n: int, start: int = 0, size: int = 0) -> list[bytes]:
     return [(f"entry-{i:05d}-".encode() + b"x" * (size or (i * 37) % 300)) for i in range(start, start + n)]
 
 
+def open_small_store(kind: str, directory, member_state, file_size: int = 1024):
+    """A started ``memory``, ``mmap`` or ``lmdb`` log store under ``directory`` with ``file_size``-byte data files.
+
+    Small files make a few entries roll over data files, which is where
+    placement (and an append hook that reads ``entry.pos``) is tested.
+    """
+    from pathlib import Path
+
+    from dledger.store.lmdbstore import LmdbLogStore
+    from dledger.store.memory import MemoryLogStore
+    from dledger.store.mmapfile import MmapLogStore
+
+    directory = Path(directory)
+    if kind == "memory":
+        return MemoryLogStore(member_state, data_file_size=file_size, max_entry_size=file_size - 8)
+    if kind == "mmap":
+        store = MmapLogStore(directory / "dledger-n0", member_state, data_file_size=file_size,
+                             index_file_size=32 * 64, max_entry_size=file_size - 8)
+    elif kind == "lmdb":
+        store = LmdbLogStore(directory / "lmdb", member_state, data_file_size=file_size,
+                             max_entry_size=file_size - 8, map_size=1 << 20)
+    else:
+        raise ValueError(f"unknown store kind {kind!r} (memory, mmap or lmdb)")
+    store.startup()
+    return store
+
+
 class StampPos:
     """An append hook that writes the entry's pos into its first 8 body bytes and remembers (index, pos) it saw."""
 
