@@ -61,7 +61,7 @@ def test_seal_without_hooks_only_places_and_seals_the_crc():
     """With no hook (or for a NOOP) the stored entry is the body at index/pos with its crc32c."""
     body = b"payload"
     for magic, hooks in ((EntryType.NORMAL, ()), (EntryType.NOOP, (StampPos(),))):
-        e = seal_leader_entry(Entry(body=body, term=4, magic=magic), 7, 4096, hooks)
+        e = seal_leader_entry(hooks, Entry(body=body, term=4, magic=magic), 7, 4096)
         assert (e.index, e.term, e.pos, e.magic, e.body, e.body_crc) == (7, 4, 4096, magic, body, body_crc(body))
         assert all(not h.seen for h in hooks)
 
@@ -78,7 +78,7 @@ def test_seal_runs_hooks_in_order_then_seals():
             calls.append((self.tag, bytes(buffer[body_offset:body_offset + 2])))
             buffer[body_offset:body_offset + 2] = self.tag
 
-    e = seal_leader_entry(Entry(body=b"..rest", term=1), 0, 0, [Tag(b"AA"), Tag(b"BB")])
+    e = seal_leader_entry([Tag(b"AA"), Tag(b"BB")], Entry(body=b"..rest", term=1), 0, 0)
     assert calls == [(b"AA", b".."), (b"BB", b"AA")]
     assert e.body == b"BBrest" and e.body_crc == body_crc(b"BBrest")
 
@@ -174,7 +174,7 @@ class OldStyleStore:
     def append_as_leader(self, entry):
         self.checks += 1
         check_leader(self.state)
-        return self.inner.append_as_leader(entry, lambda e, i, p: seal_leader_entry(e, i, p, self.hooks))
+        return self.inner.append_as_leader(entry, lambda e, i, p: seal_leader_entry(self.hooks, e, i, p))
 
     def append_as_follower(self, entry, leader_term, leader_id):
         self.checks += 1

@@ -50,8 +50,11 @@ def check_follower(state, leader_term: int, leader_id: str) -> None:
         raise DLedgerError(ResponseCode.INCONSISTENT_LEADER, f"leader {leader_id} != known leader {state.leader_id}")
 
 
-def seal_leader_entry(entry: Entry, index: int, pos: int, hooks: Sequence) -> Entry:
-    """The entry a leader stores: placed at ``index``/``pos``, rewritten by append hooks, CRC sealed last.
+def seal_leader_entry(hooks: Sequence, entry: Entry, index: int, pos: int) -> Entry:
+    """The entry a leader stores: placed at ``index``/``pos``, rewritten by ``hooks``, CRC sealed last.
+
+    ``hooks`` come first so that ``functools.partial(seal_leader_entry, hooks)`` is the ``seal`` a
+    store calls (a positional partial costs no Python frame of its own on the append path).
 
     Hooks see user entries only: a NOOP (the leader's own term-start entry)
     is not an application's, and a hook that chokes on its empty body must
@@ -103,8 +106,8 @@ class LogGuard:
         #: The append hooks (:class:`dledger.interfaces.IAppendHook`), run in this order on every leader entry.
         self.hooks: list = []
         #: ``seal(entry, index, pos)``, what a plain store calls for each placed leader entry (see the module
-        #: docstring): :func:`seal_leader_entry` with :attr:`hooks` (a partial: no Python frame of its own).
-        self.seal = functools.partial(seal_leader_entry, hooks=self.hooks)
+        #: docstring): :func:`seal_leader_entry` with :attr:`hooks`.
+        self.seal = functools.partial(seal_leader_entry, self.hooks)
         self._plain = IPlainLogStore.providedBy(store)
         self._batch = IBatchLogStore.providedBy(store)
         self._seal = None  # None while there are no hooks: the store seals the CRC itself, no call per entry
