@@ -40,7 +40,7 @@ def dledger_role_change_handlers(server):
 
 @hookspec
 def dledger_append_hooks(server):
-    """Return a list of ``IAppendHook`` to run on every leader append of ``server``'s store."""
+    """Return a list of ``IAppendHook`` to run on every leader append of ``server`` (its write guard runs them)."""
 
 
 @hookspec

@@ -53,19 +53,23 @@ class ILogStore(Interface):
     def append_as_leader(entry):
         """Append ``entry`` (its ``term`` and ``body`` set) at ``ledger_end_index + 1``.
 
-        Assigns ``index`` and ``pos``, runs the append hooks on the encoded
-        bytes, seals the body CRC and returns the stored entry.  Raises
-        DLedgerError(NOT_LEADER / DISK_FULL / DISK_ERROR) when it cannot.
+        Assigns ``index`` and ``pos`` (the store's layout), seals the body
+        CRC and returns the stored entry.  Raises DLedgerError (DISK_FULL,
+        DISK_ERROR, UNEXPECTED_ARGUMENT for an entry too large) when it
+        cannot.  Whether this member may append (it leads) is checked by the
+        core before the call (:class:`dledger.store.guard.LogGuard`), and the
+        append hooks are the core's too (see :class:`IPlainLogStore`).
         """
 
     def append_as_follower(entry, leader_term: int, leader_id: str):
         """Append an entry received from the leader, exactly as the leader stored it.
 
-        Checks, in order: this member is a follower (NOT_FOLLOWER), the index
-        is ``ledger_end_index + 1`` (INCONSISTENT_INDEX), ``leader_term`` is
-        the current term (INCONSISTENT_TERM), ``leader_id`` is the known
-        leader (INCONSISTENT_LEADER), and the byte position agrees with the
-        leader's (DISK_ERROR).  Returns the stored entry.
+        The core has already checked that this member is a follower
+        (NOT_FOLLOWER), that ``leader_term`` is the current term
+        (INCONSISTENT_TERM) and that ``leader_id`` is the known leader
+        (INCONSISTENT_LEADER).  The store checks that the index is
+        ``ledger_end_index + 1`` (INCONSISTENT_INDEX) and that the byte
+        position agrees with the leader's (DISK_ERROR).  Returns the stored entry.
         """
 
     def truncate(entry, leader_term: int, leader_id: str) -> int:
@@ -74,9 +78,9 @@ class ILogStore(Interface):
         Everything after ``entry.index`` is dropped; if the entry stored at
         that index differs it is replaced.  If ``entry.index`` lies outside
         ``[begin, end + 1]`` the log is reset to hold only ``entry`` (a
-        follower behind the leader's begin index).  Same role/term/leader
-        checks as :meth:`append_as_follower`.  Never drops a committed entry
-        unless the log is reset.
+        follower behind the leader's begin index).  The core checks role,
+        term and leader first, as for :meth:`append_as_follower`.  Never
+        drops a committed entry unless the log is reset.
         """
 
     def get(index: int):
@@ -98,20 +102,42 @@ class ILogStore(Interface):
     def flush():
         """Make every appended entry durable. Returns a Deferred firing with :attr:`flushed_index`."""
 
-    def add_append_hook(hook) -> None:
-        """Register an :class:`IAppendHook` run on every leader append."""
+
+class IPlainLogStore(ILogStore):
+    """A log store that is storage only: the core checks roles and runs the append hooks (hashicorp/raft's LogStore).
+
+    Such a store checks nothing about roles, terms or leaders and keeps no
+    append hooks; :class:`dledger.store.guard.LogGuard` does both, once, for
+    every store.  Hooks must see an entry's final position, which the store
+    decides, so its leader appends take a ``seal`` function: once the store
+    has placed ``entry`` at ``index``/``pos`` it stores ``seal(entry, index,
+    pos)`` (the entry rewritten by the hooks, CRC sealed) instead of sealing
+    the CRC itself (:func:`dledger.store.base.placed`).  ``seal`` may raise a
+    DLedgerError (:class:`dledger.errors.AppendHookError`), which fails that
+    entry like any other refusal.  ``seal`` is None while no hook is
+    registered.  A store that also provides :class:`IBatchLogStore` takes
+    ``seal`` as the second argument of ``append_batch_as_leader(entries,
+    seal=None)`` too.
+
+    A store that does not provide this interface (written before the split)
+    still works: it checks roles itself (the core checks first anyway) and
+    the core registers the hooks with its ``add_append_hook(hook)``.
+    """
+
+    def append_as_leader(entry, seal=None):
+        """:meth:`ILogStore.append_as_leader`, storing ``seal(entry, index, pos)`` when ``seal`` is given."""
 
 
 class IBatchLogStore(ILogStore):
     """A store that appends many entries in one call (one write per run of entries instead of one each).
 
-    Each entry gets exactly the checks, hooks and placement the one-entry
-    methods give it, in order.  If entry ``k`` fails, entries ``0..k-1`` stay
+    Each entry gets exactly the checks, ``seal`` (see :class:`IPlainLogStore`)
+    and placement the one-entry methods give it, in order.  If entry ``k`` fails, entries ``0..k-1`` stay
     appended (as if appended one by one) and a
     :class:`dledger.errors.BatchAppendError` is raised: its ``code`` is the
     failing entry's error and its ``stored`` lists the entries that stayed.
-    The server and the follower's entry handler use these when the store
-    provides them and fall back to the one-entry methods otherwise.
+    The core (:class:`dledger.store.guard.LogGuard`) uses these when the
+    store provides them and falls back to the one-entry methods otherwise.
     """
 
     def append_batch_as_leader(entries) -> list:
@@ -201,7 +227,12 @@ class IRoleChangeHandler(Interface):
 
 
 class IAppendHook(Interface):
-    """Runs inside a leader append, before the CRC is computed and the bytes are stored."""
+    """Runs inside a leader append, before the CRC is computed and the bytes are stored.
+
+    Registered with the member (``dledger_append_hooks`` or
+    ``DLedgerServer.add_append_hook``), not with its store: the core runs
+    hooks for every store (:mod:`dledger.store.guard`).
+    """
 
     def before_append(entry, buffer, body_offset: int) -> None:
         """``buffer`` holds the encoded entry (header with index and pos filled in).

@@ -48,7 +48,7 @@ from dledger.replication.pushcheck import append_window
 from dledger.replication.rules import damaged_leader_action
 from dledger.services import MemberServices
 from dledger.stats import ServerStats
-from dledger.store import base
+from dledger.store.guard import LogGuard
 
 log = Logger()
 
@@ -71,13 +71,15 @@ class DLedgerServer:
         self.clock = clock
         self.self_id = config.self_id
         self.flusher = Flusher(store, clock, sync=config.flush_policy == "sync")
+        #: Every write to the store passes here: role/term/leader checks and the append hooks (:mod:`.store.guard`).
+        self.guard = LogGuard(store, state)
         self.pending = PendingAppends(clock, config.max_wait_ack_time_ms / 1000.0, config.max_pending_requests_num)
         #: The leader's client-append path (its collaborators given explicitly; see :mod:`.appends`).
         self.client_appends = appends.ClientAppends(state=state, config=config, pending=self.pending,
-                                                    append_batch=base.leader_batch_append(store), clock=clock,
+                                                    append_batch=self.guard.append_batch_as_leader, clock=clock,
                                                     check_request=self.check_request, not_leader=self.not_leader)
         self.elector = LeaderElector(config, state, store, transport, clock, rng)
-        self.entry_handler = EntryHandler(state, store, self.flusher, clock,
+        self.entry_handler = EntryHandler(state, store, self.flusher, clock, guard=self.guard,
                                           push_timeout=config.max_push_time_out_ms / 1000.0,
                                           on_commit=self.committed_advanced,
                                           append_window=append_window(config.max_pending_size,
@@ -103,7 +105,7 @@ class DLedgerServer:
             for handler in ext.role_change_handlers:
                 self.add_role_change_handler(handler)
             for hook in ext.append_hooks:
-                store.add_append_hook(hook)
+                self.add_append_hook(hook)
             for listener in ext.commit_listeners:
                 self.add_commit_listener(listener)
             for listener in ext.leader_ready_listeners:
@@ -162,6 +164,10 @@ class DLedgerServer:
     def add_role_change_handler(self, handler) -> None:
         """Register an ``IRoleChangeHandler`` (called with every role change, in order)."""
         self.elector.notifier.add(handler)
+
+    def add_append_hook(self, hook) -> None:
+        """Register an ``IAppendHook`` (run on every later leader append, after those registered before)."""
+        self.guard.add_append_hook(hook)
 
     def add_commit_listener(self, listener) -> None:
         """Register an ``ICommitListener`` (receives committed entries in order)."""
@@ -251,6 +257,7 @@ class DLedgerServer:
         if role is Role.LEADER:
             self.replicator = LeaderReplicator(term, config=self.config, self_id=self.self_id,
                                                members=self.state.members, store=self.store,
+                                               append_as_leader=self.guard.append_as_leader,
                                                transport=self.transport, clock=self.clock, flusher=self.flusher,
                                                on_committed=self.committed_advanced,
                                                on_store_damaged=self.store_damaged, stats=self.stats)

@@ -20,11 +20,10 @@ from dledger.errors import AppendHookError, DLedgerError
 from dledger.hookspecs import hookimpl
 from dledger.interfaces import IAppendHook, IPositionReader
 from dledger.messages import AppendEntryRequest
-from dledger.store.lmdbstore import LmdbLogStore
+from dledger.store.guard import LogGuard
 from dledger.store.memory import MemoryLogStore
-from dledger.store.mmapfile import MmapLogStore
 from dledger.testing import Cluster, isolated_plugin_manager
-from dledger.testing.store_contract import FakeMemberState, fired
+from dledger.testing.store_contract import FakeMemberState, fired, open_small_store
 
 
 @pytest.fixture
@@ -162,35 +161,20 @@ def test_hook_changing_the_entry_length_fails_the_entry():
             buffer.extend(b"xx")
 
     store = MemoryLogStore(FakeMemberState())
-    store.add_append_hook(Grow())
+    guard = LogGuard(store, store.member_state)
+    guard.add_append_hook(Grow())
     with pytest.raises(AppendHookError, match="changed the length of entry 0"):
-        store.append_as_leader(Entry(body=b"abc", term=1))
+        guard.append_as_leader(Entry(body=b"abc", term=1))
     assert store.ledger_end_index == -1
-    noop = store.append_as_leader(Entry(body=b"", term=1, magic=EntryType.NOOP))
+    noop = guard.append_as_leader(Entry(body=b"", term=1, magic=EntryType.NOOP))
     assert noop.index == 0  # NOOPs bypass hooks
 
 
 # -- reads by position ---------------------------------------------------------------------------------
 
-DATA_FILE = 1024
-
-
-def open_store(kind, tmp_path, state):
-    if kind == "memory":
-        return MemoryLogStore(state, data_file_size=DATA_FILE, max_entry_size=DATA_FILE - 8)
-    if kind == "mmap":
-        store = MmapLogStore(tmp_path / "dledger-n0", state, data_file_size=DATA_FILE, index_file_size=32 * 64,
-                             max_entry_size=DATA_FILE - 8)
-    else:
-        store = LmdbLogStore(tmp_path / "lmdb", state, data_file_size=DATA_FILE, max_entry_size=DATA_FILE - 8,
-                             map_size=1 << 20)
-    store.startup()
-    return store
-
-
 def filled(kind, tmp_path, count=20, committed=14):
     state = FakeMemberState()
-    store = open_store(kind, tmp_path, state)
+    store = open_small_store(kind, tmp_path, state)
     entries = [store.append_as_leader(Entry(body=bytes([65 + i % 26]) * (100 + 7 * i), term=1))
                for i in range(count)]
     fired(store.flush())
@@ -247,7 +231,7 @@ def test_position_reader_on_an_empty_or_uncommitted_log(kind, tmp_path):
 def test_position_reader_refuses_reads_before_the_begin_position(tmp_path):
     """A follower whose log starts mid-way (reset to the leader's entry) refuses reads before its first entry."""
     state = FakeMemberState()
-    store = open_store("memory", tmp_path, state)
+    store = open_small_store("memory", tmp_path, state)
     leader_entries = [Entry(body=b"x" * 200, term=1, index=i, pos=i * 248).sealed() for i in range(3)]
     state.follow(1)
     store.truncate(leader_entries[2], 1, "n1")

@@ -19,6 +19,7 @@ from dledger.entry import Entry
 from dledger.errors import AppendHookError, BatchAppendError, StoreError
 from dledger.interfaces import IRetainingLogStore, ITermVoteStore
 from dledger.plugins import get_store_type
+from dledger.store.guard import LogGuard
 from dledger.store.mmapfile import MmapLogStore
 from dledger.store.retention import RetentionPolicy
 from dledger.store.termvote import FileTermVoteStore
@@ -89,8 +90,7 @@ def member_dir(tmp_path):
 
 
 def assert_reopens_intact(store, member_dir, state, end):
-    """Close ``store`` (its hooks removed) and check that it reopens ending at ``end``, nothing cut by recovery."""
-    store._hooks.clear()
+    """Close ``store`` and check that it reopens ending at ``end``, nothing cut by recovery."""
     fired(store.shutdown())
     again = open_mmap(member_dir, state)
     assert again.ledger_end_index == end and not again.recovered.cut
@@ -356,9 +356,10 @@ def test_failing_append_hook_leaves_nothing_behind(member_dir, state):
         def before_append(self, entry, buffer, body_offset):
             raise RuntimeError("boom")
 
-    store.add_append_hook(Boom())
+    guard = LogGuard(store, state)
+    guard.add_append_hook(Boom())
     with pytest.raises(AppendHookError, match="RuntimeError: boom"):
-        store.append_as_leader(Entry(body=b"ghost", term=1))
+        guard.append_as_leader(Entry(body=b"ghost", term=1))
     assert store.ledger_end_index == 2
     assert_reopens_intact(store, member_dir, state, 2)
 
@@ -439,9 +440,10 @@ def test_failing_hook_in_a_batch_keeps_the_entries_before_it(member_dir, state):
             if entry.index == 2:
                 raise RuntimeError("boom")
 
-    store.add_append_hook(BoomOnThird())
+    guard = LogGuard(store, state)
+    guard.add_append_hook(BoomOnThird())
     with pytest.raises(BatchAppendError) as info:
-        store.append_batch_as_leader([Entry(body=b, term=1) for b in bodies(4)])
+        guard.append_batch_as_leader([Entry(body=b, term=1) for b in bodies(4)])
     assert isinstance(info.value.cause, AppendHookError) and len(info.value.stored) == 2
     assert store.ledger_end_index == 1 and store.get(1).body == bodies(2)[1]
     assert_reopens_intact(store, member_dir, state, 1)

@@ -30,7 +30,7 @@ from dledger.replication.follower_rules import (
     overdue_push,
     stale_truncate,
 )
-from dledger.store import base
+from dledger.store.guard import LogGuard
 
 log = Logger()
 
@@ -43,7 +43,7 @@ class EntryHandler:
 
     def __init__(self, state, store, flusher, clock, *, push_timeout: float,
                  on_commit: Callable[[], None] = lambda: None, append_window: int = DEFAULT_APPEND_WINDOW,
-                 max_waiting: int = DLedgerConfig.max_pending_size):
+                 max_waiting: int = DLedgerConfig.max_pending_size, guard: LogGuard | None = None):
         self.state = state
         self.append_window = append_window
         self.max_waiting = max_waiting
@@ -55,7 +55,9 @@ class EntryHandler:
         self.clock = clock
         self.push_timeout = push_timeout
         self.on_commit = on_commit
-        self._append_batch = base.follower_batch_append(store)
+        #: The store's writes, checked against ``state`` (:mod:`dledger.store.guard`; the member's own if given).
+        self.guard = guard if guard is not None else LogGuard(store, state)
+        self._append_batch = self.guard.append_batch_as_follower
         self._waiting: dict[int, tuple[PushEntryRequest, Deferred, float]] = {}
         self._timer = None
         # Highest index known to match the current leader's log in the current term.
@@ -232,7 +234,7 @@ class EntryHandler:
             return
         self._clear_waiting("TRUNCATE")
         was_empty = self.store.ledger_end_index < 0
-        index = self.store.truncate(req.entry, req.term, req.leader_id)
+        index = self.guard.truncate(req.entry, req.term, req.leader_id)
         self.flusher.cancel_above(index - 1, f"truncated at {index}")
         # An empty log (new group, wiped store) is filled, not repaired: say so, so that it does not read as damage.
         what = "log was empty; starting it at index {index}" if was_empty else "truncated to index {index}"

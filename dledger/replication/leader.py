@@ -358,16 +358,19 @@ class LeaderReplicator:
     (the leader's own durability), ``stats`` (None: nothing recorded; the server sets it when stats are
     enabled later), and two callbacks: ``on_committed()`` when the committed index moved and
     ``on_store_damaged(index, exc)`` when an entry of this member's log cannot be read.
+    ``append_as_leader(entry)`` appends the term's NOOP: the member's checked write
+    (:meth:`dledger.store.guard.LogGuard.append_as_leader`); the store's own method by default.
     """
 
     def __init__(self, term: int, *, config, self_id: str, members: Sequence[str], store, transport, clock,
                  flusher, on_committed: Callable[[], None], on_store_damaged: Callable[[int, Exception], None],
-                 stats=None):
+                 stats=None, append_as_leader: Callable[[Entry], Entry] | None = None):
         cfg = config
         self.self_id = self_id
         self.group = cfg.group
         self.term = term
         self.store = store
+        self.append_as_leader = append_as_leader or store.append_as_leader
         self.transport = transport
         self.clock = clock
         self.flusher = flusher
@@ -401,7 +404,7 @@ class LeaderReplicator:
         store = self.store
         if self.fast_advance:
             try:
-                noop = store.append_as_leader(Entry(body=b"", term=self.term, magic=EntryType.NOOP))
+                noop = self.append_as_leader(Entry(body=b"", term=self.term, magic=EntryType.NOOP))
                 self.recent.add(noop)
                 self.term_start_index = noop.index
                 self.entries_appended(noop.index)

@@ -1,47 +1,27 @@
-"""What every log store shares: the precondition checks and the committed-index rule.
+"""What every log store shares: the storage checks, placement and the committed-index rule.
 
-Stores differ in where bytes live; the rules that decide whether an append,
-a truncate or a commit-index move is allowed are the same for all of them
-and live here, once.
+Stores differ in where bytes live; the rules that decide whether an entry
+can be stored (its index, its position, its fields), what a truncate does
+and how the committed index moves are the same for all of them and live
+here, once.  Whether this member may write at all (its role, the leader's
+term and id) and the append hooks are the core's: :mod:`dledger.store.guard`.
 """
 
 from __future__ import annotations
 
 import enum
-import functools
 from collections.abc import Callable, Sequence
 
-from dledger.codes import EntryType, ResponseCode, Role
+from dledger.codes import ResponseCode
 from dledger.entry import (
-    BODY_OFFSET,
     HEADER_SIZE,
     MIN_BLANK_LEN,
     Entry,
     OversizedEntryError,
     body_crc,
-    encode_entry_into,
     place_entry,
-    seal_crc_in_place,
 )
-from dledger.errors import AppendHookError, BatchAppendError, DLedgerError
-from dledger.interfaces import IBatchLogStore
-
-
-def check_leader(state) -> None:
-    """A leader append is only allowed on the leader."""
-    if state.role is not Role.LEADER:
-        raise DLedgerError(ResponseCode.NOT_LEADER, f"role is {state.role.name}", leader_id=state.leader_id)
-
-
-def check_follower(state, leader_term: int, leader_id: str) -> None:
-    """The follower-side checks of ``appendAsFollower`` / ``truncate`` (SPEC §4), in Java's order."""
-    if state.role is not Role.FOLLOWER:
-        raise DLedgerError(ResponseCode.NOT_FOLLOWER, f"role is {state.role.name}")
-    if leader_term != state.curr_term:
-        raise DLedgerError(ResponseCode.INCONSISTENT_TERM,
-                           f"leader term {leader_term} != current term {state.curr_term}")
-    if leader_id != state.leader_id:
-        raise DLedgerError(ResponseCode.INCONSISTENT_LEADER, f"leader {leader_id} != known leader {state.leader_id}")
+from dledger.errors import BatchAppendError, DLedgerError
 
 
 def check_next_index(entry: Entry, end_index: int) -> None:
@@ -232,40 +212,9 @@ def first_index_of_term(term_of: Callable[[int], int], term: int, begin: int, en
     return lo if first <= lo <= last and term_of(lo) == term else -1
 
 
-def seal_leader_entry(entry: Entry, index: int, pos: int, hooks: list) -> Entry:
-    """The entry a leader stores: placed at ``index``/``pos``, rewritten by append hooks, CRC sealed last.
-
-    Hooks see user entries only: a NOOP (the leader's own term-start entry)
-    is not an application's, and a hook that chokes on its empty body must
-    not keep a leader from starting its term.  A hook that raises (or changes
-    the buffer's length) fails this entry with :class:`AppendHookError`, a
-    DLedgerError, so the store's batch rule applies: earlier entries stay,
-    nothing of this one is written.
-    """
-    stored = Entry(entry.body, index, entry.term, pos, entry.magic, 0, 0, 0)
-    if not hooks or entry.magic == EntryType.NOOP:
-        stored.body_crc = body_crc(entry.body)
-        return stored
-    buf = bytearray(stored.size)
-    encode_entry_into(buf, 0, stored)
-    for hook in hooks:
-        try:
-            hook.before_append(stored, buf, BODY_OFFSET)
-        except Exception as exc:
-            raise hook_error(hook, index, exc) from exc
-        if len(buf) != stored.size:
-            raise AppendHookError(ResponseCode.INTERNAL_ERROR, f"append hook {hook!r} changed the length of entry "
-                                  f"{index} from {stored.size} to {len(buf)} bytes")
-    stored.body_crc = seal_crc_in_place(buf, 0, stored.size)
-    stored.body = bytes(buf[BODY_OFFSET:])
-    return stored
-
-
-def hook_error(hook, index: int, exc: Exception) -> AppendHookError:
-    """The error a leader append fails with when ``hook`` raised ``exc`` on entry ``index``."""
-    code = exc.code if isinstance(exc, DLedgerError) else ResponseCode.INTERNAL_ERROR
-    detail = exc.message if isinstance(exc, DLedgerError) else f"{type(exc).__name__}: {exc}"
-    return AppendHookError(code, f"append hook {hook!r} failed on entry {index}: {detail}")
+def placed(entry: Entry, index: int, pos: int) -> Entry:
+    """``entry`` as a leader stores it at ``index``/``pos`` when no append hook rewrites it: body CRC sealed."""
+    return Entry(entry.body, index, entry.term, pos, entry.magic, 0, 0, body_crc(entry.body))
 
 
 # -- batches ---------------------------------------------------------------------
@@ -283,18 +232,3 @@ def append_each(append_one: Callable[..., Entry], entries: Sequence[Entry], *arg
     except DLedgerError as exc:
         raise BatchAppendError(exc, stored) from None
     return stored
-
-
-def leader_batch_append(store) -> Callable[[Sequence[Entry]], list[Entry]]:
-    """``store.append_batch_as_leader`` if the store has it, else the same made of one-entry appends."""
-    if IBatchLogStore.providedBy(store):
-        return store.append_batch_as_leader
-    return functools.partial(append_each, store.append_as_leader)
-
-
-def follower_batch_append(store) -> Callable[[Sequence[Entry], int, str], list[Entry]]:
-    """``store.append_batch_as_follower`` if the store has it, else the same made of one-entry appends."""
-    if IBatchLogStore.providedBy(store):
-        return store.append_batch_as_follower
-    return lambda entries, leader_term, leader_id: append_each(store.append_as_follower, entries, leader_term,
-                                                               leader_id)

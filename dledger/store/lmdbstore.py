@@ -28,7 +28,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from dledger import diskio
-from dledger.codes import ResponseCode, Role
+from dledger.codes import ResponseCode
 from dledger.config import FLUSH_POLICIES, GiB, MiB
 from dledger.entry import (
     CodecError,
@@ -38,7 +38,7 @@ from dledger.entry import (
 )
 from dledger.errors import DamagedStoreError, DLedgerError, StoreError
 from dledger.hookspecs import hookimpl
-from dledger.interfaces import IBatchLogStore, IPositionReader, ITermVoteStore
+from dledger.interfaces import IBatchLogStore, IPlainLogStore, IPositionReader, ITermVoteStore
 from dledger.plugin_types import StoreType
 from dledger.store import base, ownership, positions
 from dledger.store.base import TruncateAction
@@ -172,7 +172,7 @@ def _write_round(shared: SharedEnv, rnd: _Round):
     return None
 
 
-@implementer(IBatchLogStore, IPositionReader)
+@implementer(IPlainLogStore, IBatchLogStore, IPositionReader)
 class LmdbLogStore(positions.EntryPositionReader):
     """Entries in LMDB; see the module docstring."""
 
@@ -198,7 +198,6 @@ class LmdbLogStore(positions.EntryPositionReader):
         self.ledger_end_term = -1
         self.committed_index = -1
         self._write_pos = 0
-        self._hooks: list = []
         self._shared: SharedEnv | None = None
         self._pending: list[Entry] = []
         self._pending_start = 0
@@ -233,9 +232,6 @@ class LmdbLogStore(positions.EntryPositionReader):
     @property
     def flush_stats(self):
         return self._gc.stats
-
-    def add_append_hook(self, hook) -> None:
-        self._hooks.append(hook)
 
     def startup(self) -> None:
         """Lock the member directory (before anything is opened), then open; see :meth:`_startup`."""
@@ -356,33 +352,29 @@ class LmdbLogStore(positions.EntryPositionReader):
         self._write_pos = e.pos + e.size
         return e
 
-    def append_as_leader(self, entry: Entry) -> Entry:
-        state = self.member_state
-        if state.role is not Role.LEADER:
-            base.check_leader(state)
+    def append_as_leader(self, entry: Entry, seal=None) -> Entry:
         if entry.channel or entry.chain_crc:
             base.check_reserved_fields(entry)
         pos = self._place(entry.size)
-        return self._push(base.seal_leader_entry(entry, self.ledger_end_index + 1, pos, self._hooks))
+        index = self.ledger_end_index + 1
+        return self._push(base.placed(entry, index, pos) if seal is None else seal(entry, index, pos))
 
     def _check_follower_entry(self, entry: Entry, write_pos: int) -> None:
         base.check_follower_entry(entry, write_pos, self.data_file_size, self.max_entry_size, self.accept_zero_crc)
 
     def append_as_follower(self, entry: Entry, leader_term: int, leader_id: str) -> Entry:
-        base.check_follower(self.member_state, leader_term, leader_id)
         base.check_next_index(entry, self.ledger_end_index)
         self._check_follower_entry(entry, self._write_pos)
         return self._push(entry)
 
-    def append_batch_as_leader(self, entries: Sequence[Entry]) -> list[Entry]:
+    def append_batch_as_leader(self, entries: Sequence[Entry], seal=None) -> list[Entry]:
         """One-entry appends in a row: LMDB buffers appends until the flush's transaction anyway."""
-        return base.append_each(self.append_as_leader, entries)
+        return base.append_each(self.append_as_leader, entries, seal)
 
     def append_batch_as_follower(self, entries: Sequence[Entry], leader_term: int, leader_id: str) -> list[Entry]:
         return base.append_each(self.append_as_follower, entries, leader_term, leader_id)
 
     def truncate(self, entry: Entry, leader_term: int, leader_id: str) -> int:
-        base.check_follower(self.member_state, leader_term, leader_id)
         action = base.plan_truncate(entry, self.ledger_begin_index, self.ledger_end_index,
                                     self.committed_index, self.get)
         if action is TruncateAction.DROP_AFTER:

@@ -1,5 +1,8 @@
 """In-memory log and term/vote stores: the full store contract, nothing durable.
 
+Storage only (:class:`dledger.interfaces.IPlainLogStore`): the member's
+:class:`dledger.store.guard.LogGuard` checks roles and runs the append hooks.
+
 Used by tests, simulations and embedded groups.  Byte positions follow the
 same file layout as the mmap store (:func:`dledger.entry.place_entry`), so a
 memory member and a file member agree on every entry's ``pos``.
@@ -14,12 +17,12 @@ from zope.interface import implementer
 
 from dledger.entry import Entry
 from dledger.hookspecs import hookimpl
-from dledger.interfaces import IBatchLogStore, IPositionReader, ITermVoteStore
+from dledger.interfaces import IBatchLogStore, IPlainLogStore, IPositionReader, ITermVoteStore
 from dledger.plugin_types import StoreType
 from dledger.store import base, positions
 
 
-@implementer(IBatchLogStore, IPositionReader)
+@implementer(IPlainLogStore, IBatchLogStore, IPositionReader)
 class MemoryLogStore(positions.EntryPositionReader):
     """A list of entries plus the begin/end/committed bookkeeping."""
 
@@ -28,7 +31,6 @@ class MemoryLogStore(positions.EntryPositionReader):
         self.data_file_size = data_file_size
         self.max_entry_size = max_entry_size
         self._entries: list[Entry] = []
-        self._hooks: list = []
         self.ledger_begin_index = -1
         self.committed_index = -1
         self._write_pos = 0
@@ -61,9 +63,6 @@ class MemoryLogStore(positions.EntryPositionReader):
     def flush(self):
         return succeed(self.ledger_end_index)
 
-    def add_append_hook(self, hook) -> None:
-        self._hooks.append(hook)
-
     # -- appends -------------------------------------------------------------
     def _place(self, size: int) -> int:
         return base.place(self._write_pos, size, self.data_file_size, self.max_entry_size)[0]
@@ -75,26 +74,24 @@ class MemoryLogStore(positions.EntryPositionReader):
         self._write_pos = entry.pos + entry.size
         return entry
 
-    def append_as_leader(self, entry: Entry) -> Entry:
-        base.check_leader(self.member_state)
+    def append_as_leader(self, entry: Entry, seal=None) -> Entry:
         pos = self._place(entry.size)
-        return self._push(base.seal_leader_entry(entry, self.ledger_end_index + 1, pos, self._hooks))
+        index = self.ledger_end_index + 1
+        return self._push(base.placed(entry, index, pos) if seal is None else seal(entry, index, pos))
 
     def append_as_follower(self, entry: Entry, leader_term: int, leader_id: str) -> Entry:
-        base.check_follower(self.member_state, leader_term, leader_id)
         base.check_next_index(entry, self.ledger_end_index)
         base.check_position(entry, self._place(entry.size))
         return self._push(entry)
 
-    def append_batch_as_leader(self, entries: Sequence[Entry]) -> list[Entry]:
+    def append_batch_as_leader(self, entries: Sequence[Entry], seal=None) -> list[Entry]:
         """One-entry appends in a row (nothing to gain from batching a list; simulations use this path)."""
-        return base.append_each(self.append_as_leader, entries)
+        return base.append_each(self.append_as_leader, entries, seal)
 
     def append_batch_as_follower(self, entries: Sequence[Entry], leader_term: int, leader_id: str) -> list[Entry]:
         return base.append_each(self.append_as_follower, entries, leader_term, leader_id)
 
     def truncate(self, entry: Entry, leader_term: int, leader_id: str) -> int:
-        base.check_follower(self.member_state, leader_term, leader_id)
         begin = self.ledger_begin_index
         action = base.plan_truncate(entry, begin, self.ledger_end_index, self.committed_index, self.get)
         if action is base.TruncateAction.DROP_AFTER:

@@ -32,7 +32,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from dledger import diskio
-from dledger.codes import ResponseCode, Role
+from dledger.codes import ResponseCode
 from dledger.entry import (
     HEADER,
     HEADER_SIZE,
@@ -48,7 +48,7 @@ from dledger.entry import (
 )
 from dledger.errors import BatchAppendError, DLedgerError, StoreError
 from dledger.hookspecs import hookimpl
-from dledger.interfaces import IBatchLogStore, IPositionReader, IRetainingLogStore
+from dledger.interfaces import IBatchLogStore, IPlainLogStore, IPositionReader, IRetainingLogStore
 from dledger.plugin_types import StoreType
 from dledger.store import base, ownership, positions, runplan
 from dledger.store.base import TruncateAction
@@ -71,7 +71,7 @@ _pack_index = INDEX_RECORD.pack_into
 _unpack_index = INDEX_RECORD.unpack_from
 
 
-@implementer(IRetainingLogStore, IBatchLogStore, IPositionReader)
+@implementer(IPlainLogStore, IRetainingLogStore, IBatchLogStore, IPositionReader)
 class MmapLogStore:
     """Data and index files under ``member_dir``; see the module docstring.
 
@@ -107,7 +107,6 @@ class MmapLogStore:
         self._begin_pos = -1
         self._write_pos = 0
         self._initial_pos = 0
-        self._hooks: list = []
         #: The newest entries as written, for reads of the tail (the commit feed's, a follower's pushes).
         self._recent = RecentEntries()
         self._data: MappedFileList | None = None
@@ -178,9 +177,6 @@ class MmapLogStore:
     @property
     def index_files(self) -> list[Path]:
         return [f.path for f in self._index.files] if self._index else []
-
-    def add_append_hook(self, hook) -> None:
-        self._hooks.append(hook)
 
     def set_initial_position(self, pos: int) -> None:
         """Where the first entry goes when :meth:`startup` finds the log empty (default 0).
@@ -431,49 +427,42 @@ class MmapLogStore:
         self._set_data_tail(self._data.files[-1] if self._data and self._data.files else None)
         self._set_index_tail(self._index.files[-1] if self._index and self._index.files else None)
 
-    def append_as_leader(self, entry: Entry) -> Entry:
-        return _one(self.append_batch_as_leader, entry)
+    def append_as_leader(self, entry: Entry, seal=None) -> Entry:
+        return _one(self.append_batch_as_leader, entry, seal)
 
-    def append_batch_as_leader(self, entries: Sequence[Entry]) -> list[Entry]:
+    def append_batch_as_leader(self, entries: Sequence[Entry], seal=None) -> list[Entry]:
         """Leader appends of ``entries`` in order, one ``pwrite`` per run of entries in one data file."""
-        return self._append(entries, _LEADER)
+        return self._append(entries, _LEADER, seal)
 
     def append_as_follower(self, entry: Entry, leader_term: int, leader_id: str) -> Entry:
         return _one(self.append_batch_as_follower, entry, leader_term, leader_id)
 
     def append_batch_as_follower(self, entries: Sequence[Entry], leader_term: int, leader_id: str) -> list[Entry]:
         """Follower appends of ``entries`` in order, one ``pwrite`` per run of entries in one data file."""
-        return self._append(entries, _FOLLOWER, leader_term, leader_id)
+        return self._append(entries, _FOLLOWER)
 
-    def _append(self, entries: Sequence[Entry], mode: int, leader_term: int = -1,
-                leader_id: str | None = None) -> list[Entry]:
+    def _append(self, entries: Sequence[Entry], mode: int, seal=None) -> list[Entry]:
         """Store ``entries`` at the end of the log: checks per entry, then one write per run (see IBatchLogStore).
 
-        ``mode`` is ``_LEADER`` (assign index and pos, run the hooks, seal
-        the CRC), ``_FOLLOWER`` (the leader's entries, every follower check)
+        ``mode`` is ``_LEADER`` (assign index and pos, then store
+        ``seal(entry, index, pos)``, the core's hooks and CRC, or seal the
+        CRC here without one), ``_FOLLOWER`` (the leader's entries, every follower check)
         or ``_PLACED`` (an entry truncate or reset has checked already).  A run
         ends where the next entry needs a new data file: it is written (with
         its index records) before the blank marker and the new file, so the
         blank marker rules are those of one-entry appends.  The first failing
         entry stops the batch; what was written before it stays.  A hook that
         raises fails its entry with AppendHookError (see
-        :func:`base.seal_leader_entry`), after the entries before it were written.
+        :func:`dledger.store.guard.seal_leader_entry`), after the entries before it were written.
         """
         run = _Run(self._write_pos)
         stored: list[Entry] = []
         index = self.ledger_end_index + 1
-        hooks = self._hooks
         # A push's entries arrive encoded (checked by their CRCs): write those bytes instead of encoding again.
         known = entries.known_section() if mode == _FOLLOWER and type(entries) is EntryList else None
         run.src = known[0] if known is not None else None
         src_off = 0
         try:
-            if mode == _LEADER:
-                state = self.member_state
-                if state.role is not Role.LEADER:
-                    base.check_leader(state)
-            elif mode == _FOLLOWER:
-                base.check_follower(self.member_state, leader_term, leader_id)
             for entry in entries:
                 body = entry.body
                 size = HEADER_SIZE + len(body)
@@ -486,8 +475,8 @@ class MmapLogStore:
                     if wp + size > self._dlimit or size > self.max_entry_size:  # runplan.extends_run, negated, inline
                         run = self._next_run(run, stored, size)
                         wp = run.end
-                    if hooks:
-                        e = base.seal_leader_entry(entry, index, wp, hooks)
+                    if seal is not None:
+                        e = seal(entry, index, wp)
                         body = e.body
                     else:
                         e = Entry(body, index, entry.term, wp, entry.magic, 0, 0, body_crc(body))
@@ -599,7 +588,6 @@ class MmapLogStore:
 
     # -- truncate --------------------------------------------------------------
     def truncate(self, entry: Entry, leader_term: int, leader_id: str) -> int:
-        base.check_follower(self.member_state, leader_term, leader_id)
         action = base.plan_truncate(entry, self.ledger_begin_index, self.ledger_end_index,
                                     self.committed_index, self.get)
         if action is TruncateAction.DROP_AFTER:
@@ -613,7 +601,7 @@ class MmapLogStore:
             self._drop_after(entry.index - 1)
             _one(self._append, entry, _PLACED)
         elif action is TruncateAction.APPEND:
-            _one(self._append, entry, _FOLLOWER, leader_term, leader_id)
+            _one(self._append, entry, _FOLLOWER)
         else:
             self._reset(entry)
         self.committed_index = min(self.committed_index, self.ledger_end_index)

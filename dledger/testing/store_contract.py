@@ -15,6 +15,12 @@ Usage (pytest)::
                 return store
             return open_
 
+Role, term and leader checks and the append hooks are the core's
+(:class:`dledger.store.guard.LogGuard`): the suite checks them through a
+guard around your store, so a store that is storage only
+(:class:`dledger.interfaces.IPlainLogStore`) and one that still checks
+roles itself both pass.
+
 ``open_store(member_state)`` must return a started store; calling it again
 (after the previous one was shut down) must open the *same* storage.  Use
 :attr:`data_file_size` for the data file size so that files roll during the
@@ -33,6 +39,7 @@ from dledger.codes import ResponseCode, Role
 from dledger.entry import BODY_OFFSET, Entry, body_crc, place_entry
 from dledger.errors import BatchAppendError, DLedgerError
 from dledger.interfaces import IBatchLogStore, ILogStore
+from dledger.store.guard import LogGuard
 
 
 @dataclass
@@ -84,6 +91,33 @@ def bodies(n: int, start: int = 0, size: int = 0) -> list[bytes]:
     return [(f"entry-{i:05d}-".encode() + b"x" * (size or (i * 37) % 300)) for i in range(start, start + n)]
 
 
+def open_small_store(kind: str, directory, member_state, file_size: int = 1024):
+    """A started ``memory``, ``mmap`` or ``lmdb`` log store under ``directory`` with ``file_size``-byte data files.
+
+    Small files make a few entries roll over data files, which is where
+    placement (and an append hook that reads ``entry.pos``) is tested.
+    """
+    from pathlib import Path
+
+    from dledger.store.lmdbstore import LmdbLogStore
+    from dledger.store.memory import MemoryLogStore
+    from dledger.store.mmapfile import MmapLogStore
+
+    directory = Path(directory)
+    if kind == "memory":
+        return MemoryLogStore(member_state, data_file_size=file_size, max_entry_size=file_size - 8)
+    if kind == "mmap":
+        store = MmapLogStore(directory / "dledger-n0", member_state, data_file_size=file_size,
+                             index_file_size=32 * 64, max_entry_size=file_size - 8)
+    elif kind == "lmdb":
+        store = LmdbLogStore(directory / "lmdb", member_state, data_file_size=file_size,
+                             max_entry_size=file_size - 8, map_size=1 << 20)
+    else:
+        raise ValueError(f"unknown store kind {kind!r} (memory, mmap or lmdb)")
+    store.startup()
+    return store
+
+
 class StampPos:
     """An append hook that writes the entry's pos into its first 8 body bytes and remembers (index, pos) it saw."""
 
@@ -113,6 +147,11 @@ class LogStoreContract:
     @pytest.fixture
     def store(self, open_store, state):
         return open_store(state)
+
+    @pytest.fixture
+    def guard(self, store, state):
+        """The member's writes to ``store``: role/term/leader checks and append hooks, as a server makes them."""
+        return LogGuard(store, state)
 
     def leader_append(self, store, state, payloads, term=None):
         term = state.curr_term if term is None else term
@@ -149,10 +188,10 @@ class LogStoreContract:
         assert stored[-1].pos > 3 * self.data_file_size, "the suite should roll several files"
         assert [place_entry(0, 100, self.data_file_size)] == [(0, 0)]
 
-    def test_append_as_leader_requires_leader(self, store, state):
+    def test_append_as_leader_requires_leader(self, store, guard, state):
         """A follower refuses leader appends with NOT_LEADER naming the leader."""
         state.follow(1, "n2")
-        err = expect_code(ResponseCode.NOT_LEADER, store.append_as_leader, Entry(body=b"x", term=1))
+        err = expect_code(ResponseCode.NOT_LEADER, guard.append_as_leader, Entry(body=b"x", term=1))
         assert err.leader_id == "n2"
         assert store.ledger_end_index == -1
 
@@ -165,11 +204,11 @@ class LogStoreContract:
         assert store.ledger_end_index == 0
         assert self.leader_append(store, state, [b"next"])[0].index == 1
 
-    def test_append_hook_rewrites_body_before_crc(self, store, state):
+    def test_append_hook_rewrites_body_before_crc(self, store, guard, state):
         """Append hooks see the encoded entry and may rewrite body bytes; the CRC covers the result."""
         hook = StampPos()
-        store.add_append_hook(hook)
-        stored = self.leader_append(store, state, [b"\0" * 8 + b"tail", b"\0" * 8 + b"more"])
+        guard.add_append_hook(hook)
+        stored = self.leader_append(guard, state, [b"\0" * 8 + b"tail", b"\0" * 8 + b"more"])
         assert hook.seen == [(0, stored[0].pos), (1, stored[1].pos)]
         got = store.get(1)
         assert got.body[:8] == stored[1].pos.to_bytes(8, "big") and got.body[8:] == b"more"
@@ -193,7 +232,7 @@ class LogStoreContract:
         assert (store.ledger_end_index, store.ledger_end_term) == (39, 2)
 
     @pytest.mark.parametrize("case", ["not_follower", "index_gap", "index_repeat", "term", "leader", "pos"])
-    def test_append_as_follower_checks(self, store, state, case):
+    def test_append_as_follower_checks(self, store, guard, state, case):
         """appendAsFollower refuses wrong role, index, term, leader and position, storing nothing."""
         state.follow(2)
         entries = self._leader_entries(3, term=2)
@@ -215,7 +254,7 @@ class LogStoreContract:
             leader = "n2"
         else:
             e = Entry(body=e.body, index=e.index, term=e.term, pos=e.pos + 1, body_crc=e.body_crc)
-        expect_code(code, store.append_as_follower, e, term, leader)
+        expect_code(code, guard.append_as_follower, e, term, leader)
         assert store.ledger_end_index == 0
         state.follow(2)
         assert store.append_as_follower(entries[1], 2, "n1") == entries[1]
@@ -275,13 +314,13 @@ class LogStoreContract:
         nxt = Entry(body=b"next", index=store.ledger_end_index + 1, term=1, pos=nxt_pos).sealed()
         assert store.append_as_follower(nxt, 1, "n1") == nxt
 
-    def test_truncate_checks_role_term_leader(self, store, state):
+    def test_truncate_checks_role_term_leader(self, store, guard, state):
         """truncate refuses a non-follower, a stale term and an unknown leader."""
         entries = self._follower_with(store, state, 5)
-        expect_code(ResponseCode.INCONSISTENT_TERM, store.truncate, entries[2], 2, "n1")
-        expect_code(ResponseCode.INCONSISTENT_LEADER, store.truncate, entries[2], 1, "n2")
+        expect_code(ResponseCode.INCONSISTENT_TERM, guard.truncate, entries[2], 2, "n1")
+        expect_code(ResponseCode.INCONSISTENT_LEADER, guard.truncate, entries[2], 1, "n2")
         state.lead(1)
-        expect_code(ResponseCode.NOT_FOLLOWER, store.truncate, entries[2], 1, "n1")
+        expect_code(ResponseCode.NOT_FOLLOWER, guard.truncate, entries[2], 1, "n1")
         assert store.ledger_end_index == 4
 
     def test_truncate_never_drops_committed_entries(self, store, state):
@@ -459,11 +498,11 @@ class LogStoreContract:
             assert [again.get(i) for i in range(40)] == stored
             fired(again.shutdown())
 
-    def test_batch_leader_runs_hooks_per_entry(self, batch_store, state):
+    def test_batch_leader_runs_hooks_per_entry(self, batch_store, guard, state):
         """Append hooks see each entry of a batch at its own index and pos; each CRC covers the rewritten body."""
         hook = StampPos()
-        batch_store.add_append_hook(hook)
-        stored = batch_store.append_batch_as_leader([Entry(body=b"\0" * 8 + b, term=1) for b in bodies(12)])
+        guard.add_append_hook(hook)
+        stored = guard.append_batch_as_leader([Entry(body=b"\0" * 8 + b, term=1) for b in bodies(12)])
         assert hook.seen == [(e.index, e.pos) for e in stored]
         for e in stored:
             got = batch_store.get(e.index)
@@ -481,10 +520,10 @@ class LogStoreContract:
         assert batch_store.ledger_end_index == 4
         assert batch_store.append_batch_as_leader([Entry(body=payloads[6], term=1)])[0].index == 5
 
-    def test_batch_leader_refused_when_not_leader(self, batch_store, state):
+    def test_batch_leader_refused_when_not_leader(self, batch_store, guard, state):
         """A follower refuses a leader batch with NOT_LEADER and stores nothing."""
         state.follow(1, "n2")
-        err = self.expect_batch_error(ResponseCode.NOT_LEADER, batch_store.append_batch_as_leader,
+        err = self.expect_batch_error(ResponseCode.NOT_LEADER, guard.append_batch_as_leader,
                                       [Entry(body=b"x", term=1)])
         assert err.stored == [] and err.leader_id == "n2" and batch_store.ledger_end_index == -1
 
@@ -517,15 +556,15 @@ class LogStoreContract:
         assert batch_store.ledger_end_index == 6 and [batch_store.get(i) for i in range(7)] == entries[:7]
         assert batch_store.append_batch_as_follower(entries[7:], 1, "n1") == entries[7:]
 
-    def test_batch_follower_checks_role_term_leader_first(self, batch_store, state):
+    def test_batch_follower_checks_role_term_leader_first(self, batch_store, guard, state):
         """A follower batch from a stale term or another leader stores nothing."""
         state.follow(2)
         entries = self._leader_entries(3, term=2)
-        err = self.expect_batch_error(ResponseCode.INCONSISTENT_TERM, batch_store.append_batch_as_follower,
+        err = self.expect_batch_error(ResponseCode.INCONSISTENT_TERM, guard.append_batch_as_follower,
                                       entries, 1, "n1")
         assert err.stored == []
-        self.expect_batch_error(ResponseCode.INCONSISTENT_LEADER, batch_store.append_batch_as_follower,
+        self.expect_batch_error(ResponseCode.INCONSISTENT_LEADER, guard.append_batch_as_follower,
                                 entries, 2, "n2")
         state.lead(2)
-        self.expect_batch_error(ResponseCode.NOT_FOLLOWER, batch_store.append_batch_as_follower, entries, 2, "n1")
+        self.expect_batch_error(ResponseCode.NOT_FOLLOWER, guard.append_batch_as_follower, entries, 2, "n1")
         assert batch_store.ledger_end_index == -1

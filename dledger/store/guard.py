@@ -1,0 +1,169 @@
+"""The one place where writes to a log store are checked and hooked: role, term and leader, then the append hooks.
+
+A store is storage (hashicorp/raft's plain ``LogStore``): it keeps entries,
+places them in its layout and refuses what it cannot store (a gap in the
+indexes, a position that disagrees with the leader's, a damaged body, a full
+disk).  Whether this member may write at all depends on who it is -- a
+leader appends, a follower takes entries only from the leader it knows, in
+the term it is in (SPEC §4) -- and the application's append hooks rewrite
+a leader's entries; both rules are the same for every store, so they live
+here, once, in :class:`LogGuard`, which every write of a member goes through.
+
+Hooks need an entry's final byte position, which the store decides while it
+places a batch (file rollover, blank markers).  So the guard does not place
+entries itself: it hands a store that is storage only
+(:class:`dledger.interfaces.IPlainLogStore`) a ``seal(entry, index, pos)``
+function, which the store calls for each entry once it knows where the entry
+goes, in the same pass (no second loop over the entries).  Without hooks the
+guard passes no ``seal`` and the store seals the CRC itself
+(:func:`dledger.store.base.placed`).  A store written before this split
+(role checks and ``add_append_hook`` of its own) keeps working: the guard
+still checks first and hands it the hooks.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+from dledger.codes import EntryType, ResponseCode, Role
+from dledger.entry import BODY_OFFSET, Entry, encode_entry_into, seal_crc_in_place
+from dledger.errors import AppendHookError, BatchAppendError, DLedgerError
+from dledger.interfaces import IBatchLogStore, IPlainLogStore
+from dledger.store.base import append_each, placed
+
+
+def check_leader(state) -> None:
+    """A leader append is only allowed on the leader (NOT_LEADER names the leader this member knows)."""
+    if state.role is not Role.LEADER:
+        raise DLedgerError(ResponseCode.NOT_LEADER, f"role is {state.role.name}", leader_id=state.leader_id)
+
+
+def check_follower(state, leader_term: int, leader_id: str) -> None:
+    """The follower-side checks of ``appendAsFollower`` / ``truncate`` (SPEC §4), in Java's order."""
+    if state.role is not Role.FOLLOWER:
+        raise DLedgerError(ResponseCode.NOT_FOLLOWER, f"role is {state.role.name}")
+    if leader_term != state.curr_term:
+        raise DLedgerError(ResponseCode.INCONSISTENT_TERM,
+                           f"leader term {leader_term} != current term {state.curr_term}")
+    if leader_id != state.leader_id:
+        raise DLedgerError(ResponseCode.INCONSISTENT_LEADER, f"leader {leader_id} != known leader {state.leader_id}")
+
+
+def seal_leader_entry(hooks: Sequence, entry: Entry, index: int, pos: int) -> Entry:
+    """The entry a leader stores: placed at ``index``/``pos``, rewritten by ``hooks``, CRC sealed last.
+
+    ``hooks`` come first so that ``functools.partial(seal_leader_entry, hooks)`` is the ``seal`` a
+    store calls (a positional partial costs no Python frame of its own on the append path).
+
+    Hooks see user entries only: a NOOP (the leader's own term-start entry)
+    is not an application's, and a hook that chokes on its empty body must
+    not keep a leader from starting its term.  A hook that raises (or changes
+    the buffer's length) fails this entry with :class:`AppendHookError`, a
+    DLedgerError, so the store's batch rule applies: earlier entries stay,
+    nothing of this one is written.
+    """
+    if not hooks or entry.magic == EntryType.NOOP:
+        return placed(entry, index, pos)
+    stored = Entry(entry.body, index, entry.term, pos, entry.magic, 0, 0, 0)
+    buf = bytearray(stored.size)
+    encode_entry_into(buf, 0, stored)
+    for hook in hooks:
+        try:
+            hook.before_append(stored, buf, BODY_OFFSET)
+        except Exception as exc:
+            raise hook_error(hook, index, exc) from exc
+        if len(buf) != stored.size:
+            raise AppendHookError(ResponseCode.INTERNAL_ERROR, f"append hook {hook!r} changed the length of entry "
+                                  f"{index} from {stored.size} to {len(buf)} bytes")
+    stored.body_crc = seal_crc_in_place(buf, 0, stored.size)
+    stored.body = bytes(buf[BODY_OFFSET:])
+    return stored
+
+
+def hook_error(hook, index: int, exc: Exception) -> AppendHookError:
+    """The error a leader append fails with when ``hook`` raised ``exc`` on entry ``index``."""
+    code = exc.code if isinstance(exc, DLedgerError) else ResponseCode.INTERNAL_ERROR
+    detail = exc.message if isinstance(exc, DLedgerError) else f"{type(exc).__name__}: {exc}"
+    return AppendHookError(code, f"append hook {hook!r} failed on entry {index}: {detail}")
+
+
+class LogGuard:
+    """Every write a member makes to its ``store``: checked against ``state`` (an IMemberState), hooked, then stored.
+
+    Reads go to the store directly; only appends and truncation pass here.
+    The batch methods exist whatever the store: a store without
+    :class:`~dledger.interfaces.IBatchLogStore` gets one-entry appends in a
+    row, with the same failure rule (:func:`dledger.store.base.append_each`).
+    A refused check stores nothing: the one-entry methods raise the
+    DLedgerError, the batch methods a :class:`BatchAppendError` with no
+    stored entries.
+    """
+
+    def __init__(self, store, state):
+        self.store = store
+        self.state = state
+        #: The append hooks (:class:`dledger.interfaces.IAppendHook`), run in this order on every leader entry.
+        self.hooks: list = []
+        #: ``seal(entry, index, pos)``, what a plain store calls for each placed leader entry (see the module
+        #: docstring): :func:`seal_leader_entry` with :attr:`hooks`.
+        self.seal = functools.partial(seal_leader_entry, self.hooks)
+        self._plain = IPlainLogStore.providedBy(store)
+        self._batch = IBatchLogStore.providedBy(store)
+        self._seal = None  # None while there are no hooks: the store seals the CRC itself, no call per entry
+
+    def add_append_hook(self, hook) -> None:
+        """Run ``hook`` (an IAppendHook) on every later leader append, after the hooks added before it."""
+        self.hooks.append(hook)
+        if self._plain:
+            self._seal = self.seal
+        else:
+            self.store.add_append_hook(hook)  # a store that runs hooks itself (written before the guard)
+
+    # -- leader --------------------------------------------------------------------
+    def append_as_leader(self, entry: Entry) -> Entry:
+        """Append ``entry`` at the end of the log if this member leads; returns it as stored."""
+        state = self.state
+        if state.role is not Role.LEADER:
+            check_leader(state)
+        if self._plain:
+            return self.store.append_as_leader(entry, self._seal)
+        return self.store.append_as_leader(entry)
+
+    def append_batch_as_leader(self, entries: Sequence[Entry]) -> list[Entry]:
+        """:meth:`append_as_leader` for each of ``entries`` in order (IBatchLogStore's failure rule)."""
+        state = self.state
+        if state.role is not Role.LEADER:
+            try:
+                check_leader(state)
+            except DLedgerError as exc:
+                raise BatchAppendError(exc, []) from None
+        store = self.store
+        if self._batch:
+            if self._plain:
+                return store.append_batch_as_leader(entries, self._seal)
+            return store.append_batch_as_leader(entries)
+        if self._plain:
+            return append_each(store.append_as_leader, entries, self._seal)
+        return append_each(store.append_as_leader, entries)
+
+    # -- follower ------------------------------------------------------------------
+    def append_as_follower(self, entry: Entry, leader_term: int, leader_id: str) -> Entry:
+        """Store the leader's ``entry`` if it comes from the leader this member follows, in its term."""
+        check_follower(self.state, leader_term, leader_id)
+        return self.store.append_as_follower(entry, leader_term, leader_id)
+
+    def append_batch_as_follower(self, entries: Sequence[Entry], leader_term: int, leader_id: str) -> list[Entry]:
+        """:meth:`append_as_follower` for each of ``entries`` in order (IBatchLogStore's failure rule)."""
+        try:
+            check_follower(self.state, leader_term, leader_id)
+        except DLedgerError as exc:
+            raise BatchAppendError(exc, []) from None
+        if self._batch:
+            return self.store.append_batch_as_follower(entries, leader_term, leader_id)
+        return append_each(self.store.append_as_follower, entries, leader_term, leader_id)
+
+    def truncate(self, entry: Entry, leader_term: int, leader_id: str) -> int:
+        """The store's ``truncate`` (make ``entry`` the last entry) if the leader this member follows asks."""
+        check_follower(self.state, leader_term, leader_id)
+        return self.store.truncate(entry, leader_term, leader_id)
