@@ -27,10 +27,12 @@ import functools
 from collections.abc import Sequence
 
 from dledger.codes import EntryType, ResponseCode, Role
-from dledger.entry import BODY_OFFSET, Entry, encode_entry_into, seal_crc_in_place
+from dledger.entry import BODY_OFFSET, HEADER, Entry, body_crc
 from dledger.errors import AppendHookError, BatchAppendError, DLedgerError
 from dledger.interfaces import IBatchLogStore, IPlainLogStore
 from dledger.store.base import append_each, placed
+
+_pack_header_into = HEADER.pack_into
 
 
 def check_leader(state) -> None:
@@ -65,19 +67,25 @@ def seal_leader_entry(hooks: Sequence, entry: Entry, index: int, pos: int) -> En
     """
     if not hooks or entry.magic == EntryType.NOOP:
         return placed(entry, index, pos)
-    stored = Entry(entry.body, index, entry.term, pos, entry.magic, 0, 0, 0)
-    buf = bytearray(stored.size)
-    encode_entry_into(buf, 0, stored)
+    body = entry.body
+    size = BODY_OFFSET + len(body)
+    stored = Entry(body, index, entry.term, pos, entry.magic, 0, 0, 0)
+    buf = bytearray(size)  # the hooks' view of the entry; the store encodes the sealed entry itself
+    _pack_header_into(buf, 0, entry.magic, size, index, entry.term, pos, 0, 0, 0, len(body))
+    buf[BODY_OFFSET:] = body
     for hook in hooks:
         try:
             hook.before_append(stored, buf, BODY_OFFSET)
         except Exception as exc:
             raise hook_error(hook, index, exc) from exc
-        if len(buf) != stored.size:
+        if len(buf) != size:
             raise AppendHookError(ResponseCode.INTERNAL_ERROR, f"append hook {hook!r} changed the length of entry "
-                                  f"{index} from {stored.size} to {len(buf)} bytes")
-    stored.body_crc = seal_crc_in_place(buf, 0, stored.size)
-    stored.body = bytes(buf[BODY_OFFSET:])
+                                  f"{index} from {size} to {len(buf)} bytes")
+    with memoryview(buf) as view:
+        sealed = view[BODY_OFFSET:]
+        stored.body_crc = body_crc(sealed)
+        stored.body = bytes(sealed)  # one copy out of the hooks' buffer
+        sealed.release()
     return stored
 
 
