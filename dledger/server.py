@@ -18,7 +18,7 @@ from zope.interface import implementer
 from dledger import plugins, reads
 from dledger.codes import ResponseCode, Role
 from dledger.commit_feed import CommitFeed
-from dledger.diskio import INLINE
+from dledger.diskio import INLINE, BlockingIO
 from dledger.election import transfer
 from dledger.election.elector import LeaderElector
 from dledger.election.state import MemberState
@@ -61,7 +61,8 @@ class DLedgerServer:
     """One member of a group."""
 
     def __init__(self, config, state: MemberState, store, transport, clock, *,
-                 rng: random.Random | None = None, plugin_manager=None, use_plugins: bool = True):
+                 rng: random.Random | None = None, plugin_manager=None, use_plugins: bool = True,
+                 blocking_io: BlockingIO | None = None):
         if use_plugins:
             config = plugins.resolve_config(config, plugin_manager)  # plugin option defaults, checked types
         self.config = config
@@ -69,6 +70,9 @@ class DLedgerServer:
         self.store = store
         self.transport = transport
         self.clock = clock
+        #: Where this member's blocking syscalls run (the store's fsyncs; plugins' too): a pool thread in a
+        #: running member, inline in tests and tools.
+        self.blocking_io = blocking_io or INLINE
         self.self_id = config.self_id
         self.flusher = Flusher(store, clock, sync=config.flush_policy == "sync")
         #: Every write to the store passes here: role/term/leader checks and the append hooks (:mod:`.store.guard`).
@@ -148,7 +152,8 @@ class DLedgerServer:
         if transport is None:
             ttype = plugins.get_transport_type(config.transport_type, plugin_manager)
             transport = ttype.make_transport(config, clock, **transport_kwargs)
-        return cls(config, state, store, transport, clock, rng=rng, plugin_manager=plugin_manager)
+        return cls(config, state, store, transport, clock, rng=rng, plugin_manager=plugin_manager,
+                   blocking_io=blocking_io)
 
     # -- extension points --------------------------------------------------------------
     def enable_stats(self) -> ServerStats:

@@ -503,3 +503,65 @@ def test_flush_syncs_only_what_changed_since(tmp_path, monkeypatch):
     queues.flush()
     assert len(synced) == 3 and dirs == [a.dir]
     queues.close()
+
+
+class _LaterIO:
+    """A BlockingIO whose 'pool thread' runs only when the test says so (what happens meanwhile is visible)."""
+
+    def __init__(self):
+        self.jobs = []
+
+    def run(self, fn, *args):
+        from twisted.internet.defer import Deferred
+        d = Deferred()
+        self.jobs.append((fn, args, d))
+        return d
+
+    def step(self):
+        from twisted.internet.defer import maybeDeferred
+        jobs, self.jobs = self.jobs, []
+        for fn, args, d in jobs:
+            maybeDeferred(fn, *args).chainDeferred(d)
+
+
+def test_a_flush_off_the_reactor_syncs_duplicates_while_the_queue_goes_on(tmp_path, monkeypatch):
+    """flush_with takes the files to sync at once (fds duplicated); the queue keeps writing and evicting meanwhile."""
+    queues = cq.ConsumeQueues(tmp_path, file_size=100, max_open_files=1)
+    a = queues.queue("A", 0)
+    a.append(0, unit(0))
+    synced = []
+    monkeypatch.setattr(cq, "fsync_fd", lambda fd: synced.append(os.fstat(fd).st_ino))
+    io = _LaterIO()
+    done = []
+    queues.flush_with(io).addCallback(done.append)
+    assert len(io.jobs) == 1 and synced == [] and not done  # nothing synced on this thread
+    queues.queue("B", 0).append(0, unit(0))  # evicts A's cached fd (one open file): the job's dup stays valid
+    assert len(queues.fds) == 1
+    io.step()
+    assert done == [None] and synced == [os.stat(a._path(0)).st_ino]
+    queues.flush()  # B is still unflushed: the next flush syncs it
+    assert len(synced) == 2
+    queues.close()
+
+
+def test_a_failed_flush_off_the_reactor_counts_as_unflushed(tmp_path, monkeypatch):
+    """If the pool thread's fsync fails, the flush errbacks and the next flush syncs the same files again."""
+    queues = cq.ConsumeQueues(tmp_path, file_size=100)
+    queues.queue("A", 0).append(0, unit(0))
+    io = _LaterIO()
+
+    def broken(fd):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(cq, "fsync_fd", broken)
+    failures = []
+    open_before = len(os.listdir("/proc/self/fd"))
+    queues.flush_with(io).addErrback(failures.append)
+    assert len(os.listdir("/proc/self/fd")) == open_before + 1  # the job's duplicate of the cached fd
+    io.step()
+    assert len(failures) == 1 and failures[0].check(OSError)
+    assert len(os.listdir("/proc/self/fd")) == open_before  # closed although the sync failed
+    synced = []
+    monkeypatch.setattr(cq, "fsync_fd", synced.append)
+    queues.flush()
+    assert len(synced) == 1
+    queues.close()

@@ -216,6 +216,7 @@ class Broker(MultiService):
         self.master_callbacks.insert(0, Broker._master_duties)
         self.slave_callbacks.insert(0, Broker._slave_duties)
         self._flush_timer = None
+        self._flushing: Deferred | None = None  # a periodic flush whose fsyncs still run
         #: Called with (broker, ControlEntry) on every member after a topic or subscription-group change from
         #: the log changed its tables (e.g. to re-register with the name server, as RocketMQ does after a topic
         #: is created); one that raises is logged.
@@ -249,6 +250,9 @@ class Broker(MultiService):
         self.roles.stop()
         self.dispatcher.fail_waiters(DLedgerError(ResponseCode.TERM_CHANGED, f"{self.server.self_id} is stopping"))
         d = self._stop_delivery()
+        if self._flushing is not None:  # a round still syncing on a pool thread: the last flush comes after it
+            flushing = self._flushing
+            d.addBoth(lambda _: flushing)
 
         def rest(_):
             try:
@@ -400,14 +404,22 @@ class Broker(MultiService):
             self._flush_timer = self.server.clock.callLater(self.options.flush_interval, self._flush)
 
     def _flush(self) -> None:
+        """The periodic consume-queue flush: its fsyncs on the member's BlockingIO (a pool thread), the next one
+        scheduled when it is done (a slow disk never has two rounds running)."""
         self._flush_timer = None
         if not self.running:
             return
-        try:
-            self.dispatcher.flush()
-        except OSError as exc:
-            log.error("{id}: consume-queue flush failed: {exc}", id=self.server.self_id, exc=exc)
-        self._schedule_flush()
+
+        def failed(failure):
+            failure.trap(OSError)
+            log.error("{id}: consume-queue flush failed: {exc}", id=self.server.self_id, exc=failure.value)
+
+        def done(_):
+            self._flushing = None
+            if self.running:
+                self._schedule_flush()
+        d = self.dispatcher.flush_with(self.server.blocking_io).addErrback(failed).addBoth(done)
+        self._flushing = None if d.called else d
 
     def _tell(self, callbacks: list, what: str) -> None:
         """Run role callbacks; one that raises is logged and does not stop the others or the switch."""

@@ -37,6 +37,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
 
+from twisted.internet.defer import Deferred, succeed
+
 from dledger.diskio import create_sized_file, fsync_dir, fsync_fd, remove_file, write_at
 from dledger_rocketmq.errors import CodecError, CorruptRecordError, StoreLayoutError, TruncatedRecordError
 from dledger_rocketmq.message import (
@@ -295,6 +297,52 @@ def place(next_offset: int, queue_offset: int, empty: bool) -> Placement:
     if empty or queue_offset == next_offset:
         return Placement.APPEND
     return Placement.REPEAT if queue_offset < next_offset else Placement.GAP
+
+
+class FlushJob(NamedTuple):
+    """One sync of a flush: a duplicated fd (closed when done), a file by path, or a directory."""
+
+    fd: int | None = None
+    path: Path | None = None
+    directory: bool = False
+
+
+class FlushTaken(NamedTuple):
+    """A queue's flush, taken: the jobs, and the marks they cleared (put back if they fail)."""
+
+    jobs: list[FlushJob]
+    starts: frozenset[int]
+    directory: bool
+
+
+def run_flush_jobs(jobs: Iterable[FlushJob]) -> None:
+    """fsync what :meth:`ConsumeQueue.take_flush` took; any thread.  Every duplicated fd is closed, also on error.
+
+    A file deleted since it was taken needs no sync (its directory's sync
+    records the deletion); the first other error propagates after the rest
+    of the fds are closed.
+    """
+    jobs = list(jobs)
+    try:
+        for job in jobs:
+            if job.fd is not None:
+                fsync_fd(job.fd)
+            elif job.directory:
+                if job.path.is_dir():
+                    fsync_dir(job.path)
+            else:
+                try:
+                    fd = os.open(job.path, os.O_RDONLY)
+                except FileNotFoundError:
+                    continue
+                try:
+                    fsync_fd(fd)
+                finally:
+                    os.close(fd)
+    finally:
+        for job in jobs:
+            if job.fd is not None:
+                os.close(job.fd)
 
 
 class ConsumeQueue:
@@ -562,24 +610,37 @@ class ConsumeQueue:
 
     def flush(self) -> None:
         """Make the appended units and new (or deleted) files durable: the files written since, then the directory."""
+        taken = self.take_flush()
+        try:
+            run_flush_jobs(taken.jobs)
+        except BaseException:
+            self.undo_flush(taken)
+            raise
+
+    def take_flush(self) -> FlushTaken:
+        """What a flush of this queue must sync, taken now (units drained, marks cleared): see :func:`run_flush_jobs`.
+
+        Files open in the cache are synced through a duplicate of their fd,
+        so the jobs may run on another thread while this one goes on writing,
+        evicting or deleting files; :meth:`undo_flush` puts the marks back if
+        they fail.
+        """
         self.drain()
+        jobs: list[FlushJob] = []
         for start in sorted(self._dirty):
-            path = self._path(start)
             fd = self._fds.cached(self._name(start))
-            if fd is not None:
-                fsync_fd(fd)
-                continue
-            if not path.exists():
-                continue
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                fsync_fd(fd)
-            finally:
-                os.close(fd)
+            jobs.append(FlushJob(fd=os.dup(fd)) if fd is not None else FlushJob(path=self._path(start)))
+        if self._dir_dirty:
+            jobs.append(FlushJob(path=self.dir, directory=True))
+        taken = FlushTaken(jobs, frozenset(self._dirty), self._dir_dirty)
         self._dirty.clear()
-        if self._dir_dirty and self.dir.is_dir():
-            fsync_dir(self.dir)
         self._dir_dirty = False
+        return taken
+
+    def undo_flush(self, taken: FlushTaken) -> None:
+        """A taken flush failed: its files count as unflushed again."""
+        self._dirty |= taken.starts
+        self._dir_dirty = self._dir_dirty or taken.directory
 
     def close(self) -> None:
         """Drain and close this queue's open files (no fsync: :meth:`flush` first for durability)."""
@@ -733,16 +794,38 @@ class ConsumeQueues:
 
     def flush(self) -> None:
         """fsync the queues written (or with files created or deleted) since the last flush, and only those."""
+        taken = self.take_flush()
+        try:
+            run_flush_jobs(job for _, t in taken for job in t.jobs)
+        except BaseException:
+            self.undo_flush(taken)
+            raise
+
+    def flush_with(self, io) -> Deferred:
+        """:meth:`flush` with the fsyncs run by ``io`` (a :class:`dledger.diskio.BlockingIO`: a member's runs them
+        on a pool thread, so the reactor keeps dispatching); fires when they are done, errbacks if one failed
+        (the queues then count as unflushed again)."""
+        taken = self.take_flush()
+        if not taken:
+            return succeed(None)
+        d = io.run(run_flush_jobs, [job for _, t in taken for job in t.jobs])
+
+        def failed(failure):
+            self.undo_flush(taken)
+            return failure
+        return d.addErrback(failed)
+
+    def take_flush(self) -> list[tuple[ConsumeQueue, FlushTaken]]:
+        """The flush of every queue changed since the last one, taken now (see :meth:`ConsumeQueue.take_flush`)."""
         self.drain()
         changed, self._changed = self._changed, {}
-        try:
-            for key in sorted(changed):
-                changed[key].flush()
-        except BaseException:
-            for key, queue in changed.items():  # not flushed yet: the next flush tries again
-                if queue.dirty:
-                    self._changed[key] = queue
-            raise
+        return [(changed[key], changed[key].take_flush()) for key in sorted(changed)]
+
+    def undo_flush(self, taken: list[tuple[ConsumeQueue, FlushTaken]]) -> None:
+        """A taken flush failed: the next flush syncs those queues again."""
+        for queue, t in taken:
+            queue.undo_flush(t)
+            self._changed[(queue.topic, queue.queue_id)] = queue
 
     def close(self) -> None:
         """Write what is buffered and close every open file (at stop; :meth:`flush` first for durability)."""

@@ -22,9 +22,10 @@ Recovery (:meth:`Dispatcher.recover`, at service start, store recovered):
 Queue appends are page-cache writes done inline on the reactor thread (a
 unit is 20 bytes): the units of one delivery are buffered per queue and
 written when it ends, one pwrite per queue file, through file descriptors
-kept open (a bounded LRU, ``max_open_files``).  fsyncs happen on
-:meth:`flush` (a timer of the broker service and at stop), for the queues
-written since the last one only; they too run on the reactor thread.  The
+kept open (a bounded LRU, ``max_open_files``).  fsyncs happen on the
+broker's timer (:meth:`flush_with`: on the member's BlockingIO, a pool
+thread) and at stop (:meth:`flush`, inline), for the queues written since
+the last one only.  The
 queues are rebuildable from the log, so a unit lost in a power cut is
 re-dispatched at the next start.
 """
@@ -36,7 +37,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -465,9 +466,15 @@ class Dispatcher:
                 d.errback(exc)
 
     def flush(self) -> None:
-        """fsync the consume queues written since the last flush (inline: the broker's timer, on the reactor)."""
+        """fsync the consume queues written since the last flush, inline (at stop, in tests and tools)."""
         if self.queues is not None:
             self.queues.flush()
+
+    def flush_with(self, io) -> Deferred:
+        """The broker's periodic flush: the fsyncs run by ``io`` (the member's BlockingIO: a pool thread)."""
+        if self.queues is None:
+            return succeed(None)
+        return self.queues.flush_with(io)
 
     def close(self) -> None:
         """Flush and close the queues' open files (at stop; the queues stay usable and reopen files on demand)."""
