@@ -95,6 +95,10 @@ class RecentEntries:
             return last[1]  # cut short by the limits, or nothing was added since: the same range
         i = self._start + offset
         entries = self._entries
+        if max_bytes >= self._bytes:  # everything held fits the budget (the commit feed's reads): a slice
+            out = EntryList(entries[i:i + max_count])
+            self._last = (key, out, begin + len(out) < self.first + held)
+            return out
         out = EntryList((entries[i],))
         total = out[0].size
         stop = min(len(entries), i + max_count)
