@@ -10,7 +10,6 @@ from pathlib import Path
 import crc32c
 import pytest
 from twisted.internet import task
-from twisted.internet.defer import Deferred, maybeDeferred
 from zope.interface.verify import verifyObject
 
 from dledger.codes import ResponseCode
@@ -23,6 +22,7 @@ from dledger.store.guard import LogGuard
 from dledger.store.mmapfile import MmapLogStore
 from dledger.store.retention import RetentionPolicy
 from dledger.store.termvote import FileTermVoteStore
+from dledger.testing.handio import HandIO
 from dledger.testing.store_contract import FakeMemberState, LogStoreContract, bodies, expect_code, fired
 
 
@@ -53,30 +53,6 @@ class TestMmapStoreContract(LogStoreContract):
 # -- helpers -------------------------------------------------------------------------------
 
 
-
-
-class ManualIO:
-    """A BlockingIO whose 'thread' runs only when the test says so, to see what happens meanwhile."""
-
-    threaded = True
-
-    def __init__(self):
-        self.queue: list[tuple] = []
-
-    def run(self, fn, *args):
-        d = Deferred()
-        self.queue.append((fn, args, d))
-        return d
-
-    def step(self):
-        """Run every job queued so far (each flush round queues one)."""
-        jobs, self.queue = self.queue, []
-        for fn, args, d in jobs:
-            maybeDeferred(fn, *args).chainDeferred(d)
-
-    def drain(self):
-        while self.queue:
-            self.step()
 
 
 @pytest.fixture
@@ -253,19 +229,19 @@ def test_sync_policy_does_not_flush_by_itself(member_dir, state, clock):
 # -- flushing ----------------------------------------------------------------------------------
 def test_threaded_flush_reports_only_what_it_covered(member_dir, state):
     """Appends made while a flush runs on the thread pool are not reported by it; flushes asked meanwhile group."""
-    io = ManualIO()
+    io = HandIO()
     store = open_mmap(member_dir, state, blocking_io=io)
     append(store, 10, state)
     first = store.flush()
     append(store, 5, state)
     second, third = store.flush(), store.flush()
-    assert store.flushed_index == -1 and io.queue
+    assert store.flushed_index == -1 and io.calls
     io.step()
     assert fired(first) == 9 and store.flushed_index == 9
-    assert io.queue, "the two later requests started one more round"
+    assert io.calls, "the two later requests started one more round"
     io.step()
     assert fired(second) == fired(third) == 14
-    assert store.flush_stats.rounds == 2 and not io.queue
+    assert store.flush_stats.rounds == 2 and not io.calls
     d = store.shutdown()
     io.drain()
     fired(d)
@@ -273,7 +249,7 @@ def test_threaded_flush_reports_only_what_it_covered(member_dir, state):
 
 def test_truncate_during_flush_caps_the_report(member_dir, state):
     """A truncate while a flush runs stops that flush from claiming the dropped (or replaced) entries."""
-    io = ManualIO()
+    io = HandIO()
     state.follow(1)
     store = open_mmap(member_dir, state, blocking_io=io)
     entries = LogStoreContract()._leader_entries(20, file_size=1024)
@@ -294,7 +270,7 @@ def test_truncate_during_flush_caps_the_report(member_dir, state):
 
 def test_removed_files_stay_open_until_the_flush_round_ends(member_dir, state):
     """A file removed while a threaded flush may still sync its descriptor is closed only after the round."""
-    io = ManualIO()
+    io = HandIO()
     state.follow(1)
     store = open_mmap(member_dir, state, blocking_io=io)
     entries = LogStoreContract()._leader_entries(30, file_size=1024)
@@ -333,7 +309,7 @@ def test_flush_failure_is_a_disk_error_and_is_retried(member_dir, state, monkeyp
 
 def test_flush_stats_measure_reactor_blocking(member_dir, state):
     """Each flush round records its latency and how long it kept the reactor thread busy."""
-    io = ManualIO()
+    io = HandIO()
     store = open_mmap(member_dir, state, blocking_io=io)
     append(store, 5, state)
     d = store.flush()

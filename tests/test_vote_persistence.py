@@ -20,32 +20,8 @@ from dledger.messages import HeartBeatRequest, VoteRequest
 from dledger.store.memory import MemoryTermVoteStore
 from dledger.store.termvote import FileTermVoteStore
 from dledger.testing.cluster import Cluster
+from dledger.testing.handio import HandIO
 from dledger.transport.inprocess import InProcessNetwork
-
-
-class HandIO:
-    """A BlockingIO whose calls run only when the test says so (in the order it says)."""
-
-    def __init__(self):
-        self.calls: list[tuple] = []
-
-    def run(self, fn, *args) -> Deferred:
-        d = Deferred()
-        self.calls.append((fn, args, d))
-        return d
-
-    def complete(self, i: int = 0):
-        fn, args, d = self.calls.pop(i)
-        try:
-            result = fn(*args)
-        except Exception as exc:
-            d.errback(exc)
-        else:
-            d.callback(result)
-
-    def fail(self, i: int = 0, exc: Exception | None = None):
-        _fn, _args, d = self.calls.pop(i)
-        d.errback(exc or OSError("disk full"))
 
 
 def vote_request(candidate: str, term: int, to: str = "n1") -> VoteRequest:

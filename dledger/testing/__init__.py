@@ -11,6 +11,7 @@
 
 from dledger.testing.clock import SimClock
 from dledger.testing.cluster import Cluster, isolated_plugin_manager
+from dledger.testing.handio import HandIO
 from dledger.testing.simdisk import SimulatedDisk, make_entries, preload
 
-__all__ = ["Cluster", "SimClock", "SimulatedDisk", "isolated_plugin_manager", "make_entries", "preload"]
+__all__ = ["Cluster", "HandIO", "SimClock", "SimulatedDisk", "isolated_plugin_manager", "make_entries", "preload"]

@@ -16,6 +16,8 @@ from dledger_rocketmq.migration import StoreReader
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dledger.testing.handio import HandIO
+
 
 def golden_queue_files(root: Path) -> dict[tuple[str, int], list[Path]]:
     out: dict[tuple[str, int], list[Path]] = {}
@@ -505,25 +507,6 @@ def test_flush_syncs_only_what_changed_since(tmp_path, monkeypatch):
     queues.close()
 
 
-class _LaterIO:
-    """A BlockingIO whose 'pool thread' runs only when the test says so (what happens meanwhile is visible)."""
-
-    def __init__(self):
-        self.jobs = []
-
-    def run(self, fn, *args):
-        from twisted.internet.defer import Deferred
-        d = Deferred()
-        self.jobs.append((fn, args, d))
-        return d
-
-    def step(self):
-        from twisted.internet.defer import maybeDeferred
-        jobs, self.jobs = self.jobs, []
-        for fn, args, d in jobs:
-            maybeDeferred(fn, *args).chainDeferred(d)
-
-
 def test_a_flush_off_the_reactor_syncs_duplicates_while_the_queue_goes_on(tmp_path, monkeypatch):
     """flush_with takes the files to sync at once (fds duplicated); the queue keeps writing and evicting meanwhile."""
     queues = cq.ConsumeQueues(tmp_path, file_size=100, max_open_files=1)
@@ -531,10 +514,10 @@ def test_a_flush_off_the_reactor_syncs_duplicates_while_the_queue_goes_on(tmp_pa
     a.append(0, unit(0))
     synced = []
     monkeypatch.setattr(cq, "fsync_fd", lambda fd: synced.append(os.fstat(fd).st_ino))
-    io = _LaterIO()
+    io = HandIO()
     done = []
     queues.flush_with(io).addCallback(done.append)
-    assert len(io.jobs) == 1 and synced == [] and not done  # nothing synced on this thread
+    assert len(io.calls) == 1 and synced == [] and not done  # nothing synced on this thread
     queues.queue("B", 0).append(0, unit(0))  # evicts A's cached fd (one open file): the job's dup stays valid
     assert len(queues.fds) == 1
     io.step()
@@ -548,7 +531,7 @@ def test_a_failed_flush_off_the_reactor_counts_as_unflushed(tmp_path, monkeypatc
     """If the pool thread's fsync fails, the flush errbacks and the next flush syncs the same files again."""
     queues = cq.ConsumeQueues(tmp_path, file_size=100)
     queues.queue("A", 0).append(0, unit(0))
-    io = _LaterIO()
+    io = HandIO()
 
     def broken(fd):
         raise OSError(5, "Input/output error")

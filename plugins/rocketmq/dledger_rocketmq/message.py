@@ -320,6 +320,16 @@ def _check_range(name: str, value: int, bits: int) -> None:
         raise CodecError(f"{name} {value} does not fit an int{bits}")
 
 
+def _topic_bytes(topic: str) -> bytes:
+    """A record's TOPIC field, or the CodecError that says why it cannot be stored."""
+    raw = topic.encode()
+    if not raw:
+        raise CodecError("topic is empty")
+    if len(raw) > MAX_TOPIC_LENGTH:
+        raise RecordTooLargeError(f"topic of {len(raw)} bytes exceeds {MAX_TOPIC_LENGTH}")
+    return raw
+
+
 def encode_record(record: MessageRecord, *, max_size: int = DEFAULT_MAX_MESSAGE_SIZE,
                   queue_offset: int | None = None, physical_offset: int | None = None,
                   store_host: Address | None = None) -> bytes:
@@ -332,11 +342,7 @@ def encode_record(record: MessageRecord, *, max_size: int = DEFAULT_MAX_MESSAGE_
     Integer ranges are checked by ``struct`` itself; only a failure looks for
     the field to name.
     """
-    topic = record.topic.encode()
-    if not topic:
-        raise CodecError("topic is empty")
-    if len(topic) > MAX_TOPIC_LENGTH:
-        raise RecordTooLargeError(f"topic of {len(topic)} bytes exceeds {MAX_TOPIC_LENGTH}")
+    topic = _topic_bytes(record.topic)
     props = record.properties
     if len(props) > MAX_PROPERTIES_LENGTH:
         raise RecordTooLargeError(f"properties of {len(props)} bytes exceed {MAX_PROPERTIES_LENGTH}")
@@ -399,11 +405,7 @@ def encode_batch_records(template: MessageRecord, items: Sequence, *, first_queu
     CodecErrors as :func:`encode_record`.
     """
     t = template
-    topic = t.topic.encode()
-    if not topic:
-        raise CodecError("topic is empty")
-    if len(topic) > MAX_TOPIC_LENGTH:
-        raise RecordTooLargeError(f"topic of {len(topic)} bytes exceeds {MAX_TOPIC_LENGTH}")
+    topic = _topic_bytes(t.topic)
     born = t.born_host
     sys_flag = host_flags(t.sys_flag, born, store_host)
     fixed = _fixed_length(born.is_v6, store_host.is_v6) + len(topic)
