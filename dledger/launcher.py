@@ -315,6 +315,22 @@ class LocalGroup:
             raise RuntimeError(f"{mid} is running; stop it before reading its store")
         return await read_stored_log(self.configs[mid])
 
+    async def read_logs(self) -> dict[str, StoredLog]:
+        """Every member's log, read from its store files (all members must be stopped)."""
+        return {mid: await self.read_log(mid) for mid in self.ids}
+
+
+def differing_logs(logs: dict[str, StoredLog], reference: str) -> list[str]:
+    """The members whose stored log is not, entry for entry, ``reference``'s (index, term, pos, magic, CRC, body).
+
+    What a process test asserts empty after stopping a group: every member
+    ends with the same log, whatever was killed or forged meanwhile.
+    """
+    def key(e: Entry) -> tuple:
+        return e.index, e.term, e.pos, e.magic, e.body_crc, e.body
+    want = [key(e) for e in logs[reference].entries]
+    return [mid for mid, lg in logs.items() if [key(e) for e in lg.entries] != want]
+
 
 @dataclass
 class StoredLog:

@@ -18,7 +18,7 @@ from dledger import messages
 from dledger.codes import PushType, ResponseCode
 from dledger.entry import Entry
 from dledger.errors import DLedgerError
-from dledger.launcher import LocalGroup, durable_store
+from dledger.launcher import LocalGroup, differing_logs, durable_store
 from dledger.messages import INT64_MAX, MAX_INDEX, PushEntryRequest
 from dledger.transport.client import RemotingClient
 
@@ -128,12 +128,10 @@ async def test_hostile_frames_change_nothing_on_disk_and_the_group_keeps_committ
         await admin.close()
         await raw.close()
         assert await group.stop_all() == {mid: 0 for mid in group.ids}
-        logs = {mid: await group.read_log(mid) for mid in group.ids}
+        logs = await group.read_logs()
         bodies = [e.body for e in logs[leader].entries if e.body]
         assert bodies == [f"before {i}".encode() for i in range(20)] + [f"after {i}".encode() for i in range(20)]
-        for mid, lg in logs.items():
-            assert [(e.index, e.term, e.body) for e in lg.entries] == \
-                   [(e.index, e.term, e.body) for e in logs[leader].entries], mid
+        assert differing_logs(logs, leader) == []
         assert not any(group.log_lines(mid, "Traceback") for mid in group.ids)
     except DLedgerError:
         raise

@@ -15,7 +15,7 @@ from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater
 
 from dledger.errors import DLedgerError
-from dledger.launcher import LocalGroup, durable_store
+from dledger.launcher import LocalGroup, differing_logs, durable_store
 
 STORE = durable_store()
 pytestmark = [
@@ -100,11 +100,8 @@ async def test_acknowledged_appends_survive_repeated_leader_kill9(tmp_path, reac
         statuses = await group.stop_all()
         assert statuses == {mid: 0 for mid in group.ids}
 
-        logs = {mid: await group.read_log(mid) for mid in group.ids}
-        key = lambda e: (e.index, e.term, e.pos, e.magic, e.body_crc, e.body)
-        reference = [key(e) for e in logs["n0"].entries]
-        for mid, lg in logs.items():
-            assert [key(e) for e in lg.entries] == reference, f"{mid}'s log differs from n0's"
+        logs = await group.read_logs()
+        assert differing_logs(logs, "n0") == [], "these members' logs differ from n0's"
         stored = {e.index: e.body for e in logs["n0"].entries}
         missing = {i: b for i, b in appenders.acked.items() if stored.get(i) != b}
         assert not missing, f"{len(missing)} acknowledged appends missing or moved, e.g. {sorted(missing)[:5]}"

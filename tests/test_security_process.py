@@ -18,7 +18,7 @@ from dledger import messages
 from dledger.codes import PushType, ResponseCode
 from dledger.entry import Entry
 from dledger.errors import DLedgerError
-from dledger.launcher import LocalGroup, durable_store
+from dledger.launcher import LocalGroup, differing_logs, durable_store
 from dledger.messages import INT64_MAX
 from dledger.security import certs
 from dledger.security.guard import ClientCredentials
@@ -168,12 +168,10 @@ async def test_forged_frames_are_refused_and_change_nothing(tmp_path, reactor, m
             await c.close()
         await admin.close()
         assert await group.stop_all() == {mid: 0 for mid in group.ids}
-        logs = {mid: await group.read_log(mid) for mid in group.ids}
+        logs = await group.read_logs()
         bodies = [e.body for e in logs[leader].entries if e.body]
         assert bodies == [f"before {i}".encode() for i in range(20)] + [f"after {i}".encode() for i in range(10)]
-        for mid, lg in logs.items():
-            assert [(e.index, e.term, e.body) for e in lg.entries] == \
-                   [(e.index, e.term, e.body) for e in logs[leader].entries], mid
+        assert differing_logs(logs, leader) == []
         assert not any(group.log_lines(mid, "Traceback") for mid in group.ids)
     finally:
         for c in clients.values():
