@@ -124,8 +124,8 @@ def test_map_full_grows_and_retries(tmp_path, state):
 
 def test_flush_during_flush_groups(tmp_path, state):
     """Appends and flushes made while a threaded round runs are covered by exactly one next round."""
-    from test_store_mmap import ManualIO
-    io = ManualIO()
+    from dledger.testing import HandIO
+    io = HandIO()
     store = open_lmdb(tmp_path / "lmdb", state, blocking_io=io)
     append(store, 5, state)
     first = store.flush()

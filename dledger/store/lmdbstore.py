@@ -43,7 +43,7 @@ from dledger.plugin_types import StoreType
 from dledger.store import base, ownership, positions
 from dledger.store.base import TruncateAction
 from dledger.store.groupcommit import FlushPlan, GroupCommit
-from dledger.store.ownership import Decision, TermVote
+from dledger.store.ownership import TermVote
 
 log = Logger()
 
@@ -567,15 +567,9 @@ class LmdbTermVoteStore:
             except StoreError as exc:
                 state, problem = TermVote.DAMAGED, f"is damaged ({str(exc).removeprefix(f'{self.path}: ')})"
             last = None if state is TermVote.OK else shared.last_term(txn)
-        decision = ownership.term_vote_decision(state, last, had_identity)
-        if decision is Decision.REFUSE:
-            raise ownership.refuse(f"the term/vote record of LMDB store {self.path}", problem, member_dir, last)
-        if decision is Decision.FRESH:
-            self.save(0, None)
-            saved = (0, None)
-        if self.owner is not None:
-            self._claim.record_identity(self.owner)
-        return saved
+        return ownership.settle_term_vote(state, saved, problem, last, had_identity=had_identity,
+                                          where=f"the term/vote record of LMDB store {self.path}",
+                                          store_dir=member_dir, save=self.save, claim=self._claim, owner=self.owner)
 
     def save(self, term: int, vote_for: str | None) -> None:
         if term < 0:

@@ -322,6 +322,27 @@ def lost_message(where: str, problem: str, store_dir: str | Path, log_last_term:
             f"(or the group's current term + 1 if that is higher; see `dledger metadata`)")
 
 
+def settle_term_vote(state: TermVote, saved: tuple[int, str | None] | None, problem: str,
+                     log_last_term: int | None, *, had_identity: bool, where: str, store_dir: str | Path,
+                     save, claim: Claim | None, owner: Owner | None,
+                     known_terms: tuple[int, ...] = ()) -> tuple[int, str | None]:
+    """What a term store's ``load`` returns, once it has read its record: the :func:`term_vote_decision` applied.
+
+    USE: ``saved``; FRESH: term 0 saved (``save(0, None)``); REFUSE: the
+    :func:`refuse` error.  The identity record is written once the term
+    record is settled (a member writes its term record before its identity).
+    """
+    decision = term_vote_decision(state, log_last_term, had_identity)
+    if decision is Decision.REFUSE:
+        raise refuse(where, problem, store_dir, log_last_term, known_terms)
+    if decision is Decision.FRESH:
+        save(0, None)
+        saved = (0, None)
+    if owner is not None:
+        claim.record_identity(owner)
+    return saved
+
+
 def refuse(where: str, problem: str, store_dir: str | Path, log_last_term: int | None,
            known_terms: tuple[int, ...] = ()) -> TermVoteLostError:
     return TermVoteLostError(lost_message(where, problem, store_dir, log_last_term, known_terms))

@@ -20,7 +20,7 @@ from dledger import diskio
 from dledger.errors import StoreError
 from dledger.interfaces import ITermVoteStore
 from dledger.store import ownership
-from dledger.store.ownership import Decision, TermVote
+from dledger.store.ownership import TermVote
 from dledger.store.properties import format_properties, int_property, parse_properties
 
 NAME = "currterm"
@@ -101,15 +101,9 @@ class FileTermVoteStore:
         had_identity = (self.member_dir / ownership.IDENTITY_NAME).exists()
         state, saved, problem, known = read_state(self.member_dir)
         last = None if state is TermVote.OK else mmap_last_term(self.member_dir)
-        decision = ownership.term_vote_decision(state, last, had_identity)
-        if decision is Decision.REFUSE:
-            raise ownership.refuse(str(self.path), problem, self.member_dir, last, known)
-        if decision is Decision.FRESH:
-            self.save(0, None)
-            saved = (0, None)
-        if self.owner is not None:
-            self._claim.record_identity(self.owner)
-        return saved
+        return ownership.settle_term_vote(state, saved, problem, last, had_identity=had_identity, where=str(self.path),
+                                          store_dir=self.member_dir, save=self.save, claim=self._claim,
+                                          owner=self.owner, known_terms=known)
 
     def save(self, term: int, vote_for: str | None) -> None:
         if term < 0:
