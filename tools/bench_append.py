@@ -7,10 +7,14 @@ append hook (the contract suite's ``StampPos``: 8 body bytes rewritten, like Roc
 hook), nothing flushed: ``time.process_time()`` per batch, the minimum of ``--reps`` repetitions of
 ``--batches`` batches each.
 
+``--group memory|mmap`` measures instead the CPU of a whole in-process 3-member group
+(:class:`dledger.testing.Cluster`, virtual clock, ``--group-entries`` entries appended by one client in
+batches of 256 x 1 KiB, 4 in flight): every member's append path, leader and followers.
+
 ``--against DIR`` compares with another source tree (e.g. an exported base commit): the two run in
 subprocesses, interleaved ``--pairs`` times, and the ratios after/before are printed.
 
-Usage: python -m tools.bench_append [--batches 200] [--reps 7] [--against DIR --pairs 7]
+Usage: python -m tools.bench_append [--batches 200] [--reps 7] [--group memory|mmap] [--against DIR --pairs 7]
 """
 
 from __future__ import annotations
@@ -56,23 +60,66 @@ def measure(batches: int, reps: int, hook: bool) -> float:
     return best
 
 
+def group_cpu(kind: str, total: int, batch: int = 256, in_flight: int = 4) -> float:
+    """CPU seconds of a 3-member in-process group committing ``total`` entries appended in batches."""
+    from dledger.store.mmapfile import MmapLogStore
+    from dledger.testing import Cluster
+
+    with tempfile.TemporaryDirectory(prefix="dledger-bench-group-") as d:
+        factory = None
+        if kind == "mmap":
+            def factory(mid, cfg, state):
+                return MmapLogStore(os.path.join(d, mid), state, data_file_size=256 << 20, index_file_size=8 << 20)
+        cluster = Cluster(3, seed=1, store_factory=factory)
+        cluster.start()
+        cluster.wait_for_leader()
+        client = cluster.client()
+        body = b"x" * SIZE
+        done, sent, failed = [0], [0], []
+
+        def send():
+            if sent[0] < total:
+                sent[0] += batch
+                d = client.append_batch([body] * batch)
+                d.addCallbacks(lambda _: (done.__setitem__(0, done[0] + batch), send()), failed.append)
+
+        t0 = time.process_time()
+        for _ in range(in_flight):
+            send()
+        if not cluster.run_until(lambda: done[0] >= total or failed, 600) or failed:
+            raise SystemExit(f"the group did not commit every batch: {failed[:1]}")
+        cpu = time.process_time() - t0
+        cluster.stop()
+        return cpu
+
+
 def run_json(args) -> dict:
     import dledger
-    return {"tree": os.path.dirname(os.path.dirname(dledger.__file__)),
+    tree = os.path.dirname(os.path.dirname(dledger.__file__))
+    if args.group:
+        return {"tree": tree, "group_s": group_cpu(args.group, args.group_entries)}
+    return {"tree": tree,
             "plain_us": measure(args.batches, args.reps, False), "hook_us": measure(args.batches, args.reps, True)}
 
 
 def child(tree: str, args) -> dict:
     env = dict(os.environ, PYTHONPATH=tree)
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--json", "--batches", str(args.batches),
-                          "--reps", str(args.reps)], env=env, cwd=tree, check=True, capture_output=True, text=True)
+    cmd = [sys.executable, os.path.abspath(__file__), "--json", "--batches", str(args.batches), "--reps",
+           str(args.reps), "--group-entries", str(args.group_entries)] + (["--group", args.group] if args.group else [])
+    out = subprocess.run(cmd, env=env, cwd=tree, check=True, capture_output=True, text=True)
     return json.loads(out.stdout)
+
+
+def here_tree() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batches", type=int, default=200)
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--group", choices=("memory", "mmap"), help="CPU of a whole in-process group on these stores")
+    p.add_argument("--group-entries", type=int, default=200_000)
     p.add_argument("--against", help="another source tree to compare with (interleaved subprocesses)")
     p.add_argument("--pairs", type=int, default=7)
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
@@ -82,9 +129,21 @@ def main(argv=None) -> None:
         return
     if not args.against:
         r = run_json(args)
-        print(f"{r['tree']}: no hook {r['plain_us']:.1f} us/batch, hook {r['hook_us']:.1f} us/batch")
+        if args.group:
+            print(f"{r['tree']}: group on {args.group} stores, {r['group_s']:.3f} CPU seconds")
+        else:
+            print(f"{r['tree']}: no hook {r['plain_us']:.1f} us/batch, hook {r['hook_us']:.1f} us/batch")
         return
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if args.group:
+        pairs = []
+        for k in range(args.pairs):
+            b, a = child(args.against, args)["group_s"], child(here_tree(), args)["group_s"]
+            pairs.append((b, a))
+            print(f"pair {k + 1}: {b:.3f} -> {a:.3f} CPU s ({a / b:.3f})", flush=True)
+        mb, ma = (sorted(x)[len(x) // 2] for x in zip(*pairs))
+        print(f"median: before {mb:.3f} s, after {ma:.3f} s, ratio {ma / mb:.3f}")
+        return
+    here = here_tree()
     rows = []
     for k in range(args.pairs):
         before, after = child(args.against, args), child(here, args)
