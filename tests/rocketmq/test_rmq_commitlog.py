@@ -190,3 +190,19 @@ def test_put_batch_refuses_what_put_refuses(tmp_path):
     huge = _put_batch(cluster, b, template, [BatchItem(b"x"), BatchItem(b"y" * (b.commitlog.max_message_size + 1))])
     assert huge.status is PutStatus.MESSAGE_ILLEGAL and "exceeds the maximum message size" in huge.error
     assert put(cluster, b, msg()).queue_offset == 0
+
+
+def test_a_batch_with_a_delay_level_is_rewritten_as_put_messages_does(tmp_path):
+    """Broker.put_batch leaves a batch with a DELAY property to put_messages: the delayed message goes to the
+    schedule topic, the others stay in their topic, as one put of the records would store them."""
+    from dledger_rocketmq.consumequeue import SCHEDULE_TOPIC
+    from dledger_rocketmq.message import encode_properties
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    items = [(b"now", encode_properties({"TAGS": "a"}), 0), (b"later", encode_properties({"DELAY": "2"}), 0)]
+    out = []
+    b.put_batch(msg(), items).addBoth(out.append)
+    assert cluster.run_until(lambda: bool(out), 10) and out[0].status is PutStatus.PUT_OK
+    store = b.server.store
+    stored = [decode_record(store.get(i).body) for i in range(store.ledger_end_index - 1, store.ledger_end_index + 1)]
+    assert [(r.topic, r.body) for r in stored] == [("T", b"now"), (SCHEDULE_TOPIC, b"later")]

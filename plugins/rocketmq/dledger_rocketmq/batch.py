@@ -61,10 +61,11 @@ def decode_batch(body: bytes | bytearray | memoryview, *, max_items: int = 1 << 
 
 
 def batch_views(body: bytes | bytearray | memoryview, *, max_items: int = 1 << 16
-                ) -> list[tuple[memoryview, memoryview, int]]:
-    """``(body, properties, flag)`` of each message of a batch body, as views into it (the put path copies
-    each message once, into its record); the same checks and CodecErrors as :func:`decode_batch`."""
-    items: list[tuple[memoryview, memoryview, int]] = []
+                ) -> list[tuple[memoryview, bytes, int]]:
+    """``(body, properties, flag)`` of each message of a batch body, the body as a view into it (the put path
+    copies each message once, into its record; the short property string is copied, the put searches it);
+    the same checks and CodecErrors as :func:`decode_batch`."""
+    items: list[tuple[memoryview, bytes, int]] = []
     view = memoryview(body)
     pos, end = 0, len(body)
     while pos < end:
@@ -83,7 +84,7 @@ def batch_views(body: bytes | bytearray | memoryview, *, max_items: int = 1 << 1
         if props_len < 0 or ITEM_OVERHEAD + body_len + props_len != size:
             raise CorruptRecordError(f"batch message lengths add up to {ITEM_OVERHEAD + body_len + props_len}, "
                                      f"TOTALSIZE says {size}", pos)
-        items.append((data, view[props_at + 2:props_at + 2 + props_len], flag))
+        items.append((data, bytes(view[props_at + 2:props_at + 2 + props_len]), flag))
         pos += size
     return items
 

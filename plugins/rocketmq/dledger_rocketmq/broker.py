@@ -464,7 +464,7 @@ class Broker(MultiService):
         send one) takes :meth:`put_messages`, which rewrites each such message.
         """
         delay = PROPERTY_DELAY_TIME_LEVEL.encode()
-        if any(delay in bytes(props) for _, props, _ in items):
+        if any(delay in props for _, props, _ in items):
             return self.put_messages(batch_records([BatchItem(bytes(b), bytes(p), f) for b, p, f in items], template))
         return self.commitlog.put_batch(template, items)
 

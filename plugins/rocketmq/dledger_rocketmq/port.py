@@ -299,7 +299,7 @@ def send_template(args: SendArgs, body: bytes, born_host: Address, *, queue_id: 
                          reconsume_times=args.reconsume_times)
 
 
-def send_items(body: bytes) -> list[tuple[memoryview, memoryview, int]]:
+def send_items(body: bytes) -> list[tuple[memoryview, bytes, int]]:
     """The messages of a batch send's body as views (:func:`batch_views`; CodecError if malformed or empty)."""
     items = batch_views(body)
     if not items:
