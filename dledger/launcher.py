@@ -13,6 +13,7 @@ the caller fails or is interrupted.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import signal
 import socket
@@ -315,9 +316,33 @@ class LocalGroup:
             raise RuntimeError(f"{mid} is running; stop it before reading its store")
         return await read_stored_log(self.configs[mid])
 
+    def store_checksums(self, mid: str) -> dict[str, str]:
+        """sha256 of every file of member ``mid``'s store, by path in its directory, except the checkpoint (rewritten
+        on its own schedule) and lock files: what a test compares before and after hostile traffic."""
+        root = self.configs[mid].member_dir
+        out = {}
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            if path.name.startswith("checkpoint") or path.suffix == ".lock" or path.name == "lock.mdb":
+                continue
+            out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+        return out
+
     async def read_logs(self) -> dict[str, StoredLog]:
         """Every member's log, read from its store files (all members must be stopped)."""
         return {mid: await self.read_log(mid) for mid in self.ids}
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids of live processes whose command line contains ``text`` (a test's "nothing left running" check)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if text.encode() in fh.read():
+                    pids.append(int(pid))
+        except OSError:
+            pass
+    return pids
 
 
 def differing_logs(logs: dict[str, StoredLog], reference: str) -> list[str]:

@@ -1,13 +1,12 @@
 """``dledger demo`` (the README's main job) end to end: real twistd members, a kill -9, and a verified result."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from dledger.launcher import child_env, durable_store
+from dledger.launcher import child_env, durable_store, processes_mentioning
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = durable_store()
@@ -16,19 +15,6 @@ STORE = durable_store()
 def run_demo(*argv, timeout=120):
     return subprocess.run([sys.executable, "-m", "dledger.cli", "demo", *argv], cwd=ROOT, env=child_env(),
                           capture_output=True, text=True, timeout=timeout)
-
-
-def processes_mentioning(text):
-    """Pids of live processes whose command line contains ``text``."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if text.encode() in fh.read():
-                    pids.append(int(pid))
-        except OSError:
-            pass
-    return pids
 
 
 @pytest.mark.process

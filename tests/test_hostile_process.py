@@ -6,7 +6,6 @@ Each hostile request is answered UNEXPECTED_ARGUMENT (or its connection closed),
 and log files are byte for byte what they were, and the group keeps committing.
 """
 
-import hashlib
 import socket
 import struct
 import sys
@@ -27,17 +26,6 @@ pytestmark = [pytest.mark.process,
               pytest.mark.skipif(STORE is None, reason="no durable store (mmap or lmdb) is installed")]
 HUGE = 10 ** 30
 IDLE_MS = 1500
-
-
-def checksums(group, mid):
-    """sha256 of every file of a member's store except the checkpoint (rewritten on its own schedule)."""
-    root = group.configs[mid].member_dir
-    out = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        if path.name.startswith("checkpoint") or path.suffix == ".lock" or path.name == "lock.mdb":
-            continue
-        out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
 
 
 def raw_socket(port):
@@ -70,7 +58,7 @@ async def test_hostile_frames_change_nothing_on_disk_and_the_group_keeps_committ
 
         metas = await group.wait_converged(admin, 15)
         term, end = metas[0].term, metas[0].ledger_end_index
-        before = {mid: checksums(group, mid) for mid in group.ids}
+        before = {mid: group.store_checksums(mid) for mid in group.ids}
         assert all(any(k.startswith("data") for k in sums) or sums for sums in before.values())
         follower = next(mid for mid in group.ids if mid != leader)
         addr = {mid: f"127.0.0.1:{group.members[mid].port}" for mid in group.ids}
@@ -117,7 +105,7 @@ async def test_hostile_frames_change_nothing_on_disk_and_the_group_keeps_committ
         await group.wait_for(lambda: all(closed_by_peer(s) for s in socks), IDLE_MS / 1000 + 10,
                              "unfinished and idle connections to time out")
 
-        assert {mid: checksums(group, mid) for mid in group.ids} == before, "a hostile frame changed a store"
+        assert {mid: group.store_checksums(mid) for mid in group.ids} == before, "a hostile frame changed a store"
         for i in range(20):
             await admin.append(f"after {i}".encode())
         metas = await group.wait_converged(admin, 15, "the group to commit after the hostile frames")

@@ -9,7 +9,6 @@ or no TLS session at all), the stores are byte for byte what they were, the term
 move, and the group keeps committing.
 """
 
-import hashlib
 
 import pytest
 import pytest_twisted
@@ -28,17 +27,6 @@ from dledger.transport.client import RemotingClient
 STORE = durable_store()
 pytestmark = [pytest.mark.process,
               pytest.mark.skipif(STORE is None, reason="no durable store (mmap or lmdb) is installed")]
-
-
-def checksums(group, mid):
-    """sha256 of a member's store files and its term/vote file (not the checkpoint, rewritten on its own)."""
-    root = group.configs[mid].member_dir
-    out = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        if path.name.startswith("checkpoint") or path.suffix == ".lock" or path.name == "lock.mdb":
-            continue
-        out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
 
 
 def token_of(certdir, name):
@@ -102,7 +90,7 @@ async def test_forged_frames_are_refused_and_change_nothing(tmp_path, reactor, m
 
         metas = await group.wait_converged(admin, 20)
         term, end = metas[0].term, metas[0].ledger_end_index
-        before = {mid: checksums(group, mid) for mid in group.ids}
+        before = {mid: group.store_checksums(mid) for mid in group.ids}
         followers = [mid for mid in group.ids if mid != leader]
         victim, impostor = followers
         addr = {mid: f"127.0.0.1:{group.members[mid].port}" for mid in group.ids}
@@ -156,7 +144,7 @@ async def test_forged_frames_are_refused_and_change_nothing(tmp_path, reactor, m
 
         after = await group.wait_converged(admin, 10, "the group to answer metadata after the attacks")
         assert (after[0].term, after[0].leader_id) == (term, leader), "a forged frame moved the term or leader"
-        assert {mid: checksums(group, mid) for mid in group.ids} == before, "a forged frame changed a store"
+        assert {mid: group.store_checksums(mid) for mid in group.ids} == before, "a forged frame changed a store"
         for i in range(10):
             await admin.append(f"after {i}".encode())
         metas = await group.wait_converged(admin, 15, "the group to commit after the attacks")

@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-
-def processes_mentioning(text: str) -> list[int]:
-    """Pids of live processes whose command line contains ``text``."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if text.encode() in fh.read():
-                    pids.append(int(pid))
-        except OSError:
-            pass
-    return pids
+from dledger.launcher import processes_mentioning
 
 
 @pytest.mark.process
