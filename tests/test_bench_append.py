@@ -3,12 +3,12 @@
 from tools import bench_append
 
 
-def test_batch_append_microbenchmark_measures_both_paths(capsys):
-    """A run prints CPU per batch with and without a hook, both positive."""
+def test_batch_append_microbenchmark_measures_every_path(capsys):
+    """A run prints CPU per batch with and without a hook and for a follower's pushes, all positive."""
     bench_append.main(["--batches", "3", "--reps", "1"])
     out = capsys.readouterr().out
-    plain, hook = (float(part.split()[-2]) for part in out.strip().split(": ", 1)[1].split(", "))
-    assert plain > 0 and hook > 0
+    plain, hook, follower = (float(part.split()[-2]) for part in out.strip().split(": ", 1)[1].split(", "))
+    assert plain > 0 and hook > 0 and follower > 0
 
 
 def test_group_benchmark_commits_every_batch():

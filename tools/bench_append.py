@@ -5,7 +5,8 @@ role check and the append hooks) into the store; on a tree without the guard (be
 the store's ``append_batch_as_leader`` directly, as the member did then.  Measured with and without an
 append hook (the contract suite's ``StampPos``: 8 body bytes rewritten, like RocketMQ's physical-offset
 hook), nothing flushed: ``time.process_time()`` per batch, the minimum of ``--reps`` repetitions of
-``--batches`` batches each.
+``--batches`` batches each.  The follower path is measured too: the same batches stored as a follower
+stores a push (``append_batch_as_follower`` of entries that arrive encoded).
 
 ``--group memory|mmap`` measures instead the CPU of a whole in-process 3-member group
 (:class:`dledger.testing.Cluster`, virtual clock, ``--group-entries`` entries appended by one client in
@@ -60,6 +61,43 @@ def measure(batches: int, reps: int, hook: bool) -> float:
     return best
 
 
+def measure_follower(batches: int, reps: int) -> float:
+    """Microseconds of CPU per batch of a follower storing pushed batches (best of ``reps``)."""
+    from dledger.entry import Entry, EntryList
+    from dledger.store.mmapfile import MmapLogStore
+    from dledger.testing.store_contract import FakeMemberState, fired
+
+    try:
+        from dledger.store.guard import LogGuard
+    except ImportError:
+        LogGuard = None
+    body = os.urandom(SIZE)
+    with tempfile.TemporaryDirectory(prefix="dledger-bench-append-") as d:
+        src = MmapLogStore(os.path.join(d, "leader"), FakeMemberState(), data_file_size=256 << 20,
+                           index_file_size=1 << 20)
+        src.startup()
+        pushes = []
+        for _ in range(batches):
+            pushed = EntryList(src.append_batch_as_leader([Entry(body=body, term=1) for _ in range(BATCH)]))
+            pushed.section()  # a push arrives encoded
+            pushes.append(pushed)
+        fired(src.shutdown())
+    best = float("inf")
+    for _ in range(reps):
+        with tempfile.TemporaryDirectory(prefix="dledger-bench-append-") as d:
+            state = FakeMemberState()
+            state.follow(1, "n0")
+            store = MmapLogStore(d, state, data_file_size=256 << 20, index_file_size=1 << 20)
+            store.startup()
+            append = (store if LogGuard is None else LogGuard(store, state)).append_batch_as_follower
+            t0 = time.process_time()
+            for batch in pushes:
+                append(batch, 1, "n0")
+            best = min(best, (time.process_time() - t0) / batches * 1e6)
+            fired(store.shutdown())
+    return best
+
+
 def group_cpu(kind: str, total: int, batch: int = 256, in_flight: int = 4) -> float:
     """CPU seconds of a 3-member in-process group committing ``total`` entries appended in batches."""
     from dledger.store.mmapfile import MmapLogStore
@@ -98,8 +136,9 @@ def run_json(args) -> dict:
     tree = os.path.dirname(os.path.dirname(dledger.__file__))
     if args.group:
         return {"tree": tree, "group_s": group_cpu(args.group, args.group_entries)}
-    return {"tree": tree,
-            "plain_us": measure(args.batches, args.reps, False), "hook_us": measure(args.batches, args.reps, True)}
+    return {"tree": tree, "plain_us": measure(args.batches, args.reps, False),
+            "hook_us": measure(args.batches, args.reps, True),
+            "follower_us": measure_follower(args.batches, args.reps)}
 
 
 def child(tree: str, args) -> dict:
@@ -132,7 +171,8 @@ def main(argv=None) -> None:
         if args.group:
             print(f"{r['tree']}: group on {args.group} stores, {r['group_s']:.3f} CPU seconds")
         else:
-            print(f"{r['tree']}: no hook {r['plain_us']:.1f} us/batch, hook {r['hook_us']:.1f} us/batch")
+            print(f"{r['tree']}: no hook {r['plain_us']:.1f} us/batch, hook {r['hook_us']:.1f} us/batch, "
+                  f"follower {r['follower_us']:.1f} us/batch")
         return
     if args.group:
         pairs = []
@@ -151,8 +191,10 @@ def main(argv=None) -> None:
         rows.append((before, after))
         print(f"pair {k + 1}: no hook {before['plain_us']:.1f} -> {after['plain_us']:.1f} us "
               f"({after['plain_us'] / before['plain_us']:.3f}), hook {before['hook_us']:.1f} -> "
-              f"{after['hook_us']:.1f} us ({after['hook_us'] / before['hook_us']:.3f})", flush=True)
-    for key, name in (("plain_us", "no hook"), ("hook_us", "hook")):
+              f"{after['hook_us']:.1f} us ({after['hook_us'] / before['hook_us']:.3f}), follower "
+              f"{before['follower_us']:.1f} -> {after['follower_us']:.1f} us "
+              f"({after['follower_us'] / before['follower_us']:.3f})", flush=True)
+    for key, name in (("plain_us", "no hook"), ("hook_us", "hook"), ("follower_us", "follower")):
         b, a = min(r[0][key] for r in rows), min(r[1][key] for r in rows)
         print(f"min over pairs, {name}: before {b:.1f} us/batch, after {a:.1f} us/batch, ratio {a / b:.3f}")
 
