@@ -312,16 +312,17 @@ def check_bounds(name: str, value: int, bounds: Bounds) -> int:
     return value
 
 
-def entry_bounds_error(entry: Entry, where: str = "entry") -> str | None:
-    """Why a transported entry's integers are out of range (None if all fit).
+def entry_bounds_error(entry: Entry, where: str = "entry", bounds: dict[str, Bounds] | None = None) -> str | None:
+    """Why a transported entry's integers are out of range (None if all fit); ``bounds``: which to check
+    (default :data:`ENTRY_BOUNDS`, all of them).
 
     Every entry a follower receives is checked, so the field names are only
     formatted for a field that fails.
     """
-    for name, bounds in ENTRY_BOUNDS.items():
+    for name, b in (ENTRY_BOUNDS if bounds is None else bounds).items():
         value = getattr(entry, name)
-        if not bounds.lo <= value <= bounds.hi:
-            return bounds_error(f"{where}.{name}", value, bounds)
+        if not b.lo <= value <= b.hi:
+            return bounds_error(f"{where}.{name}", value, b)
     return None
 
 
@@ -340,11 +341,7 @@ DECODED_ENTRY_BOUNDS: dict[str, Bounds] = {
 
 def decoded_entry_bounds_error(entry: Entry, where: str = "entry") -> str | None:
     """:func:`entry_bounds_error` of an entry the entry codec decoded (only :data:`DECODED_ENTRY_BOUNDS` can fail)."""
-    for name, bounds in DECODED_ENTRY_BOUNDS.items():
-        value = getattr(entry, name)
-        if not bounds.lo <= value <= bounds.hi:
-            return bounds_error(f"{where}.{name}", value, bounds)
-    return None
+    return entry_bounds_error(entry, where, DECODED_ENTRY_BOUNDS)
 
 
 def message_bounds_error(msg: RequestOrResponse) -> str | None:
