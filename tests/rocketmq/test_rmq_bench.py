@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dledger_rocketmq.bench import PHASES, format_results
+from dledger_rocketmq.bench import BATCH_PROPERTIES, PHASES, TOPIC, Options, format_results, splitter_batch
 
 from dledger.launcher import child_env, durable_store
 
@@ -30,7 +30,7 @@ def test_quick_rocketmq_benchmark_reports_each_phase(tmp_path):
         cpu = r["cpu_us_per_msg"]  # every member's CPU per message: the master's work is the largest share
         assert set(cpu) == {"n0", "n1", "n2", "client"} and all(v >= 0 for v in cpu.values())
         assert cpu[result["master"]] == max(v for m, v in cpu.items() if m != "client") > 0
-    assert result["batch"]["batch"] == 64 and result["single"]["batch"] == 1
+    assert result["batch"]["batch"] == splitter_batch(1024, TOPIC, BATCH_PROPERTIES) and result["single"]["batch"] == 1
     assert ".. batch:" in out.stderr  # progress lines while it runs
     assert "msg/s" in format_results(result)
 
@@ -41,3 +41,22 @@ def test_unknown_phase_is_refused():
                          env=child_env(), capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "unknown phase(s) warp" in out.stderr and all(p in out.stderr for p in PHASES)
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("size, topic, properties, expected", [
+    (1024, "BenchTopic", "TAGS\x01TagA", 1_000_000 // (1024 + 10 + 8 + 20)),  # 941: the benchmark's default
+    (1024, "T", "", 1_000_000 // (1024 + 1 + 20)),                              # no properties
+    (100, "T", "TAGS\x01a\x02KEYS\x01k1 k2", 1_000_000 // (100 + 1 + 5 + 9 + 20)),  # every key and value counted
+    (1_000_000, "T", "", 1),                                                    # one message over the limit: alone
+    (999_979, "T", "", 1),                                                      # exactly the limit: one
+])
+def test_splitter_batch_counts_as_rocketmqs_example_splitter(size, topic, properties, expected):
+    """The default batch is what RocketMQ's example ListSplitter puts in one list: topic + body + properties + 20."""
+    assert splitter_batch(size, topic, properties) == expected
+
+
+def test_default_batch_follows_the_message_size():
+    """Without --batch the benchmark sends splitter-sized batches of its own message size; --batch overrides."""
+    assert Options().batch == splitter_batch(1024, TOPIC, BATCH_PROPERTIES) == 941
+    assert Options(size=4096).batch == splitter_batch(4096, TOPIC, BATCH_PROPERTIES) < 941
+    assert Options(batch=64).batch == 64
