@@ -108,13 +108,19 @@ class EntryList(list):
     A leader pushes the same entries to every follower, and a follower stores exactly the bytes a push
     carried; with an EntryList the encoding is computed (or received) once and reused.  Do not change
     the list or its entries once :meth:`section` was asked for.
+
+    ``crc_checked`` says whoever built the list verified every entry's non-zero body CRC against its
+    body (a push decoded by :func:`decode_entries`), so a store writing the section need not compute
+    them again; a zero CRC (Java's "unverified") is still the store's to judge.
     """
 
-    __slots__ = ("_section",)
+    __slots__ = ("_section", "crc_checked")
 
-    def __init__(self, entries=(), section: tuple[bytes | memoryview, int] | None = None):
+    def __init__(self, entries=(), section: tuple[bytes | memoryview, int] | None = None, *,
+                 crc_checked: bool = False):
         super().__init__(entries)
         self._section = section
+        self.crc_checked = crc_checked
 
     def known_section(self) -> tuple[bytes | memoryview, int] | None:
         """The encoding if it was computed or received already (never computes it)."""

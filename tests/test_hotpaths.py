@@ -190,3 +190,58 @@ def test_recent_entries_drop_after_a_cut(cut, held_after):
     assert recent.get(cut + 1).body == b"y"
     if held_after:
         assert [e.index for e in recent.get_range(5, 100, 1 << 20)] == held_after + [cut + 1]
+
+
+@pytest.mark.parametrize("body, crc, accept_zero, checked, refused", [
+    (b"abc", "right", False, False, False),
+    (b"abc", "wrong", False, False, True),    # unchecked: computed and refused
+    (b"abc", "wrong", False, True, False),    # the push decode verified it: not computed again
+    (b"abc", 0, False, True, True),           # a zero CRC is the store's to judge, checked or not
+    (b"abc", 0, True, True, False),           # ... and accepted where Java's zero CRCs are
+    (b"", 0, False, True, False),             # an empty body's CRC really is 0
+    (b"", 0, False, False, False),
+])
+def test_follower_crc_rule_trusts_only_a_checked_nonzero_crc(body, crc, accept_zero, checked, refused):
+    """check_follower_entry skips the CRC only for a non-zero CRC its push decode already verified."""
+    from dledger.entry import Entry, body_crc
+    from dledger.errors import DLedgerError
+    from dledger.store.base import check_follower_entry
+
+    value = body_crc(body) if crc == "right" else (body_crc(body) ^ 1 if crc == "wrong" else crc)
+    entry = Entry(body=body, index=0, term=1, pos=0, body_crc=value)
+    if refused:
+        with pytest.raises(DLedgerError):
+            check_follower_entry(entry, 0, 1 << 20, 1 << 16, accept_zero, checked)
+    else:
+        assert check_follower_entry(entry, 0, 1 << 20, 1 << 16, accept_zero, checked) == 0
+
+
+def test_a_decoded_push_is_crc_checked_and_its_store_does_not_compute_crcs_again(tmp_path, monkeypatch):
+    """Only a list the push decode built carries crc_checked; the mmap store then computes no body CRC."""
+    from dledger.entry import Entry, EntryList
+    from dledger.messages import PushEntryRequest
+    from dledger.store import base
+    from dledger.store.mmapfile import MmapLogStore
+    from dledger.testing.store_contract import FakeMemberState
+    from dledger.transport import remoting
+
+    leader = MmapLogStore(tmp_path / "l", FakeMemberState(), data_file_size=4096, index_file_size=256)
+    leader.startup()
+    entries = leader.append_batch_as_leader([Entry(body=b"%03d" % i * 10, term=1) for i in range(6)])
+    assert not EntryList(entries).crc_checked and not EntryList(entries, EntryList(entries).section()).crc_checked
+    push = PushEntryRequest(group="g0", term=1, leader_id="n0", batch_entry=entries)
+    decoded = remoting.decode_push_binary(remoting.encode_push_binary(push)).batch_entry
+    assert decoded.crc_checked
+    computed = []
+    real = base.body_crc
+    monkeypatch.setattr(base, "body_crc", lambda b: computed.append(len(b)) or real(b))
+    for name, batch, crcs in (("checked", decoded, 0),                     # the bytes written are the ones checked
+                              ("plain", list(decoded), 6),                 # a plain list: every CRC computed
+                              ("flag only", EntryList(decoded, None, crc_checked=True), 6)):  # no section: not trusted
+        state = FakeMemberState()
+        state.follow(1, "n0")
+        follower = MmapLogStore(tmp_path / name, state, data_file_size=4096, index_file_size=256)
+        follower.startup()
+        computed.clear()
+        assert follower.append_batch_as_follower(batch, 1, "n0") == entries
+        assert len(computed) == crcs, name

@@ -100,12 +100,16 @@ def check_body_crc(entry: Entry, accept_zero_crc: bool) -> None:
                        f"{entry.body_crc & 0xFFFFFFFF:#010x} (damaged on the leader or in transit)")
 
 
-def check_follower_entry(entry: Entry, write_pos: int, file_size: int, max_size: int, accept_zero_crc: bool) -> int:
+def check_follower_entry(entry: Entry, write_pos: int, file_size: int, max_size: int, accept_zero_crc: bool,
+                         crc_checked: bool = False) -> int:
     """Every check of a follower entry that goes at ``write_pos`` (after the role and index checks); returns its pos.
 
     The placement (size, position agreeing with the leader's) first, then
     the reserved fields and the body CRC: a follower stores the leader's
-    bytes unchanged, so whatever it stores must already be valid.
+    bytes unchanged, so whatever it stores must already be valid.  With
+    ``crc_checked`` (the entry's push was decoded with every non-zero CRC
+    verified, :attr:`dledger.entry.EntryList.crc_checked`) a non-zero CRC is
+    not computed a second time; a zero one is judged by ``accept_zero_crc`` as always.
     """
     # The common case (fits the current file, every field as expected) is decided inline; each
     # helper below still raises the error when a check fails (followers check every entry they store).
@@ -119,7 +123,10 @@ def check_follower_entry(entry: Entry, write_pos: int, file_size: int, max_size:
     if entry.channel or entry.chain_crc:
         check_reserved_fields(entry)
     crc = entry.body_crc
-    if not (crc == 0 and accept_zero_crc) and body_crc(entry.body) != crc:
+    if crc == 0:
+        if not accept_zero_crc and body_crc(entry.body) != 0:
+            check_body_crc(entry, accept_zero_crc)
+    elif not crc_checked and body_crc(entry.body) != crc:
         check_body_crc(entry, accept_zero_crc)
     return pos
 

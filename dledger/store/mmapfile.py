@@ -461,6 +461,7 @@ class MmapLogStore:
         # A push's entries arrive encoded (checked by their CRCs): write those bytes instead of encoding again.
         known = entries.known_section() if mode == _FOLLOWER and type(entries) is EntryList else None
         run.src = known[0] if known is not None else None
+        crc_checked = known is not None and entries.crc_checked  # the bytes written are the ones checked
         src_off = 0
         try:
             for entry in entries:
@@ -485,7 +486,7 @@ class MmapLogStore:
                     if mode == _FOLLOWER:
                         base.check_next_index(entry, index - 1)
                         base.check_follower_entry(entry, wp, self.data_file_size, self.max_entry_size,
-                                                  self.accept_zero_crc)
+                                                  self.accept_zero_crc, crc_checked)
                         if self._disk_full:
                             self._refuse_disk_full()
                     if e.pos != wp or e.pos + size > self._dlimit:

@@ -508,7 +508,7 @@ def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRe
     if flags & _FLAG_BATCH:
         if not entries:
             raise BinaryBodyError("binary PUSH marked batch but carries no entries", header)
-        request.batch_entry = EntryList(entries, (section, crc))  # what a follower stores, byte for byte
+        request.batch_entry = EntryList(entries, (section, crc), crc_checked=True)  # stored byte for byte
     elif count > 1:
         raise BinaryBodyError(f"binary PUSH carries {count} entries but is not marked batch", header)
     elif entries:
