@@ -237,9 +237,13 @@ class IAppendHook(Interface):
     def before_append(entry, buffer, body_offset: int) -> None:
         """``buffer`` holds the encoded entry (header with index and pos filled in).
 
-        The hook may rewrite body bytes at ``body_offset`` onward (the
-        RocketMQ layer stores ``entry.pos + BODY_OFFSET`` in the message) but
-        must not change their length.
+        The entry's header is at ``body_offset - HEADER_SIZE`` and its body runs
+        from ``body_offset`` to the end of ``buffer``; entries before it may share
+        the buffer (a store writing a run of entries hands its own write buffer),
+        so a hook reads and writes relative to ``body_offset`` only.  The hook
+        may rewrite body bytes at ``body_offset`` onward (the RocketMQ layer
+        stores ``entry.pos + BODY_OFFSET`` in the message) but must not change
+        their length.
         """
 
 

@@ -7,10 +7,10 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from dledger.codes import EntryType, ResponseCode, Role
-from dledger.entry import Entry, body_crc
+from dledger.entry import HEADER_SIZE, Entry, body_crc, encode_entry
 from dledger.errors import AppendHookError, BatchAppendError, DLedgerError
 from dledger.interfaces import IBatchLogStore, ILogStore, IPlainLogStore
-from dledger.store.guard import LogGuard, check_follower, check_leader, seal_leader_entry
+from dledger.store.guard import LogGuard, check_follower, check_leader, seal_leader_entry, seal_leader_entry_into
 from dledger.store.memory import MemoryLogStore
 from dledger.testing.store_contract import FakeMemberState, StampPos, bodies, fired, open_small_store
 
@@ -81,6 +81,65 @@ def test_seal_runs_hooks_in_order_then_seals():
     e = seal_leader_entry([Tag(b"AA"), Tag(b"BB")], Entry(body=b"..rest", term=1), 0, 0)
     assert calls == [(b"AA", b".."), (b"BB", b"AA")]
     assert e.body == b"BBrest" and e.body_crc == body_crc(b"BBrest")
+
+
+class _Tag:
+    """A hook that writes its tag over the first body bytes and checks its header is where the contract says."""
+
+    def __init__(self, tag):
+        self.tag = tag
+
+    def before_append(self, entry, buffer, body_offset):
+        assert bytes(buffer[body_offset - HEADER_SIZE:body_offset]) == encode_entry(
+            Entry(entry.body, entry.index, entry.term, entry.pos, entry.magic))[:HEADER_SIZE]
+        buffer[body_offset:body_offset + len(self.tag)] = self.tag
+
+
+class _Bad:
+    def __init__(self, how):
+        self.how = how
+
+    def before_append(self, entry, buffer, body_offset):
+        buffer[body_offset:body_offset + 1] = b"!"  # a change made before failing must not survive either
+        if self.how == "raise":
+            raise ValueError("no")
+        buffer += b"grown"
+
+
+@pytest.mark.parametrize("hooks, magic, body", [
+    pytest.param((), EntryType.NORMAL, b"payload", id="no hook"),
+    pytest.param((_Tag(b"AA"),), EntryType.NOOP, b"", id="a NOOP skips the hooks"),
+    pytest.param((_Tag(b"AA"),), EntryType.NORMAL, b"..rest", id="one hook"),
+    pytest.param((_Tag(b"AA"), _Tag(b"B")), EntryType.NORMAL, b"..rest", id="hooks in order"),
+    pytest.param((StampPos(),), EntryType.NORMAL, b"\0" * 8 + b"body", id="the contract suite's pos stamp"),
+])
+@pytest.mark.parametrize("prefix", [b"", b"earlier entries"])
+def test_seal_into_writes_what_seal_gives(hooks, magic, body, prefix):
+    """seal.into appends exactly the encoding of seal's entry to the store's buffer and returns an equal entry."""
+    entry = Entry(body=body, term=3, magic=magic)
+    expected = seal_leader_entry(hooks, entry, 9, 4096)
+    buf = bytearray(prefix)
+    got = seal_leader_entry_into(hooks, entry, 9, 4096, buf)
+    assert got == expected and bytes(buf) == prefix + encode_entry(expected)
+
+
+@pytest.mark.parametrize("how, message", [("raise", "ValueError: no"), ("grow", "changed the length")])
+def test_seal_into_takes_a_failed_entry_out_of_the_buffer(how, message):
+    """A hook that raises or changes the length fails its entry; the buffer keeps only the entries before it."""
+    buf = bytearray(b"earlier")
+    with pytest.raises(AppendHookError, match=message):
+        seal_leader_entry_into([_Bad(how)], Entry(body=b"body", term=1), 0, 0, buf)
+    assert bytes(buf) == b"earlier"
+
+
+def test_the_guards_seal_offers_the_into_form():
+    """The seal a plain store gets also carries ``into`` with the same hooks (stores that write runs use it)."""
+    state = FakeMemberState()
+    guard = LogGuard(MemoryLogStore(state), state)
+    guard.add_append_hook(_Tag(b"Z"))
+    buf = bytearray()
+    e = guard.seal.into(Entry(body=b"ab", term=1), 0, 0, buf)
+    assert e.body == b"Zb" and bytes(buf) == encode_entry(e)
 
 
 # -- the guard over every store of the project ----------------------------------------------------------------
@@ -255,3 +314,21 @@ def test_member_writes_go_through_its_guard():
         assert noop.is_noop and hook.seen == [(noop.index + 1, server.store.get(noop.index + 1).pos)]
     finally:
         cluster.stop()
+
+
+def test_the_mmap_store_seals_into_its_run_buffer(tmp_path):
+    """The mmap store takes seal.into (the hooks rewrite the bytes it writes) and stores what seal would."""
+    state = FakeMemberState()
+    store = open_small_store("mmap", tmp_path, state, FILE)
+    guard = LogGuard(store, state)
+    guard.add_append_hook(StampPos())
+    calls = []
+    real = guard.seal.into
+    guard.seal.into = lambda *a: calls.append(a[1]) or real(*a)
+    stored = guard.append_batch_as_leader([Entry(body=b"\0" * 8 + b, term=1) for b in bodies(12, size=200)])
+    assert calls == [e.index for e in stored] and len({e.pos // FILE for e in stored}) > 2
+    fired(store.shutdown())
+    reopened = open_small_store("mmap", tmp_path, state, FILE)
+    assert [reopened.get(e.index) for e in stored] == stored
+    assert all(e.body[:8] == e.pos.to_bytes(8, "big") for e in stored)
+    fired(reopened.shutdown())

@@ -24,15 +24,18 @@ still checks first and hands it the hooks.
 from __future__ import annotations
 
 import functools
+import struct
 from collections.abc import Sequence
 
 from dledger.codes import EntryType, ResponseCode, Role
-from dledger.entry import BODY_OFFSET, HEADER, Entry, body_crc
+from dledger.entry import BODY_CRC_OFFSET, BODY_OFFSET, HEADER, Entry, body_crc
 from dledger.errors import AppendHookError, BatchAppendError, DLedgerError
 from dledger.interfaces import IBatchLogStore, IPlainLogStore
 from dledger.store.base import append_each, placed
 
 _pack_header_into = HEADER.pack_into
+_pack_header = HEADER.pack
+_pack_crc_into = struct.Struct(">i").pack_into
 
 
 def check_leader(state) -> None:
@@ -89,6 +92,52 @@ def seal_leader_entry(hooks: Sequence, entry: Entry, index: int, pos: int) -> En
     return stored
 
 
+def seal_leader_entry_into(hooks: Sequence, entry: Entry, index: int, pos: int, buf: bytearray) -> Entry:
+    """:func:`seal_leader_entry`, encoded at the end of ``buf`` (the store's write buffer): the stored entry.
+
+    A store that writes a run of entries from one buffer
+    (:class:`~dledger.store.mmapfile.MmapLogStore`) asks for this form,
+    ``seal.into``: the hooks then rewrite the bytes the store writes, and
+    the sealed entry is not built in a buffer of its own and copied again
+    (one buffer and one copy of the body less per entry on a leader).  The
+    hooks see the entry's header at ``body_offset - HEADER_SIZE`` and its body
+    from ``body_offset`` to the end of ``buf``.  If a hook fails, what this
+    entry added to ``buf`` is taken out again, so the entries before it are
+    written as they were.
+    """
+    start = len(buf)
+    body = entry.body
+    n = len(body)
+    if not hooks or entry.magic == EntryType.NOOP:
+        crc = body_crc(body)
+        buf += _pack_header(entry.magic, BODY_OFFSET + n, index, entry.term, pos, 0, 0, crc, n)
+        buf += body
+        return Entry(body, index, entry.term, pos, entry.magic, 0, 0, crc)
+    end = start + BODY_OFFSET + n
+    stored = Entry(body, index, entry.term, pos, entry.magic, 0, 0, 0)
+    buf += _pack_header(entry.magic, BODY_OFFSET + n, index, entry.term, pos, 0, 0, 0, n)
+    buf += body
+    at = start + BODY_OFFSET
+    for hook in hooks:
+        try:
+            hook.before_append(stored, buf, at)
+        except Exception as exc:
+            del buf[start:]
+            raise hook_error(hook, index, exc) from exc
+        if len(buf) != end:
+            changed = len(buf) - start
+            del buf[start:]
+            raise AppendHookError(ResponseCode.INTERNAL_ERROR, f"append hook {hook!r} changed the length of entry "
+                                  f"{index} from {BODY_OFFSET + n} to {changed} bytes")
+    with memoryview(buf) as view:
+        sealed = view[at:end]
+        crc = stored.body_crc = body_crc(sealed)
+        stored.body = bytes(sealed)
+        sealed.release()
+    _pack_crc_into(buf, start + BODY_CRC_OFFSET, crc)
+    return stored
+
+
 def hook_error(hook, index: int, exc: Exception) -> AppendHookError:
     """The error a leader append fails with when ``hook`` raised ``exc`` on entry ``index``."""
     code = exc.code if isinstance(exc, DLedgerError) else ResponseCode.INTERNAL_ERROR
@@ -116,6 +165,9 @@ class LogGuard:
         #: ``seal(entry, index, pos)``, what a plain store calls for each placed leader entry (see the module
         #: docstring): :func:`seal_leader_entry` with :attr:`hooks`.
         self.seal = functools.partial(seal_leader_entry, self.hooks)
+        #: ``seal.into(entry, index, pos, buf)``: the same, encoded at the end of the store's buffer
+        #: (:func:`seal_leader_entry_into`), for a store that writes runs of entries from one buffer.
+        self.seal.into = functools.partial(seal_leader_entry_into, self.hooks)
         self._plain = IPlainLogStore.providedBy(store)
         self._batch = IBatchLogStore.providedBy(store)
         self._seal = None  # None while there are no hooks: the store seals the CRC itself, no call per entry

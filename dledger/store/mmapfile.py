@@ -462,6 +462,7 @@ class MmapLogStore:
         known = entries.known_section() if mode == _FOLLOWER and type(entries) is EntryList else None
         run.src = known[0] if known is not None else None
         crc_checked = known is not None and entries.crc_checked  # the bytes written are the ones checked
+        into = getattr(seal, "into", None)  # the guard's seal that encodes into the run's buffer (one copy less)
         src_off = 0
         try:
             for entry in entries:
@@ -476,6 +477,12 @@ class MmapLogStore:
                     if wp + size > self._dlimit or size > self.max_entry_size:  # runplan.extends_run, negated, inline
                         run = self._next_run(run, stored, size)
                         wp = run.end
+                    if into is not None:
+                        e = into(entry, index, wp, run.buf)
+                        run.entries.append(e)
+                        run.end += size
+                        index += 1
+                        continue
                     if seal is not None:
                         e = seal(entry, index, wp)
                         body = e.body
