@@ -137,9 +137,11 @@ def test_entry_list_section_is_the_codec_layout_and_its_crc():
     entries = EntryList([Entry(body=b"ab", index=1, term=1, pos=0).sealed(),
                          Entry(body=b"", index=2, term=1, pos=50).sealed()])
     assert entries.known_section() is None
+    size = entries.encoded_size()
     data, crc = entries.section()
     assert data == b"".join(encode_entry(e) for e in entries) and crc == crc32c.crc32c(data)
     assert entries.known_section() == (data, crc) and entries.section()[0] is data
+    assert size == entries.encoded_size() == len(data) == sum(e.size for e in entries)
 
 
 def test_follower_writes_the_bytes_a_push_carried(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from dledger.codes import EntryType, PushType, ResponseCode
-from dledger.entry import Entry
+from dledger.entry import Entry, EntryList
 from dledger.errors import DLedgerError
 from dledger.messages import PushEntryRequest
 from dledger.ratelog import RateLimitedLog, RateLimiter
@@ -26,6 +26,12 @@ from dledger.store.base import read_range
 from dledger.store.recent import RecentEntries
 
 log = Logger()
+
+
+def _encoded_size(batch: Sequence[Entry]) -> int:
+    """Bytes of a push's entries; an EntryList (the leader's pushes) answers without a property call per entry."""
+    return batch.encoded_size() if type(batch) is EntryList else sum(e.size for e in batch)
+
 
 #: A follower more than this many entries behind the leader gets an info line (and another when it has
 #: caught up); see "What it logs" in docs/operations.md.
@@ -184,7 +190,7 @@ class EntryDispatcher(Progress):
         return PushEntryRequest(group=lead.group, remote_id=self.peer, local_id=lead.self_id,
                                 leader_id=lead.self_id, term=lead.term, commit_index=lead.store.committed_index,
                                 type=type_, entry=entry, batch_entry=batch or [],
-                                total_size=sum(e.size for e in batch) if batch else 0)
+                                total_size=_encoded_size(batch) if batch else 0)
 
     def _send(self, req: PushEntryRequest, on_reply: Callable, on_fail: Callable) -> None:
         gen = self.gen
@@ -247,7 +253,7 @@ class EntryDispatcher(Progress):
             on_reply = lambda resp, f=first, la=last: self._on_append(resp, f, la)
             if lead.stats is not None:
                 entries = batch if lead.batch_push else [entry]
-                on_reply = lead.stats.timed_push(self.peer, len(entries), sum(e.size for e in entries), on_reply)
+                on_reply = lead.stats.timed_push(self.peer, len(entries), req.total_size or entries[0].size, on_reply)
             self._send(req, on_reply, lambda exc: self._retry_later(f"APPEND failed: {exc}"))
         if self.needs_commit(store.committed_index):
             self.send_commit()
