@@ -17,7 +17,9 @@ import enum
 import struct
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, ClassVar
 
 from dledger.codes import PushType, RequestCode, ResponseCode, VoteResult
@@ -342,6 +344,24 @@ DECODED_ENTRY_BOUNDS: dict[str, Bounds] = {
 def decoded_entry_bounds_error(entry: Entry, where: str = "entry") -> str | None:
     """:func:`entry_bounds_error` of an entry the entry codec decoded (only :data:`DECODED_ENTRY_BOUNDS` can fail)."""
     return entry_bounds_error(entry, where, DECODED_ENTRY_BOUNDS)
+
+
+_DECODED_FIELDS = tuple((attrgetter(name), b.lo, b.hi) for name, b in DECODED_ENTRY_BOUNDS.items())
+
+
+def decoded_entries_in_bounds(entries: Sequence[Entry]) -> bool:
+    """True if no entry of ``entries`` has a :func:`decoded_entry_bounds_error`.
+
+    A field at a time over all the entries (C-level ``map``/``min``/``max``,
+    no Python call per entry): a follower checks every entry of every push,
+    and asks :func:`decoded_entry_bounds_error` entry by entry only when this
+    says one is out of range (to name the first).
+    """
+    for get, lo, hi in _DECODED_FIELDS:
+        values = list(map(get, entries))
+        if values and (min(values) < lo or max(values) > hi):
+            return False
+    return True
 
 
 def message_bounds_error(msg: RequestOrResponse) -> str | None:

@@ -741,6 +741,8 @@ def test_entries_held_in_memory_equal_what_the_files_hold(member_dir, state):
     store = open_mmap(member_dir, state)
     written = append(store, 40, state, size=100)
     held = store.get_range(0, 100, 1 << 30)
+    assert len({e.pos // store.data_file_size for e in written}) > 1, "the appends should roll data files"
+    assert store._recent._bytes == sum(e.size for e in written), "its byte budget counts exactly what it holds"
     fired(store.shutdown())
     again = open_mmap(member_dir, state)
     assert held == written == again.get_range(0, 100, 1 << 30)

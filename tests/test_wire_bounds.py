@@ -378,3 +378,32 @@ def test_decoded_entry_bounds_error_agrees_with_the_full_check(field, value, fai
     setattr(e, field, value)
     assert (decoded_entry_bounds_error(e) is not None) is fails
     assert decoded_entry_bounds_error(e) == entry_bounds_error(e)
+
+
+@pytest.mark.parametrize("field, value, at", [
+    ("index", 2**63 - 1, 0), ("index", 2**63 - 1, 3), ("term", 2**63 - 1, 2), ("pos", -1, 1), ("term", -5, 3),
+    ("pos", 2**63 - 1, None), ("index", 2**63 - 2, None), (None, None, None),
+])
+def test_decoded_entries_in_bounds_agrees_with_each_entry(field, value, at):
+    """The all-entries check is False exactly when some entry has a decoded_entry_bounds_error."""
+    from dledger.entry import Entry
+    from dledger.messages import decoded_entries_in_bounds, decoded_entry_bounds_error
+    entries = [Entry(body=b"b", index=i, term=1, pos=i * 49) for i in range(4)]
+    if field is not None:
+        setattr(entries[3 if at is None else at], field, value)
+    assert decoded_entries_in_bounds(entries) is all(decoded_entry_bounds_error(e) is None for e in entries)
+    assert decoded_entries_in_bounds(entries) is (at is None)
+    assert decoded_entries_in_bounds([])
+
+
+def test_a_push_names_its_first_entry_out_of_bounds():
+    """A binary PUSH with an entry whose index the codec cannot keep is refused naming that entry."""
+    from dledger.entry import Entry, encode_entry
+    from dledger.transport import remoting
+    good = Entry(body=b"a", index=5, term=1, pos=0).sealed()
+    bad = Entry(body=b"b", index=2**63 - 1, term=1, pos=49).sealed()
+    push = remoting.encode_push_binary(PushEntryRequest(group="g0", term=1, leader_id="n0",
+                                                        batch_entry=[good, bad]))
+    assert encode_entry(bad) in push
+    with pytest.raises(remoting.BinaryBodyError, match=r"entry #1\.index"):
+        remoting.decode_push_binary(push)

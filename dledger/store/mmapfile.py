@@ -556,7 +556,7 @@ class MmapLogStore:
         self._write_pos = run.end
         if self.ledger_begin_index < 0:
             self.ledger_begin_index, self._begin_pos = entries[0].index, run.pos
-        self._recent.extend(entries)
+        self._recent.extend(entries, run.end - run.pos)
         stored.extend(entries)
 
     def _start_run(self, plan: runplan.NextRun) -> int:

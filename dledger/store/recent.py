@@ -57,8 +57,12 @@ class RecentEntries:
     def add(self, entry: Entry) -> None:
         self.extend((entry,))
 
-    def extend(self, stored: Sequence[Entry]) -> None:
-        """Remember consecutive entries just appended (a gap before them forgets everything held)."""
+    def extend(self, stored: Sequence[Entry], nbytes: int | None = None) -> None:
+        """Remember consecutive entries just appended (a gap before them forgets everything held).
+
+        ``nbytes``: their encoded size when the caller knows it (a store that wrote them as one run),
+        else it is summed here.
+        """
         if not stored:
             return
         entries = self._entries
@@ -66,7 +70,7 @@ class RecentEntries:
             self.clear()
             self.first = stored[0].index
         entries.extend(stored)
-        self._bytes += sum([len(e.body) for e in stored]) + HEADER_SIZE * len(stored)
+        self._bytes += sum([len(e.body) for e in stored]) + HEADER_SIZE * len(stored) if nbytes is None else nbytes
         if self._bytes > self.max_bytes:
             start, held, size = self._start, self._bytes, HEADER_SIZE
             last = len(entries) - 1

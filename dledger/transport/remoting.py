@@ -525,9 +525,10 @@ def _decode_entry_section(body: bytes, off: int, count: int, what: str, header: 
         raise BinaryBodyError(f"binary {what} entry #{exc.number}: {exc}", header) from None
     if off != end:
         raise BinaryBodyError(f"binary {what} body has {end - off} bytes after its {count} entries", header)
-    for i, entry in enumerate(entries):
-        if messages.decoded_entry_bounds_error(entry) is not None:
-            raise BinaryBodyError(messages.entry_bounds_error(entry, f"binary {what} entry #{i}"), header)
+    if not messages.decoded_entries_in_bounds(entries):
+        for i, entry in enumerate(entries):
+            if messages.decoded_entry_bounds_error(entry) is not None:
+                raise BinaryBodyError(messages.entry_bounds_error(entry, f"binary {what} entry #{i}"), header)
     return entries
 
 

@@ -132,8 +132,11 @@ def index_fields(body: bytes, levels: tuple[int, ...] = DELAY_LEVELS_MS) -> tupl
 #: TOTALSIZE, MAGIC, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, STORETIMESTAMP, BODYLEN of a record whose
 #: hosts are both IPv4 (the common case): one unpack instead of five, fields not needed skipped.
 _V4_HEAD = struct.Struct(">ii4xi4xqqi16xq20xi")
+_V4_HEAD_SIZE = _V4_HEAD.size
 _V6_FLAGS = BORNHOST_V6_FLAG | STOREHOST_V6_FLAG
+_SLOW_FLAGS = _V6_FLAGS | TRANSACTION_TYPE_MASK
 _TAGS_KEY = PROPERTY_TAGS.encode() + b"\x01"
+_TAGS_KEY_LEN = len(_TAGS_KEY)
 _SCHEDULE_TOPIC = SCHEDULE_TOPIC.encode()
 
 
@@ -151,14 +154,15 @@ def quick_unit(body: bytes) -> tuple[bytes, int, int, int, int, bytes | None] | 
     the caller.
     """
     size = len(body)
-    if size < _V4_HEAD.size:
+    if size < _V4_HEAD_SIZE:
         return None
     total, magic, qid, qoff, phys, sys_flag, _store_ts, body_len = _V4_HEAD.unpack_from(body)
-    if magic != MESSAGE_MAGIC or total != size or sys_flag & _V6_FLAGS or body_len < 0:
+    if magic != MESSAGE_MAGIC or total != size or body_len < 0:
         return None
-    if sys_flag & TRANSACTION_TYPE_MASK not in (0, TRANSACTION_COMMIT_TYPE):
-        return None
-    pos = _V4_HEAD.size + body_len
+    if sys_flag & _SLOW_FLAGS and (sys_flag & _V6_FLAGS
+                                   or sys_flag & TRANSACTION_TYPE_MASK not in (0, TRANSACTION_COMMIT_TYPE)):
+        return None  # one test for the common sysFlag (no IPv6 host, not a transaction)
+    pos = _V4_HEAD_SIZE + body_len
     if pos >= size:
         return None
     topic_end = pos + 1 + body[pos]
@@ -173,8 +177,8 @@ def quick_unit(body: bytes) -> tuple[bytes, int, int, int, int, bytes | None] | 
         return topic, qid, qoff, phys, size, None
     if (i != start and body[i - 1] != 2) or body.find(_TAGS_KEY, start, i) >= 0:
         return None  # not an item start, or an earlier item a property_value scan would have to weigh
-    value_end = body.find(b"\x02", i + len(_TAGS_KEY))
-    tags = body[i + len(_TAGS_KEY):value_end if value_end >= 0 else size]
+    value_end = body.find(b"\x02", i + _TAGS_KEY_LEN)
+    tags = body[i + _TAGS_KEY_LEN:value_end if value_end >= 0 else size]
     return (topic, qid, qoff, phys, size, tags) if tags else None
 
 
@@ -336,6 +340,7 @@ class Dispatcher:
         touched = self._touched
         quick = quick_unit if not self.verify_crc else _never
         last = None
+        grown = None  # the queue last marked touched: a run of one queue's records marks it once
         try:
             for entry in entries:
                 found = quick(entry.body)
@@ -347,8 +352,9 @@ class Dispatcher:
                         if code is None:
                             code = self._tag_code(tags)
                         try:
-                            if queue.append_next(qoff, phys, size, code):
+                            if queue.append_next(qoff, phys, size, code) and queue is not grown:
                                 touched[(queue.topic, qid)] = None
+                                grown = queue
                         except CodecError as exc:
                             self._warn.warn("bad-record", "{id}: entry {i} not dispatched: {exc}",
                                             id=self.server.self_id, i=entry.index, exc=exc)
