@@ -27,6 +27,8 @@ import functools
 import struct
 from collections.abc import Sequence
 
+import crc32c
+
 from dledger.codes import EntryType, ResponseCode, Role
 from dledger.entry import BODY_CRC_OFFSET, BODY_OFFSET, HEADER, Entry, body_crc
 from dledger.errors import AppendHookError, BatchAppendError, DLedgerError
@@ -36,6 +38,8 @@ from dledger.store.base import append_each, placed
 _pack_header_into = HEADER.pack_into
 _pack_header = HEADER.pack
 _pack_crc_into = struct.Struct(">i").pack_into
+_crc = crc32c.crc32c
+_NOOP = int(EntryType.NOOP)
 
 
 def check_leader(state) -> None:
@@ -108,14 +112,15 @@ def seal_leader_entry_into(hooks: Sequence, entry: Entry, index: int, pos: int, 
     start = len(buf)
     body = entry.body
     n = len(body)
-    if not hooks or entry.magic == EntryType.NOOP:
+    magic = entry.magic
+    if not hooks or magic == _NOOP:
         crc = body_crc(body)
-        buf += _pack_header(entry.magic, BODY_OFFSET + n, index, entry.term, pos, 0, 0, crc, n)
+        buf += _pack_header(magic, BODY_OFFSET + n, index, entry.term, pos, 0, 0, crc, n)
         buf += body
-        return Entry(body, index, entry.term, pos, entry.magic, 0, 0, crc)
+        return Entry(body, index, entry.term, pos, magic, 0, 0, crc)
     end = start + BODY_OFFSET + n
-    stored = Entry(body, index, entry.term, pos, entry.magic, 0, 0, 0)
-    buf += _pack_header(entry.magic, BODY_OFFSET + n, index, entry.term, pos, 0, 0, 0, n)
+    stored = Entry(body, index, entry.term, pos, magic, 0, 0, 0)
+    buf += _pack_header(magic, BODY_OFFSET + n, index, entry.term, pos, 0, 0, 0, n)
     buf += body
     at = start + BODY_OFFSET
     for hook in hooks:
@@ -129,11 +134,12 @@ def seal_leader_entry_into(hooks: Sequence, entry: Entry, index: int, pos: int, 
             del buf[start:]
             raise AppendHookError(ResponseCode.INTERNAL_ERROR, f"append hook {hook!r} changed the length of entry "
                                   f"{index} from {BODY_OFFSET + n} to {changed} bytes")
-    with memoryview(buf) as view:
-        sealed = view[at:end]
-        crc = stored.body_crc = body_crc(sealed)
-        stored.body = bytes(sealed)
-        sealed.release()
+    # The views die with the expression (CPython frees them at once), so ``buf`` can grow again.
+    sealed = stored.body = bytes(memoryview(buf)[at:end])
+    crc = _crc(sealed)
+    if crc >= 0x80000000:
+        crc -= 0x100000000  # stored signed, as body_crc gives it
+    stored.body_crc = crc
     _pack_crc_into(buf, start + BODY_CRC_OFFSET, crc)
     return stored
 
