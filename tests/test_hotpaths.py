@@ -247,3 +247,46 @@ def test_a_decoded_push_is_crc_checked_and_its_store_does_not_compute_crcs_again
         computed.clear()
         assert follower.append_batch_as_follower(batch, 1, "n0") == entries
         assert len(computed) == crcs, name
+
+
+def test_recent_entries_keep_each_readers_range_while_others_read():
+    """A push's range stays the same list (one encoding for every follower) while the commit feed reads its own."""
+    from dledger.entry import Entry
+    from dledger.store.recent import RecentEntries
+
+    recent = RecentEntries()
+    recent.extend([Entry(body=b"x" * 10, index=i, term=1) for i in range(8)])
+    push = recent.get_range(2, 3, 1 << 20)
+    feed = recent.get_range(0, 1000, 1 << 30)
+    assert recent.get_range(2, 3, 1 << 20) is push and recent.get_range(0, 1000, 1 << 30) is feed
+    recent.add(Entry(body=b"y", index=8, term=1))
+    assert recent.get_range(2, 3, 1 << 20) is push, "cut short by its limits: still the same range"
+    assert recent.get_range(0, 1000, 1 << 30) is not feed, "it reached the end: an entry was added since"
+    recent.drop_after(5)
+    assert recent.get_range(2, 3, 1 << 20) is not push, "a cut forgets every range handed out"
+
+
+def test_a_leader_on_the_mmap_store_pushes_from_the_stores_own_tail(tmp_path):
+    """The leader keeps no second copy of what it appends when its store holds its newest entries (mmap)."""
+    import os
+
+    from dledger.store.mmapfile import MmapLogStore
+    from dledger.testing import Cluster
+
+    def factory(mid, cfg, state):
+        return MmapLogStore(os.path.join(tmp_path, mid), state, data_file_size=1 << 20, index_file_size=1 << 16)
+
+    cluster = Cluster(3, seed=3, store_factory=factory)
+    cluster.start()
+    leader = cluster.wait_for_leader()
+    client = cluster.client()
+    done = []
+    client.append_batch([b"m%d" % i for i in range(50)]).addCallback(done.append)
+    assert cluster.run_until(lambda: bool(done), 30)
+    server = cluster.servers[leader] if isinstance(leader, str) else leader
+    rep = server.replicator
+    assert rep.recent is server.store.recent_entries and not rep.keeps_recent
+    assert cluster.run_until(lambda: len({s.store.ledger_end_index for s in cluster.servers.values()}) == 1, 30)
+    ends = [[e.body for e in s.store.get_range(0, 100, 1 << 20)] for s in cluster.servers.values()]
+    assert ends[0] == ends[1] == ends[2] and ends[0][-1] == b"m49"
+    cluster.stop()

@@ -394,7 +394,12 @@ class LeaderReplicator:
         self.max_in_flight = cfg.max_pending_size
         self.dispatchers = {peer: EntryDispatcher(self, peer) for peer in members if peer != self_id}
         self.term_start_index = -1
-        self.recent = RecentEntries()
+        # The newest entries for the pushes: the store's own when it keeps them (it also sees truncations),
+        # else a copy made here of what this leader appends.
+        shared = getattr(store, "recent_entries", None)
+        self.recent = shared if isinstance(shared, RecentEntries) else RecentEntries()
+        #: True when :attr:`recent` is this leader's own copy, which it extends after each append.
+        self.keeps_recent = self.recent is not shared
         self.damage_log = RateLimitedLog(log, self.clock, interval=60.0)
         self.follower_log = RateLimitedLog(log, self.clock, interval=10.0)  # a flapping follower: one line per 10 s
         self.down_summaries = RateLimiter(self.clock, DOWN_SUMMARY_INTERVAL)
@@ -411,7 +416,8 @@ class LeaderReplicator:
         if self.fast_advance:
             try:
                 noop = self.append_as_leader(Entry(body=b"", term=self.term, magic=EntryType.NOOP))
-                self.recent.add(noop)
+                if self.keeps_recent:
+                    self.recent.add(noop)
                 self.term_start_index = noop.index
                 self.entries_appended(noop.index)
             except DLedgerError as exc:

@@ -141,6 +141,14 @@ class MmapLogStore:
         return min(self._gc.flushed_index, self.ledger_end_index)
 
     @property
+    def recent_entries(self) -> RecentEntries:
+        """The newest entries, held in memory as appended (cut where the log is cut; see :mod:`.recent`).
+
+        A leader pushes from them instead of keeping a copy of every entry it appends.
+        """
+        return self._recent
+
+    @property
     def flush_stats(self):
         """Latency and reactor-blocked time of recent flush rounds (:class:`.groupcommit.FlushStats`)."""
         return self._gc.stats

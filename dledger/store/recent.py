@@ -12,8 +12,9 @@ class RecentEntries:
 
     Reading an entry back from a file store means decoding (and checking) it again, yet the readers of
     a busy log mostly want its newest entries: a leader's pushes to followers that keep up, and the
-    commit feed (committed entries are delivered moments after they were appended).  The leader keeps
-    one for its pushes, the mmap store one for its reads.  Bounded by ``max_bytes``; anything older, or
+    commit feed (committed entries are delivered moments after they were appended).  A store that keeps
+    one (the mmap store) offers it as ``recent_entries`` and the leader pushes from it; for any other
+    store the leader keeps its own.  Bounded by ``max_bytes``; anything older, or
     any gap, is read from the store as before.  Whoever cuts the log must say so (:meth:`drop_after`,
     :meth:`clear`): what is held is only ever the log's own tail.
     """
@@ -24,8 +25,9 @@ class RecentEntries:
         self._start = 0  # self._entries[self._start] has index self.first
         self.first = -1
         self._bytes = 0
-        # The last range handed out: followers in step ask for the same one, and share its encoding.
-        self._last: tuple[tuple[int, int, int], EntryList, bool] | None = None
+        # The last ranges handed out, by (begin, max_count, max_bytes): followers in step ask for the same
+        # one and share its encoding, while other readers (the commit feed) ask for theirs in between.
+        self._last: dict[tuple[int, int, int], tuple[EntryList, bool]] = {}
 
     def get(self, index: int) -> Entry | None:
         """Entry ``index`` if held here, else None."""
@@ -47,12 +49,13 @@ class RecentEntries:
         for e in self._entries[keep:]:
             self._bytes -= e.size
         del self._entries[keep:]
-        self._last = None
+        self._last.clear()
 
     def clear(self) -> None:
         """Forget everything (the log started over, or the store closed)."""
         self._entries.clear()
-        self._start, self.first, self._bytes, self._last = 0, -1, 0, None
+        self._start, self.first, self._bytes = 0, -1, 0
+        self._last.clear()
 
     def add(self, entry: Entry) -> None:
         self.extend((entry,))
@@ -94,14 +97,16 @@ class RecentEntries:
         if offset < 0 or offset >= held or self.first < 0:
             return None
         key = (begin, max_count, max_bytes)
-        last = self._last
-        if last is not None and last[0] == key and (last[2] or begin + len(last[1]) == self.first + held):
-            return last[1]  # cut short by the limits, or nothing was added since: the same range
+        last = self._last.get(key)
+        if last is not None and (last[1] or begin + len(last[0]) == self.first + held):
+            return last[0]  # cut short by the limits, or nothing was added since: the same range
+        if len(self._last) >= 4:
+            self._last.clear()
         i = self._start + offset
         entries = self._entries
         if max_bytes >= self._bytes:  # everything held fits the budget (the commit feed's reads): a slice
             out = EntryList(entries[i:i + max_count])
-            self._last = (key, out, begin + len(out) < self.first + held)
+            self._last[key] = (out, begin + len(out) < self.first + held)
             return out
         out = EntryList((entries[i],))
         total = out[0].size
@@ -112,5 +117,5 @@ class RecentEntries:
             if total > max_bytes:
                 break
             out.append(e)
-        self._last = (key, out, begin + len(out) < self.first + held)
+        self._last[key] = (out, begin + len(out) < self.first + held)
         return out
