@@ -4,7 +4,7 @@
 batch, or fewer when rounds overlap with ``pipeline``).  ``async``: the
 store's own timer flushes every ``flushFileInterval`` ms.  With ``io=inline``
 the fsync runs on the calling thread (the reactor would be blocked for it);
-with ``io=thread`` it runs on the reactor thread pool and the report shows
+with ``io=thread`` it runs on a threaded BlockingIO's workers (as a member's) and the report shows
 how little of each flush the reactor itself spends.  Figures go to
 ``docs/benchmarks.md``; nothing here asserts a speed.
 """
@@ -167,7 +167,7 @@ def run_inline(opts: StoreBenchOptions) -> StoreBenchResult:
 
 
 async def run_threaded(reactor, opts: StoreBenchOptions) -> StoreBenchResult:
-    """Run under the reactor with flushes on its thread pool (as a member does)."""
+    """Run under the reactor with flushes on a threaded BlockingIO (as a member does)."""
     with _directory(opts) as directory:
         io = diskio.BlockingIO(reactor, threaded=True)
         store = make_store(opts, directory, FakeMemberState(), clock=reactor, blocking_io=io)
@@ -202,6 +202,7 @@ async def run_threaded(reactor, opts: StoreBenchOptions) -> StoreBenchResult:
         rss_mib.append((done, rss()))
         result = _result(opts, store, seconds, rss_mib)
         await store.shutdown()
+        io.stop()
         return result
 
 
