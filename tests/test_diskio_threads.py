@@ -218,3 +218,32 @@ def test_bad_arguments_are_refused():
         BlockingIO(RecordingReactor(), threaded=True, workers=0)
     INLINE.stop()
     assert not INLINE.stopped and INLINE.run(lambda: 3).result == 3
+
+
+@pytest.mark.process
+@pytest_twisted.ensureDeferred
+async def test_twistd_member_flushes_on_its_workers_and_exits_0_promptly_on_sigterm(tmp_path, reactor):
+    """A twistd mmap member's acknowledged appends are in its files after SIGTERM, and it exits 0 in time."""
+    import signal
+
+    from dledger.launcher import LocalGroup
+
+    group = LocalGroup(tmp_path, n=1, store="mmap", reactor=reactor)
+    client = group.client()
+    bodies = [b"entry %d" % i for i in range(20)]
+    try:
+        group.start()
+        await group.wait_ready(client, "n0", 30)
+        await group.wait_for_leader(client, 20)
+        for body in bodies:
+            await client.append(body)
+        group.signal("n0", signal.SIGTERM)
+        assert await group.wait_exit("n0", 20) == 0
+        assert group.log_lines("n0", "stopped cleanly")
+        log = await group.read_log("n0")
+    finally:
+        await client.close()
+        group.close()
+    stored = [e.body for e in log.entries]
+    assert stored[-len(bodies):] == bodies
+    assert log.committed == log.end
