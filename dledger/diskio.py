@@ -56,6 +56,8 @@ class BlockingIO:
     def __init__(self, reactor: Any = None, *, threaded: bool = False, workers: int = 4):
         if threaded and reactor is None:
             raise ValueError("a threaded BlockingIO needs a reactor")
+        if threaded and not hasattr(reactor, "callFromThread"):
+            raise TypeError(f"a threaded BlockingIO needs a reactor with threads (callFromThread), not {reactor!r}")
         if workers < 1:
             raise ValueError(f"a BlockingIO needs at least one worker, not {workers}")
         self.reactor = reactor

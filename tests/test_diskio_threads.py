@@ -211,9 +211,13 @@ def test_explicit_stop_removes_the_shutdown_trigger():
 
 
 def test_bad_arguments_are_refused():
-    """A threaded BlockingIO needs a reactor and at least one worker; INLINE ignores stop."""
+    """A threaded BlockingIO needs a reactor with threads and at least one worker; INLINE ignores stop."""
+    from twisted.internet.task import Clock
+
     with pytest.raises(ValueError, match="needs a reactor"):
         BlockingIO(threaded=True)
+    with pytest.raises(TypeError, match="needs a reactor with threads"):
+        BlockingIO(Clock(), threaded=True)  # its results could never come back
     with pytest.raises(ValueError, match="at least one worker"):
         BlockingIO(RecordingReactor(), threaded=True, workers=0)
     INLINE.stop()
