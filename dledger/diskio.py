@@ -31,11 +31,12 @@ class BlockingIO:
 
     Threaded, it is a lean pool rather than Twisted's reactor thread pool:
     every member runs hundreds of flush rounds a second, each one hand-off,
-    and the reactor pool's Team/LockWorker/context machinery cost ~60-70 us
-    of CPU per hand-off on a 2-vCPU VM, against ~25 us for a thread fed by a
-    :class:`queue.SimpleQueue` that answers with ``reactor.callFromThread``
-    (docs/benchmarks.md).  Workers start lazily: none before the first job,
-    a new one only when every started one is busy, at most ``workers`` (jobs
+    and the reactor pool's Team/LockWorker/context machinery cost 33-69 us
+    of CPU per no-op hand-off on a 2-vCPU VM, against 23-37 us for a thread
+    fed by a :class:`queue.SimpleQueue` that answers with
+    ``reactor.callFromThread`` (docs/benchmarks.md, ``tools/bench_handoff``).
+    Workers start lazily: none before the first job, a new one only when
+    every started one is busy, at most ``workers`` (jobs
     of one member can run side by side: the store's flush round, a plugin's
     consume-queue flush, a checkpoint write).  A job's result, or its
     exception as a :class:`Failure` made in the worker (so the original type
