@@ -383,8 +383,18 @@ class MemberService(service.Service):
         log.info("dledger {id}: stopping: answering pending appends, flushing and closing the store",
                  id=self.config.self_id)
         d = server.stop()
+        d.addBoth(self._stop_io)
         d.addCallbacks(self._stopped, self._stop_failed)
         return d
+
+    def _stop_io(self, result: Any) -> Any:
+        """The member is stopped (its store flushed and closed): let its BlockingIO's worker threads exit.
+
+        Under ``twistd`` the reactor's shutdown would stop them a moment later anyway; a member run inside a
+        longer-lived process (a test, an application) leaves no idle threads behind.
+        """
+        self.server.blocking_io.stop()
+        return result
 
     def _stopped(self, _: Any) -> None:
         self.stopped_cleanly = True

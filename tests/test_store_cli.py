@@ -231,15 +231,16 @@ def test_bench_store_runs(capsys, tmp_path, store, flush):
 
 
 def test_bench_store_text_output(capsys):
-    """The text report names entries/s, MB/s, flush latency and reactor-blocked percentiles."""
+    """The text report names entries/s, MB/s, CPU per entry, flush latency and reactor-blocked percentiles."""
     code, out, _ = run(capsys, "bench", "store", "--count", "500", "--batch", "100", "--data-file-size", "65536",
                        "--index-file-size", "4096")
     assert code == 0
     assert "entries/s" in out and "MB/s" in out and "latency p50" in out and "blocked per flush" in out
+    assert "us per entry" in out and "us per flush round" in out
 
 
 def test_bench_store_threaded_in_a_process(tmp_path):
-    """--io thread runs under the real reactor with fsync on its thread pool."""
+    """--io thread runs under the real reactor with fsync on a threaded BlockingIO, and reports the CPU it took."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
     out = subprocess.run([sys.executable, "-m", "dledger.cli", "bench", "store", "--io", "thread", "--pipeline",
                           "--count", "2000", "--batch", "100", "--data-file-size", "65536", "--index-file-size",
@@ -247,6 +248,7 @@ def test_bench_store_threaded_in_a_process(tmp_path):
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["options"]["io"] == "thread" and result["flush"]["rounds"] > 0
+    assert 0 < result["cpu_seconds"] < 120
 
 
 def test_golden_tree_is_untouched():

@@ -196,6 +196,7 @@ async def test_member_service_gives_a_durable_store_a_threaded_blocking_io(tmp_p
         await member.stopService()
         member.forget_exit_status()
     assert member.stopped_cleanly and not member.server.running
+    assert member.server.blocking_io.stopped  # its worker threads exited with the member
 
 
 def test_free_ports_are_distinct():

@@ -220,7 +220,7 @@ def test_vote_written_before_a_crash_is_kept_after_the_restart():
 
 @pytest_twisted.ensureDeferred
 async def test_vote_fsync_runs_off_the_reactor_thread(tmp_path, monkeypatch, reactor):
-    """With twistd's threaded BlockingIO the vote's fsync runs on a pool thread, and the reply follows it."""
+    """With twistd's threaded BlockingIO the vote's fsync runs on a worker thread, and the reply follows it."""
     from dledger.config import make_config
     from dledger.server import DLedgerServer
 
@@ -228,8 +228,8 @@ async def test_vote_fsync_runs_off_the_reactor_thread(tmp_path, monkeypatch, rea
                          peers="n0-127.0.0.1:20911;n1-127.0.0.1:20912;n2-127.0.0.1:20913",
                          store_type="memory", transport_type="inprocess")
     term_store = FileTermVoteStore(tmp_path)
-    server = DLedgerServer.build(config, clock=reactor, term_store=term_store,
-                                 blocking_io=BlockingIO(reactor, threaded=True),
+    io = BlockingIO(reactor, threaded=True)
+    server = DLedgerServer.build(config, clock=reactor, term_store=term_store, blocking_io=io,
                                  network=InProcessNetwork(reactor))
     assert server.state.io.threaded
     fsyncs = []
@@ -240,6 +240,7 @@ async def test_vote_fsync_runs_off_the_reactor_thread(tmp_path, monkeypatch, rea
         assert not reply.called  # the write is on the pool: the reply cannot exist yet
         result = await reply
     finally:
+        io.stop()
         term_store.close()
     assert result.vote_result is VoteResult.ACCEPT
     assert fsyncs and threading.main_thread() not in fsyncs

@@ -4,7 +4,7 @@
 batch, or fewer when rounds overlap with ``pipeline``).  ``async``: the
 store's own timer flushes every ``flushFileInterval`` ms.  With ``io=inline``
 the fsync runs on the calling thread (the reactor would be blocked for it);
-with ``io=thread`` it runs on the reactor thread pool and the report shows
+with ``io=thread`` it runs on a threaded BlockingIO's workers (as a member's) and the report shows
 how little of each flush the reactor itself spends.  Figures go to
 ``docs/benchmarks.md``; nothing here asserts a speed.
 """
@@ -55,6 +55,8 @@ class StoreBenchResult:
     mb_per_s: float
     flush: dict = field(default_factory=dict)
     rss_mib: list[tuple[int, dict]] = field(default_factory=list)
+    #: Process CPU time (every thread: the reactor's and the flush workers') over the measured window.
+    cpu_seconds: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -95,10 +97,10 @@ def _samples(count: int) -> set[int]:
     return {count // 4, count // 2, 3 * count // 4}
 
 
-def _result(opts: StoreBenchOptions, store, seconds: float, rss_mib) -> StoreBenchResult:
+def _result(opts: StoreBenchOptions, store, seconds: float, rss_mib, cpu: float = 0.0) -> StoreBenchResult:
     stats = getattr(store, "flush_stats", None)
     return StoreBenchResult(opts, seconds, opts.count / seconds, opts.count * (HEADER_SIZE + opts.size) / seconds / 1e6,
-                            stats.summary() if stats is not None else {}, rss_mib)
+                            stats.summary() if stats is not None else {}, rss_mib, cpu)
 
 
 @contextlib.contextmanager
@@ -143,6 +145,7 @@ def run_inline(opts: StoreBenchOptions) -> StoreBenchResult:
         rss_mib = [(0, rss())]
         append = store.append_as_leader
         t0 = last = time.perf_counter()
+        c0 = time.process_time()
         done = 0
         while done < opts.count:
             check_signals()
@@ -160,14 +163,15 @@ def run_inline(opts: StoreBenchOptions) -> StoreBenchResult:
                 rss_mib.append((done, rss()))
         fired(store.flush())
         seconds = time.perf_counter() - t0
+        cpu = time.process_time() - c0
         rss_mib.append((done, rss()))
-        result = _result(opts, store, seconds, rss_mib)
+        result = _result(opts, store, seconds, rss_mib, cpu)
         fired(store.shutdown())
         return result
 
 
 async def run_threaded(reactor, opts: StoreBenchOptions) -> StoreBenchResult:
-    """Run under the reactor with flushes on its thread pool (as a member does)."""
+    """Run under the reactor with flushes on a threaded BlockingIO (as a member does)."""
     with _directory(opts) as directory:
         io = diskio.BlockingIO(reactor, threaded=True)
         store = make_store(opts, directory, FakeMemberState(), clock=reactor, blocking_io=io)
@@ -178,6 +182,7 @@ async def run_threaded(reactor, opts: StoreBenchOptions) -> StoreBenchResult:
         append = store.append_as_leader
         in_flight: Deferred | None = None
         t0 = time.perf_counter()
+        c0 = time.process_time()
         done = 0
         while done < opts.count:
             n = min(opts.batch, opts.count - done)
@@ -199,9 +204,11 @@ async def run_threaded(reactor, opts: StoreBenchOptions) -> StoreBenchResult:
             await in_flight
         await store.flush()
         seconds = time.perf_counter() - t0
+        cpu = time.process_time() - c0
         rss_mib.append((done, rss()))
-        result = _result(opts, store, seconds, rss_mib)
+        result = _result(opts, store, seconds, rss_mib, cpu)
         await store.shutdown()
+        io.stop()
         return result
 
 
@@ -240,6 +247,10 @@ def format_result(r: StoreBenchResult) -> str:
              f"  throughput: {r.entries_per_s:,.0f} entries/s, {r.mb_per_s:,.1f} MB/s "
              f"(stored bytes, {HEADER_SIZE}-byte header included), {r.seconds:.2f} s"]
     f = r.flush
+    if r.cpu_seconds:
+        per_round = f", {r.cpu_seconds / f['rounds'] * 1e6:,.0f} us per flush round" if f and f["rounds"] else ""
+        lines.append(f"  cpu:        {r.cpu_seconds:.2f} s (all threads), {r.cpu_seconds / o.count * 1e6:.2f} us per "
+                     f"entry{per_round}")
     if f:
         lines.append(f"  flush:      {f['rounds']} rounds; latency p50 {f['latency_p50_ms']:.2f} ms, "
                      f"p99 {f['latency_p99_ms']:.2f} ms, max {f['latency_max_ms']:.2f} ms")

@@ -32,7 +32,7 @@ def _register_store(sub) -> None:
     s.add_argument("--batch", type=positive_int, default=256, help="entries per flush (default 256)")
     s.add_argument("--flush", choices=("sync", "async"), default="sync", help="flush policy (default sync)")
     s.add_argument("--io", choices=("inline", "thread"), default="inline",
-                   help="run fsync inline or on the reactor thread pool (default inline)")
+                   help="run fsync inline or on worker threads, as a member does (default inline)")
     s.add_argument("--pipeline", action="store_true",
                    help="with --io thread: append the next batch while the previous one is being flushed")
     s.add_argument("--dir", dest="directory", default=None, help="empty directory for the store (default: temp)")
