@@ -290,3 +290,37 @@ def test_a_leader_on_the_mmap_store_pushes_from_the_stores_own_tail(tmp_path):
     ends = [[e.body for e in s.store.get_range(0, 100, 1 << 20)] for s in cluster.servers.values()]
     assert ends[0] == ends[1] == ends[2] and ends[0][-1] == b"m49"
     cluster.stop()
+
+
+@pytest.mark.parametrize("appends, budget", [
+    ([3, 3, 3, 3], 500),        # several appends over budget: the oldest whole appends go
+    ([1] * 30, 700),            # one entry per append: entry by entry, as before
+    ([50], 500),                # one append larger than the budget: the newest append always stays
+    ([5, 40, 2], 900),          # a large append in the middle goes once newer ones exceed the budget
+])
+def test_recent_entries_let_whole_appends_go_oldest_first(appends, budget):
+    """The byte budget evicts whole appends, oldest first, never the newest: held <= budget + newest append."""
+    from dledger.entry import Entry
+    from dledger.store.recent import RecentEntries
+
+    recent = RecentEntries(max_bytes=budget)
+    index, sizes = 0, []
+    for count in appends:
+        batch = [Entry(body=b"x" * 52, index=index + k, term=1) for k in range(count)]
+        recent.extend(batch, 100 * count)
+        sizes.append((index, count))
+        index += count
+        held = [i for i in range(index) if recent.get(i) is not None]
+        assert held == list(range(held[0], index)), "what is held is a tail of the log"
+        starts = {first for first, _ in sizes}
+        assert held[0] in starts, "eviction stops at an append's first entry"
+        newest = 100 * count
+        assert len(held) * 100 <= max(budget, newest), "never more than the budget, unless the newest append is"
+        if len(held) > count:
+            assert (len(held) - count) * 100 <= budget, "an older append is held only within the budget"
+    recent.drop_after(index - 2)
+    assert recent.get(index - 1) is None and recent.get(index - 2) is not None
+    recent.extend([Entry(body=b"y", index=index - 1, term=2)], 100)
+    held = [i for i in range(index) if recent.get(i) is not None]
+    assert recent.get(index - 1).body == b"y" and held == list(range(held[0], index))
+    assert (len(held) - 1) * 100 <= budget or held == [index - 1], "after a cut the budget still holds"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from dledger.entry import HEADER_SIZE, Entry, EntryList
@@ -14,7 +15,8 @@ class RecentEntries:
     a busy log mostly want its newest entries: a leader's pushes to followers that keep up, and the
     commit feed (committed entries are delivered moments after they were appended).  A store that keeps
     one (the mmap store) offers it as ``recent_entries`` and the leader pushes from it; for any other
-    store the leader keeps its own.  Bounded by ``max_bytes``; anything older, or
+    store the leader keeps its own.  Bounded by ``max_bytes`` (whole appends are let go, oldest first,
+    never the newest: at most ``max_bytes`` plus one append are held); anything older, or
     any gap, is read from the store as before.  Whoever cuts the log must say so (:meth:`drop_after`,
     :meth:`clear`): what is held is only ever the log's own tail.
     """
@@ -25,6 +27,8 @@ class RecentEntries:
         self._start = 0  # self._entries[self._start] has index self.first
         self.first = -1
         self._bytes = 0
+        # (entries, bytes) of each append still held, oldest first: the budget evicts whole appends.
+        self._runs: deque[tuple[int, int]] = deque()
         # The last ranges handed out, by (begin, max_count, max_bytes): followers in step ask for the same
         # one and share its encoding, while other readers (the commit feed) ask for theirs in between.
         self._last: dict[tuple[int, int, int], tuple[EntryList, bool]] = {}
@@ -50,12 +54,15 @@ class RecentEntries:
             self._bytes -= e.size
         del self._entries[keep:]
         self._last.clear()
+        self._runs.clear()  # what stays counts as one append from now on (a cut is rare)
+        self._runs.append((keep - self._start, self._bytes))
 
     def clear(self) -> None:
         """Forget everything (the log started over, or the store closed)."""
         self._entries.clear()
         self._start, self.first, self._bytes = 0, -1, 0
         self._last.clear()
+        self._runs.clear()
 
     def add(self, entry: Entry) -> None:
         self.extend((entry,))
@@ -73,13 +80,16 @@ class RecentEntries:
             self.clear()
             self.first = stored[0].index
         entries.extend(stored)
+        before = self._bytes
         self._bytes += sum([len(e.body) for e in stored]) + HEADER_SIZE * len(stored) if nbytes is None else nbytes
-        if self._bytes > self.max_bytes:
-            start, held, size = self._start, self._bytes, HEADER_SIZE
-            last = len(entries) - 1
-            while held > self.max_bytes and start < last:
-                held -= size + len(entries[start].body)
-                start += 1
+        runs = self._runs
+        runs.append((len(stored), self._bytes - before))
+        if self._bytes > self.max_bytes and len(runs) > 1:
+            start, held = self._start, self._bytes
+            while held > self.max_bytes and len(runs) > 1:  # whole appends go: no step per entry
+                count, nbytes = runs.popleft()
+                start += count
+                held -= nbytes
             self.first += start - self._start
             self._start, self._bytes = start, held
         if self._start > 4096 and self._start * 2 > len(entries):

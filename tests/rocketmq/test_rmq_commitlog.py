@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from dledger_rocketmq.commitlog import (
     PutStatus,
@@ -206,3 +208,16 @@ def test_a_batch_with_a_delay_level_is_rewritten_as_put_messages_does(tmp_path):
     store = b.server.store
     stored = [decode_record(store.get(i).body) for i in range(store.ledger_end_index - 1, store.ledger_end_index + 1)]
     assert [(r.topic, r.body) for r in stored] == [("T", b"now"), (SCHEDULE_TOPIC, b"later")]
+
+
+@pytest.mark.parametrize("born", [Address("10.0.0.1", 5), Address("::1", 5)])
+def test_the_append_hook_stamps_the_store_time_after_either_born_host(tmp_path, born):
+    """The hook writes STORETIMESTAMP where the codec put it (after an IPv4 or IPv6 BORNHOST); BORNHOST stays."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    record = dataclasses.replace(msg(body=b"hosted"), born_host=born, sys_flag=0x10 if born.is_v6 else 0)
+    put_at = cluster.clock.seconds()
+    r = put(cluster, b, record)
+    assert r.status is PutStatus.PUT_OK
+    rec = decode_record(b.get_message(r.physical_offset, _size(b, r.physical_offset)))
+    assert (rec.born_host, rec.body, rec.store_timestamp) == (born, b"hosted", int(put_at * 1000))

@@ -158,6 +158,9 @@ def store_timestamp_position(sys_flag: int) -> int:
     return BORN_HOST_POSITION + (20 if sys_flag & BORNHOST_V6_FLAG else 8)
 
 
+_STORE_TS_V4, _STORE_TS_V6 = store_timestamp_position(0), store_timestamp_position(BORNHOST_V6_FLAG)
+
+
 def is_record_body(body: bytes | bytearray | memoryview, offset: int = 0) -> bool:
     """True if a RocketMQ CommitLog record (MESSAGE_MAGIC at bytes 4..8) starts at ``offset``."""
     return (len(body) - offset >= 8
@@ -193,7 +196,8 @@ class PhysicalOffsetHook:
         physical = entry.pos + BODY_OFFSET
         _I64.pack_into(buffer, body_offset + PHYSICAL_OFFSET_POSITION, physical)
         sys_flag = _I32.unpack_from(buffer, body_offset + SYS_FLAG_POSITION)[0]
-        _I64.pack_into(buffer, body_offset + store_timestamp_position(sys_flag), cl.put_ms)
+        _I64.pack_into(buffer, body_offset + (_STORE_TS_V6 if sys_flag & BORNHOST_V6_FLAG else _STORE_TS_V4),
+                       cl.put_ms)
         cl.placed.append(physical)
 
 
