@@ -20,6 +20,7 @@ from dledger.commands import client as commands
 from dledger.errors import DLedgerError
 from dledger.launcher import child_env
 from dledger.messages import MetadataResponse
+from dledger.testing import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "java-dledger-0.3.2" / "frames"
@@ -144,11 +145,10 @@ def test_bench_store_removes_its_temp_dir_on_sigterm(tmp_path, io_mode):
                           "--index-file-size", str(32 << 10)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          env=env, cwd=str(ROOT))
     try:
-        deadline = time.monotonic() + 30
-        while not list(tmp_path.glob("dledger-bench-*/dledger-bench/*")):
-            assert p.poll() is None, p.communicate()
-            assert time.monotonic() < deadline, "the benchmark never created its store"
-            time.sleep(0.05)
+        def created():
+            assert p.poll() is None, p.communicate()  # the benchmark died before creating its store
+            return list(tmp_path.glob("dledger-bench-*/dledger-bench/*"))
+        wait_until(created, 30, "the benchmark to create its store")
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=30)
     finally:

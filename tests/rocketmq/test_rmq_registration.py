@@ -7,7 +7,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,6 +29,7 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.test.iosim import FakeTransport, connect
 
 from dledger import plugins
+from dledger.testing import wait_until
 from dledger.transport.remoting import FrameSplitter, Header
 
 FRAMES = GOLDEN / "frames"
@@ -489,8 +489,7 @@ def test_twistd_rocketmq_namesrv_process(tmp_path):
                              "--pidfile", "", "rocketmq-namesrv", "--listen", f"tcp:{port}:interface=127.0.0.1"],
                             cwd=tmp_path)
     try:
-        reply = None
-        for _ in range(200):  # up to ~20 s for the process to listen
+        def topic_list():
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
                     sock.sendall(encode_command(Header(206, 1, 0, "JAVA", 409, None, None)))
@@ -500,10 +499,10 @@ def test_twistd_rocketmq_namesrv_process(tmp_path):
                         if not chunk:
                             break
                         data += chunk
-                    reply = list(FrameSplitter(header_decoder=decode_header).feed(data))
-                    break
+                    return list(FrameSplitter(header_decoder=decode_header).feed(data))
             except OSError:
-                time.sleep(0.1)
+                return None  # not listening yet
+        reply = wait_until(topic_list, 20, "the name server to answer on its port", interval=0.1)
         assert reply and reply[0].header.code == 0 and json.loads(reply[0].body) == {"topicList": []}
         busy = subprocess.run([*twistd, "rocketmq-namesrv", "--listen",
                                f"tcp:{port}:interface=127.0.0.1"], capture_output=True, text=True, timeout=60)

@@ -3,7 +3,6 @@
 ONE local[2] session per module (fixture `spark`), and live 3-member groups of real twistd processes (`group`).
 """
 
-import time
 
 import pytest
 
@@ -12,20 +11,9 @@ pyspark = pytest.importorskip("pyspark", reason="dledger-spark's tests need pysp
 from dledger.blocking import BlockingClient  # noqa: E402
 from dledger.errors import DLedgerError  # noqa: E402
 from dledger.launcher import LocalGroup, durable_store  # noqa: E402
+from dledger.testing import wait_until  # noqa: E402 (the Spark tests import it from here)
 
 STORE = durable_store()
-
-
-def wait_until(condition, timeout: float, what: str, interval: float = 0.05):
-    """Poll ``condition`` until truthy (bounded: TimeoutError naming ``what``)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
 
 
 class Group:
