@@ -10,7 +10,7 @@ failure names what never happened.  Code on a reactor uses
 
 from __future__ import annotations
 
-import time
+import time  # allowed: blocking test code polling another process (never imported by the core)
 from collections.abc import Callable
 from typing import Any
 
