@@ -240,7 +240,9 @@ class IAppendHook(Interface):
         The entry's header is at ``body_offset - HEADER_SIZE`` and its body runs
         from ``body_offset`` to the end of ``buffer``; entries before it may share
         the buffer (a store writing a run of entries hands its own write buffer),
-        so a hook reads and writes relative to ``body_offset`` only.  The hook
+        so a hook reads and writes relative to ``body_offset`` only, and keeps no
+        view of ``buffer`` after it returns (a pinned buffer cannot grow: the store
+        then goes on in a copy, correct but slower).  The hook
         may rewrite body bytes at ``body_offset`` onward (the RocketMQ layer
         stores ``entry.pos + BODY_OFFSET`` in the message) but must not change
         their length.

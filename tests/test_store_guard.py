@@ -332,3 +332,49 @@ def test_the_mmap_store_seals_into_its_run_buffer(tmp_path):
     assert [reopened.get(e.index) for e in stored] == stored
     assert all(e.body[:8] == e.pos.to_bytes(8, "big") for e in stored)
     fired(reopened.shutdown())
+
+
+class _KeepsViews(StampPos):
+    """A hook that keeps a view of every buffer it is handed (harmless while each entry had its own buffer)."""
+
+    def __init__(self, fail_at: int = -1):
+        super().__init__()
+        self.views: list[memoryview] = []
+        self.fail_at = fail_at
+
+    def before_append(self, entry, buffer, body_offset):
+        self.views.append(memoryview(buffer))
+        if entry.index == self.fail_at:
+            raise ValueError("no")
+        super().before_append(entry, buffer, body_offset)
+
+
+def test_a_hook_keeping_views_of_its_buffer_breaks_no_append(plain):
+    """A store writing runs from one buffer still stores every entry when a hook pins that buffer (BufferError)."""
+    store, state = plain
+    guard = LogGuard(store, state)
+    hook = _KeepsViews()
+    guard.add_append_hook(hook)
+    for batch in range(3):
+        stored = guard.append_batch_as_leader([Entry(body=b"\0" * 8 + b, term=1) for b in bodies(7, size=200)])
+        assert [e.index for e in stored] == list(range(batch * 7, batch * 7 + 7))
+    assert store.ledger_end_index == 20 and len(hook.views) >= 21
+    for e in stored:
+        got = store.get(e.index)
+        assert got == e and got.body[:8] == got.pos.to_bytes(8, "big")
+
+
+def test_a_failing_hook_keeping_views_fails_only_its_entry(plain):
+    """Pinned buffer and a failing hook together: the batch rule still holds (earlier entries stored, clear error)."""
+    store, state = plain
+    guard = LogGuard(store, state)
+    hook = _KeepsViews(fail_at=3)
+    guard.add_append_hook(hook)
+    with pytest.raises(BatchAppendError) as info:
+        guard.append_batch_as_leader([Entry(body=b"\0" * 8 + b, term=1) for b in bodies(6, size=100)])
+    assert isinstance(info.value.cause, AppendHookError) and "ValueError: no" in str(info.value.cause)
+    assert [e.index for e in info.value.stored] == [0, 1, 2] and store.ledger_end_index == 2
+    assert [store.get(i) for i in range(3)] == info.value.stored
+    hook.fail_at = -1
+    more = guard.append_batch_as_leader([Entry(body=b"\0" * 8 + b"after", term=1)])
+    assert more[0].index == 3 and store.get(3).body[8:] == b"after"

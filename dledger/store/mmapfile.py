@@ -486,11 +486,20 @@ class MmapLogStore:
                         run = self._next_run(run, stored, size)
                         wp = run.end
                     if into is not None:
-                        e = into(entry, index, wp, run.buf)
-                        run.entries.append(e)
-                        run.end += size
-                        index += 1
-                        continue
+                        try:
+                            e = into(entry, index, wp, run.buf)
+                        except BufferError:
+                            # A hook kept a view of the run's buffer past its call (an IAppendHook's buffer
+                            # used to be its own, so that was harmless), and the buffer can no longer grow
+                            # or shrink: go on in a copy of the run's bytes, each later entry of this append
+                            # sealed in a buffer of its own (the hooks run again on this entry).
+                            run.buf = bytearray(memoryview(run.buf)[:run.end - run.pos])
+                            into = None
+                        else:
+                            run.entries.append(e)
+                            run.end += size
+                            index += 1
+                            continue
                     if seal is not None:
                         e = seal(entry, index, wp)
                         body = e.body
