@@ -113,19 +113,29 @@ class EntryList(list):
     ``crc_checked`` says whoever built the list verified every entry's non-zero body CRC against its
     body (a push decoded by :func:`decode_entries`), so a store writing the section need not compute
     them again; a zero CRC (Java's "unverified") is still the store's to judge.
+
+    ``encoded`` gives the encoding without its crc32c (a store's own written bytes of these entries,
+    :class:`dledger.store.recent.RecentEntries`): :meth:`section` then only computes the crc32c.
     """
 
     __slots__ = ("_section", "crc_checked")
 
     def __init__(self, entries=(), section: tuple[bytes | memoryview, int] | None = None, *,
-                 crc_checked: bool = False):
+                 crc_checked: bool = False, encoded: bytes | memoryview | None = None):
         super().__init__(entries)
-        self._section = section
+        self._section = section if encoded is None else (encoded, None)
         self.crc_checked = crc_checked
 
-    def known_section(self) -> tuple[bytes | memoryview, int] | None:
-        """The encoding if it was computed or received already (never computes it)."""
+    def known_section(self) -> tuple[bytes | memoryview, int | None] | None:
+        """The encoding if it was computed, received or given already (never computes it; its crc32c is
+        None while only the bytes were given)."""
         return self._section
+
+    def give_encoding(self, encoded: bytes | memoryview) -> EntryList:
+        """Take ``encoded`` as these entries' encoding (crc32c computed on first use) unless one is known; self."""
+        if self._section is None:
+            self._section = (encoded, None)
+        return self
 
     def section(self) -> tuple[bytes | memoryview, int]:
         """``(encoded entries, crc32c of them)``, computed on first use.
@@ -133,17 +143,21 @@ class EntryList(list):
         Headers packed and joined with the bodies in one pass (no call or
         buffer slice per entry): a leader encodes every entry it pushes.
         """
-        if self._section is None:
-            pack = _pack_header
-            parts = []
-            for e in self:
-                body = e.body
-                n = len(body)
-                parts.append(pack(e.magic, HEADER_SIZE + n, e.index, e.term, e.pos, e.channel, e.chain_crc,
-                                  e.body_crc, n))
-                parts.append(body)
-            data = b"".join(parts)
-            self._section = (data, _crc(data))
+        known = self._section
+        if known is not None:
+            if known[1] is None:  # the bytes were given: only their crc32c is computed
+                known = self._section = (known[0], _crc(known[0]))
+            return known
+        pack = _pack_header
+        parts = []
+        for e in self:
+            body = e.body
+            n = len(body)
+            parts.append(pack(e.magic, HEADER_SIZE + n, e.index, e.term, e.pos, e.channel, e.chain_crc,
+                              e.body_crc, n))
+            parts.append(body)
+        data = b"".join(parts)
+        self._section = (data, _crc(data))
         return self._section
 
     def encoded_size(self) -> int:

@@ -324,3 +324,39 @@ def test_recent_entries_let_whole_appends_go_oldest_first(appends, budget):
     held = [i for i in range(index) if recent.get(i) is not None]
     assert recent.get(index - 1).body == b"y" and held == list(range(held[0], index))
     assert (len(held) - 1) * 100 <= budget or held == [index - 1], "after a cut the budget still holds"
+
+
+@pytest.mark.parametrize("hooked", [False, True], ids=["no hook", "hook"])
+def test_pushed_sections_cut_from_the_stores_written_bytes_equal_encoding_the_entries(tmp_path, hooked):
+    """A range held in one append gets the store's written bytes as its encoding: byte for byte what encoding
+    its entries gives, through file rollovers, hooks, truncations and ranges across appends."""
+    from dledger.entry import Entry, EntryList
+    from dledger.store.guard import LogGuard
+    from dledger.testing.store_contract import FakeMemberState, StampPos, fired, open_small_store
+
+    state = FakeMemberState()
+    store = open_small_store("mmap", tmp_path, state, 4096)
+    guard = LogGuard(store, state)
+    if hooked:
+        guard.add_append_hook(StampPos())
+    recent = store.recent_entries
+    rng = random.Random(7)
+    given = computed = 0
+    for step in range(60):
+        if step % 15 == 14 and store.ledger_end_index > 5:
+            store.truncate(store.get(store.ledger_end_index - 3), 1, "n0")
+        batch = [Entry(body=bytes(8) + rng.randbytes(rng.randrange(0, 700)), term=1)
+                 for _ in range(rng.randrange(1, 12))]
+        guard.append_batch_as_leader(batch)
+        end = store.ledger_end_index
+        for _ in range(6):
+            begin = rng.randrange(max(0, recent.first), end + 1)
+            got = recent.get_range(begin, rng.choice([1, 3, 8, 1000]), rng.choice([600, 2500, 1 << 20]))
+            if got.known_section() is not None:
+                given += 1
+            else:
+                computed += 1
+            assert got.section() == EntryList(list(got)).section()
+            assert list(got) == store.get_range(begin, len(got), 1 << 30)
+    assert given > 50 and computed > 10, "both kinds of range were checked"
+    fired(store.shutdown())

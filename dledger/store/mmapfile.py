@@ -573,7 +573,8 @@ class MmapLogStore:
         self._write_pos = run.end
         if self.ledger_begin_index < 0:
             self.ledger_begin_index, self._begin_pos = entries[0].index, run.pos
-        self._recent.extend(entries, run.end - run.pos)
+        # A leader's run buffer (never changed again) is the encoding of these entries: pushes cut theirs from it.
+        self._recent.extend(entries, run.end - run.pos, run.buf if run.src is None else None)
         stored.extend(entries)
 
     def _start_run(self, plan: runplan.NextRun) -> int:

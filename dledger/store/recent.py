@@ -4,8 +4,18 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from operator import attrgetter
 
 from dledger.entry import HEADER_SIZE, Entry, EntryList
+
+_body = attrgetter("body")
+#: How many appends, newest first, a range is looked for in when cutting its encoding from their bytes.
+_RUNS_SEARCHED = 8
+
+
+def _encoded_size(entries: Sequence[Entry]) -> int:
+    """Bytes of ``entries`` encoded (C-level ``map``: no Python step per entry)."""
+    return sum(map(len, map(_body, entries))) + HEADER_SIZE * len(entries)
 
 
 class RecentEntries:
@@ -19,6 +29,10 @@ class RecentEntries:
     never the newest: at most ``max_bytes`` plus one append are held); anything older, or
     any gap, is read from the store as before.  Whoever cuts the log must say so (:meth:`drop_after`,
     :meth:`clear`): what is held is only ever the log's own tail.
+
+    A store that wrote an append's entries from one buffer hands that buffer over too (``encoded``):
+    a range that lies within one such append gets its encoding cut from those bytes, so a leader's
+    push encodes nothing again (only its crc32c is computed, once for every follower).
     """
 
     def __init__(self, max_bytes: int = 16 << 20):
@@ -27,8 +41,9 @@ class RecentEntries:
         self._start = 0  # self._entries[self._start] has index self.first
         self.first = -1
         self._bytes = 0
-        # (entries, bytes) of each append still held, oldest first: the budget evicts whole appends.
-        self._runs: deque[tuple[int, int]] = deque()
+        # (entries, bytes, their encoding or None) of each append still held, oldest first: the budget
+        # evicts whole appends.
+        self._runs: deque[tuple[int, int, memoryview | None]] = deque()
         # The last ranges handed out, by (begin, max_count, max_bytes): followers in step ask for the same
         # one and share its encoding, while other readers (the commit feed) ask for theirs in between.
         self._last: dict[tuple[int, int, int], tuple[EntryList, bool]] = {}
@@ -54,8 +69,8 @@ class RecentEntries:
             self._bytes -= e.size
         del self._entries[keep:]
         self._last.clear()
-        self._runs.clear()  # what stays counts as one append from now on (a cut is rare)
-        self._runs.append((keep - self._start, self._bytes))
+        self._runs.clear()  # what stays counts as one append from now on (a cut is rare), its encoding unknown
+        self._runs.append((keep - self._start, self._bytes, None))
 
     def clear(self) -> None:
         """Forget everything (the log started over, or the store closed)."""
@@ -67,11 +82,13 @@ class RecentEntries:
     def add(self, entry: Entry) -> None:
         self.extend((entry,))
 
-    def extend(self, stored: Sequence[Entry], nbytes: int | None = None) -> None:
+    def extend(self, stored: Sequence[Entry], nbytes: int | None = None,
+               encoded: bytes | bytearray | None = None) -> None:
         """Remember consecutive entries just appended (a gap before them forgets everything held).
 
         ``nbytes``: their encoded size when the caller knows it (a store that wrote them as one run),
-        else it is summed here.
+        else it is summed here.  ``encoded``: exactly their encoding, back to back, as the store wrote
+        it; held (read-only) while they are, so it must never change afterwards.
         """
         if not stored:
             return
@@ -83,11 +100,12 @@ class RecentEntries:
         before = self._bytes
         self._bytes += sum([len(e.body) for e in stored]) + HEADER_SIZE * len(stored) if nbytes is None else nbytes
         runs = self._runs
-        runs.append((len(stored), self._bytes - before))
+        view = None if encoded is None else memoryview(encoded).toreadonly()  # a resize of it would now fail
+        runs.append((len(stored), self._bytes - before, view))
         if self._bytes > self.max_bytes and len(runs) > 1:
             start, held = self._start, self._bytes
             while held > self.max_bytes and len(runs) > 1:  # whole appends go: no step per entry
-                count, nbytes = runs.popleft()
+                count, nbytes, _ = runs.popleft()
                 start += count
                 held -= nbytes
             self.first += start - self._start
@@ -117,7 +135,7 @@ class RecentEntries:
         if max_bytes >= self._bytes:  # everything held fits the budget (the commit feed's reads): a slice
             out = EntryList(entries[i:i + max_count])
             self._last[key] = (out, begin + len(out) < self.first + held)
-            return out
+            return self._with_encoding(out, i)
         out = EntryList((entries[i],))
         total = out[0].size
         stop = min(len(entries), i + max_count)
@@ -128,4 +146,24 @@ class RecentEntries:
                 break
             out.append(e)
         self._last[key] = (out, begin + len(out) < self.first + held)
+        return self._with_encoding(out, i)
+
+    def _with_encoding(self, out: EntryList, i: int) -> EntryList:
+        """``out`` (held from list position ``i``) with its encoding cut from the bytes of the append holding it.
+
+        Only a range within one append whose bytes were handed over gets it; a range across appends (or
+        older than the appends searched) encodes itself on first use, as before.
+        """
+        end = len(self._entries)
+        last = i + len(out)
+        for n, (count, _, encoded) in enumerate(reversed(self._runs)):
+            start = end - count
+            if start <= i:
+                if encoded is not None and last <= end:
+                    offset = 0 if start == i else _encoded_size(self._entries[start:i])
+                    out.give_encoding(encoded[offset:offset + _encoded_size(out)])
+                return out
+            if n >= _RUNS_SEARCHED:
+                return out
+            end = start
         return out
