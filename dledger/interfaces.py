@@ -235,17 +235,17 @@ class IAppendHook(Interface):
     """
 
     def before_append(entry, buffer, body_offset: int) -> None:
-        """``buffer`` holds the encoded entry (header with index and pos filled in).
+        """``buffer`` is a writable memoryview of exactly the encoded entry (header with index and pos filled in).
 
-        The entry's header is at ``body_offset - HEADER_SIZE`` and its body runs
-        from ``body_offset`` to the end of ``buffer``; entries before it may share
-        the buffer (a store writing a run of entries hands its own write buffer),
-        so a hook reads and writes relative to ``body_offset`` only, and keeps no
-        view of ``buffer`` after it returns (a pinned buffer cannot grow: the store
-        then goes on in a copy, correct but slower).  The hook
-        may rewrite body bytes at ``body_offset`` onward (the RocketMQ layer
-        stores ``entry.pos + BODY_OFFSET`` in the message) but must not change
-        their length.
+        The header comes first and the body runs from ``body_offset``
+        (``HEADER_SIZE``) to the end of ``buffer``.  On the mmap store it is a
+        view into the store's own write buffer, so the bytes a hook rewrites
+        are the bytes written, with no copy.  The hook may rewrite body bytes in
+        place (``struct.pack_into``, indexing, same-length slice assignment: the
+        RocketMQ layer stores ``entry.pos + BODY_OFFSET`` in the message); a
+        memoryview cannot change its length, and an attempt to fails the entry.
+        Keeping a reference to ``buffer`` after the call is harmless but
+        pointless (later entries are written next to it).
         """
 
 

@@ -164,8 +164,8 @@ def test_follower_writes_the_bytes_a_push_carried(tmp_path, monkeypatch):
     follower = MmapLogStore(tmp_path / "f", state, data_file_size=1024, index_file_size=256)
     follower.startup()
     packed = []
-    real = mmapfile._pack_header
-    monkeypatch.setattr(mmapfile, "_pack_header", lambda *a: packed.append(a) or real(*a))
+    real = mmapfile._pack_header_into
+    monkeypatch.setattr(mmapfile, "_pack_header_into", lambda *a: packed.append(a) or real(*a))
     assert follower.append_batch_as_follower(decoded.batch_entry, 1, "n0") == entries
     assert packed == [], "the entries were written as received, not encoded again"
     assert [follower.get(i) for i in range(9)] == entries

@@ -58,6 +58,27 @@ def test_several_frames_in_one_chunk_and_one_frame_in_many():
     assert [f.body for f in got] == [b'{"term":2}'] and splitter.buffered == 0
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_large_frames_are_collected_in_chunks_and_split_as_any_other(seed):
+    """Frames missing 64 KiB or more are collected chunk by chunk and joined once: the frames, their order and
+    ``buffered`` are those of feeding every chunk to the buffer (frames around and inside the chunks too)."""
+    import random
+
+    rng = random.Random(seed)
+    bodies = [rng.randbytes(rng.choice([0, 10, 70_000, 300_000, 1 << 20])) for _ in range(12)]
+    stream = b"".join(frame(GOOD_HEADER, b) for b in bodies)
+    cuts = sorted(rng.sample(range(1, len(stream)), 60))
+    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
+    splitter, got, fed, collected = FrameSplitter(), [], 0, 0
+    for chunk in chunks:
+        got += [f.body for f in splitter.feed(chunk)]
+        collected += splitter.collecting
+        fed += len(chunk)
+        assert splitter.buffered == fed - sum(len(frame(GOOD_HEADER, b)) for b in got)
+    assert got == bodies and splitter.buffered == 0 and not splitter.collecting
+    assert collected > 5, "the large frames took the collecting path"
+
+
 def test_frame_over_the_size_limit_is_refused_from_its_length_field():
     """A frame announcing more than max_frame_size is refused before its bytes are buffered."""
     splitter = FrameSplitter(max_frame_size=1000)
@@ -212,6 +233,21 @@ def test_binary_push_round_trip_256_entries():
     assert decoded.batch and decoded.count == 256
     json_size = len(remoting.encode_request(request, 42))
     assert len(data) < 0.8 * json_size  # no Base64 inflation
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["encoded here", "encoding given"])
+def test_a_push_of_an_entry_list_is_the_same_frame_as_of_a_plain_list(given):
+    """An EntryList's push frame (its section joined with the other parts) is byte for byte the frame of the same
+    entries as a plain list (encoded into a buffer), also when the list was handed its encoding as a view."""
+    from dledger.entry import EntryList
+
+    batch = entries(40, size=300)
+    listed = EntryList(batch)
+    if given:
+        listed = EntryList(batch, encoded=memoryview(EntryList(batch).section()[0]))
+    plain = remoting.encode_request(push(list(batch)), 9, binary=True)
+    assert remoting.encode_request(push(listed), 9, binary=True) == plain
+    assert remoting.decode_request(remoting.decode_frame(plain)).batch_entry == batch
 
 
 @pytest.mark.parametrize("kind", ["commit", "single", "compare", "batch-of-one"])

@@ -115,21 +115,27 @@ class _Bad:
 ])
 @pytest.mark.parametrize("prefix", [b"", b"earlier entries"])
 def test_seal_into_writes_what_seal_gives(hooks, magic, body, prefix):
-    """seal.into appends exactly the encoding of seal's entry to the store's buffer and returns an equal entry."""
+    """seal.into writes exactly the encoding of seal's entry at its place in the store's buffer, leaving the bytes
+    before it alone, and returns an equal entry."""
     entry = Entry(body=body, term=3, magic=magic)
     expected = seal_leader_entry(hooks, entry, 9, 4096)
-    buf = bytearray(prefix)
-    got = seal_leader_entry_into(hooks, entry, 9, 4096, buf)
+    buf = bytearray(prefix + bytes(HEADER_SIZE + len(body)))
+    got = seal_leader_entry_into(hooks, entry, 9, 4096, memoryview(buf), len(prefix))
     assert got == expected and bytes(buf) == prefix + encode_entry(expected)
 
 
-@pytest.mark.parametrize("how, message", [("raise", "ValueError: no"), ("grow", "changed the length")])
-def test_seal_into_takes_a_failed_entry_out_of_the_buffer(how, message):
-    """A hook that raises or changes the length fails its entry; the buffer keeps only the entries before it."""
-    buf = bytearray(b"earlier")
+@pytest.mark.parametrize("how, message", [("raise", "ValueError: no"), ("grow", "TypeError")])
+@pytest.mark.parametrize("into", [False, True], ids=["own buffer", "into"])
+def test_a_hook_that_raises_or_grows_its_buffer_fails_its_entry(how, message, into):
+    """A hook that raises, or tries to change the entry's length (its buffer is a memoryview of exactly the entry,
+    which cannot grow), fails its entry with AppendHookError; the bytes before the entry stay as they were."""
+    buf = bytearray(b"earlier" + bytes(HEADER_SIZE + 4))
     with pytest.raises(AppendHookError, match=message):
-        seal_leader_entry_into([_Bad(how)], Entry(body=b"body", term=1), 0, 0, buf)
-    assert bytes(buf) == b"earlier"
+        if into:
+            seal_leader_entry_into([_Bad(how)], Entry(body=b"body", term=1), 0, 0, memoryview(buf), 7)
+        else:
+            seal_leader_entry([_Bad(how)], Entry(body=b"body", term=1), 0, 0)
+    assert bytes(buf[:7]) == b"earlier"
 
 
 def test_the_guards_seal_offers_the_into_form():
@@ -137,8 +143,8 @@ def test_the_guards_seal_offers_the_into_form():
     state = FakeMemberState()
     guard = LogGuard(MemoryLogStore(state), state)
     guard.add_append_hook(_Tag(b"Z"))
-    buf = bytearray()
-    e = guard.seal.into(Entry(body=b"ab", term=1), 0, 0, buf)
+    buf = bytearray(HEADER_SIZE + 2)
+    e = guard.seal.into(Entry(body=b"ab", term=1), 0, 0, memoryview(buf), 0)
     assert e.body == b"Zb" and bytes(buf) == encode_entry(e)
 
 

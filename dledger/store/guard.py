@@ -36,7 +36,6 @@ from dledger.interfaces import IBatchLogStore, IPlainLogStore
 from dledger.store.base import append_each, placed
 
 _pack_header_into = HEADER.pack_into
-_pack_header = HEADER.pack
 _pack_crc_into = struct.Struct(">i").pack_into
 _crc = crc32c.crc32c
 _NOOP = int(EntryType.NOOP)
@@ -67,80 +66,56 @@ def seal_leader_entry(hooks: Sequence, entry: Entry, index: int, pos: int) -> En
 
     Hooks see user entries only: a NOOP (the leader's own term-start entry)
     is not an application's, and a hook that chokes on its empty body must
-    not keep a leader from starting its term.  A hook that raises (or changes
-    the buffer's length) fails this entry with :class:`AppendHookError`, a
-    DLedgerError, so the store's batch rule applies: earlier entries stay,
-    nothing of this one is written.
+    not keep a leader from starting its term.  A hook that raises fails this
+    entry with :class:`AppendHookError`, a DLedgerError, so the store's batch
+    rule applies: earlier entries stay, nothing of this one is written.
+    Each hook gets a writable memoryview of exactly the encoded entry
+    (header, then body from ``BODY_OFFSET``): it can rewrite bytes in place
+    but never change the entry's length.
     """
     if not hooks or entry.magic == EntryType.NOOP:
         return placed(entry, index, pos)
-    body = entry.body
-    size = BODY_OFFSET + len(body)
-    stored = Entry(body, index, entry.term, pos, entry.magic, 0, 0, 0)
-    buf = bytearray(size)  # the hooks' view of the entry; the store encodes the sealed entry itself
-    _pack_header_into(buf, 0, entry.magic, size, index, entry.term, pos, 0, 0, 0, len(body))
-    buf[BODY_OFFSET:] = body
-    for hook in hooks:
-        try:
-            hook.before_append(stored, buf, BODY_OFFSET)
-        except Exception as exc:
-            raise hook_error(hook, index, exc) from exc
-        if len(buf) != size:
-            raise AppendHookError(ResponseCode.INTERNAL_ERROR, f"append hook {hook!r} changed the length of entry "
-                                  f"{index} from {size} to {len(buf)} bytes")
-    with memoryview(buf) as view:
-        sealed = view[BODY_OFFSET:]
-        stored.body_crc = body_crc(sealed)
-        stored.body = bytes(sealed)  # one copy out of the hooks' buffer
-        sealed.release()
-    return stored
+    return seal_leader_entry_into(hooks, entry, index, pos, memoryview(bytearray(BODY_OFFSET + len(entry.body))), 0)
 
 
-def seal_leader_entry_into(hooks: Sequence, entry: Entry, index: int, pos: int, buf: bytearray) -> Entry:
-    """:func:`seal_leader_entry`, encoded at the end of ``buf`` (the store's write buffer): the stored entry.
+def seal_leader_entry_into(hooks: Sequence, entry: Entry, index: int, pos: int, view: memoryview,
+                           start: int) -> Entry:
+    """:func:`seal_leader_entry`, encoded at ``start`` of ``view`` (the store's write buffer): the stored entry.
 
     A store that writes a run of entries from one buffer
     (:class:`~dledger.store.mmapfile.MmapLogStore`) asks for this form,
-    ``seal.into``: the hooks then rewrite the bytes the store writes, and
-    the sealed entry is not built in a buffer of its own and copied again
-    (one buffer and one copy of the body less per entry on a leader).  The
-    hooks see the entry's header at ``body_offset - HEADER_SIZE`` and its body
-    from ``body_offset`` to the end of ``buf``.  If a hook fails, what this
-    entry added to ``buf`` is taken out again, so the entries before it are
-    written as they were.
+    ``seal.into``, with room for the entry at ``start``: the hooks then
+    rewrite the bytes the store writes, and the sealed entry is not built in
+    a buffer of its own and copied again (one buffer and one copy of the
+    body less per entry on a leader).  The hooks get the entry's own part of
+    ``view`` (header, then body from ``BODY_OFFSET``), so a hook neither
+    sees the other entries nor changes a length.  If a hook fails, the bytes
+    written at ``start`` are not part of anything: the store does not count them.
     """
-    start = len(buf)
     body = entry.body
     n = len(body)
     magic = entry.magic
+    end = start + BODY_OFFSET + n
     if not hooks or magic == _NOOP:
         crc = body_crc(body)
-        buf += _pack_header(magic, BODY_OFFSET + n, index, entry.term, pos, 0, 0, crc, n)
-        buf += body
+        _pack_header_into(view, start, magic, BODY_OFFSET + n, index, entry.term, pos, 0, 0, crc, n)
+        view[start + BODY_OFFSET:end] = body
         return Entry(body, index, entry.term, pos, magic, 0, 0, crc)
-    end = start + BODY_OFFSET + n
     stored = Entry(body, index, entry.term, pos, magic, 0, 0, 0)
-    buf += _pack_header(magic, BODY_OFFSET + n, index, entry.term, pos, 0, 0, 0, n)
-    buf += body
-    at = start + BODY_OFFSET
+    _pack_header_into(view, start, magic, BODY_OFFSET + n, index, entry.term, pos, 0, 0, 0, n)
+    view[start + BODY_OFFSET:end] = body
+    mine = view[start:end]
     for hook in hooks:
         try:
-            hook.before_append(stored, buf, at)
+            hook.before_append(stored, mine, BODY_OFFSET)
         except Exception as exc:
-            del buf[start:]
             raise hook_error(hook, index, exc) from exc
-        if len(buf) != end:
-            changed = len(buf) - start
-            del buf[start:]
-            raise AppendHookError(ResponseCode.INTERNAL_ERROR, f"append hook {hook!r} changed the length of entry "
-                                  f"{index} from {BODY_OFFSET + n} to {changed} bytes")
-    # The views die with the expression (CPython frees them at once), so ``buf`` can grow again.
-    sealed = stored.body = bytes(memoryview(buf)[at:end])
+    sealed = stored.body = bytes(mine[BODY_OFFSET:])
     crc = _crc(sealed)
     if crc >= 0x80000000:
         crc -= 0x100000000  # stored signed, as body_crc gives it
     stored.body_crc = crc
-    _pack_crc_into(buf, start + BODY_CRC_OFFSET, crc)
+    _pack_crc_into(view, start + BODY_CRC_OFFSET, crc)
     return stored
 
 
@@ -171,7 +146,7 @@ class LogGuard:
         #: ``seal(entry, index, pos)``, what a plain store calls for each placed leader entry (see the module
         #: docstring): :func:`seal_leader_entry` with :attr:`hooks`.
         self.seal = functools.partial(seal_leader_entry, self.hooks)
-        #: ``seal.into(entry, index, pos, buf)``: the same, encoded at the end of the store's buffer
+        #: ``seal.into(entry, index, pos, view, start)``: the same, encoded at ``start`` of the store's buffer
         #: (:func:`seal_leader_entry_into`), for a store that writes runs of entries from one buffer.
         self.seal.into = functools.partial(seal_leader_entry_into, self.hooks)
         self._plain = IPlainLogStore.providedBy(store)

@@ -4,18 +4,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from operator import attrgetter
 
-from dledger.entry import HEADER_SIZE, Entry, EntryList
+from dledger.entry import Entry, EntryList, encoded_size
 
-_body = attrgetter("body")
 #: How many appends, newest first, a range is looked for in when cutting its encoding from their bytes.
 _RUNS_SEARCHED = 8
-
-
-def _encoded_size(entries: Sequence[Entry]) -> int:
-    """Bytes of ``entries`` encoded (C-level ``map``: no Python step per entry)."""
-    return sum(map(len, map(_body, entries))) + HEADER_SIZE * len(entries)
 
 
 class RecentEntries:
@@ -98,7 +91,7 @@ class RecentEntries:
             self.first = stored[0].index
         entries.extend(stored)
         before = self._bytes
-        self._bytes += sum([len(e.body) for e in stored]) + HEADER_SIZE * len(stored) if nbytes is None else nbytes
+        self._bytes += encoded_size(stored) if nbytes is None else nbytes
         runs = self._runs
         view = None if encoded is None else memoryview(encoded).toreadonly()  # a resize of it would now fail
         runs.append((len(stored), self._bytes - before, view))
@@ -160,8 +153,8 @@ class RecentEntries:
             start = end - count
             if start <= i:
                 if encoded is not None and last <= end:
-                    offset = 0 if start == i else _encoded_size(self._entries[start:i])
-                    out.give_encoding(encoded[offset:offset + _encoded_size(out)])
+                    offset = 0 if start == i else encoded_size(self._entries[start:i])
+                    out.give_encoding(encoded[offset:offset + encoded_size(out)])
                 return out
             if n >= _RUNS_SEARCHED:
                 return out

@@ -264,6 +264,11 @@ def frame_size(data: bytes | bytearray | memoryview) -> int:
     return 4 + struct.unpack_from(">i", data)[0]
 
 
+#: A frame still missing at least this many bytes is collected chunk by chunk and joined once it is
+#: complete (:class:`FrameSplitter`); smaller remainders are appended to the buffer as they arrive.
+COLLECT_FRAME_BYTES = 64 * 1024
+
+
 class FrameSplitter:
     """Cuts a byte stream that arrives in arbitrary chunks into frames.
 
@@ -282,6 +287,11 @@ class FrameSplitter:
         self.max_frame_size = max_frame_size
         self._buf = bytearray()
         self._pos = 0  # frames before this offset are consumed; trimmed on the next feed (one memmove per read)
+        # A large frame still arriving: its chunks so far (the buffered bytes first) and how many bytes it
+        # still misses.  Collected as a list and joined once, instead of growing the buffer chunk by chunk
+        # (each growth of a ~1 MiB buffer may copy all of it: 8x the frame's bytes copied, measured).
+        self._parts: list[bytes] | None = None
+        self._missing = 0
         self._broken: FrameError | None = None
         #: ``header_decoder(serializeType, header bytes) -> Header`` replaces the JSON-only header parsing
         #: (other RemotingCommand speakers, e.g. the RocketMQ broker port: both serialize types, lenient
@@ -291,12 +301,27 @@ class FrameSplitter:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet part of a complete frame."""
+        if self._parts is not None:
+            return sum(map(len, self._parts))
         return len(self._buf) - self._pos
+
+    @property
+    def collecting(self) -> bool:
+        """True while a large frame is arriving (its chunks are kept as they came, joined once it is complete)."""
+        return self._parts is not None
 
     def feed(self, data: bytes) -> Iterator[Frame]:
         """Add ``data`` and iterate over the complete frames (consume the iterator before feeding again)."""
         if self._broken is not None:
             raise self._broken
+        if self._parts is not None:
+            self._parts.append(data)
+            self._missing -= len(data)
+            if self._missing > 0:
+                return iter(())
+            self._buf, self._pos = bytearray().join(self._parts), 0  # the frame is complete: one copy
+            self._parts = None
+            return self._frames()
         if self._pos:
             del self._buf[:self._pos]
             self._pos = 0
@@ -323,6 +348,10 @@ class FrameSplitter:
                                             f"the frame has after its header-length word"))
             end = pos + 4 + total_len
             if size < end:
+                if end - size >= COLLECT_FRAME_BYTES:  # a large frame: collect its chunks, join them once
+                    with memoryview(buf) as view:
+                        self._parts, self._missing = [bytes(view[pos:])], end - size
+                    self._buf, self._pos = bytearray(), 0
                 return
             header_end = pos + 8 + header_len
             with memoryview(buf) as view:
@@ -462,17 +491,25 @@ class _PushBody:
             sum([len(e.body) for e in entries]) + HEADER_SIZE * len(entries)
         self.size = _BIN_PREFIX.size + len(self.meta) + entries_size
 
+    def parts(self) -> tuple[bytes, bytes, bytes | memoryview]:
+        """``(prefix, meta, entries section)`` for a body whose section is known: joined with the frame's
+        other parts in one copy (a leader's pushes of ~1 MiB are copied once, not into a buffer and out)."""
+        section, crc = self.section
+        prefix = _BIN_PREFIX.pack(BINARY_VERSION, _FLAG_BATCH if self.batch else 0, len(self.meta),
+                                  len(self.entries), crc)
+        return prefix, self.meta, section
+
     def write_into(self, buf: bytearray, offset: int) -> None:
         start = offset + _BIN_PREFIX.size + len(self.meta)
-        buf[offset + _BIN_PREFIX.size:start] = self.meta
-        if self.section is not None:
-            section, crc = self.section
-            buf[start:start + len(section)] = section
-        else:
-            off = start
-            for e in self.entries:
-                off += encode_entry_into(buf, off, e)
-            with memoryview(buf) as view:
+        with memoryview(buf) as view:  # slice assignment through a view: one copy (a bytearray's copies twice)
+            view[offset + _BIN_PREFIX.size:start] = self.meta
+            if self.section is not None:
+                section, crc = self.section
+                view[start:start + len(section)] = section
+            else:
+                off = start
+                for e in self.entries:
+                    off += encode_entry_into(buf, off, e)
                 crc = _crc32c.crc32c(view[start:off])
         _BIN_PREFIX.pack_into(buf, offset, BINARY_VERSION, _FLAG_BATCH if self.batch else 0,
                               len(self.meta), len(self.entries), crc)
@@ -481,6 +518,8 @@ class _PushBody:
 def _encode_push_frame(header: Header, request: PushEntryRequest) -> bytes:
     body = _PushBody(request)
     head = header.to_json()
+    if body.section is not None:
+        return b"".join((_LENGTHS.pack(4 + len(head) + body.size, len(head)), head, *body.parts()))
     buf = bytearray(8 + len(head) + body.size)
     _LENGTHS.pack_into(buf, 0, 4 + len(head) + body.size, len(head))
     buf[8:8 + len(head)] = head
