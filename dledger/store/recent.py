@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dledger.entry import Entry, EntryList, encoded_size
 
 #: How many appends, newest first, a range is looked for in when cutting its encoding from their bytes.
-_RUNS_SEARCHED = 8
+_RUNS_SEARCHED = 64
 
 
 class RecentEntries:
@@ -24,8 +24,8 @@ class RecentEntries:
     :meth:`clear`): what is held is only ever the log's own tail.
 
     A store that wrote an append's entries from one buffer hands that buffer over too (``encoded``):
-    a range that lies within one such append gets its encoding cut from those bytes, so a leader's
-    push encodes nothing again (only its crc32c is computed, once for every follower).
+    a range held in such appends gets its encoding cut from those bytes, so a leader's push encodes
+    nothing again (only its crc32c is computed, once for every follower).
     """
 
     def __init__(self, max_bytes: int = 16 << 20):
@@ -142,21 +142,30 @@ class RecentEntries:
         return self._with_encoding(out, i)
 
     def _with_encoding(self, out: EntryList, i: int) -> EntryList:
-        """``out`` (held from list position ``i``) with its encoding cut from the bytes of the append holding it.
+        """``out`` (held from list position ``i``) with its encoding cut from the bytes of the appends holding it.
 
-        Only a range within one append whose bytes were handed over gets it; a range across appends (or
-        older than the appends searched) encodes itself on first use, as before.
+        Within one append the encoding is a view of its bytes; across appends, their slices joined (one copy,
+        no entry encoded again).  Only appends whose bytes were handed over qualify, among the newest
+        ``_RUNS_SEARCHED``; any other range encodes itself on first use, as before.
         """
-        end = len(self._entries)
         last = i + len(out)
+        end = len(self._entries)
+        covering = []  # (first position, end position, bytes) of the appends holding [i, last), newest first
         for n, (count, _, encoded) in enumerate(reversed(self._runs)):
             start = end - count
-            if start <= i:
-                if encoded is not None and last <= end:
-                    offset = 0 if start == i else encoded_size(self._entries[start:i])
-                    out.give_encoding(encoded[offset:offset + encoded_size(out)])
-                return out
+            if start < last:
+                if encoded is None:
+                    return out
+                covering.append((start, end, encoded))
+                if start <= i:
+                    break
             if n >= _RUNS_SEARCHED:
                 return out
             end = start
-        return out
+        else:
+            return out
+        entries = self._entries
+        parts = [encoded[0 if start >= i else encoded_size(entries[start:i]):
+                         len(encoded) if stop <= last else encoded_size(entries[start:last])]
+                 for start, stop, encoded in reversed(covering)]
+        return out.give_encoding(parts[0] if len(parts) == 1 else b"".join(parts))
