@@ -162,7 +162,7 @@ class DLedgerConfig:
     max_wait_ack_time_ms: int = 2500
     max_push_time_out_ms: int = 1000
     enable_batch_push: bool = True  # dledger: on by default (Java: off)
-    max_batch_push_size: int = 256 * 1024  # bytes per push (Java: 4 KiB)
+    max_batch_push_size: int = MiB  # bytes per push (Java: 4 KiB); each push is a flush round on a follower
     max_pending_size: int = 1000  # in-flight pushes per follower
     enable_fast_advance_commit_index: bool = True  # dledger: NOOP at term start (Java: off)
     # plugins may add options; they arrive here, validated against their declarations

@@ -231,8 +231,8 @@ def test_far_appends_cannot_fill_the_waiting_table():
 
 
 def test_append_window_covers_the_leaders_pipeline():
-    """Default config: 1000 pushes of 256 KiB of 48-byte entries."""
-    assert pushcheck.append_window(1000, 256 * 1024) == 1000 * (256 * 1024 // 48 + 1)
+    """1000 pushes of 1 MiB (the default config) of 48-byte entries."""
+    assert pushcheck.append_window(1000, 1 << 20) == 1000 * ((1 << 20) // 48 + 1)
     assert pushcheck.append_window(0, 10) == 1
 
 
