@@ -411,18 +411,23 @@ def encode_batch_records(template: MessageRecord, items: Sequence, *, first_queu
     fixed = _fixed_length(born.is_v6, store_host.is_v6) + len(topic)
     middle = born.packed() + _I64.pack(t.store_timestamp) + store_host.packed()
     topic_part = bytes((len(topic),)) + topic
-    head, tail, i16, join = _HEAD.pack, _TAIL.pack, _I16.pack, b"".join
+    # Everything before BODY is one pack (the hosts and store time, the same for the whole batch, as an ``s``
+    # field), TOPIC and PROPERTIESLENGTH another: two packs and a four-part join per record.
+    head = struct.Struct(_HEAD.format + f"{len(middle)}s" + _TAIL.format[1:]).pack
+    topic_and_len = struct.Struct(f">{len(topic_part)}sh").pack
+    join = b"".join
     qid, born_ts, reconsume, prepared = t.queue_id, t.born_timestamp, t.reconsume_times, t.prepared_transaction_offset
     qoff = first_queue_offset
     out = []
+    crc32 = zlib.crc32
     try:
         for body, props, flag in items:
             size = fixed + len(body) + len(props)
             if size > max_size or len(props) > MAX_PROPERTIES_LENGTH:
                 break  # encode_record names the limit
-            out.append(join((head(size, MESSAGE_MAGIC, zlib.crc32(body) & 0x7FFFFFFF, qid, flag, qoff, 0,
-                                  sys_flag, born_ts),
-                             middle, tail(reconsume, prepared, len(body)), body, topic_part, i16(len(props)), props)))
+            out.append(join((head(size, MESSAGE_MAGIC, crc32(body) & 0x7FFFFFFF, qid, flag, qoff, 0, sys_flag,
+                                  born_ts, middle, reconsume, prepared, len(body)),
+                             body, topic_and_len(topic_part, len(props)), props)))
             qoff += queue_offset_step
     except struct.error:
         pass  # a field out of range: encode_record names it
