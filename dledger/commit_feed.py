@@ -10,6 +10,7 @@ from __future__ import annotations
 from twisted.internet.defer import maybeDeferred
 from twisted.logger import Logger
 
+from dledger.entry import without_noops
 from dledger.errors import DLedgerError
 
 log = Logger()
@@ -69,7 +70,7 @@ class CommitFeed:
                           i=cursor.next_index, exc=exc)
                 return
             cursor.next_index = entries[-1].index + 1
-            visible = [e for e in entries if not e.is_noop]
+            visible = without_noops(entries)
             if not visible:
                 continue
             d = maybeDeferred(cursor.listener.entries_committed, visible)

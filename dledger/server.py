@@ -22,7 +22,7 @@ from dledger.diskio import INLINE, BlockingIO
 from dledger.election import transfer
 from dledger.election.elector import LeaderElector
 from dledger.election.state import MemberState
-from dledger.entry import Entry
+from dledger.entry import Entry, without_noops
 from dledger.errors import DLedgerError
 from dledger.interfaces import IBatchRequestHandler
 from dledger.leader_ready import LeaderReady
@@ -375,7 +375,7 @@ class DLedgerServer:
         out: list[Entry] = []
         while begin <= committed and not out:
             entries = store.get_range(begin, min(want, committed - begin + 1), GET_MAX_BYTES)
-            out = [e for e in entries if not e.is_noop]
+            out = without_noops(entries)
             begin = entries[-1].index + 1
         if self.stats is not None:
             self.stats.read_done(started)

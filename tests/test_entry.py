@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dledger import entry as codec
+from dledger.codes import EntryType
 from dledger.entry import (
     BODY_OFFSET,
     CodecError,
@@ -267,3 +268,21 @@ def test_decode_entries_applies_each_rule_of_decode_entry(field, value, accept_z
     except CodecError as exc:
         got = ("error", type(exc), str(exc), exc.number)
     assert got == want
+
+
+@pytest.mark.parametrize("magics", [
+    [],
+    [EntryType.NORMAL] * 3,
+    [EntryType.NOOP],
+    [EntryType.NOOP, EntryType.NORMAL, EntryType.NORMAL],
+    [EntryType.NORMAL, EntryType.NOOP, EntryType.NORMAL, EntryType.NOOP],
+    [EntryType.NORMAL, EntryType.NORMAL, EntryType.NOOP],
+])
+def test_without_noops_keeps_every_other_entry_in_order_in_a_new_list(magics):
+    """The commit feed's filter: NOOPs out, the rest in order, always a new list (listeners may keep it)."""
+    from dledger.entry import EntryList, without_noops
+
+    entries = EntryList([Entry(b"%d" % i, i, 1, 0, magic) for i, magic in enumerate(magics)])
+    got = without_noops(entries)
+    assert got == [e for e in entries if e.magic != EntryType.NOOP]
+    assert type(got) is list and got is not entries
