@@ -364,3 +364,51 @@ def test_pushed_sections_cut_from_the_stores_written_bytes_equal_encoding_the_en
             assert list(got) == store.get_range(begin, len(got), 1 << 30)
     assert one > 30 and joined > 30 and computed > 5, "every kind of range was checked"
     fired(store.shutdown())
+
+
+def test_a_decoded_push_in_place_is_checked_as_one_run_and_a_damaged_one_entry_by_entry(tmp_path, monkeypatch):
+    """The mmap follower checks a decoded push in place at once (no per-entry check call); a push it cannot vouch
+    for (here a position the leader's file layout does not give) takes the entry-by-entry checks and their error."""
+    import dataclasses
+
+    from dledger.entry import Entry
+    from dledger.errors import BatchAppendError
+    from dledger.messages import PushEntryRequest
+    from dledger.store import base
+    from dledger.store.mmapfile import MmapLogStore
+    from dledger.testing.store_contract import FakeMemberState
+    from dledger.transport import remoting
+
+    leader = MmapLogStore(tmp_path / "l", FakeMemberState(), data_file_size=4096, index_file_size=1024)
+    leader.startup()
+    entries = leader.append_batch_as_leader([Entry(body=b"%03d" % i * 30, term=1) for i in range(40)])
+    assert len({e.pos // 4096 for e in entries}) > 1, "the batch crosses a data file"
+
+    def decoded(batch):
+        push = PushEntryRequest(group="g0", term=1, leader_id="n0", batch_entry=batch)
+        return remoting.decode_push_binary(remoting.encode_push_binary(push)).batch_entry
+
+    checks = []
+    real = base.check_follower_entry
+    monkeypatch.setattr(base, "check_follower_entry", lambda *a: checks.append(a[0].index) or real(*a))
+    state = FakeMemberState()
+    state.follow(1, "n0")
+    follower = MmapLogStore(tmp_path / "f", state, data_file_size=4096, index_file_size=1024)
+    follower.startup()
+    first_file = [e for e in entries if e.pos < 4096]
+    follower.append_batch_as_follower(decoded(first_file[:1]), 1, "n0")  # creates the data file
+    checks.clear()
+    assert follower.append_batch_as_follower(decoded(first_file[1:]), 1, "n0") == first_file[1:]
+    assert checks == [], "in place: one run, no entry checked by itself"
+    rest = entries[len(first_file):]
+    assert follower.append_batch_as_follower(decoded(rest), 1, "n0") == rest  # a new file: entry by entry
+    assert checks[0] == rest[0].index
+    assert [follower.get(e.index) for e in entries] == entries
+    damaged = MmapLogStore(tmp_path / "d", state, data_file_size=4096, index_file_size=1024)
+    damaged.startup()
+    damaged.append_batch_as_follower(decoded(first_file[:1]), 1, "n0")
+    bad = list(first_file[1:4])
+    bad[1] = dataclasses.replace(bad[1], pos=bad[1].pos + 1)
+    with pytest.raises(BatchAppendError, match="at pos") as info:
+        damaged.append_batch_as_follower(decoded(bad), 1, "n0")
+    assert [e.index for e in info.value.stored] == [bad[0].index]

@@ -475,8 +475,18 @@ class MmapLogStore:
         crc_checked = known is not None and entries.crc_checked  # the bytes written are the ones checked
         into = getattr(seal, "into", None)  # the guard's seal that encodes into the run's buffer (one copy less)
         src_off = 0
+        todo = entries
+        if crc_checked and not self._disk_full:
+            # A decoded push: every follower check at once, a field at a time over the batch; the push's
+            # bytes are then one run, written as they came.  Anything it cannot vouch for goes entry by entry.
+            end = base.follower_run_end(entries, index, run.pos, self._dlimit, self.data_file_size,
+                                        self.max_entry_size, self.accept_zero_crc)
+            if end is not None and end - run.pos == len(known[0]):
+                run.entries.extend(entries)
+                run.end = end
+                todo = ()
         try:
-            for entry in entries:
+            for entry in todo:
                 body = entry.body
                 size = HEADER_SIZE + len(body)
                 wp = run.end
