@@ -118,15 +118,21 @@ class EntryList(list):
 
     ``encoded`` gives the encoding without its crc32c (a store's own written bytes of these entries,
     :class:`dledger.store.recent.RecentEntries`): :meth:`section` then only computes the crc32c.
+
+    ``largest`` > 0 says whoever built the list found it one plain run (:func:`decode_entries` does, as
+    it decodes): consecutive indexes, each entry at the position right after the one before, no
+    reserved field set, no zero CRC; ``largest`` is then its largest entry's encoded size.  A follower
+    then checks such a push as a whole (:func:`dledger.store.base.follower_run_end`).
     """
 
-    __slots__ = ("_section", "crc_checked")
+    __slots__ = ("_section", "crc_checked", "largest")
 
     def __init__(self, entries=(), section: tuple[bytes | memoryview, int] | None = None, *,
-                 crc_checked: bool = False, encoded: bytes | memoryview | None = None):
+                 crc_checked: bool = False, encoded: bytes | memoryview | None = None, largest: int = 0):
         super().__init__(entries)
         self._section = section if encoded is None else (encoded, None)
         self.crc_checked = crc_checked
+        self.largest = largest
 
     def known_section(self) -> tuple[bytes | memoryview, int | None] | None:
         """The encoding if it was computed, received or given already (never computes it; its crc32c is
@@ -273,18 +279,24 @@ def decode_entry(buf: bytes | bytearray | memoryview, offset: int = 0, *,
 
 
 def decode_entries(buf: bytes | bytearray | memoryview, offset: int, end: int, count: int, *,
-                   accept_zero_crc: bool = False) -> tuple[list[Entry], int]:
+                   accept_zero_crc: bool = False) -> tuple[EntryList, int]:
     """``count`` entries encoded back to back from ``offset``, none reaching past ``end``; ``(entries, offset after)``.
 
     What :func:`decode_entry` gives for each (``max_size`` = the bytes left
     before ``end``), with the valid case -- exactly decode_entry's conditions
     -- decided inline: a follower decodes every entry of every push.  The
     first entry that is not valid raises decode_entry's own CodecError, with
-    ``number`` set to its position in the batch.
+    ``number`` set to its position in the batch.  The list's ``largest`` says
+    whether the entries form one plain run (see :class:`EntryList`), noted in
+    the same loop (a few comparisons per entry: the follower's own checks of a
+    push then need no pass over its entries).
     """
-    out: list[Entry] = []
-    unpack, magics, header = _unpack_header_from, VALID_MAGICS, HEADER_SIZE
+    out = EntryList()
+    unpack, magics, header, crc32c = _unpack_header_from, VALID_MAGICS, HEADER_SIZE, _crc
+    append = out.append
     off = offset
+    next_index = next_pos = -1
+    breaks = largest = 0  # breaks: entries not right after the one before, or not plain (the first counts once)
     try:
         for _ in range(count):
             if end - off >= header:
@@ -292,16 +304,24 @@ def decode_entries(buf: bytes | bytearray | memoryview, offset: int, end: int, c
                 if (magic in magics and size == header + n and n >= 0 and index >= 0 and term >= 0 and pos >= 0
                         and off + size <= end):
                     body = bytes(buf[off + header:off + size])
-                    if (crc == 0 and accept_zero_crc) or body_crc(body) == crc:
-                        out.append(Entry(body, index, term, pos, magic, channel, chain_crc, crc))
+                    if (crc == 0 and accept_zero_crc) or crc32c(body) == crc & 0xFFFFFFFF:
+                        append(Entry(body, index, term, pos, magic, channel, chain_crc, crc))
+                        if index != next_index or pos != next_pos or channel or chain_crc or not crc:
+                            breaks += 1
+                        if size > largest:
+                            largest = size
+                        next_index, next_pos = index + 1, pos + size
                         off += size
                         continue
             entry = decode_entry(buf, off, accept_zero_crc=accept_zero_crc, max_size=end - off)
-            out.append(entry)  # not reached for an invalid entry: decode_entry raised its reason
+            append(entry)  # not reached for an invalid entry: decode_entry raised its reason
             off += entry.size
+            breaks += 2  # not reached for a valid entry (decode_entry raised); if it were, no run is vouched for
     except CodecError as exc:
         exc.number = len(out)
         raise
+    if breaks == 1 and not (out[0].channel or out[0].chain_crc or not out[0].body_crc):
+        out.largest = largest
     return out, off
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from itertools import accumulate
-from operator import attrgetter
 
 from dledger.codes import ResponseCode
 from dledger.entry import (
@@ -133,40 +131,28 @@ def check_follower_entry(entry: Entry, write_pos: int, file_size: int, max_size:
     return pos
 
 
-_index, _pos, _body = attrgetter("index"), attrgetter("pos"), attrgetter("body")
-_channel, _chain_crc, _body_crc = attrgetter("channel"), attrgetter("chain_crc"), attrgetter("body_crc")
-
-
 def follower_run_end(entries: Sequence[Entry], first_index: int, write_pos: int, limit: int, file_size: int,
-                     max_size: int, accept_zero_crc: bool) -> int | None:
+                     max_size: int) -> int | None:
     """Where ``entries`` end if every one passes :func:`check_next_index` and :func:`check_follower_entry` (with
-    ``crc_checked``) as one run from ``write_pos``; None if any might not (then check entry by entry, which
-    names the failure).
+    ``crc_checked``) as one run from ``write_pos``; None if that is not certain (then check entry by entry,
+    which names any failure).
 
-    For a push whose non-zero CRCs the decode verified: the follower's checks made a field at a time over
-    the whole batch (C-level ``map``/``accumulate``, no Python step per entry).  The entries must follow
-    ``first_index - 1`` one by one, sit at the positions their sizes give from ``write_pos``, end at or
-    before ``limit`` (the data file's last byte an entry may end at) and, as ``check_follower_entry``
-    computes it, leave a blank marker's room in the ``file_size`` file holding ``write_pos``; no entry
-    over ``max_size``, no reserved field set, no zero CRC unless ``accept_zero_crc``.  Never accepts a
-    batch the entry-by-entry checks would refuse (a property test says so).
+    Only a list that vouches for its own layout qualifies: an :class:`~dledger.entry.EntryList` with
+    ``largest`` set, which :func:`~dledger.entry.decode_entries` gives a push whose entries it found to be
+    one plain run (consecutive indexes, each at the position right after the one before, no reserved
+    field, no zero CRC).  What is left to check is the run as a whole: it follows ``first_index - 1`` at
+    ``write_pos``, ends at or before ``limit`` (the data file's last byte an entry may end at), leaves a
+    blank marker's room in the ``file_size`` file holding ``write_pos`` as ``check_follower_entry``
+    computes it, and no entry is over ``max_size``: O(1), however long the push.
     """
-    n = len(entries)
-    if not n:
+    largest = getattr(entries, "largest", 0)
+    if not largest or largest > max_size:
         return None
-    sizes = list(map(HEADER_SIZE.__add__, map(len, map(_body, entries))))
-    if max(sizes) > max_size:
+    first = entries[0]
+    if first.index != first_index or first.pos != write_pos:
         return None
-    positions = list(accumulate(sizes, initial=write_pos))
-    end = positions.pop()
+    end = write_pos + entries.encoded_size()
     if end > limit or write_pos % file_size + (end - write_pos) + MIN_BLANK_LEN > file_size:
-        return None
-    if list(map(_pos, entries)) != positions or list(map(_index, entries)) != list(range(first_index,
-                                                                                         first_index + n)):
-        return None
-    if any(map(_channel, entries)) or any(map(_chain_crc, entries)):
-        return None
-    if not accept_zero_crc and 0 in map(_body_crc, entries):
         return None
     return end
 

@@ -477,11 +477,11 @@ class MmapLogStore:
         src_off = 0
         todo = entries
         if crc_checked and not self._disk_full:
-            # A decoded push: every follower check at once, a field at a time over the batch; the push's
-            # bytes are then one run, written as they came.  Anything it cannot vouch for goes entry by entry.
+            # A decoded push its decode found to be one plain run: the follower's checks made on the run as a
+            # whole, its bytes written as they came.  Anything else goes entry by entry.
             end = base.follower_run_end(entries, index, run.pos, self._dlimit, self.data_file_size,
-                                        self.max_entry_size, self.accept_zero_crc)
-            if end is not None and end - run.pos == len(known[0]):
+                                        self.max_entry_size)
+            if end is not None:
                 run.entries.extend(entries)
                 run.end = end
                 todo = ()

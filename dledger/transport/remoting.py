@@ -29,7 +29,7 @@ import crc32c as _crc32c
 
 from dledger import messages
 from dledger.codes import RequestCode, ResponseCode
-from dledger.entry import HEADER_SIZE, CodecError, Entry, EntryList, decode_entries, encode_entry_into
+from dledger.entry import HEADER_SIZE, CodecError, EntryList, decode_entries, encode_entry_into
 from dledger.messages import AppendEntryRequest, GetEntriesResponse, PushEntryRequest, RequestOrResponse
 
 SERIALIZE_JSON = 0
@@ -547,7 +547,8 @@ def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRe
     if flags & _FLAG_BATCH:
         if not entries:
             raise BinaryBodyError("binary PUSH marked batch but carries no entries", header)
-        request.batch_entry = EntryList(entries, (section, crc), crc_checked=True)  # stored byte for byte
+        request.batch_entry = EntryList(entries, (section, crc), crc_checked=True,  # stored byte for byte
+                                        largest=entries.largest)
     elif count > 1:
         raise BinaryBodyError(f"binary PUSH carries {count} entries but is not marked batch", header)
     elif entries:
@@ -555,7 +556,7 @@ def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRe
     return request
 
 
-def _decode_entry_section(body: bytes, off: int, count: int, what: str, header: Header | None) -> list[Entry]:
+def _decode_entry_section(body: bytes, off: int, count: int, what: str, header: Header | None) -> EntryList:
     """The ``count`` entries from ``off`` to the end of a binary body, each decoded, CRC-checked and bounded."""
     end = len(body)
     try:
