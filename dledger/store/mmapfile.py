@@ -468,8 +468,10 @@ class MmapLogStore:
         index = self.ledger_end_index + 1
         # A push's entries arrive encoded (checked by their CRCs): write those bytes instead of encoding again.
         known = entries.known_section() if mode == _FOLLOWER and type(entries) is EntryList else None
-        # Otherwise they are encoded into a buffer sized for all of them at once (capped at one data file).
-        need = 0 if known is not None else min(encoded_size(entries), self.data_file_size)
+        # Otherwise they are encoded into a buffer sized for them at once, as far as the current data file
+        # takes them (a run never crosses a file; the next run gets a buffer for the rest).
+        room = self._dlimit - self._write_pos
+        need = 0 if known is not None or room <= 0 else min(encoded_size(entries), room)
         run = _Run(self._write_pos, need)
         run.src = known[0] if known is not None else None
         crc_checked = known is not None and entries.crc_checked  # the bytes written are the ones checked
@@ -548,7 +550,7 @@ class MmapLogStore:
 
         ``placed`` is an entry whose position is fixed already (follower, truncate). The plan is made
         first; the run before is written whatever it says (the batch rule: earlier entries stay).
-        ``capacity``: the bytes the new run's buffer is made for (the entries left, at most one file).
+        ``capacity``: the bytes the new run's buffer is made for (the entries left; at most one file holds).
         """
         data = self._data
         plan = runplan.next_run(run.end, size, file_size=self.data_file_size, max_size=self.max_entry_size,
