@@ -117,7 +117,8 @@ class EntryList(list):
     them again; a zero CRC (Java's "unverified") is still the store's to judge.
 
     ``encoded`` gives the encoding without its crc32c (a store's own written bytes of these entries,
-    :class:`dledger.store.recent.RecentEntries`): :meth:`section` then only computes the crc32c.
+    :class:`dledger.store.recent.RecentEntries`), or its parts in order (the slices of several appends):
+    :meth:`section` then only joins them (once) and computes the crc32c.
 
     ``largest`` > 0 says whoever built the list found it one plain run (:func:`decode_entries` does, as
     it decodes): consecutive indexes, each entry at the position right after the one before, no
@@ -125,24 +126,32 @@ class EntryList(list):
     then checks such a push as a whole (:func:`dledger.store.base.follower_run_end`).
     """
 
-    __slots__ = ("_section", "crc_checked", "largest")
+    __slots__ = ("_section", "_parts", "crc_checked", "largest")
 
     def __init__(self, entries=(), section: tuple[bytes | memoryview, int] | None = None, *,
-                 crc_checked: bool = False, encoded: bytes | memoryview | None = None, largest: int = 0):
+                 crc_checked: bool = False, encoded: bytes | memoryview | list | None = None, largest: int = 0):
         super().__init__(entries)
-        self._section = section if encoded is None else (encoded, None)
+        self._section = section
+        self._parts: list | None = None
         self.crc_checked = crc_checked
         self.largest = largest
+        if encoded is not None:
+            self.give_encoding(encoded)
 
     def known_section(self) -> tuple[bytes | memoryview, int | None] | None:
         """The encoding if it was computed, received or given already (never computes it; its crc32c is
         None while only the bytes were given)."""
         return self._section
 
-    def give_encoding(self, encoded: bytes | memoryview) -> EntryList:
-        """Take ``encoded`` as these entries' encoding (crc32c computed on first use) unless one is known; self."""
-        if self._section is None:
-            self._section = (encoded, None)
+    def give_encoding(self, encoded: bytes | memoryview | list) -> EntryList:
+        """Take ``encoded`` (bytes, or a list of their parts in order) as these entries' encoding unless one is
+        known; self.  Nothing is joined or checksummed until :meth:`section` is asked for (a reader that
+        only wants the entries, the commit feed, pays nothing)."""
+        if self._section is None and self._parts is None:
+            if type(encoded) is list:
+                self._parts = encoded
+            else:
+                self._section = (encoded, None)
         return self
 
     def section(self) -> tuple[bytes | memoryview, int]:
@@ -156,6 +165,10 @@ class EntryList(list):
             if known[1] is None:  # the bytes were given: only their crc32c is computed
                 known = self._section = (known[0], _crc(known[0]))
             return known
+        if self._parts is not None:
+            data = b"".join(self._parts)
+            self._section, self._parts = (data, _crc(data)), None
+            return self._section
         pack = _pack_header
         parts = []
         for e in self:
@@ -172,6 +185,8 @@ class EntryList(list):
         """Bytes of the encoded entries (the section's length), without encoding them when it is not known yet."""
         if self._section is not None:
             return len(self._section[0])
+        if self._parts is not None:
+            return sum(map(len, self._parts))
         return encoded_size(self)
 
 

@@ -327,10 +327,11 @@ def test_recent_entries_let_whole_appends_go_oldest_first(appends, budget):
 
 
 @pytest.mark.parametrize("hooked", [False, True], ids=["no hook", "hook"])
-def test_pushed_sections_cut_from_the_stores_written_bytes_equal_encoding_the_entries(tmp_path, hooked):
+def test_pushed_sections_cut_from_the_stores_written_bytes_equal_encoding_the_entries(tmp_path, hooked, monkeypatch):
     """A range held in appends the store wrote gets their written bytes as its encoding (a view within one append,
-    joined slices across several): byte for byte what encoding its entries gives, through file rollovers, hooks
-    and truncations (after which ranges encode themselves)."""
+    slices across several, joined when the section is asked for): byte for byte what encoding its entries gives,
+    through file rollovers, hooks and truncations (after which ranges encode themselves)."""
+    from dledger import entry as codec
     from dledger.entry import Entry, EntryList
     from dledger.store.guard import LogGuard
     from dledger.testing.store_contract import FakeMemberState, StampPos, fired, open_small_store
@@ -343,6 +344,8 @@ def test_pushed_sections_cut_from_the_stores_written_bytes_equal_encoding_the_en
     recent = store.recent_entries
     rng = random.Random(7)
     one = joined = computed = 0
+    packed = []
+    monkeypatch.setattr(codec, "_pack_header", lambda *a: packed.append(a) or codec.HEADER.pack(*a))
     for step in range(60):
         if step % 15 == 14 and store.ledger_end_index > 5:
             store.truncate(store.get(store.ledger_end_index - 3), 1, "n0")
@@ -354,15 +357,17 @@ def test_pushed_sections_cut_from_the_stores_written_bytes_equal_encoding_the_en
             begin = rng.randrange(max(0, recent.first), end + 1)
             got = recent.get_range(begin, rng.choice([1, 3, 8, 1000]), rng.choice([600, 2500, 1 << 20]))
             known = got.known_section()
-            if known is None:
-                computed += 1
-            elif isinstance(known[0], memoryview):
+            packed.clear()
+            section = got.section()
+            if packed:
+                computed += 1  # encoded here, entry by entry
+            elif known is not None and isinstance(known[0], memoryview):
                 one += 1  # a view of one append's bytes
             else:
                 joined += 1  # the slices of several appends, joined
-            assert got.section() == EntryList(list(got)).section()
+            assert section == EntryList(list(got)).section()
             assert list(got) == store.get_range(begin, len(got), 1 << 30)
-    assert one > 30 and joined > 30 and computed > 5, "every kind of range was checked"
+    assert one > 30 and joined > 15 and computed > 5, "every kind of range was checked"
     fired(store.shutdown())
 
 
@@ -412,3 +417,23 @@ def test_a_decoded_push_in_place_is_checked_as_one_run_and_a_damaged_one_entry_b
     with pytest.raises(BatchAppendError, match="at pos") as info:
         damaged.append_batch_as_follower(decoded(bad), 1, "n0")
     assert [e.index for e in info.value.stored] == [bad[0].index]
+
+
+def test_a_range_across_appends_is_joined_only_when_its_section_is_asked_for():
+    """The commit feed reads ranges over many appends and never sends them: their slices stay parts (no copy)
+    until a push asks for the section, which is then the entries' encoding."""
+    from dledger.entry import Entry, EntryList, encode_entry
+    from dledger.store.recent import RecentEntries
+
+    recent = RecentEntries()
+    index = 0
+    for count in (3, 2, 4):
+        batch = [Entry(b"%d" % (index + k) * 5, index + k, 1, 0).sealed() for k in range(count)]
+        recent.extend(batch, None, bytearray(b"".join(encode_entry(e) for e in batch)))
+        index += count
+    got = recent.get_range(1, 100, 1 << 30)
+    assert [e.index for e in got] == list(range(1, 9))
+    assert got.known_section() is None, "nothing joined yet"
+    assert got.encoded_size() == sum(e.size for e in got)
+    assert got.section() == EntryList(list(got)).section()
+    assert got.known_section() is not None

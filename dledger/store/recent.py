@@ -7,8 +7,9 @@ from collections.abc import Sequence
 
 from dledger.entry import Entry, EntryList, encoded_size
 
-#: How many appends, newest first, a range is looked for in when cutting its encoding from their bytes.
-_RUNS_SEARCHED = 64
+#: How many appends, newest first, a range is looked for in when cutting its encoding from their bytes (a
+#: range over more, or older, appends encodes itself: the search must stay cheaper than that).
+_RUNS_SEARCHED = 8
 
 
 class RecentEntries:
@@ -144,9 +145,9 @@ class RecentEntries:
     def _with_encoding(self, out: EntryList, i: int) -> EntryList:
         """``out`` (held from list position ``i``) with its encoding cut from the bytes of the appends holding it.
 
-        Within one append the encoding is a view of its bytes; across appends, their slices joined (one copy,
-        no entry encoded again).  Only appends whose bytes were handed over qualify, among the newest
-        ``_RUNS_SEARCHED``; any other range encodes itself on first use, as before.
+        Within one append the encoding is a view of its bytes; across appends, their slices, joined once a
+        push asks for the section (the commit feed never does).  Only appends whose bytes were handed over
+        qualify, among the newest ``_RUNS_SEARCHED``; any other range encodes itself on first use, as before.
         """
         last = i + len(out)
         end = len(self._entries)
@@ -168,4 +169,4 @@ class RecentEntries:
         parts = [encoded[0 if start >= i else encoded_size(entries[start:i]):
                          len(encoded) if stop <= last else encoded_size(entries[start:last])]
                  for start, stop, encoded in reversed(covering)]
-        return out.give_encoding(parts[0] if len(parts) == 1 else b"".join(parts))
+        return out.give_encoding(parts[0] if len(parts) == 1 else parts)
