@@ -26,7 +26,8 @@ class RecentEntries:
 
     A store that wrote an append's entries from one buffer hands that buffer over too (``encoded``):
     a range held in such appends gets its encoding cut from those bytes, so a leader's push encodes
-    nothing again (only its crc32c is computed, once for every follower).
+    nothing again (only its crc32c is computed, once for every follower).  Those buffers are held
+    with their entries, so a leader holds up to about twice ``max_bytes`` (32 MiB by default).
     """
 
     def __init__(self, max_bytes: int = 16 << 20):
