@@ -79,6 +79,28 @@ def test_large_frames_are_collected_in_chunks_and_split_as_any_other(seed):
     assert collected > 5, "the large frames took the collecting path"
 
 
+def test_a_large_frame_trickled_byte_by_byte_is_held_in_few_buffers():
+    """A peer sending a large frame a byte per read: the splitter holds about the frame's bytes, not an object per
+    byte (which would be ~40 times the frame), and still yields the frame."""
+    import tracemalloc
+
+    body = bytes(range(256)) * 1200  # 300 KiB
+    data = frame(GOOD_HEADER, body)
+    splitter = FrameSplitter()
+    got = list(splitter.feed(data[:100]))
+    tracemalloc.start()
+    try:
+        for i in range(100, len(data) - 1):
+            got += splitter.feed(data[i:i + 1])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert splitter.collecting and splitter.buffered == len(data) - 1
+    got += splitter.feed(data[-1:])
+    assert [f.body for f in got] == [body] and not splitter.collecting
+    assert peak < 2 * len(data), f"{peak} bytes held for a {len(data)}-byte frame"
+
+
 def test_frame_over_the_size_limit_is_refused_from_its_length_field():
     """A frame announcing more than max_frame_size is refused before its bytes are buffered."""
     splitter = FrameSplitter(max_frame_size=1000)

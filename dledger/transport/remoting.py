@@ -267,6 +267,9 @@ def frame_size(data: bytes | bytearray | memoryview) -> int:
 #: A frame still missing at least this many bytes is collected chunk by chunk and joined once it is
 #: complete (:class:`FrameSplitter`); smaller remainders are appended to the buffer as they arrive.
 COLLECT_FRAME_BYTES = 64 * 1024
+#: Reads smaller than this, while a large frame is collected, are gathered into shared buffers of up to
+#: COLLECT_FRAME_BYTES (a peer trickling a frame byte by byte must not make the member hold an object per byte).
+_SMALL_READ = 16 * 1024
 
 
 class FrameSplitter:
@@ -290,7 +293,7 @@ class FrameSplitter:
         # A large frame still arriving: its chunks so far (the buffered bytes first) and how many bytes it
         # still misses.  Collected as a list and joined once, instead of growing the buffer chunk by chunk
         # (each growth of a ~1 MiB buffer may copy all of it: 8x the frame's bytes copied, measured).
-        self._parts: list[bytes] | None = None
+        self._parts: list[bytes | bytearray] | None = None
         self._missing = 0
         self._broken: FrameError | None = None
         #: ``header_decoder(serializeType, header bytes) -> Header`` replaces the JSON-only header parsing
@@ -314,8 +317,14 @@ class FrameSplitter:
         """Add ``data`` and iterate over the complete frames (consume the iterator before feeding again)."""
         if self._broken is not None:
             raise self._broken
-        if self._parts is not None:
-            self._parts.append(data)
+        parts = self._parts
+        if parts is not None:
+            if len(data) >= _SMALL_READ:
+                parts.append(data)
+            elif type(parts[-1]) is bytearray and len(parts[-1]) < COLLECT_FRAME_BYTES:
+                parts[-1] += data  # small reads share a buffer: a part per read would cost ~40 bytes per byte
+            else:
+                parts.append(bytearray(data))
             self._missing -= len(data)
             if self._missing > 0:
                 return iter(())
