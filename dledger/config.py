@@ -367,6 +367,16 @@ def max_entry_size_for_frame(max_frame_size: int) -> int:
     return (max_frame_size - FRAME_OVERHEAD) * 3 // 4
 
 
+def push_budget(max_batch_push_size: int, max_frame_size: int) -> int:
+    """The bytes of entries a leader puts in one push: ``maxBatchPushSize``, but never more than a frame holds.
+
+    A push travels in one frame (as JSON with Base64 bodies to a Java follower), so with a small
+    ``maxFrameSize`` the default 1 MiB push is cut to what :func:`max_entry_size_for_frame` allows;
+    otherwise the follower would refuse the frame and replication would stop.
+    """
+    return max(1, min(max_batch_push_size, max_entry_size_for_frame(max_frame_size)))
+
+
 def _check_sizes(cfg: DLedgerConfig) -> None:
     """Options whose valid range depends on another option, and strings that must not be empty."""
     for n in ("store_base_dir", "store_type", "transport_type"):

@@ -109,6 +109,36 @@ def test_entry_size_and_frame_size_that_fit_are_accepted():
         make_config(peers=PEERS, maxFrameSize=1 << 20, maxEntrySize=limit + 1)
 
 
+@pytest.mark.parametrize("push, frame, expected", [
+    (1 << 20, 16 << 20, 1 << 20),                                   # the defaults: the push size as set
+    (1 << 20, 1 << 20, (1024 - 64) * 1024 * 3 // 4),                # a 1 MiB frame: what fits it in Base64
+    (256 * 1024, 1 << 20, 256 * 1024),                              # a smaller push is kept
+    (1 << 20, 64 * 1024, 1),                                        # the smallest frame: one entry per push
+])
+def test_push_budget(push, frame, expected):
+    from dledger.config import push_budget
+
+    assert push_budget(push, frame) == expected
+
+
+@pytest.mark.parametrize("frame", [1 << 20, 2 << 20, 16 << 20])
+def test_a_push_of_the_budget_fits_its_frame_in_both_forms(frame):
+    """A leader's push of push_budget bytes of 1 KiB entries travels in one frame, binary or JSON (to Java)."""
+    from dledger.codes import PushType
+    from dledger.config import push_budget
+    from dledger.entry import HEADER_SIZE, Entry
+    from dledger.messages import PushEntryRequest
+    from dledger.transport import remoting
+
+    budget = push_budget(1 << 20, frame)
+    count = budget // (HEADER_SIZE + 1024)
+    batch = [Entry(bytes(1024), i, 1, i * (HEADER_SIZE + 1024)).sealed() for i in range(count)]
+    push = PushEntryRequest(group="g0", remote_id="n1", local_id="n0", leader_id="n0", term=1, commit_index=0,
+                            type=PushType.APPEND, batch_entry=batch, total_size=sum(e.size for e in batch))
+    for binary in (True, False):
+        assert len(remoting.encode_request(push, 1, binary=binary)) <= frame, binary
+
+
 def test_camel_case_and_snake_case_overrides():
     """Overrides accept DLedger's camelCase names and snake_case, and refuse unknown ones with a hint."""
     c = make_config(peers=PEERS, selfId="n1", heartBeatTimeIntervalMs=500, max_vote_interval_ms=900)

@@ -15,6 +15,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from dledger.codes import EntryType, PushType, ResponseCode
+from dledger.config import push_budget
 from dledger.entry import Entry, EntryList
 from dledger.errors import DLedgerError
 from dledger.messages import PushEntryRequest
@@ -389,7 +390,7 @@ class LeaderReplicator:
         self.retry_delay = min(self.push_timeout, 0.05)
         self.heartbeat = cfg.heart_beat_time_interval_ms / 1000.0
         self.batch_push = cfg.enable_batch_push
-        self.max_batch_bytes = cfg.max_batch_push_size
+        self.max_batch_bytes = push_budget(cfg.max_batch_push_size, cfg.max_frame_size)
         self.max_batch_entries = 10_000
         self.max_in_flight = cfg.max_pending_size
         self.dispatchers = {peer: EntryDispatcher(self, peer) for peer in members if peer != self_id}
