@@ -161,6 +161,41 @@ def test_bench_store_removes_its_temp_dir_on_sigterm(tmp_path, io_mode):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_cancelled_threaded_store_bench_stops_its_flush_threads_before_removing_its_directory(tmp_path,
+                                                                                                  monkeypatch):
+    """What a signal does to `bench store --io thread` (the run cancelled mid-way): the store is shut down and its
+    BlockingIO's threads stopped before the temporary directory is removed; a flush round still running on a
+    worker would otherwise fail on deleted files (a traceback under load, seen in CI)."""
+    from twisted.internet import reactor
+    from twisted.internet.defer import CancelledError
+
+    from dledger import diskio
+    from dledger.bench import store as store_bench
+
+    made, removed = [], []
+
+    class SpyIO(diskio.BlockingIO):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    real_rmtree = store_bench.shutil.rmtree
+    monkeypatch.setattr(store_bench.diskio, "BlockingIO", SpyIO)
+    monkeypatch.setattr(store_bench.shutil, "rmtree",
+                        lambda path, **kw: (removed.append([io.stopped for io in made]), real_rmtree(path, **kw)))
+    monkeypatch.setattr(store_bench.tempfile, "tempdir", str(tmp_path))
+    opts = store_bench.StoreBenchOptions(store="mmap", size=16, count=10**9, flush="async", io="thread",
+                                         data_file_size=1 << 20, index_file_size=32 << 10, flush_interval_ms=1)
+    d = Deferred.fromCoroutine(store_bench.run_threaded(reactor, opts))
+    await deferLater(reactor, 0.3, lambda: None)
+    d.cancel()
+    with pytest.raises(CancelledError):
+        await d
+    assert made and removed == [[True] * len(made)], "the directory went only after the flush threads stopped"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest_twisted.ensureDeferred
 async def test_timeout_applies_per_request_not_to_the_whole_command():
     """A command whose requests each answer in time is not cut off by --timeout, however long it runs in total."""
     clock = Clock()

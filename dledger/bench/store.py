@@ -176,40 +176,44 @@ async def run_threaded(reactor, opts: StoreBenchOptions) -> StoreBenchResult:
         io = diskio.BlockingIO(reactor, threaded=True)
         store = make_store(opts, directory, FakeMemberState(), clock=reactor, blocking_io=io)
         store.startup()
-        body = os.urandom(opts.size)
-        samples = _samples(opts.count)
-        rss_mib = [(0, rss())]
-        append = store.append_as_leader
-        in_flight: Deferred | None = None
-        t0 = time.perf_counter()
-        c0 = time.process_time()
-        done = 0
-        while done < opts.count:
-            n = min(opts.batch, opts.count - done)
-            for _ in range(n):
-                append(Entry(body=body, term=1))
-            done += n
-            if opts.flush == "sync":
-                if opts.pipeline:
-                    if in_flight is not None:
-                        await in_flight
-                    in_flight = store.flush()
+        try:
+            body = os.urandom(opts.size)
+            samples = _samples(opts.count)
+            rss_mib = [(0, rss())]
+            append = store.append_as_leader
+            in_flight: Deferred | None = None
+            t0 = time.perf_counter()
+            c0 = time.process_time()
+            done = 0
+            while done < opts.count:
+                n = min(opts.batch, opts.count - done)
+                for _ in range(n):
+                    append(Entry(body=body, term=1))
+                done += n
+                if opts.flush == "sync":
+                    if opts.pipeline:
+                        if in_flight is not None:
+                            await in_flight
+                        in_flight = store.flush()
+                    else:
+                        await store.flush()
                 else:
-                    await store.flush()
-            else:
-                await task.deferLater(reactor, 0, lambda: None)
-            if any(done - n < s <= done for s in samples):
-                rss_mib.append((done, rss()))
-        if in_flight is not None:
-            await in_flight
-        await store.flush()
-        seconds = time.perf_counter() - t0
-        cpu = time.process_time() - c0
-        rss_mib.append((done, rss()))
-        result = _result(opts, store, seconds, rss_mib, cpu)
-        await store.shutdown()
-        io.stop()
-        return result
+                    await task.deferLater(reactor, 0, lambda: None)
+                if any(done - n < s <= done for s in samples):
+                    rss_mib.append((done, rss()))
+            if in_flight is not None:
+                await in_flight
+            await store.flush()
+            seconds = time.perf_counter() - t0
+            cpu = time.process_time() - c0
+            rss_mib.append((done, rss()))
+            return _result(opts, store, seconds, rss_mib, cpu)
+        finally:
+            # Also when a signal cancels the run: the store's flush rounds (its async timer's too) run on the
+            # BlockingIO's threads, so the store is shut down and the threads stopped before its directory goes
+            # (a round still running would fail on deleted files and print a traceback).
+            await store.shutdown()
+            io.stop()
 
 
 class _directory:

@@ -67,8 +67,14 @@ def _run_under_reactor(opts):
         d = Deferred.fromCoroutine(store_bench.run_threaded(reactor, opts))
         d.addBoth(outcome.append)
         d.addBoth(lambda _: None if stopping else reactor.stop())
-        # A signal stops the reactor with the run in the middle: cancel it so that its directory is removed.
-        reactor.addSystemEventTrigger("before", "shutdown", lambda: (stopping.append(True), d.cancel()))
+        def cancel():
+            # A signal stops the reactor with the run in the middle: cancel it; the reactor waits for the run to
+            # shut its store down (flush rounds on worker threads) before it stops and the directory is removed.
+            stopping.append(True)
+            d.cancel()
+            return d
+
+        reactor.addSystemEventTrigger("before", "shutdown", cancel)
 
     reactor.callWhenRunning(start)
     reactor.run()  # SIGTERM/SIGINT stop the reactor; the before-shutdown trigger unwinds the run first
