@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import queue
-import threading
+import threading  # allowed: BlockingIO owns the worker threads the core hands blocking syscalls to (the one place)
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path

@@ -29,4 +29,4 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str, interval
             return value
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
+        time.sleep(interval)  # allowed: blocking test code waiting on another process, bounded by timeout
