@@ -16,7 +16,7 @@ from twisted.logger import Logger
 
 from dledger.codes import EntryType, PushType, ResponseCode
 from dledger.config import push_budget
-from dledger.entry import Entry, EntryList
+from dledger.entry import Entry, EntryList, encoded_size
 from dledger.errors import DLedgerError
 from dledger.messages import PushEntryRequest
 from dledger.ratelog import RateLimitedLog, RateLimiter
@@ -31,7 +31,7 @@ log = Logger()
 
 def _encoded_size(batch: Sequence[Entry]) -> int:
     """Bytes of a push's entries; an EntryList (the leader's pushes) answers without a property call per entry."""
-    return batch.encoded_size() if type(batch) is EntryList else sum(e.size for e in batch)
+    return batch.encoded_size() if type(batch) is EntryList else encoded_size(batch)
 
 
 #: A follower more than this many entries behind the leader gets an info line (and another when it has

@@ -29,7 +29,7 @@ import crc32c as _crc32c
 
 from dledger import messages
 from dledger.codes import RequestCode, ResponseCode
-from dledger.entry import HEADER_SIZE, CodecError, EntryList, decode_entries, encode_entry_into
+from dledger.entry import HEADER_SIZE, CodecError, EntryList, decode_entries, encode_entry_into, encoded_size
 from dledger.messages import AppendEntryRequest, GetEntriesResponse, PushEntryRequest, RequestOrResponse
 
 SERIALIZE_JSON = 0
@@ -496,8 +496,7 @@ class _PushBody:
         for key in ("batchEntry", "batch", "count", "firstEntryIndex", "lastEntryIndex"):
             meta_obj.pop(key, None)
         self.meta = _utf8(_dumps(meta_obj))
-        entries_size = len(self.section[0]) if self.section is not None else \
-            sum([len(e.body) for e in entries]) + HEADER_SIZE * len(entries)
+        entries_size = len(self.section[0]) if self.section is not None else encoded_size(entries)
         self.size = _BIN_PREFIX.size + len(self.meta) + entries_size
 
     def parts(self) -> tuple[bytes, bytes, bytes | memoryview]:
@@ -596,7 +595,7 @@ def encode_get_reply_binary(response: GetEntriesResponse) -> bytes:
     meta_obj.pop("entries", None)
     meta = _utf8(_dumps(meta_obj))
     start = _BIN_PREFIX.size + len(meta)
-    buf = bytearray(start + sum([len(e.body) for e in entries]) + HEADER_SIZE * len(entries))
+    buf = bytearray(start + encoded_size(entries))
     buf[_BIN_PREFIX.size:start] = meta
     off = start
     for e in entries:
