@@ -14,6 +14,7 @@ from dledger.election.rules import (
     decide_heartbeat,
     decide_vote,
     is_quorum,
+    may_have_led,
     next_term,
     next_vote_delay,
 )
@@ -52,6 +53,15 @@ VOTE_RULES = [
      Action.NONE),
     ("already_voted_without_leader", {"vote_for": "n2"}, {}, R.REJECT_ALREADY_VOTED, Action.NONE),
     ("repeated_vote_for_same_candidate_is_granted", {"vote_for": "n1"}, {}, R.ACCEPT, Action.RECORD_VOTE),
+    # Issue #29 (not in Java): a candidate known to have led this term already spent our vote on that leadership.
+    ("candidate_that_led_this_term_is_refused", {"vote_for": "n1", "term_leader": "n1"}, {},
+     R.REJECT_ALREADY_VOTED, Action.NONE),
+    ("another_term_leader_does_not_refuse_this_candidate", {"vote_for": "n1", "term_leader": "n2"}, {}, R.ACCEPT,
+     Action.RECORD_VOTE),
+    ("term_leader_of_an_older_term_does_not_count", {"vote_for": "n1", "term_leader": "n1"}, {"term": 6},
+     R.REJECT_TERM_NOT_READY, Action.BECOME_CANDIDATE),
+    ("my_own_vote_is_granted_though_i_led", {"vote_for": "n0", "term_leader": "n0"},
+     {"candidate": "n0", "is_self": True}, R.ACCEPT, Action.RECORD_VOTE),
     ("larger_request_term_makes_me_candidate_not_ready", {"vote_for": "n2", "leader_id": "n2"}, {"term": 7},
      R.REJECT_TERM_NOT_READY, Action.BECOME_CANDIDATE),
     ("request_term_below_my_ledger_term_is_rejected", {"curr_term": 3, "ledger_end_term": 4},
@@ -202,18 +212,36 @@ def test_majority(members, expected):
 
 
 BUMPS_TERM = [
-    # (rule, last parse result, need increase term immediately, expected)
-    ("wait_to_vote_next_moves_to_the_next_term", VoteParseResult.WAIT_TO_VOTE_NEXT, False, True),
-    ("told_to_increase_the_term_moves_on", VoteParseResult.WAIT_TO_REVOTE, True, True),
-    ("wait_to_revote_asks_again_in_the_same_term", VoteParseResult.WAIT_TO_REVOTE, False, False),
-    ("revote_immediately_asks_again_in_the_same_term", VoteParseResult.REVOTE_IMMEDIATELY, False, False),
+    # (rule, last parse result, need increase term immediately, may have led the term before a restart, expected)
+    ("wait_to_vote_next_moves_to_the_next_term", VoteParseResult.WAIT_TO_VOTE_NEXT, False, False, True),
+    ("told_to_increase_the_term_moves_on", VoteParseResult.WAIT_TO_REVOTE, True, False, True),
+    ("wait_to_revote_asks_again_in_the_same_term", VoteParseResult.WAIT_TO_REVOTE, False, False, False),
+    ("revote_immediately_asks_again_in_the_same_term", VoteParseResult.REVOTE_IMMEDIATELY, False, False, False),
+    # Issue #29 (Raft, not Java): never lead a term twice, even right after a start in WAIT_TO_REVOTE.
+    ("restarted_with_own_vote_moves_to_the_next_term", VoteParseResult.WAIT_TO_REVOTE, False, True, True),
+    ("restarted_with_own_vote_moves_on_after_revote_too", VoteParseResult.REVOTE_IMMEDIATELY, False, True, True),
 ]
 
 
-@pytest.mark.parametrize("rule, parse, need, expected", BUMPS_TERM, ids=[r[0] for r in BUMPS_TERM])
-def test_bumps_term(rule, parse, need, expected):
-    """A candidate moves to the next term only after WAIT_TO_VOTE_NEXT or when told to (SPEC §3)."""
-    assert bumps_term(parse, need) is expected
+@pytest.mark.parametrize("rule, parse, need, led, expected", BUMPS_TERM, ids=[r[0] for r in BUMPS_TERM])
+def test_bumps_term(rule, parse, need, led, expected):
+    """A candidate moves to the next term after WAIT_TO_VOTE_NEXT, when told to, or when it may have led its term."""
+    assert bumps_term(parse, need, led) is expected
+
+
+MAY_HAVE_LED = [
+    # (rule, persisted term, persisted vote, self id, expected)
+    ("own_vote_in_the_term_means_it_may_have_led_it", 7, "n0", "n0", 7),
+    ("vote_for_another_never_led", 7, "n1", "n0", -1),
+    ("no_vote_never_led", 7, None, "n0", -1),
+    ("fresh_member_never_led", 0, None, "n0", -1),
+]
+
+
+@pytest.mark.parametrize("rule, term, vote, me, expected", MAY_HAVE_LED, ids=[r[0] for r in MAY_HAVE_LED])
+def test_may_have_led(rule, term, vote, me, expected):
+    """A member leads a term only after its own vote there is on disk: that vote is the evidence."""
+    assert may_have_led(term, vote, me) == expected
 
 
 NEXT_VOTE_DELAY = [

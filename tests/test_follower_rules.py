@@ -8,6 +8,7 @@ from dledger.replication.follower_rules import (
     classify_append,
     commit_needs_compare,
     commit_to_adopt,
+    leader_log_changed,
     overdue_push,
     stale_truncate,
 )
@@ -56,6 +57,23 @@ STALE_TRUNCATE = [
 def test_stale_truncate(rule, index, matched, expected):
     """Within one leadership the log only grows: a TRUNCATE below what was verified is a reordered old one."""
     assert stale_truncate(index, matched) is expected
+
+
+LEADER_LOG_CHANGED = [
+    # (rule, index of the leader's entry, it equals ours, matched prefix of that (term, leader), expected)
+    ("different_entry_inside_the_verified_prefix_is_a_new_incarnation", 4, False, 9, True),
+    ("different_entry_at_the_prefix_end_is_a_new_incarnation", 9, False, 9, True),
+    ("different_entry_past_the_prefix_is_ordinary_repair", 10, False, 9, False),
+    ("equal_entry_inside_the_prefix_changes_nothing", 4, True, 9, False),
+    ("nothing_verified_nothing_to_forget", 0, False, -1, False),
+]
+
+
+@pytest.mark.parametrize("rule, index, same, matched, expected", LEADER_LOG_CHANGED,
+                         ids=[r[0] for r in LEADER_LOG_CHANGED])
+def test_leader_log_changed(rule, index, same, matched, expected):
+    """A verified entry that the same (term, leader) now contradicts proves another leader incarnation (#29)."""
+    assert leader_log_changed(index, same, matched) is expected
 
 
 APPEND_KIND = [

@@ -247,10 +247,12 @@ class LeaderElector:
             self._arm(self.next_time_to_request_vote - now)
             return
         st = self.state
-        if bumps_term(self.last_parse_result, self.need_increase_term_immediately):
-            prev = st.curr_term
+        if bumps_term(self.last_parse_result, self.need_increase_term_immediately, st.led_current_term):
+            prev, led = st.curr_term, st.led_current_term
             term = st.next_term()
-            log.info("{id}: candidate moves from term {prev} to {term}", id=st.self_id, prev=prev, term=term)
+            log.info("{id}: candidate moves from term {prev} to {term}{why}", id=st.self_id, prev=prev, term=term,
+                     why=" (its vote in term %d was its own before it started: it may have led it, and never "
+                     "leads a term twice)" % prev if led else "")
             self.last_parse_result = VoteParseResult.WAIT_TO_REVOTE
         else:
             term = st.curr_term
@@ -384,7 +386,8 @@ class LeaderElector:
     def view(self) -> VoterView:
         st = self.state
         return VoterView(st.self_id, st.member_set, st.curr_term, st.vote_for, st.leader_id,
-                         self.store.ledger_end_term, self.store.ledger_end_index, st.taking_leadership)
+                         self.store.ledger_end_term, self.store.ledger_end_index, st.taking_leadership,
+                         st.term_leader)
 
     def handle_vote(self, request: VoteRequest, is_self: bool = False) -> Deferred:
         """Answer a vote (SPEC §3): a Deferred of the reply, fired only once a granted vote is on disk.

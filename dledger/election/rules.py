@@ -33,6 +33,8 @@ class VoterView:
     ledger_end_term: int
     ledger_end_index: int
     taking_leadership: bool = False
+    #: The member known to have led ``curr_term`` (still set after it stopped leading; None when unknown).
+    term_leader: str | None = None
 
 
 class Action(enum.Enum):
@@ -74,6 +76,13 @@ def decide_vote(view: VoterView, candidate: str, term: int, ledger_end_term: int
             if view.leader_id is not None:
                 return Decision(Action.NONE, R.REJECT_ALREADY_HAS_LEADER)
             return Decision(Action.NONE, R.REJECT_ALREADY_VOTED)
+        if not is_self and candidate == view.term_leader:
+            # Not in Java DLedger (issue #29): the candidate already led this term, so our vote was spent on
+            # that leadership.  A member that restarted after a machine crash may have lost the tail it
+            # wrote as that leader; leading the same term again would write other entries under the same
+            # (index, term) its followers hold.  dledger candidates never ask twice (rules.bumps_term);
+            # this refusal makes a Java or older member move to a new term (WAIT_TO_VOTE_NEXT) instead.
+            return Decision(Action.NONE, R.REJECT_ALREADY_VOTED)
     else:
         return Decision(Action.BECOME_CANDIDATE, R.REJECT_TERM_NOT_READY, term=term)
     if term < view.ledger_end_term:
@@ -107,12 +116,32 @@ def decide_heartbeat(view: VoterView, leader: str, term: int) -> Decision:
     return Decision(Action.BECOME_CANDIDATE, code=C.TERM_NOT_READY, term=term)
 
 
-def bumps_term(last_parse: VoteParseResult, need_increase_term_immediately: bool) -> bool:
-    """A candidate's next round moves to the next term (SPEC §3): after WAIT_TO_VOTE_NEXT, or when told to.
+def bumps_term(last_parse: VoteParseResult, need_increase_term_immediately: bool,
+               may_have_led_term: bool = False) -> bool:
+    """A candidate's next round moves to the next term (SPEC §3): after WAIT_TO_VOTE_NEXT, when told to,
+    and -- unlike Java DLedger -- when it may have led its current term before it (re)started (issue #29).
 
-    Every other outcome (WAIT_TO_REVOTE, REVOTE_IMMEDIATELY) asks again in the same term.
+    Every other outcome (WAIT_TO_REVOTE, REVOTE_IMMEDIATELY) asks again in the same term.  A member that
+    restarted with its vote for itself in term T may have led T, and a machine crash may have taken the
+    tail it wrote there (a leader pushes before its own flush completes).  Leading T again it could write
+    other entries under an (index, term) a follower already holds: Raft's Log Matching property, and with
+    it every later vote and commit, would break.  So it stands in T + 1 (see :func:`may_have_led`).
+
+    A leader that merely stepped down, without a restart, may still ask again in its term as Java's does:
+    its log is intact and only grew in that term, so a second leadership extends the same log (and voters
+    that knew it as that term's leader refuse it anyway, :func:`decide_vote`).
     """
-    return last_parse is VoteParseResult.WAIT_TO_VOTE_NEXT or need_increase_term_immediately
+    return (last_parse is VoteParseResult.WAIT_TO_VOTE_NEXT or need_increase_term_immediately
+            or may_have_led_term)
+
+
+def may_have_led(curr_term: int, vote_for: str | None, self_id: str) -> int:
+    """The highest term a member starting from its persisted ``(curr_term, vote_for)`` may have led; -1: none.
+
+    A member leads a term only after voting for itself in it, and that vote is on disk before any vote
+    request leaves; so a restarted member whose vote in ``curr_term`` is its own may have led it.
+    """
+    return curr_term if vote_for == self_id else -1
 
 
 class NextVote(enum.Enum):

@@ -58,6 +58,12 @@ class MemberState:
                              f"field: no entry of that term can be written; reset the term/vote file")
         self.role = Role.CANDIDATE
         self.leader_id: str | None = None
+        #: The term this member may have led before it (re)started, -1 if none: its persisted vote there is
+        #: its own.  The elector never asks for votes in it again (rules.bumps_term, issue #29): the tail it
+        #: wrote as that leader may be gone with the machine's page cache.
+        self.led_term = rules.may_have_led(self.curr_term, self.vote_for, self_id)
+        #: The leader this member knew in ``curr_term``, kept after it stopped following (rules.decide_vote).
+        self.term_leader: str | None = None
         self.known_max_term = self.curr_term
         self.transferee: str | None = None
         self.term_to_take_leadership = -1
@@ -79,6 +85,11 @@ class MemberState:
         return majority(len(self.members))
 
     @property
+    def led_current_term(self) -> bool:
+        """This member may have led its current term before it started: it must not stand in that term again."""
+        return self.curr_term <= self.led_term
+
+    @property
     def taking_leadership(self) -> bool:
         """This member was asked to take leadership and is trying, in the term it was given."""
         return self.term_to_take_leadership != -1 and self.term_to_take_leadership == self.curr_term
@@ -95,6 +106,8 @@ class MemberState:
                                f"term {term} does not fit the signed 64-bit term field; not persisted")
         # Written even when unchanged (a repeated vote for the same candidate): as it always was, so
         # seeded simulations, whose term stores observe every save, replay the same schedules.
+        if term != self.curr_term:
+            self.term_leader = None
         self.curr_term, self.vote_for = term, vote_for
         self._version += 1
         self._write()
@@ -201,6 +214,7 @@ class MemberState:
             raise AssertionError(f"follow {leader_id} in term {term} while in term {self.curr_term}")
         self.role = Role.FOLLOWER
         self.leader_id = leader_id
+        self.term_leader = leader_id
         self.transferee = None
 
     def change_to_leader(self, term: int) -> None:
@@ -208,6 +222,7 @@ class MemberState:
             raise AssertionError(f"lead in term {term} while in term {self.curr_term}")
         self.role = Role.LEADER
         self.leader_id = self.self_id
+        self.term_leader = self.self_id
         self.transferee = None
         self.peers_live = {}
 

@@ -27,6 +27,7 @@ from dledger.replication.follower_rules import (
     classify_append,
     commit_needs_compare,
     commit_to_adopt,
+    leader_log_changed,
     overdue_push,
     stale_truncate,
 )
@@ -109,6 +110,17 @@ class EntryHandler:
     def _match(self, req: PushEntryRequest, index: int) -> None:
         if self._current(req):
             self._matched.match((req.term, req.leader_id), index)
+
+    def _mismatch(self, req: PushEntryRequest, index: int) -> None:
+        """The leader's entry at ``index`` differs from ours: if we had verified it, this is a new incarnation."""
+        epoch = (req.term, req.leader_id)
+        if self._current(req) and leader_log_changed(index, False, self._matched.of(epoch)):
+            self._refusals.warn(("incarnation", epoch), "{id}: leader {leader} of term {term} sent an entry at "
+                                "{index} other than the one verified against it: it restarted and leads the "
+                                "same term again (a Java DLedger leader may); forgetting what was verified "
+                                "so it can repair this log", id=self.state.self_id, leader=req.leader_id,
+                                term=req.term, index=index)
+            self._matched.reset()
 
     def _adopt_commit(self, req: PushEntryRequest) -> None:
         """Adopt ``min(leaderCommit, matched prefix, durable)``: never commit entries not known to match the leader."""
@@ -213,6 +225,8 @@ class EntryHandler:
                                      index=req.entry.index, leader=req.leader_id, why=exc.message or exc)
         if same:
             self._match(req, req.entry.index)
+        else:
+            self._mismatch(req, req.entry.index)
         self._reply(d, req, ResponseCode.SUCCESS if same else ResponseCode.INCONSISTENT_STATE)
 
     def _on_truncate(self, req: PushEntryRequest, d: Deferred) -> None:
@@ -257,6 +271,7 @@ class EntryHandler:
             # Overlaps what we hold (a retry after a lost ack): the held part must agree.
             held = [e for e in entries if e.index <= end]
             if not self._holds(held):
+                self._mismatch(req, held[0].index)
                 self._reply(d, req, ResponseCode.INCONSISTENT_STATE)
                 return
             req = _trimmed(req, [e for e in entries if e.index > end])
@@ -278,6 +293,7 @@ class EntryHandler:
             self._match(req, entries[-1].index)
             self._reply_when_durable(d, req, entries[-1].index)
         else:
+            self._mismatch(req, entries[0].index)
             self._reply(d, req, ResponseCode.INCONSISTENT_STATE)
 
     def _drain(self) -> None:

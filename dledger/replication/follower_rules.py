@@ -46,6 +46,19 @@ class MatchedPrefix:
         self.epoch, self.index = (-1, None), -1
 
 
+def leader_log_changed(index: int, same: bool, matched: int) -> bool:
+    """A leader's entry at ``index`` differs from ours although we verified ``index`` against that leadership.
+
+    Within one leadership *incarnation* a leader's log only grows and we store only its entries past what
+    we verified, so this cannot happen -- unless the (term, leader id) we verified against is another
+    incarnation: a leader that restarted and leads the same term again (Java DLedger allows it; dledger
+    members never do, see election.rules.bumps_term).  The prefix verified against the old incarnation
+    proves nothing about the new one and must be forgotten, or every TRUNCATE the new one sends is refused
+    as stale (:func:`stale_truncate`) and the follower is never repaired (issue #29).
+    """
+    return not same and 0 <= index <= matched
+
+
 def commit_to_adopt(leader_commit: int, matched: int, durable: int) -> int:
     """The committed index a follower adopts: ``min(leader's commit, matched prefix, durable end)``.
 

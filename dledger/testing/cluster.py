@@ -15,7 +15,8 @@ Time is virtual (:class:`dledger.testing.clock.SimClock`, or any
 and :meth:`Cluster.leader_elected`.  The network is an
 :class:`InProcessNetwork` that can partition, drop, delay, duplicate and
 reorder.  Each member's log lives on a :class:`SimulatedDisk` by default, so
-``crash(id)`` loses what was not flushed, like a power cut; pass
+``crash(id)`` loses what was not flushed, like a power cut (a flush takes a
+few virtual milliseconds, ``flush_latency``, as an ``fdatasync`` does); pass
 ``store_factory`` to use another store.  Members run every registered
 plugin (hooks, option defaults, services) like ``twistd dledger`` members;
 pass ``plugin_manager`` to use a manager of your own, and plugin options as
@@ -36,7 +37,7 @@ from dledger.quorum import is_quorum
 from dledger.server import DLedgerServer
 from dledger.store.memory import MemoryTermVoteStore
 from dledger.testing.clock import SimClock
-from dledger.testing.simdisk import SimulatedDisk
+from dledger.testing.simdisk import DEFAULT_FLUSH_LATENCY, SimulatedDisk
 from dledger.transport.inprocess import FaultSettings, InProcessNetwork
 
 
@@ -46,7 +47,7 @@ class Cluster:
     def __init__(self, n: int = 3, *, seed: int = 0, clock=None, preset: str = "fast", group: str = "g0",
                  faults: FaultSettings | None = None, store_factory: Callable | None = None,
                  handlers: Callable | None = None, ids: list[str] | None = None, tear_on_crash: bool = True,
-                 plugin_manager=None, commit_listeners: Callable | None = None, **options):
+                 flush_latency=DEFAULT_FLUSH_LATENCY, plugin_manager=None, commit_listeners: Callable | None = None, **options):
         self.clock = clock if clock is not None else SimClock()
         self.seed = seed
         self.rng = random.Random(seed)
@@ -57,8 +58,9 @@ class Cluster:
                                          store_type="memory", transport_type="inprocess", **options)
                         for mid in self.ids}
         self.term_stores = {mid: MemoryTermVoteStore() for mid in self.ids}
-        self.disks = {mid: SimulatedDisk(self.configs[mid].mapped_file_size_for_entry_data,
-                                         self.configs[mid].max_entry_size) for mid in self.ids}
+        #: How long a simulated disk's flush takes (seconds, a ``(low, high)`` range, or 0: durable at once).
+        self.flush_latency = flush_latency
+        self.disks = {mid: self._new_disk(mid) for mid in self.ids}
         self.store_factory = store_factory
         self.handlers = handlers
         #: ``commit_listeners(mid)`` -> ICommitListeners to add to member ``mid`` each time it is built.
@@ -69,6 +71,12 @@ class Cluster:
         self.servers: dict[str, DLedgerServer] = {}
         self.down: set[str] = set()
         self._clients = 0
+
+    def _new_disk(self, mid: str) -> SimulatedDisk:
+        cfg = self.configs[mid]
+        return SimulatedDisk(cfg.mapped_file_size_for_entry_data, cfg.max_entry_size, clock=self.clock,
+                             flush_latency=self.flush_latency,
+                             rng=random.Random(f"{self.seed}/{mid}/disk"))  # its own stream: member draws unchanged
 
     # -- members -------------------------------------------------------------------------
     def build(self, mid: str) -> DLedgerServer:
@@ -122,8 +130,7 @@ class Cluster:
             raise ValueError("wipe() needs the cluster's simulated disks (no store_factory)")
         if mid in self.servers:
             self.crash(mid)
-        cfg = self.configs[mid]
-        self.disks[mid] = SimulatedDisk(cfg.mapped_file_size_for_entry_data, cfg.max_entry_size)
+        self.disks[mid] = self._new_disk(mid)
         self.term_stores[mid] = MemoryTermVoteStore()
 
     def restart(self, mid: str) -> None:

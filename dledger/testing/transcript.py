@@ -18,13 +18,21 @@ group's seed, so a transcript replays exactly.
 
 Group commands (a whole :class:`~dledger.testing.Cluster`):
 
-* ``group n=3 seed=1 [option=value ...]`` -- a new group; options are configuration options.
+* ``group n=3 seed=1 [option=value ...]`` -- a new group; options are configuration options or
+  :class:`~dledger.testing.Cluster` arguments (``tear_on_crash=false``; ``flush_latency=0`` makes flushes
+  durable at once: the transcripts written before flushes took virtual time say so, their elections
+  depend on it).
 * ``disk n1 terms=1*100,2 [committed=89] [from=0]`` -- preload n1's disk: 100 entries of term 1, one of
   term 2, the first at index ``from`` (``term:prefix`` gives the entries another body prefix, i.e. other
   contents, as a deposed leader's).
 * ``vote n1 term=1 [for=n0]`` -- n1's persisted term and vote.
 * ``start [ids]``, ``crash id``, ``restart id``, ``pause id``, ``isolate id``, ``heal``,
   ``partition a b | c d`` -- as the Cluster calls of the same names.
+* ``block a->b`` / ``unblock a->b`` -- drop (or stop dropping) every message from ``a`` to ``b``.
+* ``drop a->b TYPE`` -- drop every ``TYPE`` push (APPEND, COMMIT, COMPARE, TRUNCATE) from ``a`` to ``b``.
+* ``hold-flush id`` / ``release-flush id`` -- ``id``'s disk completes no flush until released (a slow
+  ``fdatasync``: what it wrote stays in memory only, and a crash loses it).
+* ``submit body ...`` -- a client sends the appends to the leader without waiting (one attempt each); ``acks`` prints their answers so far.
 * ``tick seconds`` -- advance virtual time.
 * ``run-until leader=id [timeout=s]`` -- advance until ``id`` leads; prints whether it did.
 * ``propose body ...`` -- a client appends the bodies; prints each ack (index or error code).
@@ -190,6 +198,7 @@ class Runner:
     follower_clock: object = None
     leader_entries: list = field(default_factory=list)
     epoch: tuple[int, str] = (1, "n0")
+    submitted: list = field(default_factory=list)  # (body, answer or None) of ``submit``
 
     def run(self, command: str) -> str:
         words = command.split()
@@ -250,6 +259,54 @@ class Runner:
         groups = [g.split() for g in " ".join(args).split("|")]
         self._group().partition(*groups)
         return "ok"
+
+    def do_block(self, args) -> str:
+        src, dst = args[0].split("->")
+        self._group().network.block(src, dst)
+        return "ok"
+
+    def do_unblock(self, args) -> str:
+        src, dst = args[0].split("->")
+        self._group().network.unblock(src, dst)
+        return "ok"
+
+    def do_drop(self, args) -> str:
+        src, dst = args[0].split("->")
+        kind = PushType[args[1]]
+        self._group().network.drop_matching(
+            lambda s, d, req: (s, d) == (src, dst) and isinstance(req, PushEntryRequest) and req.type is kind)
+        return "ok"
+
+    def do_hold_flush(self, args) -> str:
+        self._group().disks[args[0]].hold()
+        return "ok"
+
+    def do_release_flush(self, args) -> str:
+        self._group().disks[args[0]].release()
+        return "ok"
+
+    def do_submit(self, args) -> str:
+        from dledger.client import DLedgerClient
+        c = self._group()
+        # One attempt each, to the leader: a retry elsewhere would blur the scenario.
+        client = DLedgerClient(c.network.transport("submitter"), c.configs[c.ids[0]].group, [c.leader()],
+                               clock=c.clock, max_attempts=1)
+        for body in args:
+            slot = [body, None]
+            self.submitted.append(slot)
+            client.append(body.encode()).addBoth(lambda r, slot=slot: slot.__setitem__(1, r))
+        return "sent"
+
+    def do_acks(self, args) -> str:
+        lines = []
+        for body, r in self.submitted:
+            if r is None:
+                lines.append(f"{body}: no answer yet")
+            elif isinstance(r, Failure):
+                lines.append(f"{body}: {_code(r)}")
+            else:
+                lines.append(f"{body}: index {r.index}")
+        return "\n".join(lines) or "(none)"
 
     def do_tick(self, args) -> str:
         self._group().run(float(args[0]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from twisted.internet.defer import Deferred, fail, succeed
@@ -58,6 +59,7 @@ class InProcessNetwork:
         self._handlers: dict[str, object] = {}
         self._incarnation: dict[str, int] = {}
         self._blocked: set[tuple[str, str]] = set()
+        self._drops: list = []  # predicates (src, dst, request) -> bool: matching messages are lost
         self._timers: set = set()  # request timeouts still armed, cancelled by close()
 
     # -- membership -------------------------------------------------------------
@@ -87,6 +89,14 @@ class InProcessNetwork:
 
     def unblock(self, src: str, dst: str) -> None:
         self._blocked.discard((src, dst))
+
+    def drop_matching(self, predicate) -> Callable[[], None]:
+        """Lose every message for which ``predicate(src, dst, request)`` holds; returns the call that stops it.
+
+        For scenarios that need one kind of message lost (a COMMIT push, say) while the rest flows.
+        """
+        self._drops.append(predicate)
+        return lambda: predicate in self._drops and self._drops.remove(predicate)
 
     def partition(self, *groups) -> None:
         """Split members into groups that cannot reach each other (members not named form one more group)."""
@@ -140,7 +150,7 @@ class InProcessNetwork:
             copies = 2
             self.stats.duplicated += 1
         for _ in range(copies):
-            if (src, dst) in self._blocked or self._lost():
+            if (src, dst) in self._blocked or self._lost() or any(p(src, dst, request) for p in self._drops):
                 self.stats.dropped += 1
                 continue
             self.clock.callLater(self._delay(), self._deliver, d, timer, src, dst, request, epoch)
