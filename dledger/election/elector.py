@@ -251,8 +251,8 @@ class LeaderElector:
             prev, led = st.curr_term, st.led_current_term
             term = st.next_term()
             log.info("{id}: candidate moves from term {prev} to {term}{why}", id=st.self_id, prev=prev, term=term,
-                     why=" (its vote in term %d was its own before it started: it may have led it, and never "
-                     "leads a term twice)" % prev if led else "")
+                     why=f" (its vote in term {prev} was its own before it started: it may have led it, and "
+                     "never leads a term twice)" if led else "")
             self.last_parse_result = VoteParseResult.WAIT_TO_REVOTE
         else:
             term = st.curr_term

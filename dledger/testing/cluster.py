@@ -47,7 +47,8 @@ class Cluster:
     def __init__(self, n: int = 3, *, seed: int = 0, clock=None, preset: str = "fast", group: str = "g0",
                  faults: FaultSettings | None = None, store_factory: Callable | None = None,
                  handlers: Callable | None = None, ids: list[str] | None = None, tear_on_crash: bool = True,
-                 flush_latency=DEFAULT_FLUSH_LATENCY, plugin_manager=None, commit_listeners: Callable | None = None, **options):
+                 flush_latency=DEFAULT_FLUSH_LATENCY, plugin_manager=None,
+                 commit_listeners: Callable | None = None, **options):
         self.clock = clock if clock is not None else SimClock()
         self.seed = seed
         self.rng = random.Random(seed)

@@ -32,7 +32,8 @@ Group commands (a whole :class:`~dledger.testing.Cluster`):
 * ``drop a->b TYPE`` -- drop every ``TYPE`` push (APPEND, COMMIT, COMPARE, TRUNCATE) from ``a`` to ``b``.
 * ``hold-flush id`` / ``release-flush id`` -- ``id``'s disk completes no flush until released (a slow
   ``fdatasync``: what it wrote stays in memory only, and a crash loses it).
-* ``submit body ...`` -- a client sends the appends to the leader without waiting (one attempt each); ``acks`` prints their answers so far.
+* ``submit body ...`` -- a client sends the appends to the leader without waiting (one attempt each);
+  ``acks`` prints their answers so far.
 * ``tick seconds`` -- advance virtual time.
 * ``run-until leader=id [timeout=s]`` -- advance until ``id`` leads; prints whether it did.
 * ``propose body ...`` -- a client appends the bodies; prints each ack (index or error code).
