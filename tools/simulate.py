@@ -5,6 +5,8 @@
     python -m tools.simulate replication --seed 1234 --verbose   # replay one schedule
     python -m tools.simulate replication --seeds 500 --store mmap  # members on real mmap stores
     python -m tools.simulate replication --seeds 500 --outsider auth  # forged frames without credentials
+    python -m tools.simulate replication --seeds 2000 --mix crash_leader_quick=0.5 --flush-latency 0.002-0.01 \
+        --no-tear                                            # power cuts of the leader, slow fsyncs
 
 Each schedule is deterministic in its seed: a failing seed replays exactly.
 The summary line is
@@ -18,6 +20,41 @@ import argparse
 import sys
 import time
 
+from dledger.testing.chaos import ChaosMix
+from dledger.testing.election_sim import ELECTION_MIX
+from dledger.testing.replication_sim import REPLICATION_MIX
+from dledger.testing.simdisk import DEFAULT_FLUSH_LATENCY
+
+DEFAULT_MIXES = {"election": ELECTION_MIX, "replication": REPLICATION_MIX}
+
+
+def _sim_options(args) -> dict:
+    """The fault mix, flush latency and tearing the command line asked for (defaults: each simulator's own)."""
+    out: dict = {"flush_latency": args.flush_latency, "tear": not args.no_tear}
+    if args.mix:
+        out["mix"] = ChaosMix.parse(args.mix, DEFAULT_MIXES[args.kind])
+    return out
+
+
+def _latency(text: str):
+    """``0.004`` (seconds) or ``0.001-0.008`` (a range each flush draws from)."""
+    low, dash, high = text.partition("-")
+    try:
+        value = (float(low), float(high)) if dash else float(low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not seconds (0.004) or a range (0.001-0.008)") from None
+    if min(value if isinstance(value, tuple) else (value,)) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a flush cannot take negative time")
+    return value
+
+
+def _mix(text: str) -> str:
+    try:
+        ChaosMix.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
 
 def _seeds(args) -> range:
     if args.seed is not None:
@@ -30,33 +67,37 @@ def run_election(args) -> int:
     bad = elections = faults = 0
     seeds = _seeds(args)
     started = time.monotonic()
+    quick = 0
     for k, seed in enumerate(seeds, 1):
-        r = run_election_seed(seed, duration=args.duration)
+        r = run_election_seed(seed, duration=args.duration, **_sim_options(args))
         elections += r.elections
         faults += r.faults
+        quick += r.quick_restarts
         if r.violation or not r.recovered:
             bad += 1
             what = r.violation or "no leader after healing"
-            print(f"seed {seed}: {what}\n  replay: python -m tools.simulate election --seed {seed}", flush=True)
+            print(f"seed {seed}: {what}\n  replay: python -m tools.simulate election --seed {seed}"
+                  f"{_replay_options(args)}", flush=True)
         elif args.verbose:
             print(f"seed {seed}: members={r.members} elections={r.elections} faults={r.faults} "
                   f"max_term={r.max_term}", flush=True)
         _progress(args, k, len(seeds), started)
-    print(f"seeds={len(seeds)}, faults={faults}, elections={elections}, violations={bad} "
-          f"({time.monotonic() - started:.1f}s)")
+    print(f"seeds={len(seeds)}, faults={faults}, quick_leader_restarts={quick}, elections={elections}, "
+          f"violations={bad} ({time.monotonic() - started:.1f}s)")
     return 1 if bad else 0
 
 
 def run_replication(args) -> int:
     from dledger.testing.replication_sim import run_replication_seed
     totals = dict(faults=0, acked=0, lost=0, divergent=0, nonlinearizable=0, leaders=0, stuck=0, forged=0,
-                  outsider_effects=0)
+                  outsider_effects=0, quick=0)
     failing = []
     seeds = _seeds(args)
     started = time.monotonic()
     for k, seed in enumerate(seeds, 1):
         extra = {"outsider": args.outsider} if args.outsider else {}
-        r = run_replication_seed(seed, duration=args.duration, store=args.store, **extra)
+        r = run_replication_seed(seed, duration=args.duration, store=args.store, **extra, **_sim_options(args))
+        totals["quick"] += r.quick_restarts
         totals["forged"] += r.forged
         totals["outsider_effects"] += len(r.outsider_effects)
         totals["faults"] += r.faults
@@ -71,17 +112,26 @@ def run_replication(args) -> int:
                 print(f"  {problem}")
             store = "" if args.store == "simdisk" else f" --store {args.store}"
             store += f" --outsider {args.outsider}" if args.outsider else ""
+            store += _replay_options(args)
             print(f"  replay: python -m tools.simulate replication --seed {seed}{store}", flush=True)
         elif args.verbose:
             print(f"seed {seed}: members={r.members} faults={r.faults} appends={r.appends} acked={r.acked} "
                   f"gets={r.gets}", flush=True)
         _progress(args, k, len(seeds), started)
-    print(f"seeds={len(seeds)}, faults={totals['faults']}, acked={totals['acked']}, lost={totals['lost']}, "
+    print(f"seeds={len(seeds)}, faults={totals['faults']}, quick_leader_restarts={totals['quick']}, "
+          f"acked={totals['acked']}, lost={totals['lost']}, "
           f"divergent={totals['divergent']}, nonlinearizable={totals['nonlinearizable']}, "
           f"two_leaders={totals['leaders']}, stuck={totals['stuck']}"
           + (f", forged={totals['forged']}, outsider_effects={totals['outsider_effects']}" if args.outsider else "")
           + f" ({time.monotonic() - started:.1f}s)")
     return 1 if failing else 0
+
+
+def _replay_options(args) -> str:
+    out = f" --mix {args.mix}" if args.mix else ""
+    if args.flush_latency_text is not None:
+        out += f" --flush-latency {args.flush_latency_text}"
+    return out + (" --no-tear" if args.no_tear else "")
 
 
 def _progress(args, done: int, total: int, started: float) -> None:
@@ -101,6 +151,15 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--duration", type=float, default=duration,
                        help=f"virtual seconds of faults per schedule (default {duration})")
         p.add_argument("--verbose", action="store_true", help="one line per seed")
+        p.add_argument("--mix", type=_mix, default=None,
+                       help="change the fault mix: name=value,... over the simulator's own (names: partition, "
+                            "block, heal, crash, crash_leader, crash_leader_quick, mean_interval, restart_after, "
+                            "quick_restart_after; the last two as LOW-HIGH seconds)")
+        p.add_argument("--flush-latency", type=_latency, default=None, dest="flush_latency_arg",
+                       help="virtual seconds a simulated disk's flush takes: 0.004, or a range 0.001-0.008 "
+                            "drawn per flush (default 0.001-0.008; 0: durable at once)")
+        p.add_argument("--no-tear", action="store_true",
+                       help="a crash loses every unflushed entry (default: a random prefix of them survives)")
         if name == "replication":
             p.add_argument("--store", choices=("simdisk", "mmap", "lmdb"), default="simdisk",
                            help="member stores: simdisk (crashes lose unflushed writes; default) or real "
@@ -111,7 +170,20 @@ def main(argv: list[str] | None = None) -> int:
                                 "'bounds' (no authentication; out-of-range values must have no effect)")
         p.set_defaults(func=func)
     args = parser.parse_args(argv)
+    raw = argv if argv is not None else sys.argv[1:]
+    args.flush_latency_text = _option_text(raw, "--flush-latency")
+    args.flush_latency = DEFAULT_FLUSH_LATENCY if args.flush_latency_arg is None else args.flush_latency_arg
     return args.func(args)
+
+
+def _option_text(argv: list[str], name: str) -> str | None:
+    """The text given to ``name`` (for the replay line), or None."""
+    for k, word in enumerate(argv):
+        if word == name and k + 1 < len(argv):
+            return argv[k + 1]
+        if word.startswith(name + "="):
+            return word.split("=", 1)[1]
+    return None
 
 
 if __name__ == "__main__":

@@ -1,5 +1,10 @@
 """A seeded schedule of faults for a :class:`~dledger.testing.cluster.Cluster`: partitions, one-way
-blocks, heals and crashes with restarts, at exponentially distributed intervals."""
+blocks, heals and crashes with restarts, at exponentially distributed intervals.
+
+``crash_leader_quick`` is the fault of issue #29: the leader's machine dies (what its disk had not
+flushed is lost) and it is back within a few milliseconds, before anyone else stood for election --
+the window in which a restarted leader could win its own term again.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +24,36 @@ class ChaosMix:
     heal: float = 0.25
     crash_leader: float = 0.0
     crash: float = 0.3
+    crash_leader_quick: float = 0.0
     mean_interval: float = 1.5
     restart_after: tuple[float, float] = (0.1, 2.0)
+    quick_restart_after: tuple[float, float] = (0.0, 0.02)
+
+    @classmethod
+    def parse(cls, text: str, base: ChaosMix | None = None) -> ChaosMix:
+        """``"partition=0.2,crash_leader_quick=0.4"`` over ``base`` (default: the class defaults).
+
+        Weights and ``mean_interval`` are numbers; ``restart_after`` and ``quick_restart_after`` are
+        ``low-high`` in seconds.  An unknown name or a bad number is a ValueError naming it.
+        """
+        from dataclasses import fields, replace
+        known = {f.name for f in fields(cls)}
+        changes: dict = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            name, eq, value = part.partition("=")
+            name = name.strip()
+            if not eq or name not in known:
+                raise ValueError(f"unknown fault mix entry {part!r}: use name=value with a name out of "
+                                 f"{', '.join(sorted(known))}")
+            try:
+                if name.endswith("restart_after"):
+                    low, _, high = value.partition("-")
+                    changes[name] = (float(low), float(high or low))
+                else:
+                    changes[name] = float(value)
+            except ValueError:
+                raise ValueError(f"fault mix entry {part!r}: {value!r} is not a number") from None
+        return replace(base or cls(), **changes)
 
 
 class Chaos:
@@ -32,9 +65,11 @@ class Chaos:
         self.mix = mix
         self.active = False
         self.faults = 0
+        self.quick_restarts = 0  # leader crashes with a restart within quick_restart_after
         self.max_down = majority(len(cluster.ids))
         kinds = [(self._partition, mix.partition), (self._block, mix.block), (self._heal, mix.heal),
-                 (self._crash_leader, mix.crash_leader), (self._crash_any, mix.crash)]
+                 (self._crash_leader, mix.crash_leader), (self._crash_any, mix.crash),
+                 (self._crash_leader_quick, mix.crash_leader_quick)]
         self._kinds = [k for k, w in kinds if w > 0]
         self._weights = [w for _, w in kinds if w > 0]
 
@@ -70,13 +105,20 @@ class Chaos:
     def _crash_any(self) -> None:
         self.crash(self.rng.choice(self.cluster.ids))
 
-    def crash(self, member: str) -> None:
+    def _crash_leader_quick(self) -> None:
+        leader = self.cluster.leader()
+        if leader is not None:
+            self.crash(leader, restart_after=self.mix.quick_restart_after)
+            self.quick_restarts += 1
+
+    def crash(self, member: str, restart_after: tuple[float, float] | None = None) -> None:
         """Crash ``member`` now (if up and the schedule allows another member down) and restart it later."""
         cluster = self.cluster
         if self.active and member in cluster.servers and len(cluster.down) < self.max_down:
             cluster.crash(member)
             self.faults += 1
-            cluster.clock.callLater(self.rng.uniform(*self.mix.restart_after), self._restart, member)
+            cluster.clock.callLater(self.rng.uniform(*(restart_after or self.mix.restart_after)), self._restart,
+                                    member)
 
     def _restart(self, member: str) -> None:
         if self.active and member in self.cluster.down:

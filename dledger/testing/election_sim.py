@@ -2,7 +2,8 @@
 
 Checked continuously, on every member and across restarts:
 
-* election safety -- at most one leader per term;
+* election safety -- at most one leader per term, and that leader leads it in one incarnation only
+  (never again after a restart: issue #29, a restart may have lost the tail it wrote);
 * terms never decrease (in memory and in the term/vote store);
 * no member grants two different votes in one term, including when it
   crashes right after persisting a vote.
@@ -19,6 +20,7 @@ from dledger.codes import Role
 from dledger.store.memory import MemoryTermVoteStore
 from dledger.testing.chaos import Chaos, ChaosMix
 from dledger.testing.cluster import Cluster
+from dledger.testing.simdisk import DEFAULT_FLUSH_LATENCY
 from dledger.transport.inprocess import FaultSettings
 
 
@@ -45,6 +47,9 @@ class ElectionChecker:
     """Records terms, votes and leaders and raises SafetyViolation on the first breach."""
 
     leaders: dict[int, str] = field(default_factory=dict)
+    #: term -> the incarnation (start count) of its leader
+    leader_incarnations: dict[int, int] = field(default_factory=dict)
+    starts: dict[str, int] = field(default_factory=dict)
     votes: dict[tuple[str, int], str] = field(default_factory=dict)
     last_term: dict[str, int] = field(default_factory=dict)
     elections: int = 0
@@ -70,7 +75,12 @@ class ElectionChecker:
         if vote_for is not None and self.on_vote_saved is not None:
             self.on_vote_saved(member)
 
-    def role_changed(self, member: str, term: int, role: Role) -> None:
+    def started(self, member: str) -> int:
+        """``member`` (re)starts: its new incarnation number."""
+        self.starts[member] = self.starts.get(member, 0) + 1
+        return self.starts[member]
+
+    def role_changed(self, member: str, term: int, role: Role, incarnation: int = 0) -> None:
         last = self.last_term.get(member, 0)
         if term < last:
             self.fail(f"{member} is in term {term} after term {last}")
@@ -79,6 +89,10 @@ class ElectionChecker:
             holder = self.leaders.setdefault(term, member)
             if holder != member:
                 self.fail(f"two leaders in term {term}: {holder} and {member}")
+            first = self.leader_incarnations.setdefault(term, incarnation)
+            if first != incarnation:
+                self.fail(f"{member} leads term {term} again after a restart (incarnation {incarnation}, "
+                          f"first led it in incarnation {first})")
 
 
 @dataclass
@@ -90,6 +104,7 @@ class RunResult:
     max_term: int
     violation: str | None = None
     recovered: bool = True
+    quick_restarts: int = 0
 
 
 def checked_cluster(n: int, seed: int, checker: ElectionChecker, **kw) -> Cluster:
@@ -101,23 +116,34 @@ def checked_cluster(n: int, seed: int, checker: ElectionChecker, **kw) -> Cluste
 
     def make(mid):
         server = original(mid)
-        server.elector.observe(lambda term, role, m=mid: checker.role_changed(m, term, role))
+        incarnation = checker.started(mid)
+        server.elector.observe(lambda term, role, m=mid, k=incarnation: checker.role_changed(m, term, role, k))
         return server
 
     cluster.build = make
     return cluster
 
 
-def run_election_seed(seed: int, duration: float = 20.0, members: int | None = None) -> RunResult:
-    """One seeded run with a random fault schedule; ``violation`` is set if a safety rule broke."""
+#: The election soak's fault mix: the defaults plus quick leader restarts (issue #29).
+ELECTION_MIX = ChaosMix(crash_leader_quick=0.15)
+
+
+def run_election_seed(seed: int, duration: float = 20.0, members: int | None = None, *,
+                      mix: ChaosMix | None = None, flush_latency=DEFAULT_FLUSH_LATENCY,
+                      tear: bool = True) -> RunResult:
+    """One seeded run with a random fault schedule; ``violation`` is set if a safety rule broke.
+
+    ``mix`` replaces the fault mix, ``flush_latency`` the simulated disks' (0: durable at once), ``tear``
+    False makes a crash lose every unflushed entry instead of a random part.
+    """
     rng = random.Random(seed)
     n = members or rng.choice([3, 3, 5])
     checker = ElectionChecker()
     faults = FaultSettings(min_delay=0.0005, max_delay=rng.choice([0.002, 0.02, 0.08]),
                            loss=rng.choice([0.0, 0.05, 0.2]), duplicate=rng.choice([0.0, 0.05, 0.2]))
-    cluster = checked_cluster(n, seed, checker, faults=faults)
+    cluster = checked_cluster(n, seed, checker, faults=faults, flush_latency=flush_latency, tear_on_crash=tear)
     crash_after_vote = rng.random() < 0.3
-    chaos = Chaos(cluster, rng, ChaosMix())
+    chaos = Chaos(cluster, rng, mix or ELECTION_MIX)
 
     def maybe_crash_after_vote(member):
         if chaos.active and crash_after_vote and rng.random() < 0.2:
@@ -138,4 +164,4 @@ def run_election_seed(seed: int, duration: float = 20.0, members: int | None = N
             s.crash()
     violation = checker.violations[0] if checker.violations else None
     return RunResult(seed, n, checker.elections, chaos.faults, max(checker.last_term.values(), default=0),
-                     violation, recovered)
+                     violation, recovered, chaos.quick_restarts)

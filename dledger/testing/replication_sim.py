@@ -26,6 +26,7 @@ from dledger.testing.checker import CommittedLog, History, linearizability_viola
 from dledger.testing.clock import SimClock
 from dledger.testing.election_sim import ElectionChecker, checked_cluster
 from dledger.testing.outsider import Outsider
+from dledger.testing.simdisk import DEFAULT_FLUSH_LATENCY
 from dledger.transport.inprocess import FaultSettings
 
 
@@ -43,6 +44,8 @@ class SimResult:
     leaders: list[str] = field(default_factory=list)
     #: outsider fault (issue #13): forged frames injected, and what any of them changed (must stay empty)
     forged: int = 0
+    #: leader crashes with a restart within a few milliseconds (ChaosMix.crash_leader_quick)
+    quick_restarts: int = 0
     outsider_effects: list[str] = field(default_factory=list)
     stuck: str | None = None
 
@@ -115,23 +118,33 @@ def file_store_factory(kind: str, root: Path, clock) -> Callable:
     return factory
 
 
+#: The replication soak's fault mix: leader crashes, with quick restarts among them (issue #29).
+REPLICATION_MIX = ChaosMix(partition=0.25, block=0.1, heal=0.25, crash_leader=0.1, crash=0.3,
+                           crash_leader_quick=0.15, mean_interval=0.8, restart_after=(0.05, 1.5))
+
+
 def run_replication_seed(seed: int, duration: float = 8.0, members: int | None = None,
-                         clients: int = 3, store: str = "simdisk", outsider: str | None = None) -> SimResult:
+                         clients: int = 3, store: str = "simdisk", outsider: str | None = None, *,
+                         mix: ChaosMix | None = None, flush_latency=DEFAULT_FLUSH_LATENCY,
+                         tear: bool = True) -> SimResult:
     """One seeded schedule; the result lists every safety problem found (empty lists when safe).
 
-    ``store`` is ``simdisk`` (crashes lose or tear unflushed writes) or a real
+    ``store`` is ``simdisk`` (crashes lose or tear unflushed writes; a flush takes ``flush_latency``
+    virtual seconds, 0 for at once; ``tear`` False loses the whole unflushed tail) or a real
     ``mmap``/``lmdb`` store in a temporary directory.  ``outsider`` (``auth`` or ``bounds``) adds the
-    outsider fault of :mod:`dledger.testing.outsider`: forged frames without credentials.
+    outsider fault of :mod:`dledger.testing.outsider`: forged frames without credentials.  ``mix``
+    replaces the fault mix (:data:`REPLICATION_MIX`).
     """
     if store not in STORES:
         raise ValueError(f"store must be one of {STORES}")
+    opts = dict(mix=mix or REPLICATION_MIX, flush_latency=flush_latency, tear=tear)
     if store != "simdisk":
         with tempfile.TemporaryDirectory(prefix=f"dledger-sim-{seed}-") as root:
-            return _run(seed, duration, members, clients, Path(root), store, outsider)
-    return _run(seed, duration, members, clients, None, store, outsider)
+            return _run(seed, duration, members, clients, Path(root), store, outsider, **opts)
+    return _run(seed, duration, members, clients, None, store, outsider, **opts)
 
 
-def _run(seed, duration, members, clients, root, store, outsider=None) -> SimResult:
+def _run(seed, duration, members, clients, root, store, outsider=None, *, mix, flush_latency, tear) -> SimResult:
     rng = random.Random(seed)
     n = members or rng.choice([3, 3, 5])
     result = SimResult(seed, n)
@@ -142,14 +155,14 @@ def _run(seed, duration, members, clients, root, store, outsider=None) -> SimRes
     factory = file_store_factory(store, root, clock) if root is not None else None
     cluster = checked_cluster(n, seed, checker, faults=faults, max_pending_requests_num=200,
                               max_batch_push_size=rng.choice([512, 4096, 65536]),
-                              enable_batch_push=rng.random() < 0.8, clock=clock, store_factory=factory)
+                              enable_batch_push=rng.random() < 0.8, clock=clock, store_factory=factory,
+                              flush_latency=flush_latency, tear_on_crash=tear)
     committed = CommittedLog()
     held: dict[str, int] = {}
     restart_problems: list[str] = []
     _watch_commits(cluster, committed, held, restart_problems)
     history = History()
-    chaos = Chaos(cluster, rng, ChaosMix(partition=0.25, block=0.1, heal=0.25, crash_leader=0.1, crash=0.3,
-                                         mean_interval=0.8, restart_after=(0.05, 1.5)))
+    chaos = Chaos(cluster, rng, mix)
 
     intruder = Outsider(cluster, random.Random(seed ^ 0x0A5), outsider) if outsider else None
 
@@ -210,6 +223,7 @@ def _run(seed, duration, members, clients, root, store, outsider=None) -> SimRes
 
     # -- checks ---------------------------------------------------------------------
     result.faults = chaos.faults
+    result.quick_restarts = chaos.quick_restarts
     if intruder is not None:
         result.forged = intruder.injected
         result.outsider_effects = intruder.effects
