@@ -31,6 +31,8 @@ DEFAULT_MIXES = {"election": ELECTION_MIX, "replication": REPLICATION_MIX}
 def _sim_options(args) -> dict:
     """The fault mix, flush latency and tearing the command line asked for (defaults: each simulator's own)."""
     out: dict = {"flush_latency": args.flush_latency, "tear": not args.no_tear}
+    if args.term_latency is not None:
+        out["term_write_latency"] = args.term_latency
     if args.mix:
         out["mix"] = ChaosMix.parse(args.mix, DEFAULT_MIXES[args.kind])
     return out
@@ -131,6 +133,8 @@ def _replay_options(args) -> str:
     out = f" --mix {args.mix}" if args.mix else ""
     if args.flush_latency_text is not None:
         out += f" --flush-latency {args.flush_latency_text}"
+    term = _option_text(sys.argv[1:] if args.argv is None else args.argv, "--term-latency")
+    out += f" --term-latency {term}" if term is not None else ""
     return out + (" --no-tear" if args.no_tear else "")
 
 
@@ -158,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--flush-latency", type=_latency, default=None, dest="flush_latency_arg",
                        help="virtual seconds a simulated disk's flush takes: 0.004, or a range 0.001-0.008 "
                             "drawn per flush (default 0.001-0.008; 0: durable at once)")
+        p.add_argument("--term-latency", type=_latency, default=None,
+                       help="virtual seconds a term/vote write takes (seconds or LOW-HIGH; default 0: at once); "
+                            "a crash lets a write in flight land or not")
         p.add_argument("--no-tear", action="store_true",
                        help="a crash loses every unflushed entry (default: a random prefix of them survives)")
         if name == "replication":
@@ -171,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(func=func)
     args = parser.parse_args(argv)
     raw = argv if argv is not None else sys.argv[1:]
+    args.argv = argv
     args.flush_latency_text = _option_text(raw, "--flush-latency")
     args.flush_latency = DEFAULT_FLUSH_LATENCY if args.flush_latency_arg is None else args.flush_latency_arg
     return args.func(args)

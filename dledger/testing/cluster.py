@@ -37,7 +37,7 @@ from dledger.quorum import is_quorum
 from dledger.server import DLedgerServer
 from dledger.store.memory import MemoryTermVoteStore
 from dledger.testing.clock import SimClock
-from dledger.testing.simdisk import DEFAULT_FLUSH_LATENCY, SimulatedDisk
+from dledger.testing.simdisk import DEFAULT_FLUSH_LATENCY, SimulatedDisk, SimulatedIO
 from dledger.transport.inprocess import FaultSettings, InProcessNetwork
 
 
@@ -47,7 +47,7 @@ class Cluster:
     def __init__(self, n: int = 3, *, seed: int = 0, clock=None, preset: str = "fast", group: str = "g0",
                  faults: FaultSettings | None = None, store_factory: Callable | None = None,
                  handlers: Callable | None = None, ids: list[str] | None = None, tear_on_crash: bool = True,
-                 flush_latency=DEFAULT_FLUSH_LATENCY, plugin_manager=None,
+                 flush_latency=DEFAULT_FLUSH_LATENCY, term_write_latency=0.0, plugin_manager=None,
                  commit_listeners: Callable | None = None, **options):
         self.clock = clock if clock is not None else SimClock()
         self.seed = seed
@@ -62,6 +62,10 @@ class Cluster:
         #: How long a simulated disk's flush takes (seconds, a ``(low, high)`` range, or 0: durable at once).
         self.flush_latency = flush_latency
         self.disks = {mid: self._new_disk(mid) for mid in self.ids}
+        #: How long a term/vote write takes (0: inline, the default); members' writes then go through a
+        #: :class:`SimulatedIO` that a crash may interrupt before or after the write lands.
+        self.term_write_latency = term_write_latency
+        self.term_io: dict[str, SimulatedIO] = {}
         self.store_factory = store_factory
         self.handlers = handlers
         #: ``commit_listeners(mid)`` -> ICommitListeners to add to member ``mid`` each time it is built.
@@ -91,10 +95,14 @@ class Cluster:
             store = lambda cfg, state: self.store_factory(mid, cfg, state)
         else:
             store = lambda cfg, state: self.disks[mid].open(state)
+        io = None
+        if self.term_write_latency:
+            io = self.term_io[mid] = SimulatedIO(self.clock, self.term_write_latency,
+                                                 random.Random(f"{self.seed}/{mid}/term-io"))
         server = DLedgerServer.build(config, clock=self.clock, store=store, term_store=self.term_stores[mid],
                                      transport=self.network.transport(mid),
                                      rng=random.Random(self.rng.randrange(1 << 30)),
-                                     plugin_manager=self.plugin_manager)
+                                     plugin_manager=self.plugin_manager, blocking_io=io)
         if self.handlers is not None:
             for handler in self.handlers(mid, server) or ():
                 server.add_role_change_handler(handler)
@@ -116,6 +124,8 @@ class Cluster:
         server = self.servers.pop(mid)
         server.crash()
         self.network.crash(mid)
+        if mid in self.term_io:
+            self.term_io.pop(mid).crash()
         if self.store_factory is None:
             self.disks[mid].crash(self.rng, tear=self.tear_on_crash)
         elif hasattr(server.store, "abandon"):

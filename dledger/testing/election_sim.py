@@ -130,18 +130,20 @@ ELECTION_MIX = ChaosMix(crash_leader_quick=0.15)
 
 def run_election_seed(seed: int, duration: float = 20.0, members: int | None = None, *,
                       mix: ChaosMix | None = None, flush_latency=DEFAULT_FLUSH_LATENCY,
-                      tear: bool = True) -> RunResult:
+                      tear: bool = True, term_write_latency=0.0) -> RunResult:
     """One seeded run with a random fault schedule; ``violation`` is set if a safety rule broke.
 
     ``mix`` replaces the fault mix, ``flush_latency`` the simulated disks' (0: durable at once), ``tear``
-    False makes a crash lose every unflushed entry instead of a random part.
+    False makes a crash lose every unflushed entry instead of a random part, ``term_write_latency`` makes
+    term/vote writes take virtual time (a crash may interrupt them).
     """
     rng = random.Random(seed)
     n = members or rng.choice([3, 3, 5])
     checker = ElectionChecker()
     faults = FaultSettings(min_delay=0.0005, max_delay=rng.choice([0.002, 0.02, 0.08]),
                            loss=rng.choice([0.0, 0.05, 0.2]), duplicate=rng.choice([0.0, 0.05, 0.2]))
-    cluster = checked_cluster(n, seed, checker, faults=faults, flush_latency=flush_latency, tear_on_crash=tear)
+    cluster = checked_cluster(n, seed, checker, faults=faults, flush_latency=flush_latency, tear_on_crash=tear,
+                              term_write_latency=term_write_latency)
     crash_after_vote = rng.random() < 0.3
     chaos = Chaos(cluster, rng, mix or ELECTION_MIX)
 

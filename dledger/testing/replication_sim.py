@@ -126,25 +126,28 @@ REPLICATION_MIX = ChaosMix(partition=0.25, block=0.1, heal=0.25, crash_leader=0.
 def run_replication_seed(seed: int, duration: float = 8.0, members: int | None = None,
                          clients: int = 3, store: str = "simdisk", outsider: str | None = None, *,
                          mix: ChaosMix | None = None, flush_latency=DEFAULT_FLUSH_LATENCY,
-                         tear: bool = True) -> SimResult:
+                         tear: bool = True, term_write_latency=0.0) -> SimResult:
     """One seeded schedule; the result lists every safety problem found (empty lists when safe).
 
     ``store`` is ``simdisk`` (crashes lose or tear unflushed writes; a flush takes ``flush_latency``
     virtual seconds, 0 for at once; ``tear`` False loses the whole unflushed tail) or a real
     ``mmap``/``lmdb`` store in a temporary directory.  ``outsider`` (``auth`` or ``bounds``) adds the
     outsider fault of :mod:`dledger.testing.outsider`: forged frames without credentials.  ``mix``
-    replaces the fault mix (:data:`REPLICATION_MIX`).
+    replaces the fault mix (:data:`REPLICATION_MIX`); ``term_write_latency`` makes term/vote writes take
+    virtual time (a crash may interrupt them).
     """
     if store not in STORES:
         raise ValueError(f"store must be one of {STORES}")
-    opts = dict(mix=mix or REPLICATION_MIX, flush_latency=flush_latency, tear=tear)
+    opts = dict(mix=mix or REPLICATION_MIX, flush_latency=flush_latency, tear=tear,
+                term_write_latency=term_write_latency)
     if store != "simdisk":
         with tempfile.TemporaryDirectory(prefix=f"dledger-sim-{seed}-") as root:
             return _run(seed, duration, members, clients, Path(root), store, outsider, **opts)
     return _run(seed, duration, members, clients, None, store, outsider, **opts)
 
 
-def _run(seed, duration, members, clients, root, store, outsider=None, *, mix, flush_latency, tear) -> SimResult:
+def _run(seed, duration, members, clients, root, store, outsider=None, *, mix, flush_latency, tear,
+         term_write_latency) -> SimResult:
     rng = random.Random(seed)
     n = members or rng.choice([3, 3, 5])
     result = SimResult(seed, n)
@@ -156,7 +159,8 @@ def _run(seed, duration, members, clients, root, store, outsider=None, *, mix, f
     cluster = checked_cluster(n, seed, checker, faults=faults, max_pending_requests_num=200,
                               max_batch_push_size=rng.choice([512, 4096, 65536]),
                               enable_batch_push=rng.random() < 0.8, clock=clock, store_factory=factory,
-                              flush_latency=flush_latency, tear_on_crash=tear)
+                              flush_latency=flush_latency, tear_on_crash=tear,
+                              term_write_latency=term_write_latency)
     committed = CommittedLog()
     held: dict[str, int] = {}
     restart_problems: list[str] = []

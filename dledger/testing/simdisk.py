@@ -239,3 +239,66 @@ def preload(disk: SimulatedDisk, entries: list, committed: int = -1) -> None:
     disk.entries = list(entries)
     disk.begin = entries[0].index if entries else -1
     disk.committed = committed
+
+
+class SimulatedIO:
+    """A :class:`dledger.diskio.BlockingIO` stand-in whose jobs take virtual time, for term/vote writes.
+
+    A running member writes its term and vote on a worker thread and holds every reply that depends on
+    them until the write is done (:class:`dledger.election.state.MemberState`); inline writes in tests
+    never exercise that wait.  Here a job runs when its latency has passed.  :meth:`crash` decides, per
+    job still in flight, whether the write reached the disk before the machine died (a seeded coin): a
+    member may restart with a vote it never got to announce, or without one it was about to.
+    """
+
+    threaded = False
+    stopped = False
+
+    def __init__(self, clock, latency=0.0, rng: random.Random | None = None):
+        self.clock = clock
+        self.rng = rng or random.Random(0)
+        self.latency = latency_source(latency, self.rng)
+        self._jobs: list = []  # (delayed call, fn, args, deferred)
+
+    def run(self, fn, *args) -> Deferred:
+        latency = self.latency()
+        d: Deferred = Deferred()
+        if latency <= 0:
+            try:
+                d.callback(fn(*args))
+            except Exception:  # the job's failure is its Deferred's, as BlockingIO reports it
+                d.errback()
+            return d
+        job: list = []
+
+        def done():
+            if job in self._jobs:
+                self._jobs.remove(job)
+            try:
+                d.callback(fn(*args))
+            except Exception:
+                d.errback()
+
+        job.extend((self.clock.callLater(latency, done), fn, args, d))
+        self._jobs.append(job)
+        return d
+
+    def crash(self) -> int:
+        """The machine dies: each write in flight lands or not (seeded); no Deferred fires. Returns writes landed."""
+        landed = 0
+        jobs, self._jobs = self._jobs, []
+        for call, fn, args, _d in jobs:
+            if call.active():
+                call.cancel()
+            if self.rng.random() < 0.5:
+                fn(*args)
+                landed += 1
+        return landed
+
+    def stop(self) -> None:
+        """Run what is in flight now, as BlockingIO.stop does."""
+        jobs, self._jobs = self._jobs, []
+        for call, fn, args, d in jobs:
+            if call.active():
+                call.cancel()
+                d.callback(fn(*args))
