@@ -29,13 +29,17 @@ log = Logger()
 
 
 class LeaderReady:
-    """Watches one server's leadership and commit index; tells ``ILeaderReadyListener``\\ s once per term."""
+    """Watches one server's leadership and commit index; tells ``ILeaderReadyListener``\\ s once per leadership."""
 
     def __init__(self, server):
         self.server = server
         self.listeners: list = []
         #: The term in which this member was last found leader-ready (None: never).
         self.ready_term: int | None = None
+        # The leadership (its LeaderReplicator) found ready: a member that steps down and leads the same
+        # term again (its log intact; only a restart moves it to a new term) is a new leadership and must be
+        # announced again -- keying on the term alone left a broker slave forever after such a re-election.
+        self._ready_leadership = None
         self._queue: deque[int] = deque()
         self._draining = False
         self._stopped = False
@@ -44,7 +48,8 @@ class LeaderReady:
     def is_ready(self) -> bool:
         """This member leads now and its current term's first entry is committed."""
         st = self.server.state
-        return self.ready_term is not None and st.role is Role.LEADER and st.curr_term == self.ready_term
+        return (self._ready_leadership is not None and self._ready_leadership is self.server.replicator
+                and st.role is Role.LEADER and st.curr_term == self.ready_term)
 
     def add(self, listener) -> None:
         """Register a listener; if this member is leader-ready already, it is told at once (through the queue)."""
@@ -56,10 +61,10 @@ class LeaderReady:
         """The committed index moved: is this the moment the current leadership became ready?"""
         server = self.server
         rep = server.replicator
-        if rep is None or rep.stopped or rep.term == self.ready_term or rep.term_start_index < 0:
+        if rep is None or rep.stopped or rep is self._ready_leadership or rep.term_start_index < 0:
             return
         if server.store.committed_index >= rep.term_start_index and server.state.role is Role.LEADER:
-            self.ready_term = rep.term
+            self.ready_term, self._ready_leadership = rep.term, rep
             log.info("{id}: leader ready in term {term} (first entry {i} committed)", id=server.self_id,
                      term=rep.term, i=rep.term_start_index)
             if self.listeners and not self._stopped:
