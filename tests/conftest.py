@@ -1,7 +1,13 @@
 """Shared fixtures: a Clock for deterministic time, and the real reactor for network tests."""
 
 import pytest
+from hypothesis import settings
 from twisted.internet import task
+
+# Property tests check behaviour, never speed: Hypothesis's default 200 ms deadline per example turned a
+# codec round trip red on a loaded 2-core machine (DeadlineExceeded at 290 ms). No deadline, anywhere.
+settings.register_profile("dledger", deadline=None)
+settings.load_profile("dledger")
 
 
 @pytest.fixture
