@@ -10,7 +10,7 @@ ALIONS := tools/alions/node_modules/.installed
 
 .PHONY: demo demo-rocketmq test lint soak clean
 
-$(STAMP): setup.py plugins/rocketmq/setup.py spark/setup.py
+$(STAMP): setup.py plugins/rocketmq/setup.py spark/setup.py plugins/example/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dledger needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip 'setuptools>=70,<90' wheel
@@ -21,6 +21,9 @@ $(STAMP): setup.py plugins/rocketmq/setup.py spark/setup.py
 	$(PY) -m pip install --quiet --no-build-isolation -e plugins/rocketmq --config-settings editable_mode=compat
 	# Spark ingest: its own distribution (pyspark and pyarrow are its dependencies, not dledger's), a plugin too.
 	$(PY) -m pip install --quiet --no-build-isolation -e spark --config-settings editable_mode=compat
+	# The example plugin (docs/plugins.md): a pyproject-only distribution, the template plugin authors copy;
+	# inert unless example.enabled, its application tests run in `make test` (pytest.ini testpaths).
+	$(PY) -m pip install --quiet --no-build-isolation -e plugins/example --config-settings editable_mode=compat
 	touch $(STAMP)
 
 $(ALIONS): tools/alions/package.json tools/alions/package-lock.json
@@ -46,4 +49,5 @@ soak: $(STAMP)
 
 clean:
 	rm -rf $(VENV) tools/alions/node_modules build *.egg-info plugins/rocketmq/build plugins/rocketmq/*.egg-info \
-		spark/build spark/*.egg-info .pytest_cache .ruff_cache .hypothesis
+		spark/build spark/*.egg-info plugins/example/build plugins/example/*.egg-info .pytest_cache .ruff_cache \
+		.hypothesis

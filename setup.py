@@ -13,6 +13,10 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["dledger", "dledger.*"]) + ["twisted.plugins"],
+    # A flat layout named as such: an editable install in setuptools' default mode (`pip install -e .`) then
+    # puts the repository on sys.path with a static .pth, as compat mode does, instead of an import hook;
+    # twistd scans sys.path for twisted/plugins/dledger_plugin.py, which an import hook never shows it.
+    package_dir={"": "."},
     package_data={"twisted": ["plugins/dledger_plugin.py"]},
     install_requires=[
         "twisted>=24.3",

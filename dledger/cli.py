@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(name).register(subparsers)
     from dledger import plugins
 
-    plugins.get_plugin_manager().hook.dledger_cli_commands(subparsers=subparsers)  # plugins' commands
+    # Plugins' commands, each on its own: one that fails is a line on stderr, the others still work.
+    for problem in plugins.call_each(plugins.get_plugin_manager(), "dledger_cli_commands", subparsers=subparsers):
+        print(problem, file=sys.stderr)
     return parser
 
 

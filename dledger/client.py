@@ -97,6 +97,9 @@ class DLedgerClient:
                 self._note_reachability(target, None)
             except DLedgerError as exc:
                 code, resp = exc.code, None
+                if code is ResponseCode.APPEND_REFUSED:  # a plugin refused the body: its reason, no retry
+                    raise DLedgerError(code, f"from {target} (attempt {attempt + 1}): {exc.message}",
+                                       leader_id=exc.leader_id) from None
                 nobody = self._note_reachability(target, exc)
                 if nobody is not None and (self.give_up_unreachable or attempt + 1 == self.max_attempts):
                     raise nobody from None

@@ -42,6 +42,7 @@ class ResponseCode(enum.IntEnum):
     REQUEST_WITH_EMPTY_BODYS = 420
     PUSH_REQUEST_IS_FULL = 421
     NOT_AUTHORIZED = 430  # dledger: authentication is on and this connection may not send this request
+    APPEND_REFUSED = 431  # dledger: an append hook (a plugin) refused the entry; the reply's remark says why
     INTERNAL_ERROR = 500
     TERM_CHANGED = 501
     WAIT_QUORUM_ACK_TIMEOUT = 502

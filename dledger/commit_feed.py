@@ -82,6 +82,15 @@ class CommitFeed:
             d.addBoth(self._free, cursor)
             return
 
+    def caught_up(self) -> bool:
+        """Every listener was handed every committed entry and has finished with it (none busy, nothing scheduled).
+
+        What :meth:`dledger.testing.Cluster.wait_applied` waits for on each member: the application's state
+        machines have applied the whole committed log.
+        """
+        committed = self.store.committed_index
+        return self._scheduled is None and all(not c.busy and c.next_index > committed for c in self._cursors)
+
     def _listener_failed(self, failure, cursor: _Cursor) -> None:
         log.failure("{id}: commit listener {l!r} failed", failure, id=self.member_id, l=cursor.listener)
 

@@ -247,11 +247,29 @@ def _normalize(options: Mapping[str, Any], source: str) -> dict[str, Any]:
 _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(DLedgerConfig)}
 
 
+class ResolvedExtras(dict):
+    """Plugin option values already resolved (:func:`dledger.plugins.resolve_extras`): checked, defaults filled in.
+
+    ``explicit`` names the options a file, a command line or a caller set; every other value is its
+    option's default.  Resolving these again checks nothing twice: set values were converted once
+    (an option's ``coerce`` need not accept its own result) and defaults are never type-checked
+    (``None`` is a fine default for a ``str`` option), so ``twistd dledger``, which resolves a
+    member's config before the member does, behaves as the in-process ``Cluster``.
+    """
+
+    def __init__(self, values: Mapping[str, Any] = (), explicit: frozenset[str] | set[str] = frozenset()):
+        super().__init__(values)
+        self.explicit = frozenset(explicit)
+
+    def copy(self) -> ResolvedExtras:
+        return ResolvedExtras(self, self.explicit)
+
+
 def _coerce(name: str, value: Any) -> Any:
     if name == "extras":
         if not isinstance(value, Mapping):
             raise ConfigError(f"extras: expected a table, got {value!r}")
-        return dict(value)
+        return value.copy() if isinstance(value, ResolvedExtras) else dict(value)
     return coerce_typed(_camel(name), _FIELD_TYPES[name], value)
 
 

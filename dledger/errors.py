@@ -63,10 +63,18 @@ class BatchAppendError(DLedgerError):
 class AppendHookError(DLedgerError):
     """An append hook raised on a leader append: that entry (and its request) fails, the leader goes on.
 
-    The code is the hook's own if it raised a :class:`DLedgerError` (a hook
-    may refuse a body with UNEXPECTED_ARGUMENT, say), INTERNAL_ERROR for any
-    other exception; the message names the hook, the entry and the error.
+    The code is APPEND_REFUSED (431, dledger's own: no Java DLedger code means
+    "a plugin refused this"), so a client can tell a plugin's refusal from the
+    member's own checks; the reply carries the message as its remark, and
+    ``dledger append`` prints it.  ``hook_code`` is what the hook raised: its
+    own code if it raised a :class:`DLedgerError` (a hook may refuse a body
+    with UNEXPECTED_ARGUMENT, say), INTERNAL_ERROR for any other exception (a
+    plugin bug).  The message names the hook, the entry and the error.
     """
+
+    def __init__(self, hook_code: ResponseCode, message: str = "", *, leader_id: str | None = None):
+        super().__init__(ResponseCode.APPEND_REFUSED, message, leader_id=leader_id)
+        self.hook_code = ResponseCode(hook_code)
 
 
 class StoreInUseError(StoreError):

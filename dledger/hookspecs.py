@@ -56,7 +56,8 @@ def dledger_extra_options():
     ``[plugins.myplugin]`` (or ``--plugin-opt myplugin.port=VALUE``); a plain
     name is a key of ``[plugins]``.  ``coerce`` is the option's type (``int``,
     ``float``, ``bool``, ``str`` are checked like core options; any other
-    callable converts or raises ValueError).  Values reach the plugin as
+    callable converts or raises ValueError; a default is never checked, so
+    ``None`` means "unset" for any type).  Values reach the plugin as
     ``server.config.extras[name]``, defaults filled in, on every path that
     builds a server (``twistd dledger``, ``DLedgerServer``, ``dledger.testing.Cluster``),
     and ``twistd dledger --help`` lists them.

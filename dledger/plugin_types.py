@@ -48,8 +48,8 @@ class ExtraOption:
     ``coerce`` is the option's type: ``int``, ``float``, ``bool`` or ``str``
     are validated like core options (``plugins.myplugin.port: expected an
     integer, got 'x'``); any other callable converts a value or raises
-    ValueError/TypeError, and must accept its own result (a config may be
-    resolved twice).  ``default`` is used as it is (``None`` for "unset").
+    ValueError/TypeError; it is called once per value set.  ``default`` is
+    used as it is and never checked (``None`` for "unset", whatever the type).
     """
 
     name: str

@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 import importlib.metadata
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import pluggy
 
 from dledger import hookspecs
-from dledger.config import coerce_typed
+from dledger.config import ResolvedExtras, coerce_typed
 from dledger.errors import ConfigError
 from dledger.plugin_types import CORE_TYPES
 
@@ -46,16 +47,94 @@ def _entry_points_not_of(distributions: frozenset[str]) -> list[str]:
             for ep in dist.entry_points if ep.group == GROUP]
 
 
+@dataclass(frozen=True)
+class DistInfo:
+    """The distribution a plugin came from (what ``pluggy``'s ``list_plugin_distinfo`` pairs plugins with)."""
+
+    project_name: str
+    version: str
+
+
+@dataclass(frozen=True)
+class BrokenPlugin:
+    """An entry point of our group that could not be loaded; every command goes on without it."""
+
+    name: str
+    distribution: str  # "dledger-myplugin 0.1.0"
+    error: str  # "ModuleNotFoundError: No module named 'x'"
+
+    def line(self) -> str:
+        """The one line an operator reads (``dledger`` commands print it on stderr, ``twistd dledger`` refuses)."""
+        return (f"dledger: plugin {self.name!r} of distribution {self.distribution} cannot be loaded "
+                f"({self.error}); left out: fix or uninstall it, or set {DISABLE_AUTOLOAD_ENV}=1 to run "
+                f"without third-party plugins")
+
+
+class DLedgerPluginManager(pluggy.PluginManager):
+    """A pluggy manager that loads our entry points one at a time: one that fails is recorded, not fatal.
+
+    A third-party plugin that cannot be imported, registered or checked (an unknown hook name) is
+    left out and listed in :attr:`broken`, so ``dledger plugins`` -- the command that diagnoses it --
+    and every other command still run (pluggy's own ``load_setuptools_entrypoints`` raises on the
+    first bad one, and ``dledger`` built its parser through it).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(GROUP)
+        #: Entry points that could not be loaded, in the order they were tried.
+        self.broken: list[BrokenPlugin] = []
+        self._dists: list[tuple[Any, DistInfo]] = []
+
+    def list_plugin_distinfo(self) -> list[tuple[Any, Any]]:
+        return list(self._dists)
+
+    def load_entry_points(self) -> None:
+        """Register every entry point of our group that is not registered or blocked yet."""
+        loaded: dict[int, BrokenPlugin] = {}
+        for dist in importlib.metadata.distributions():
+            info = DistInfo(dist.metadata["Name"] or "?", dist.version or "?")
+            label = f"{info.project_name} {info.version}"
+            for ep in dist.entry_points:
+                if ep.group != GROUP or self.get_plugin(ep.name) is not None or self.is_blocked(ep.name):
+                    continue
+                try:
+                    plugin = ep.load()
+                    self.register(plugin, name=ep.name)
+                except Exception as exc:
+                    self.broken.append(BrokenPlugin(ep.name, label, _one_line(exc)))
+                    continue
+                self._dists.append((plugin, info))
+                loaded[id(plugin)] = BrokenPlugin(ep.name, label, "")
+        # Unknown hook names are found only once every plugin (and the specs it adds) is registered.
+        while True:
+            try:
+                self.check_pending()
+                return
+            except pluggy.PluginValidationError as exc:
+                entry = loaded.pop(id(exc.plugin), None)
+                if entry is None:
+                    raise
+                self.unregister(exc.plugin)
+                self._dists = [(p, d) for p, d in self._dists if p is not exc.plugin]
+                self.broken.append(dataclasses.replace(entry, error=_one_line(exc)))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def make_plugin_manager(*, autoload: bool | None = None,
-                        distributions: frozenset[str] | set[str] | None = None) -> pluggy.PluginManager:
+                        distributions: frozenset[str] | set[str] | None = None) -> DLedgerPluginManager:
     """A fresh manager with the hook specs, entry-point plugins and built-ins registered.
 
     ``distributions`` (lower-case distribution names) limits autoloading to the entry points those
     distributions declare; the others are never imported.  Tests use ``{"dledger"}``
     (:func:`dledger.testing.isolated_plugin_manager`) so an installed third-party plugin cannot
-    change their answers.
+    change their answers.  An entry point that cannot be loaded is left out and listed in the
+    manager's ``broken`` (:class:`BrokenPlugin`), never an exception.
     """
-    pm = pluggy.PluginManager(GROUP)
+    pm = DLedgerPluginManager()
     pm.add_hookspecs(hookspecs)
     # Historic: every plugin registered from now on may add hook specs before its own hooks are checked.
     pm.hook.dledger_add_hookspecs.call_historic(kwargs={"pluginmanager": pm})
@@ -65,7 +144,7 @@ def make_plugin_manager(*, autoload: bool | None = None,
         foreign = _entry_points_not_of(frozenset(distributions)) if distributions is not None else []
         for name in foreign:
             pm.set_blocked(name)
-        pm.load_setuptools_entrypoints(GROUP)
+        pm.load_entry_points()
         for name in foreign:
             pm.unblock(name)
     for name, module in BUILTIN_PLUGINS.items():
@@ -76,12 +155,42 @@ def make_plugin_manager(*, autoload: bool | None = None,
     return pm
 
 
-def get_plugin_manager() -> pluggy.PluginManager:
-    """The process-wide plugin manager (created on first use)."""
+def get_plugin_manager(*, report: bool = True) -> pluggy.PluginManager:
+    """The process-wide plugin manager (created on first use).
+
+    The first call prints one line on stderr per plugin that could not be loaded (:class:`BrokenPlugin`),
+    unless ``report`` is false (``twistd dledger`` refuses to start instead, with that line).
+    """
     global _manager
     if _manager is None:
         _manager = make_plugin_manager()
+        for broken in _manager.broken if report else ():  # once per process: commands go on without it
+            print(broken.line(), file=sys.stderr)
     return _manager
+
+
+def broken_plugins(pm: pluggy.PluginManager | None = None) -> list[BrokenPlugin]:
+    """The entry points of our group that could not be loaded (``dledger plugins`` lists them)."""
+    return list(getattr(pm or get_plugin_manager(), "broken", ()))
+
+
+def call_each(pm: pluggy.PluginManager, hook_name: str, **kwargs: Any) -> list[str]:
+    """Call every implementation of ``hook_name`` on its own; one that raises is skipped, not fatal.
+
+    For the hooks that add ``dledger`` sub-commands (``dledger_cli_commands``, ``dledger_bench_subjects``):
+    a plugin whose command cannot be added (a name taken, a bug) must not take the built-in commands
+    down with it.  Returns one line per failing plugin.
+    """
+    problems = []
+    hook = getattr(pm.hook, hook_name)
+    for impl in reversed(hook.get_hookimpls()):  # the order pluggy calls them in
+        try:
+            impl.function(**{name: kwargs[name] for name in impl.argnames})
+        except Exception as exc:
+            problems.append(f"dledger: plugin {impl.plugin_name!r} could not add its commands ({_one_line(exc)}); "
+                            f"going on without them (set {DISABLE_AUTOLOAD_ENV}=1 to run without third-party "
+                            "plugins)")
+    return problems
 
 
 def reset_plugin_manager() -> None:
@@ -190,20 +299,34 @@ def coerce_option(opt: Any, value: Any) -> Any:
         raise ConfigError(f"{label}: bad value {value!r} (expected {opt.type_name}): {exc}") from None
 
 
-def resolve_extras(extras: Mapping[str, Any], pm: pluggy.PluginManager | None = None) -> dict[str, Any]:
+def resolve_extras(extras: Mapping[str, Any], pm: pluggy.PluginManager | None = None) -> ResolvedExtras:
     """Plugin option values (nested tables flattened to dotted names) with defaults filled in.
 
-    Unknown names and values of the wrong type are a one-line ConfigError.
+    Unknown names and values of the wrong type are a one-line ConfigError.  Only values that were
+    set are checked: a default is used as the plugin gave it (``None`` for "not set" is fine for a
+    ``str`` option), and resolving a :class:`~dledger.config.ResolvedExtras` again (``twistd
+    dledger`` resolves before the member does) keeps its values as they are instead of checking
+    them a second time.
     """
     declared = extra_options(pm)
     out = {name: opt.default for name, opt in declared.items()}
+    already = extras.explicit if isinstance(extras, ResolvedExtras) else None
+    explicit = set()
     for key, value in flatten_extras(extras).items():
         opt = declared.get(key)
         if opt is None:
             raise ConfigError(f"plugins.{key}: no installed plugin declares this option "
                               f"(known: {', '.join(sorted(declared)) or 'none'})")
+        if already is not None:
+            if key in already:
+                out[key] = value  # converted when it was set
+                explicit.add(key)
+            continue  # a default filled in by the first resolution: the default of this manager stands
+        if value is opt.default:
+            continue
         out[key] = coerce_option(opt, value)
-    return out
+        explicit.add(key)
+    return ResolvedExtras(out, explicit)
 
 
 def resolve_config(config: Any, pm: pluggy.PluginManager | None = None) -> Any:
@@ -260,5 +383,17 @@ def server_extensions(server: Any, pm: pluggy.PluginManager | None = None) -> Se
 
 
 def add_services(server: Any, collection: Any, pm: pluggy.PluginManager | None = None) -> None:
-    """Let every plugin add its services for ``server`` to ``collection`` (``dledger_services``)."""
-    (pm or get_plugin_manager()).hook.dledger_services(server=server, collection=collection)
+    """Let every plugin add its services for ``server`` to ``collection`` (``dledger_services``).
+
+    Each plugin's hook is called on its own, so that the collection knows which plugin added which
+    service (``collection.origins``): a service that cannot start is reported with its plugin's name.
+    """
+    hook = (pm or get_plugin_manager()).hook.dledger_services
+    origins = getattr(collection, "origins", None)
+    for impl in reversed(hook.get_hookimpls()):  # the order pluggy calls them in
+        before = set(map(id, collection))
+        impl.function(**{name: {"server": server, "collection": collection}[name] for name in impl.argnames})
+        if origins is not None:
+            for svc in collection:
+                if id(svc) not in before:
+                    origins[id(svc)] = impl.plugin_name

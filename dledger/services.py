@@ -45,6 +45,15 @@ class MemberServices(MultiService):
         self.stop_timeout = stop_timeout
         #: True while :meth:`stop` waits for the services (the member is stopping).
         self.stopping = False
+        #: ``id(service)`` -> the name of the plugin that added it (:func:`dledger.plugins.add_services`).
+        self.origins: dict[int, str] = {}
+
+    def label(self, svc) -> str:
+        """``'newplug-port' of plugin 'newplug'``: how logs and start errors name a service."""
+        name = getattr(svc, "name", None)
+        text = repr(name) if name else repr(svc)
+        plugin = self.origins.get(id(svc))
+        return f"{text} of plugin {plugin!r}" if plugin else text
 
     def start(self) -> None:
         """Start every service; if one raises, those already started are stopped again and the error propagates."""
@@ -63,12 +72,12 @@ class MemberServices(MultiService):
             # twice, so it is kept for debug level unless the error looks like a bug.
             level = LogLevel.debug if failure.check(ConfigError, StoreError, OSError, CannotListenError) \
                 else LogLevel.critical
-            log.failure("{id}: plugin service {svc!r} failed to start", failure, level=level, id=self.member_id,
-                        svc=svc)
+            log.failure("{id}: plugin service {svc} failed to start", failure, level=level, id=self.member_id,
+                        svc=self.label(svc))
             self.running = 0
             for other in reversed(started):
                 maybeDeferred(other.stopService).addErrback(lambda f: None)
-            failure.raiseException()
+            raise ServiceStartError(self.label(svc), failure.value) from failure.value
 
     @inlineCallbacks
     def stop(self):
@@ -90,16 +99,29 @@ class MemberServices(MultiService):
             try:
                 yield _bounded(maybeDeferred(svc.stopService), self.stop_timeout, self.clock)
             except _StopTimedOut:
-                log.error("{id}: plugin service {svc!r} did not finish stopping within {t} s; going on without it",
-                          id=self.member_id, svc=svc, t=self.stop_timeout)
+                log.error("{id}: plugin service {svc} did not finish stopping within {t} s; going on without it",
+                          id=self.member_id, svc=self.label(svc), t=self.stop_timeout)
             except Exception:
-                log.failure("{id}: plugin service {svc!r} failed to stop", id=self.member_id, svc=svc)
+                log.failure("{id}: plugin service {svc} failed to stop", id=self.member_id, svc=self.label(svc))
 
     def startService(self) -> None:
         self.start()
 
     def stopService(self) -> Deferred:
         return self.stop()
+
+
+class ServiceStartError(Exception):
+    """A plugin service raised in ``startService``: ``cause`` is what it raised, ``service`` names it and its plugin.
+
+    ``twistd dledger`` prints ``plugin service 'x' of plugin 'p' failed to start: <cause in one line>``
+    for an operator's mistake (a port in use, say), the traceback for anything else.
+    """
+
+    def __init__(self, service: str, cause: BaseException):
+        super().__init__(f"plugin service {service} failed to start: {cause}")
+        self.service = service
+        self.cause = cause
 
 
 class _StopTimedOut(Exception):

@@ -37,6 +37,7 @@ from dledger import logfilter, plugins
 from dledger.config import FLUSH_POLICIES, PRESETS, DLedgerConfig, make_config
 from dledger.diskio import BlockingIO
 from dledger.errors import ConfigError, StoreError
+from dledger.services import ServiceStartError
 
 log = Logger()
 
@@ -88,6 +89,10 @@ class Options(usage.Options):
         return super().getUsage(width) + plugins.options_help()
 
     def postOptions(self) -> None:
+        broken = plugins.broken_plugins(plugins.get_plugin_manager(report=False))
+        if broken:  # a member must not run without a plugin it would normally load (its broker, its checks)
+            raise usage.UsageError(broken[0].line().removeprefix("dledger: ").replace(
+                "; left out:", "; a member does not start without it:"))
         for key, allowed in (("preset", tuple(PRESETS)), ("flush-policy", FLUSH_POLICIES),
                              ("log-level", tuple(logfilter.LEVELS))):
             if self[key] is not None and self[key] not in allowed:
@@ -243,6 +248,9 @@ def start_error_line(exc: BaseException) -> str | None:
     Operator mistakes (a port in use, a bad store directory, a config or store refused with a message,
     any StoreError subclass) get one line; their traceback is logged at debug level only.
     """
+    if isinstance(exc, ServiceStartError):
+        inner = start_error_line(exc.cause)
+        return f"plugin service {exc.service} failed to start: {inner}" if inner is not None else None
     if isinstance(exc, (ConfigError, StoreError, EndpointError)):
         return str(exc)
     if isinstance(exc, CannotListenError):

@@ -3,7 +3,11 @@
 import os
 import subprocess
 import sys
+import sysconfig
+import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).parent.parent
 BIN = Path(sys.executable).parent
@@ -43,3 +47,37 @@ def test_readme_has_exactly_two_setup_commands():
     commands = [line.split("#")[0].strip() for line in block.strip().splitlines()]
     assert commands == ["make demo", "make test"]
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize("projects, command, usage", [
+    (["."], "dledger", "dledger [--config FILE]"),
+    ([".", "plugins/rocketmq"], "rocketmq-namesrv", "rocketmq-namesrv"),
+])
+def test_default_mode_editable_install_lets_twistd_find_the_dropin(tmp_path, projects, command, usage):
+    """`pip install -e .` in setuptools' default mode (not only compat) exposes the twistd dropin (issue 30, item 3).
+
+    The editable wheels are built as pip builds them (PEP 660 ``build_editable``) and unpacked into a fresh
+    venv whose only other path is this venv's site-packages (Twisted and the dependencies, without our own
+    ``.pth``); twistd then runs there from an unrelated directory, as an operator would.
+    """
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site_dir = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   capture_output=True, text=True, check=True, timeout=60).stdout.strip())
+    (site_dir / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    for k, project in enumerate(projects):
+        wheels = tmp_path / f"wheels{k}"
+        build = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
+                                "print(b.build_editable(sys.argv[1]))", str(wheels)], cwd=ROOT / project,
+                               capture_output=True, text=True, timeout=120)
+        assert build.returncode == 0, build.stderr[-2000:]
+        with zipfile.ZipFile(wheels / build.stdout.strip().splitlines()[-1]) as zf:
+            zf.extractall(site_dir)
+    from dledger.launcher import TWISTD
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([str(python), "-c", TWISTD, command, "--help"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60, env={**env, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert out.returncode == 0, out.stdout[-500:] + out.stderr[-2000:]
+    assert usage in out.stdout

@@ -98,11 +98,13 @@ def test_a_hook_raising_on_every_entry_does_not_stop_a_leader_from_being_elected
     server = cluster.servers[leader]
     assert cluster.run_until(lambda: server.leader_ready.is_ready, 10), "the leader's NOOP never committed"
     assert cluster.stable_leader() == leader
-    result = append_failure(cluster, b"payload")  # over the network: the code (Java's reply has no message)
-    assert isinstance(result, Failure) and result.value.code is ResponseCode.INTERNAL_ERROR
+    result = append_failure(cluster, b"payload")  # over the network: APPEND_REFUSED and the hook's reason
+    assert isinstance(result, Failure) and result.value.code is ResponseCode.APPEND_REFUSED
+    assert "ValueError: cannot parse b'payload'" in result.value.message
     direct = []
     server.append(b"payload").addErrback(direct.append)
-    assert isinstance(direct[0].value, AppendHookError) and direct[0].value.code is ResponseCode.INTERNAL_ERROR
+    assert isinstance(direct[0].value, AppendHookError) and direct[0].value.code is ResponseCode.APPEND_REFUSED
+    assert direct[0].value.hook_code is ResponseCode.INTERNAL_ERROR  # not a DLedgerError: a plugin bug
     assert "append hook" in str(direct[0].value) and "ValueError: cannot parse b'payload'" in str(direct[0].value)
     cluster.run(2.0)
     assert cluster.stable_leader() == leader  # still leading after the failed append
@@ -140,7 +142,8 @@ def test_a_failing_hook_fails_only_its_request_in_a_batch(pm):
             AppendEntryRequest(group="g0", body=b"third")]
     results = server.handle_requests(reqs)
     assert isinstance(results[1], Failure) and isinstance(results[1].value, AppendHookError)
-    assert results[1].value.code is ResponseCode.UNEXPECTED_ARGUMENT and "not a record" in str(results[1].value)
+    assert results[1].value.code is ResponseCode.APPEND_REFUSED and "not a record" in str(results[1].value)
+    assert results[1].value.hook_code is ResponseCode.UNEXPECTED_ARGUMENT
     answers = {}
     for k in (0, 2):
         results[k].addCallback(lambda r, k=k: answers.__setitem__(k, r))

@@ -4,6 +4,7 @@ plugins' subjects through the ``dledger_bench_subjects`` hook)."""
 from __future__ import annotations
 
 import json
+import sys
 
 from dledger.bench import cluster as cluster_bench
 from dledger.bench import store as store_bench
@@ -17,7 +18,9 @@ def register(subparsers) -> None:
     cluster_bench.register(sub)
     from dledger import plugins
 
-    plugins.get_plugin_manager().hook.dledger_bench_subjects(subparsers=sub)  # plugins' benchmarks
+    # Plugins' benchmarks, each on its own: one that fails is a line on stderr, the others still work.
+    for problem in plugins.call_each(plugins.get_plugin_manager(), "dledger_bench_subjects", subparsers=sub):
+        print(problem, file=sys.stderr)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 

@@ -38,7 +38,13 @@ CONNECT_TIMEOUT = 3.0
 EXIT_BROKEN_PIPE = 141
 
 
-def register(subparsers) -> None:
+def client_parent() -> argparse.ArgumentParser:
+    """The options every command that talks to a group takes: --peers/--group/--config/--timeout/--json and security.
+
+    Pass it as ``parents=[client_parent()]`` to ``add_parser``, with ``set_defaults(func=command(action))``:
+    a plugin's command (``dledger_cli_commands``) then finds the group, presents credentials and reports
+    errors exactly as ``dledger append`` does.
+    """
     common = argparse.ArgumentParser(add_help=False)
     g = common.add_argument_group("group")
     g.add_argument("--peers", default=os.environ.get("DLEDGER_PEERS"),
@@ -61,7 +67,11 @@ def register(subparsers) -> None:
                      help="this client's name in the members' clientsFile, for --token-file")
     sec.add_argument("--token-file", default=os.environ.get("DLEDGER_TOKEN_FILE"),
                      help="file holding this client's token for authMode=secret (default $DLEDGER_TOKEN_FILE)")
+    return common
 
+
+def register(subparsers) -> None:
+    common = client_parent()
     p = subparsers.add_parser(
         "append", parents=[common], help="append entries to a running group",
         description="Append bodies: --body (repeatable), --file (one body per file), --count N generated bodies, "
@@ -97,7 +107,12 @@ def register(subparsers) -> None:
 
 # -- running a command ------------------------------------------------------------------------
 def command(action):
-    """The argparse ``func`` of a client command: runs ``action`` under ``task.react`` and exits with its status."""
+    """The argparse ``func`` of a client command: runs ``action`` under ``task.react`` and exits with its status.
+
+    ``action`` is ``async def action(client, args, out) -> int | None``: ``client`` a connected
+    :class:`dledger.client.DLedgerClient` (closed afterwards), ``out`` where to print.  A DLedgerError
+    it raises is printed as one line (``dledger: CODE (n): ...``, or JSON with ``--json``) with status 1.
+    """
 
     def run(args) -> int:
         status = [1]

@@ -122,7 +122,7 @@ def seal_leader_entry_into(hooks: Sequence, entry: Entry, index: int, pos: int, 
 def hook_error(hook, index: int, exc: Exception) -> AppendHookError:
     """The error a leader append fails with when ``hook`` raised ``exc`` on entry ``index``."""
     code = exc.code if isinstance(exc, DLedgerError) else ResponseCode.INTERNAL_ERROR
-    detail = exc.message if isinstance(exc, DLedgerError) else f"{type(exc).__name__}: {exc}"
+    detail = f"{code.name}: {exc.message}" if isinstance(exc, DLedgerError) else f"{type(exc).__name__}: {exc}"
     return AppendHookError(code, f"append hook {hook!r} failed on entry {index}: {detail}")
 
 

@@ -6,8 +6,10 @@
 >>> leader = cluster.wait_for_leader()
 >>> client = cluster.client()
 >>> d = client.append(b"hello")
->>> cluster.run_until(lambda: d.called)
+>>> cluster.wait_until(lambda: d.called, what="the append")   # AssertionError if it never happens
 True
+>>> cluster.wait_applied()          # every member committed it and its commit listeners applied it
+1
 
 Time is virtual (:class:`dledger.testing.clock.SimClock`, or any
 ``IReactorTime`` you pass, e.g. ``task.Clock``) -- or real: pass
@@ -25,10 +27,13 @@ pass ``plugin_manager`` to use a manager of your own, and plugin options as
 
 from __future__ import annotations
 
+import inspect
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import pluggy
+from twisted.python.failure import Failure
 
 from dledger import plugins
 from dledger.codes import Role
@@ -67,13 +72,17 @@ class Cluster:
         self.term_write_latency = term_write_latency
         self.term_io: dict[str, SimulatedIO] = {}
         self.store_factory = store_factory
+        #: ``handlers(mid, server)`` -> role-change handlers to add to member ``mid`` each time it is built.
         self.handlers = handlers
-        #: ``commit_listeners(mid)`` -> ICommitListeners to add to member ``mid`` each time it is built.
+        #: ``commit_listeners(mid)`` or ``commit_listeners(mid, server)`` -> ICommitListeners to add to member
+        #: ``mid`` each time it is built (so again after a restart, when they replay from ``start_index()``).
         self.commit_listeners = commit_listeners
         self.tear_on_crash = tear_on_crash
         #: The pluggy manager members take their hooks, options and services from (None: the process-wide one).
         self.plugin_manager = plugin_manager
+        #: The running members: id -> :class:`~dledger.server.DLedgerServer` (a crashed member is not here).
         self.servers: dict[str, DLedgerServer] = {}
+        #: Ids of crashed (or never started) members that :meth:`crash` took down.
         self.down: set[str] = set()
         self._clients = 0
 
@@ -107,7 +116,7 @@ class Cluster:
             for handler in self.handlers(mid, server) or ():
                 server.add_role_change_handler(handler)
         if self.commit_listeners is not None:
-            for listener in self.commit_listeners(mid) or ():
+            for listener in _call_with_server(self.commit_listeners, mid, server) or ():
                 server.add_commit_listener(listener)
         return server
 
@@ -210,7 +219,12 @@ class Cluster:
                 self.clock.advance(min(0.001, end - self.clock.seconds()))
 
     def run_until(self, predicate: Callable[[], bool], timeout: float = 60.0) -> bool:
-        """Advance time until ``predicate()`` holds (True) or ``timeout`` virtual seconds pass (False)."""
+        """Advance time until ``predicate()`` holds (True) or ``timeout`` virtual seconds pass (False).
+
+        It does **not** raise on timeout: ``assert cluster.run_until(...)``, or use :meth:`wait_until`, which
+        raises.  (A bare ``cluster.run_until(...)`` whose result is ignored lets a test go on, and maybe
+        pass, after the thing it waited for never happened.)
+        """
         end = self.clock.seconds() + timeout
         if isinstance(self.clock, SimClock):
             return self.clock.run_until(end, stop=predicate)
@@ -220,11 +234,89 @@ class Cluster:
             self.clock.advance(0.001)
         return True
 
+    def wait_until(self, predicate: Callable[[], Any], timeout: float = 60.0, what: str | None = None) -> Any:
+        """Advance time until ``predicate()`` returns something truthy, which is returned; AssertionError otherwise.
+
+        The raising twin of :meth:`run_until`: after ``timeout`` virtual seconds it fails with
+        ``<what> not within <timeout>s (virtual time)`` and every running member's state.
+        """
+        value = None
+
+        def check() -> bool:
+            nonlocal value
+            value = predicate()
+            return bool(value)
+
+        if not self.run_until(check, timeout):
+            raise AssertionError(f"{what or 'condition'} not within {timeout:g}s (virtual time); "
+                                 f"members: {self.describe()}")
+        return value
+
+    def describe(self) -> str:
+        """Every member in one line (role, term, log end, committed index, listeners caught up), for failures."""
+        parts = []
+        for mid in self.ids:
+            s = self.servers.get(mid)
+            if s is None:
+                parts.append(f"{mid} down")
+                continue
+            st = s.store
+            parts.append(f"{mid} {s.state.role.name} term={s.state.curr_term} end={st.ledger_end_index} "
+                         f"commit={st.committed_index} applied={'yes' if s.commit_feed.caught_up() else 'no'}")
+        return "; ".join(parts)
+
     def wait_for_leader(self, timeout: float = 60.0) -> str:
         """Run until a stable leader exists and return its id; AssertionError after ``timeout``."""
         if not self.run_until(lambda: self.stable_leader() is not None, timeout):
             raise AssertionError(f"no leader after {timeout}s: {[repr(s.state) for s in self.servers.values()]}")
         return self.stable_leader()
+
+    def wait_applied(self, timeout: float = 60.0, ids: Iterable[str] | None = None) -> int:
+        """A barrier: run until everything the leader holds is committed and applied on every running member.
+
+        Waits until a stable leader exists and each member of ``ids`` (every running member by default)
+        holds the leader's whole log, has committed all of it, and its commit listeners (a plugin's, or
+        those given as ``commit_listeners=``) were handed every committed entry and finished with it
+        (:meth:`dledger.commit_feed.CommitFeed.caught_up`; a restarted member replays from its
+        listeners' ``start_index()`` first).  Returns the committed index; AssertionError naming each
+        member's state after ``timeout`` virtual seconds.  hashicorp/raft's ``Barrier`` is the model:
+        call it before reading an application's state on several members.
+        """
+        members = list(ids) if ids is not None else None
+
+        def applied() -> int | None:
+            leader = self.servers.get(self.stable_leader() or "")
+            if leader is None:
+                return None
+            end = leader.store.ledger_end_index
+            for mid in members if members is not None else list(self.servers):
+                s = self.servers.get(mid)
+                if s is None or s.store.ledger_end_index != end or s.store.committed_index != end \
+                        or not s.commit_feed.caught_up():
+                    return None
+            return end + 1  # truthy even for index 0; turned back below
+
+        return self.wait_until(applied, timeout, "every member committed and applied the leader's log") - 1
+
+    def converged(self, timeout: float = 60.0, ids: Iterable[str] | None = None) -> list:
+        """:meth:`wait_applied`, then check that the members' committed logs are identical (hashicorp's ``EnsureSame``).
+
+        Returns the common committed log (NOOPs left out, as commit listeners see it); AssertionError naming
+        the first index where two members differ (term or body) -- a safety bug, or a test that wrote
+        to a member's store behind the group's back.
+        """
+        self.wait_applied(timeout, ids)
+        members = list(ids) if ids is not None else list(self.servers)
+        logs = {mid: self.committed_entries(mid) for mid in members}
+        first = members[0]
+        for mid in members[1:]:
+            for a, b in zip(logs[first], logs[mid]):
+                if (a.index, a.term, a.body) != (b.index, b.term, b.body):
+                    raise AssertionError(f"{first} and {mid} differ at index {a.index}: term {a.term} "
+                                         f"{a.body[:40]!r} vs index {b.index} term {b.term} {b.body[:40]!r}")
+            if len(logs[first]) != len(logs[mid]):
+                raise AssertionError(f"{first} committed {len(logs[first])} entries, {mid} {len(logs[mid])}")
+        return [e for e in logs[first] if not e.is_noop]
 
     def when(self, predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.01):
         """A Deferred that fires once ``predicate()`` holds, for clusters on the real reactor.
@@ -267,34 +359,57 @@ class Cluster:
         return DLedgerClient(transport, config.group, list(self.ids), clock=self.clock, **kw)
 
     def append_committed(self, bodies, timeout: float = 60.0) -> str:
-        """Append ``bodies`` through a client and run until every running member holds and committed them all.
+        """Append ``bodies`` in order through one client, then :meth:`wait_applied`; returns the leader's id.
 
-        Returns the leader's id; AssertionError after ``timeout`` virtual seconds.  The common set-up of a
-        test that needs a group with a committed log before it breaks something.
+        Each body is appended once the previous one was acknowledged, so the log holds them in the order
+        given (appends sent together may be stored in any order), and on return every running member
+        has committed them and its commit listeners have applied them.  AssertionError after ``timeout``
+        virtual seconds (a refused append fails with its error).  The common set-up of a test that needs
+        a group with a committed log before it breaks something.
         """
-        leader_id = self.wait_for_leader(timeout)
+        self.wait_for_leader(timeout)
         client = self.client()
-        ds = [client.append(body) for body in bodies]
+        results: list = []
+        pending = list(bodies)
+        count = len(pending)
 
-        def done() -> bool:
-            leader = self.servers.get(self.leader() or "")
-            if leader is None or not all(d.called for d in ds):
-                return False
-            end = leader.store.ledger_end_index
-            return all(s.store.ledger_end_index == end and s.store.committed_index == end
-                       for s in self.servers.values())
+        def next_append(_=None) -> None:
+            if pending:
+                d = client.append(pending.pop(0))
+                d.addCallbacks(lambda r: (results.append(r), next_append()), results.append)
 
-        if not self.run_until(done, timeout):
-            raise AssertionError(f"{len(ds)} appends not committed on every member within {timeout}s")
-        return self.leader() or leader_id
+        next_append()
+        self.wait_until(lambda: len(results) == count or any(isinstance(r, Failure) for r in results), timeout,
+                        f"{count} appends acknowledged")
+        for r in results:
+            if isinstance(r, Failure):
+                r.raiseException()
+        self.wait_applied(timeout)
+        return self.stable_leader()
 
-    def committed_entries(self, mid: str) -> list:
-        """Member ``mid``'s committed log (NOOPs included), for checks."""
+    def committed_entries(self, mid: str, *, noops: bool = True) -> list:
+        """Member ``mid``'s committed log, for checks: :class:`~dledger.entry.Entry` objects in index order.
+
+        NOOPs (the empty entry each new leader appends to start its term) are included unless
+        ``noops=False``; commit listeners and reads through the client never see them.
+        """
         s = self.servers[mid]
         store = s.store
         if store.committed_index < 0 or store.ledger_begin_index < 0:
             return []
-        return [store.get(i) for i in range(store.ledger_begin_index, store.committed_index + 1)]
+        entries = [store.get(i) for i in range(store.ledger_begin_index, store.committed_index + 1)]
+        return entries if noops else [e for e in entries if not e.is_noop]
+
+
+def _call_with_server(factory: Callable, mid: str, server: DLedgerServer):
+    """``factory(mid, server)`` if it takes two arguments, else ``factory(mid)`` (``commit_listeners=`` takes both)."""
+    try:
+        inspect.signature(factory).bind(mid, server)
+    except TypeError:
+        return factory(mid)
+    except ValueError:  # no signature to inspect (a builtin): the documented one-argument form
+        return factory(mid)
+    return factory(mid, server)
 
 
 def isolated_plugin_manager(*extra) -> pluggy.PluginManager:

@@ -186,7 +186,7 @@ class InProcessNetwork:
             self.stats.dropped += 1
             return
         self.stats.delivered += 1
-        answer(handler, copy.copy(request)).addCallback(self._reply, d, timer, src, dst, epoch)
+        answer(handler, copy.copy(request), refusals=True).addCallback(self._reply, d, timer, src, dst, epoch)
 
     def _reply(self, response, d, timer, src, dst, epoch) -> None:
         if not self._current(src, dst, epoch) or (dst, src) in self._blocked or self._lost():
@@ -199,6 +199,9 @@ class InProcessNetwork:
             return
         if timer.active():  # close() may have cancelled it already
             timer.cancel()
+        if isinstance(response, DLedgerError):  # a plugin's refusal, with its reason (base.answer)
+            d.errback(response)
+            return
         d.callback(copy.copy(response))
 
 

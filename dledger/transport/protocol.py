@@ -31,7 +31,7 @@ from dledger.ratelog import RateLimitedLog
 from dledger.security import policy as auth_policy
 from dledger.security import secret as auth_secret
 from dledger.transport import remoting
-from dledger.transport.base import failure_response
+from dledger.transport.base import REMARKED, failure_response, refusal_error
 from dledger.transport.limits import (
     BufferBudget,
     ConnectionLimits,
@@ -466,6 +466,10 @@ class RemotingProtocol(Protocol):
                        opaque=header.opaque, peer=self.peer, error=exc)
             call.deferred.errback(DLedgerError(ResponseCode.NETWORK_ERROR, f"undecodable reply: {exc}"))
             return
+        if response.code == ResponseCode.APPEND_REFUSED:
+            # A plugin refused the append: the caller gets its reason (the remark), not only the code.
+            call.deferred.errback(refusal_error(response, header.remark))
+            return
         call.deferred.callback(response)
 
     # -- server side ----------------------------------------------------------------
@@ -586,9 +590,9 @@ class RemotingProtocol(Protocol):
         try:
             if isinstance(result, Failure):
                 exc = result.value
-                if isinstance(exc, DLedgerError) and exc.code is ResponseCode.UNEXPECTED_ARGUMENT and exc.message:
-                    # A refused argument says why, for the peer's operator (other replies stay byte-identical
-                    # to Java's, which sends no remark).
+                if isinstance(exc, DLedgerError) and exc.code in REMARKED and exc.message:
+                    # A refused argument or a plugin's refusal says why, for the peer's operator or the client
+                    # (other replies stay byte-identical to Java's, which sends no remark).
                     remark = exc.message[:500]
                 result = failure_response(request, result)
             # Only a successful GET gets the binary body it asked for; refusals stay Java's JSON error reply.

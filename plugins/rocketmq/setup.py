@@ -15,6 +15,9 @@ setup(
     # twisted/plugins/rocketmq_namesrv_plugin.py: the `twistd rocketmq-namesrv` dropin (no __init__.py there, as
     # Twisted wants; an editable compat install finds it on sys.path, a normal install copies it).
     packages=find_packages(include=["dledger_rocketmq", "dledger_rocketmq.*"]) + ["twisted.plugins"],
+    # A flat layout named as such: an editable install in the default mode then puts this directory on
+    # sys.path (a static .pth) rather than an import hook twistd cannot see, so the dropin is found.
+    package_dir={"": "."},
     package_data={"twisted": ["plugins/rocketmq_namesrv_plugin.py"]},
     install_requires=["dledger"],
     entry_points={

@@ -1,0 +1,1 @@
+"""dledger-example: replicated counters, the example dledger plugin (see docs/plugins.md)."""
