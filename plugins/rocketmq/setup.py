@@ -16,7 +16,7 @@ setup(
     # Twisted wants; an editable compat install finds it on sys.path, a normal install copies it).
     packages=find_packages(include=["dledger_rocketmq", "dledger_rocketmq.*"]) + ["twisted.plugins"],
     package_data={"twisted": ["plugins/rocketmq_namesrv_plugin.py"]},
-    install_requires=["dledger"],
+    install_requires=["dledger", "PyYAML>=5.1"],  # plain_acl.yml (RocketMQ ACL)
     entry_points={
         # The same group dledger's own stores and transports use.
         "dledger": ["rocketmq = dledger_rocketmq.plugin"],
