@@ -89,6 +89,15 @@ ADMIN_CODES = frozenset({UPDATE_AND_CREATE_TOPIC, UPDATE_BROKER_CONFIG, UPDATE_A
 #: ACL at all).
 NAMESRV_ADMIN_CODES = frozenset({REGISTER_BROKER, UNREGISTER_BROKER, QUERY_DATA_VERSION})
 
+#: Codes :func:`needs` maps to resources.
+MAPPED_CODES = frozenset({SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE, CONSUMER_SEND_MSG_BACK, PULL_MESSAGE,
+                          QUERY_MESSAGE, UPDATE_CONSUMER_OFFSET, QUERY_CONSUMER_OFFSET, UNREGISTER_CLIENT,
+                          GET_CONSUMER_LIST_BY_GROUP, HEART_BEAT})
+#: Codes the broker port answers that touch no single topic or group (reads of offsets, stats, runtime info, the
+#: slave-sync bodies, ordered-consumer locks): a valid signature of any account is enough, as in RocketMQ.  A code
+#: the port answers must be in MAPPED_CODES, ADMIN_CODES or here (tests/rocketmq/test_rmq_acl.py checks).
+SIGNATURE_ONLY = frozenset({21, 28, 29, 30, 31, 32, 33, 37, 40, 41, 42, 43, 45, 201, 202, 203, 208, 307})
+
 EXCEPTION = "org.apache.rocketmq.acl.common.AclException"
 WHERE = "org.apache.rocketmq.acl.plain.PlainPermissionManager"
 
