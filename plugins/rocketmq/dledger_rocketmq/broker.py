@@ -339,10 +339,13 @@ class Broker(MultiService):
             return fail(exc)
         return self.append_control(body)
 
-    def change_acl(self, config, source: str) -> Deferred:
+    def change_acl(self, config, source: str, file_source: str | None = None) -> Deferred:
         """Put ``config`` (an :class:`~dledger_rocketmq.acl.AclConfig`) in effect on every member, through the log
-        (master only); fires with the entry's index once committed and applied here."""
-        return self.change_metadata(KIND_ACL_CONFIG, [{"acl": config.to_dict(), "source": source}])
+        (master only); fires with the entry's index once committed and applied here.  ``file_source``: the file
+        this config comes from (None: an admin change, the last file applied stays the group's)."""
+        file_source = self.meta.acl.file_source if file_source is None else file_source
+        return self.change_metadata(KIND_ACL_CONFIG, [{"acl": config.to_dict(), "source": source,
+                                                       "file": file_source}])
 
     def create_topic(self, config: dict) -> Deferred:
         """Create a topic through the log (a send's auto-creation); concurrent calls for one name share one entry."""

@@ -226,13 +226,16 @@ class AclTable:
     """The ACL in effect on the group: the last ACL control entry (kind 7) applied, and where it came from.
 
     ``source`` is what the master that appended it said: ``file:<sha256>`` of
-    the plain_acl.yml it read (so a master with the same file does not append
-    it again) or ``admin`` for a change made over the broker port.
+    the plain_acl.yml it read, or ``admin`` for a change made over the broker
+    port; ``file_source`` is the last file put in effect (kept through admin
+    changes), so a master whose file the group already applied does not append
+    it again and undo the admin changes made since.
     """
 
     def __init__(self) -> None:
         self.config: Any = None  # dledger_rocketmq.acl.AclConfig, None until the log carried one
         self.source = ""
+        self.file_source = ""
         self.timestamp = 0
         self.version = 0
 
@@ -241,16 +244,18 @@ class AclTable:
         from dledger_rocketmq.acl import parse_acl
 
         config = parse_acl(obj.get("acl"), "ACL control entry")
-        source = str(obj.get("source", ""))
-        if self.config is not None and config.digest() == self.config.digest() and source == self.source:
+        source, file_source = str(obj.get("source", "")), str(obj.get("file", ""))
+        if (self.config is not None and config.digest() == self.config.digest() and source == self.source
+                and file_source == self.file_source):
             return False
-        self.config, self.source, self.timestamp = config, source, timestamp
+        self.config, self.source, self.file_source, self.timestamp = config, source, file_source, timestamp
         self.version += 1
         return True
 
     def to_json(self) -> str:
         return json.dumps({"acl": self.config.to_dict() if self.config is not None else None,
-                           "source": self.source, "timestamp": self.timestamp}, indent=2, sort_keys=True)
+                           "source": self.source, "file": self.file_source, "timestamp": self.timestamp},
+                          indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: bytes | str) -> AclTable:
@@ -265,6 +270,7 @@ class AclTable:
         except AclConfigError as exc:
             raise ValueError(str(exc)) from None
         table.source, table.timestamp = str(obj.get("source", "")), int(obj.get("timestamp", 0))
+        table.file_source = str(obj.get("file", ""))
         return table
 
 

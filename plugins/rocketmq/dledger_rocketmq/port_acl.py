@@ -97,11 +97,11 @@ class PortAccess:
     # -- the master puts its file in effect -----------------------------------------------------------
     def on_master(self, broker: Any) -> Deferred | None:
         """Append this member's file as the group's ACL unless the group already applied that file."""
-        if self.file_config is None or broker.meta.acl.source == self.file_source:
+        if self.file_config is None or broker.meta.acl.file_source == self.file_source:
             return None
         log.info("{id}: putting the ACL of {f} in effect on the group ({n} accounts)", id=broker.server.self_id,
                  f=self.acl_file, n=len(self.file_config.accounts))
-        d = broker.change_acl(self.file_config, self.file_source)
+        d = broker.change_acl(self.file_config, self.file_source, self.file_source)
         d.addErrback(lambda f: log.warn("{id}: the ACL of {f} was not put in effect: {e}",
                                         id=broker.server.self_id, f=self.acl_file, e=f.getErrorMessage()))
         return d
