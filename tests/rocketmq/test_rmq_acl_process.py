@@ -12,16 +12,24 @@ would be anonymous while ``authMode`` is on refuses to start with one line.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+from pathlib import Path
+
 import pytest
 import pytest_twisted
 from dledger_rocketmq.acl import Credentials
 from dledger_rocketmq.client import RocketMQError, connect
 from dledger_rocketmq.localgroup import broker_port_args
+from twisted.internet import protocol
+from twisted.internet.defer import Deferred
 
 from dledger.launcher import LocalGroup, durable_store, free_ports
 from dledger.security import certs
 from dledger.security.guard import ClientCredentials
 
+ROOT = Path(__file__).resolve().parent.parent.parent
 STORE = durable_store()
 pytestmark = [pytest.mark.process,
               pytest.mark.skipif(STORE is None, reason="no durable store (mmap or lmdb) is installed")]
@@ -207,3 +215,202 @@ async def test_an_anonymous_broker_port_on_an_authenticated_member_refuses_to_st
     finally:
         await group.stop_all()
         group.close()
+
+
+# -- stock clients through a name server with ACL: the Java client (AclClientRPCHook) and ali-ons -----------------
+
+KIT = Path(os.environ.get("DLEDGER_JAVAKIT", ROOT.parent / "shared" / "javakit"))
+RMQ_JAVA = KIT / "bin" / "rmq-java"
+NODE = shutil.which("node")
+ALIONS = ROOT / "tools" / "alions" / "failover.js"
+
+JAVA_CLIENT = r"""
+import java.util.*;
+import org.apache.rocketmq.acl.common.AclClientRPCHook;
+import org.apache.rocketmq.acl.common.SessionCredentials;
+import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
+import org.apache.rocketmq.client.producer.DefaultMQProducer;
+import org.apache.rocketmq.client.producer.SendResult;
+import org.apache.rocketmq.common.message.Message;
+import org.apache.rocketmq.common.message.MessageExt;
+import org.apache.rocketmq.remoting.RPCHook;
+
+// AclClient NAMESRV TOPIC GROUP COUNT [ACCESS_KEY SECRET_KEY]: one line per event on stdout.
+public class AclClient {
+    public static void main(String[] a) throws Exception {
+        String namesrv = a[0], topic = a[1], group = a[2];
+        int count = Integer.parseInt(a[3]);
+        RPCHook hook = a.length > 5 ? new AclClientRPCHook(new SessionCredentials(a[4], a[5])) : null;
+        DefaultMQProducer producer = new DefaultMQProducer(group + "_pg", hook);
+        producer.setNamesrvAddr(namesrv);
+        producer.setSendMsgTimeout(3000);
+        producer.setRetryTimesWhenSendFailed(0);
+        producer.start();
+        try {
+            for (int i = 0; i < count; i++) {
+                SendResult r = producer.send(new Message(topic, "TagA", ("java-acl-" + i).getBytes("UTF-8")));
+                System.out.println("sent java-acl-" + i + " " + r.getSendStatus());
+            }
+        } catch (Exception e) {
+            System.out.println("refused " + e.getClass().getSimpleName() + ": "
+                               + String.valueOf(e.getMessage()).replace('\n', ' '));
+            producer.shutdown();
+            return;
+        }
+        producer.shutdown();
+        DefaultLitePullConsumer consumer = new DefaultLitePullConsumer(group, hook);
+        consumer.setNamesrvAddr(namesrv);
+        consumer.setConsumeFromWhere(org.apache.rocketmq.common.consumer.ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        consumer.subscribe(topic, "*");
+        consumer.start();
+        Set<String> got = new HashSet<>();
+        long deadline = System.currentTimeMillis() + 60000;
+        while (got.size() < count && System.currentTimeMillis() < deadline) {
+            for (MessageExt m : consumer.poll(1000)) {
+                String body = new String(m.getBody(), "UTF-8");
+                if (body.startsWith("java-acl-") && got.add(body)) System.out.println("recv " + body);
+            }
+        }
+        consumer.shutdown();
+        System.out.println("done");
+    }
+}
+"""
+
+
+def namesrv_group(tmp_path, ports, namesrv_port):
+    """A secured group with ACL whose n0 runs a name server with ACL; members register with the admin account."""
+    secret = tmp_path / "admin.secret"
+    secret.write_text(ADMIN.secret_key + "\n")
+    namesrv = f"127.0.0.1:{namesrv_port}"
+    options, creds, acl_file = secured_options(tmp_path, aclEnable=True, aclFile=str(acl_file_path(tmp_path)),
+                                               namesrvAddr=namesrv, accessKey=ADMIN.access_key,
+                                               secretKeyFile=str(secret), brokerName="broker-acl")
+    args = broker_port_args(ports)
+    args["n0"] += ["--plugin-opt", f"rocketmq.namesrvListen=tcp:{namesrv_port}:interface=127.0.0.1"]
+    group = LocalGroup(tmp_path, n=3, store=STORE, preset="fast", member_args=args, options=options,
+                       client_credentials=creds)
+    return group, namesrv
+
+
+async def routed(reactor, namesrv_port: int) -> bool:
+    """The name server (with ACL) gives the topic's route to a signed request."""
+    c = await connect(reactor, "127.0.0.1", namesrv_port, timeout=2.0, credentials=PRODUCER)
+    try:
+        header, _ = await c.request(105, {"topic": TOPIC})
+        return header.code == 0
+    finally:
+        c.close()
+
+
+async def run(reactor, argv, cwd, env=None, timeout=120.0) -> tuple[int, str]:
+    """Run a child to its end (bounded); (exit code, stdout + stderr)."""
+    from twisted.internet import utils
+
+    d = utils.getProcessOutputAndValue(argv[0], argv[1:], env=env if env is not None else dict(os.environ),
+                                       path=str(cwd), reactor=reactor)
+    d.addTimeout(timeout, reactor)
+    out, err, code = await d
+    return code, (out + err).decode(errors="replace")
+
+
+@pytest.mark.skipif(not RMQ_JAVA.exists(), reason=f"the Java kit is not at {KIT} (set DLEDGER_JAVAKIT)")
+@pytest.mark.skipif(shutil.which("java") is None, reason="java is not installed")
+@pytest_twisted.ensureDeferred
+async def test_java_client_with_acl_hook_sends_and_consumes_and_is_refused_without(tmp_path, reactor):
+    """RocketMQ 4.9.8's Java client with AclClientRPCHook sends and consumes through the secured group and its name
+    server; without credentials it is refused."""
+    namesrv_port, *rest = free_ports(4)
+    ports = dict(zip(["n0", "n1", "n2"], rest, strict=True))
+    group, namesrv = namesrv_group(tmp_path, ports, namesrv_port)
+    admin = group.client(request_timeout=0.5)
+    (tmp_path / "AclClient.java").write_text(JAVA_CLIENT)
+    env = {**os.environ, "RMQ_LOG_ROOT": str(tmp_path / "rmq-logs")}
+    try:
+        await group.start_and_wait(30)
+        await master_of(group, admin, ports, PRODUCER)  # creates the topic
+        await group.wait_for(lambda: routed(reactor, namesrv_port), 60, "the topic's route on the name server")
+        code, out = await run(reactor, [str(RMQ_JAVA), "AclClient.java", namesrv, TOPIC, "java_acl_cg", "5",
+                                        PRODUCER.access_key, PRODUCER.secret_key], tmp_path, env)
+        assert code == 0, out[-3000:]
+        sent = [line for line in out.splitlines() if line.startswith("sent ")]
+        recv = {line.split()[1] for line in out.splitlines() if line.startswith("recv ")}
+        assert len(sent) == 5 and all(line.endswith("SEND_OK") for line in sent), out[-3000:]
+        assert recv == {f"java-acl-{i}" for i in range(5)}, out[-3000:]
+
+        code, out = await run(reactor, [str(RMQ_JAVA), "AclClient.java", namesrv, TOPIC, "java_anon_cg", "1"],
+                              tmp_path, env)
+        assert code == 0 and "refused " in out and "sent " not in out, out[-3000:]
+    finally:
+        await admin.close()
+        await group.stop_all()
+        group.close()
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+@pytest.mark.skipif(not (ALIONS.parent / "node_modules" / "ali-ons").is_dir(),
+                    reason="ali-ons is not installed (make test installs it with npm)")
+@pytest_twisted.ensureDeferred
+async def test_alions_with_access_key_sends_and_consumes(tmp_path, reactor):
+    """ali-ons signs with accessKey/secretKey (numbers and booleans in extFields): it sends and consumes through
+    the secured group; with a wrong secret nothing is acknowledged."""
+    namesrv_port, *rest = free_ports(4)
+    ports = dict(zip(["n0", "n1", "n2"], rest, strict=True))
+    group, namesrv = namesrv_group(tmp_path, ports, namesrv_port)
+    admin = group.client(request_timeout=0.5)
+    try:
+        await group.start_and_wait(30)
+        await master_of(group, admin, ports, PRODUCER)
+        await group.wait_for(lambda: routed(reactor, namesrv_port), 60, "the topic's route on the name server")
+        good = await alions(reactor, group, namesrv, PRODUCER.secret_key, lambda d: consumed(d) >= 5)
+        bad = await alions(reactor, group, namesrv, "wrong-secret", lambda d: len(d.of("send_error")) >= 3)
+        assert consumed(good) >= 5, (good.events[-5:], good.stderr[-3000:])
+        assert len(bad.of("send_error")) >= 3 and not bad.of("sent") and not bad.of("recv"), bad.events[:5]
+    finally:
+        await admin.close()
+        await group.stop_all()
+        group.close()
+
+
+def consumed(driver) -> int:
+    """How many of the driver's acknowledged sends it also received."""
+    return len({e["body"] for e in driver.of("sent")} & {e["body"] for e in driver.of("recv")})
+
+
+async def alions(reactor, group, namesrv: str, secret: str, enough) -> _AlionsLines:
+    """Run the ali-ons driver signing as producer1 with ``secret`` until ``enough(driver)`` (bounded), then stop it."""
+    from dledger.launcher import child_env
+
+    env = {**child_env(), "ALIONS_ACCESS_KEY": PRODUCER.access_key, "ALIONS_SECRET_KEY": secret}
+    driver = _AlionsLines()
+    proc = reactor.spawnProcess(driver, NODE, [NODE, str(ALIONS), namesrv, TOPIC, "alions_acl_cg", "--interval",
+                                               "50", "--max-seconds", "40"], env=env, path=str(ALIONS.parent))
+    try:
+        await group.wait_for(lambda: enough(driver) or driver.ended.called, 60, "ali-ons")
+    finally:
+        if not driver.ended.called:
+            proc.signalProcess("KILL")
+        await driver.ended
+    return driver
+
+
+class _AlionsLines(protocol.ProcessProtocol):
+    """The ali-ons driver's JSON lines."""
+
+    def __init__(self):
+        self.buf, self.events, self.stderr = b"", [], ""
+        self.ended: Deferred = Deferred()
+
+    def outReceived(self, data: bytes):
+        self.buf += data
+        *lines, self.buf = self.buf.split(b"\n")
+        self.events += [json.loads(line) for line in lines if line.strip()]
+
+    def errReceived(self, data: bytes):
+        self.stderr = (self.stderr + data.decode(errors="replace"))[-20000:]
+
+    def processEnded(self, reason):
+        self.ended.callback(None)
+
+    def of(self, ev: str) -> list[dict]:
+        return [e for e in self.events if e["ev"] == ev]
