@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,17 @@ async def test_a_secured_group_refuses_unsigned_requests_and_takes_signed_ones(t
             c.close()
         assert r.queue_offset == before
         assert await max_offset(reactor, port) == before + 1
+
+        # The CLI: signed with --access-key/--secret-key-file, refused without.
+        secret = tmp_path / "producer.secret"
+        secret.write_text(PRODUCER.secret_key + "\n")
+        cli = [str(Path(sys.executable).parent / "dledger"), "rocketmq", "send", f"127.0.0.1:{port}", TOPIC]
+        code, out = await run(reactor, [*cli, "by-cli", "--access-key", PRODUCER.access_key,
+                                        "--secret-key-file", str(secret)], tmp_path)
+        assert code == 0 and "sent " in out, out
+        code, out = await run(reactor, [*cli, "anonymous-cli"], tmp_path)
+        assert code == 1 and "No accessKey is configured" in out and out.count("\n") == 1, out
+        assert await max_offset(reactor, port) == before + 2
 
         # mqadmin updateAclConfig (50) by the admin account: through the log, on every member.
         code, remark = await answer(reactor, port, 50, {"accessKey": LATER.access_key,

@@ -467,8 +467,12 @@ class RouteClient:
     """
 
     def __init__(self, reactor: Any, namesrv_addrs: str | Sequence[str], *, timeout: float = 10.0,
-                 retries: int = 2, route_ttl: float = 30.0, connect_fn: Any = None):
+                 retries: int = 2, route_ttl: float = 30.0, connect_fn: Any = None, credentials: Any = None,
+                 tls_options: Any = None):
         self.reactor = reactor
+        #: What every connection (name servers and brokers) gets: signing (RocketMQ ACL) and TLS options.
+        self.client_kw: dict[str, Any] = {k: v for k, v in (("credentials", credentials),
+                                                            ("tls_options", tls_options)) if v is not None}
         addrs = namesrv_addrs.split(";") if isinstance(namesrv_addrs, str) else list(namesrv_addrs)
         self.namesrv_addrs = [a.strip() for a in addrs if a.strip()]
         if not self.namesrv_addrs:
@@ -490,7 +494,8 @@ class RouteClient:
         def made(client: RocketMQClient) -> RocketMQClient:
             self._clients[addr] = client
             return client
-        d = maybeDeferred(self._connect, self.reactor, host.strip("[]"), int(port), timeout=self.timeout)
+        d = maybeDeferred(self._connect, self.reactor, host.strip("[]"), int(port), timeout=self.timeout,
+                          **self.client_kw)
         return d.addCallback(made)
 
     def _ask_namesrv(self, topic: str, index: int = 0) -> Deferred:
