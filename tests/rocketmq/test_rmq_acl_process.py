@@ -61,7 +61,8 @@ accounts:
 def secured_options(tmp_path, **extra):
     """authMode tls (certificates from ``dledger certs init``) and the broker plugin with the given options."""
     d = tmp_path / "certs"
-    certs.init_group(d, "g0", ["n0", "n1", "n2"], [certs.ClientSpec("ops", "admin")])
+    certs.init_group(d, "g0", ["n0", "n1", "n2"], [certs.ClientSpec("ops", "admin"), certs.ClientSpec("app1", "write"),
+                                                    certs.ClientSpec("reader", "read")])
     acl_file = tmp_path / "plain_acl.yml"
     acl_file.write_text(PLAIN_ACL)
     options = {"authMode": "tls", "clientsFile": str(d / "clients.txt"), "tlsCert": str(d / "{selfId}.crt"),
@@ -83,7 +84,7 @@ async def answer(reactor, port: int, code: int, ext: dict, body: bytes = b"", cr
         c.close()
 
 
-async def master_of(group, admin, ports, credentials, live=None) -> str:
+async def master_of(group, admin, ports, credentials, live=None, **connect_kw) -> str:
     """The member whose broker takes a signed send (the master)."""
     async def probe():
         meta = await group.wait_for_leader(admin, 30)
@@ -91,7 +92,8 @@ async def master_of(group, admin, ports, credentials, live=None) -> str:
         if live is not None and mid not in live:
             return None
         try:
-            c = await connect(group.reactor, "127.0.0.1", ports[mid], timeout=2.0, credentials=credentials)
+            c = await connect(group.reactor, "127.0.0.1", ports[mid], timeout=2.0, credentials=credentials,
+                              **connect_kw)
         except Exception:
             return None
         try:
@@ -189,6 +191,57 @@ async def test_a_secured_group_refuses_unsigned_requests_and_takes_signed_ones(t
         assert code == 0, remark
         refusals = [line for mid in live for line in group.log_lines(mid, "rocketmq port refused request 215")]
         assert refusals, "refusals are logged"
+    finally:
+        await admin.close()
+        await group.stop_all()
+        group.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_client_certificates_on_the_broker_port_act_by_their_role(tmp_path, reactor):
+    """rocketmq.tlsClientAuth: the broker port speaks TLS; a write certificate sends, a read one only pulls, an
+    admin one may delete a topic, no certificate (and no ACL) is refused, plaintext gets no answer."""
+    from dledger_rocketmq.client import tls_options
+
+    ports = dict(zip(["n0", "n1", "n2"], free_ports(3), strict=True))
+    options, creds, _ = secured_options(tmp_path, tlsClientAuth=True)
+    group = LocalGroup(tmp_path, n=3, store=STORE, preset="fast", member_args=broker_port_args(ports),
+                       options=options, client_credentials=creds)
+    admin = group.client(request_timeout=0.5)
+    d = tmp_path / "certs"
+
+    def tls(name=None):
+        return tls_options(str(d / "ca.crt"), str(d / f"client-{name}.crt") if name else None,
+                           str(d / f"client-{name}.key") if name else None)
+    try:
+        await group.start_and_wait(30)
+        master = await master_of(group, admin, ports, None, tls_options=tls("app1"))
+        port = ports[master]
+
+        async def ask(code, ext, body=b"", who=None):
+            c = await connect(reactor, "127.0.0.1", port, timeout=5.0, tls_options=tls(who))
+            try:
+                header, _ = await c.request(code, ext, body)
+                return header.code, header.remark
+            finally:
+                c.close()
+        send = {"a": "pg", "b": TOPIC, "c": "TBW102", "d": "4", "e": "0", "f": "0", "g": "0", "h": "0", "i": "",
+                "j": "0", "k": "false", "m": "false"}
+        assert (await ask(310, send, b"w", "app1"))[0] == 0
+        code, remark = await ask(310, send, b"r", "reader")
+        assert code == 1 and "No permission for topic:AclTopic with the certificate's role read" in remark
+        assert (await ask(14, {"consumerGroup": "g", "topic": TOPIC, "queueId": "0"}, b"", "reader"))[0] == 0
+        code, remark = await ask(215, {"topic": TOPIC}, b"", "app1")
+        assert code == 1 and "Need admin permission" in remark
+        code, remark = await ask(310, send, b"anonymous", None)
+        assert code == 1 and "No client certificate" in remark
+        assert (await ask(215, {"topic": TOPIC}, b"", "ops"))[0] == 0
+        with pytest.raises(RocketMQError):  # plaintext: the TLS port never answers a RocketMQ frame
+            c = await connect(reactor, "127.0.0.1", port, timeout=2.0)
+            try:
+                await c.max_offset(TOPIC, 0)
+            finally:
+                c.close()
     finally:
         await admin.close()
         await group.stop_all()
