@@ -379,6 +379,48 @@ async def run(reactor, argv, cwd, env=None, timeout=120.0) -> tuple[int, str]:
     return code, (out + err).decode(errors="replace")
 
 
+@pytest_twisted.ensureDeferred
+async def test_members_sign_their_own_requests_and_a_forwarded_send_keeps_the_clients_signature(tmp_path, reactor):
+    """With ACL everywhere: registrations (admin account) reach the name server, the slaves' metadata sync is not
+    refused, a signed send to a slave is forwarded and stored, an unsigned one is refused by the slave."""
+    namesrv_port, *rest = free_ports(4)
+    ports = dict(zip(["n0", "n1", "n2"], rest, strict=True))
+    group, namesrv = namesrv_group(tmp_path, ports, namesrv_port)
+    admin = group.client(request_timeout=0.5)
+    try:
+        await group.start_and_wait(30)
+        master = await master_of(group, admin, ports, PRODUCER)
+        await group.wait_for(lambda: routed(reactor, namesrv_port), 60, "the topic's route on the name server")
+        slave = next(mid for mid in group.ids if mid != master)
+        before = await max_offset(reactor, ports[master])
+
+        async def forwarded():
+            try:
+                c = await connect(reactor, "127.0.0.1", ports[slave], timeout=2.0, credentials=PRODUCER)
+            except Exception:
+                return False
+            try:
+                await c.send(TOPIC, b"via-slave", queue_id=0)
+                return True
+            except RocketMQError as exc:
+                assert exc.code == 14, exc  # not yet knowing the master: SERVICE_NOT_AVAILABLE, never refused
+                return False
+            finally:
+                c.close()
+        await group.wait_for(forwarded, 30, "a signed send to a slave to be forwarded", interval=0.2)
+        assert await max_offset(reactor, ports[master]) == before + 1
+        code, remark = await answer(reactor, ports[slave], 310, {"b": TOPIC, "e": "0"}, b"anonymous")
+        assert code == 1 and "No accessKey is configured" in remark
+        assert not [line for mid in group.ids for line in group.log_lines(mid, "refused request")
+                    if "from 127.0.0.1: No accessKey" in line and "request 310" not in line], \
+            "a member's own request (registration, sync) was refused"
+        assert not group.log_lines("n0", "name server refused request 103")
+    finally:
+        await admin.close()
+        await group.stop_all()
+        group.close()
+
+
 @pytest.mark.skipif(not RMQ_JAVA.exists(), reason=f"the Java kit is not at {KIT} (set DLEDGER_JAVAKIT)")
 @pytest.mark.skipif(shutil.which("java") is None, reason="java is not installed")
 @pytest_twisted.ensureDeferred

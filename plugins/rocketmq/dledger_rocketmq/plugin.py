@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import weakref
 
+from twisted.logger import Logger
+
 from dledger.hookspecs import hookimpl
 from dledger.plugin_types import ExtraOption
 from dledger_rocketmq.broker import Broker, BrokerOptions, parse_host
 from dledger_rocketmq.message import DEFAULT_MAX_MESSAGE_SIZE
 
+log = Logger()
 _brokers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _ports: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _fetchers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -268,7 +271,13 @@ def broker_for(server) -> Broker | None:
     if options.namesrv_addr:  # a slave learns its master from the name servers: the metadata sync can run
         from dledger_rocketmq.registration import MasterFetcher
 
-        fetcher = _fetchers[server] = MasterFetcher(server, credentials=member_credentials(server))
+        tls_options = None
+        if _extra(server, "tlsClientAuth"):  # the master's port speaks TLS: present the member's certificate
+            from dledger.security.guard import ClientCredentials
+
+            tls_options = ClientCredentials.for_member(server.config).tls_options
+        fetcher = _fetchers[server] = MasterFetcher(server, credentials=member_credentials(server),
+                                                    tls_options=tls_options)
         kw["fetch"] = fetcher.fetch
     broker = _brokers[server] = Broker(server, options, **kw)
     return broker
@@ -339,6 +348,11 @@ def dledger_services(server, collection):
                                                tls_options=tls_options)
             if access is not None and access.file_config is not None:
                 broker.master_callbacks.append(access.on_master)
+            if access is not None and access.enabled and broker.options.namesrv_addr and not _extra(server,
+                                                                                                  "accessKey"):
+                log.warn("{id}: rocketmq.aclEnable without rocketmq.accessKey: this member's requests to the master "
+                         "(slave metadata sync) and to name servers with ACL are unsigned and will be refused",
+                         id=server.self_id)
             port.master_fetcher = _fetchers.get(server)  # slaves forward sends to it (dledger_rocketmq.forward)
             port.setServiceParent(collection)
         if broker.options.namesrv_addr:
