@@ -346,3 +346,19 @@ def test_credentials_from_a_file(tmp_path):
         acl.Credentials.from_file("producer1", str(f))
     with pytest.raises(AclConfigError, match="cannot read"):
         acl.Credentials.from_file("producer1", os.fspath(tmp_path / "missing"))
+
+
+def test_alions_numbers_and_booleans_verify():
+    """ali-ons sends numbers and booleans in a JSON header and signs their toString(): the port reads them as
+    those strings, so the signature verifies (and a changed number does not)."""
+    from dledger_rocketmq.port import decode_json_header
+
+    fields = {"producerGroup": "pg", "topic": "TopicTest", "queueId": 3, "sysFlag": 0, "bornTimestamp": 1700000000000,
+              "flag": 0, "batch": False, "unitMode": False, "OnsChannel": "ALIYUN", "AccessKey": "producer1"}
+    as_js = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in fields.items()}  # JS toString()
+    fields["Signature"] = acl.signature(as_js, b"body", "producer-secret")
+    header = decode_json_header(json.dumps({"code": 10, "opaque": 1, "flag": 0, "extFields": fields}).encode())
+    assert acl.decide(CONFIG, 10, header.ext_fields, b"body", "127.0.0.1") is None
+    fields["queueId"] = 4
+    header = decode_json_header(json.dumps({"code": 10, "opaque": 1, "flag": 0, "extFields": fields}).encode())
+    assert "Check signature failed" in acl.decide(CONFIG, 10, header.ext_fields, b"body", "127.0.0.1").message
