@@ -275,7 +275,8 @@ def broker_for(server) -> Broker | None:
         if _extra(server, "tlsClientAuth"):  # the master's port speaks TLS: present the member's certificate
             from dledger.security.guard import ClientCredentials
 
-            tls_options = ClientCredentials.for_member(server.config).tls_options
+            member = ClientCredentials.for_member(server.config)  # None without TLS: check_surfaces says why
+            tls_options = member.tls_options if member is not None else None
         fetcher = _fetchers[server] = MasterFetcher(server, credentials=member_credentials(server),
                                                     tls_options=tls_options)
         kw["fetch"] = fetcher.fetch
