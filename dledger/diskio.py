@@ -173,19 +173,23 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | Path, data: bytes, *, backup: bool = False) -> None:
+def write_atomic(path: str | Path, data: bytes, *, backup: bool = False, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves either the old or the new content.
 
     Temp file, fsync, rename, fsync of the directory.  With ``backup`` the
     previous content is first copied to ``<path>.bak`` (Java DLedger's habit,
-    kept so that its tools find what they expect).
+    kept so that its tools find what they expect).  ``mode`` other than 0o644
+    (e.g. 0o600 for a file holding secrets) is set on the file and its backup
+    before any byte is written.
     """
     path = Path(path)
     if backup and path.exists():
-        write_atomic(path.with_name(path.name + ".bak"), path.read_bytes())
+        write_atomic(path.with_name(path.name + ".bak"), path.read_bytes(), mode=mode)
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
+        if mode != 0o644:
+            os.fchmod(fd, mode)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]

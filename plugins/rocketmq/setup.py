@@ -19,7 +19,7 @@ setup(
     # sys.path (a static .pth) rather than an import hook twistd cannot see, so the dropin is found.
     package_dir={"": "."},
     package_data={"twisted": ["plugins/rocketmq_namesrv_plugin.py"]},
-    install_requires=["dledger"],
+    install_requires=["dledger", "PyYAML>=5.1"],  # plain_acl.yml (RocketMQ ACL)
     entry_points={
         # The same group dledger's own stores and transports use.
         "dledger": ["rocketmq = dledger_rocketmq.plugin"],

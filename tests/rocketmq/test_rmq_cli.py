@@ -84,3 +84,17 @@ def test_inspect_store_written_by_the_plugin(tmp_path, capsys):
     assert (q["queueId"], q["minOffset"], q["maxOffset"]) == (1, 0, 4)
     assert [(m["queueOffset"], m["body"], m["tags"]) for m in q["last"]] == [(2, "m2", "T"), (3, "m3", "T")]
     assert {"group": "grp", "topic": "Insp", "queue_id": 1, "offset": 2} in info["consumerOffsets"]
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--access-key", "producer1"], "--access-key and --secret-key-file go together"),
+    (["--secret-key-file", "/nonexistent"], "--access-key and --secret-key-file go together"),
+    (["--access-key", "producer1", "--secret-key-file", "/nonexistent/secret"], "cannot read the secret key"),
+    (["--tls-cert", "c.crt", "--tls-key", "c.key"], "--tls-cert/--tls-key need --tls-ca"),
+    (["--tls-ca", "/nonexistent/ca.crt"], "/nonexistent/ca.crt"),
+])
+def test_credential_options_are_checked_before_connecting(argv, text, capsys):
+    """The ACL and TLS options give one line and exit 2 when they cannot be used (nothing listens on port 9)."""
+    assert cli.main(["rocketmq", "send", "127.0.0.1:9", "T", "x", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dledger rocketmq: error:") and text in err and err.count("\n") == 1

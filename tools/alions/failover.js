@@ -3,6 +3,8 @@
 //
 //   node failover.js NAMESRV TOPIC GROUP [--interval MS] [--max-seconds S]
 //
+// $ALIONS_ACCESS_KEY / $ALIONS_SECRET_KEY: the RocketMQ ACL account to sign requests with (ali-ons signs always;
+// without them it signs as 'none', which a broker without ACL ignores).
 // A producer sends "alions-<n>" every --interval ms (one at a time) and a push consumer of GROUP consumes
 // TOPIC from its first offset.  One JSON object per line on stdout:
 //   {"ev":"ready"}                                            both started
@@ -28,8 +30,9 @@ const common = {
   nameSrv: namesrv,
   // Only used to look up name servers from Aliyun's address service (onsAddr); nameSrv is given instead.
   httpclient: { async request() { throw new Error('no address service: nameSrv is set'); } },
-  accessKeyId: 'none',
-  accessKeySecret: 'none',
+  // RocketMQ ACL (rocketmq.aclEnable): the account ali-ons signs every request with.
+  accessKeyId: process.env.ALIONS_ACCESS_KEY || 'none',
+  accessKeySecret: process.env.ALIONS_SECRET_KEY || 'none',
   pollNameServerInteval: 1000,
   heartbeatBrokerInterval: 1000,
   persistConsumerOffsetInterval: 1000,

@@ -31,6 +31,7 @@ from dledger_rocketmq.batch import BatchItem, batch_records
 from dledger_rocketmq.commitlog import CommitLog, PutResult, PutStatus  # noqa: F401 (part of the facade's API)
 from dledger_rocketmq.consumequeue import DEFAULT_FILE_SIZE
 from dledger_rocketmq.control import (
+    KIND_ACL_CONFIG,
     KIND_GROUP_CONFIG,
     KIND_TOPIC_CONFIG,
     METADATA_KINDS,
@@ -132,6 +133,12 @@ class BrokerOptions:
     register_period_ms: int = 30_000
     compressed_register: bool = False
     namesrv_listen: str = ""
+    acl_enable: bool = False
+    acl_file: str = ""
+    allow_anonymous: bool = False
+    tls_client_auth: bool = False
+    access_key: str = ""
+    secret_key_file: str = ""
 
 
 def parse_host(text: str) -> Address:
@@ -274,7 +281,11 @@ class Broker(MultiService):
             except ValueError as exc:  # malformed: every member skips it alike (the offset table logs it)
                 log.debug("metadata control entry {i} not applied: {e}", i=index, e=exc)
             else:
-                if changed:
+                if changed and entry.kind == KIND_ACL_CONFIG:
+                    log.info("{id}: ACL from log index {i} in effect ({n} accounts, source {s})",
+                             id=self.server.self_id, i=index, n=len(self.meta.acl.config.accounts),
+                             s=self.meta.acl.source)
+                elif changed:
                     for cb in list(self.metadata_callbacks):
                         try:
                             cb(self, entry)
@@ -327,6 +338,14 @@ class Broker(MultiService):
         except ValueError as exc:
             return fail(exc)
         return self.append_control(body)
+
+    def change_acl(self, config, source: str, file_source: str | None = None) -> Deferred:
+        """Put ``config`` (an :class:`~dledger_rocketmq.acl.AclConfig`) in effect on every member, through the log
+        (master only); fires with the entry's index once committed and applied here.  ``file_source``: the file
+        this config comes from (None: an admin change, the last file applied stays the group's)."""
+        file_source = self.meta.acl.file_source if file_source is None else file_source
+        return self.change_metadata(KIND_ACL_CONFIG, [{"acl": config.to_dict(), "source": source,
+                                                       "file": file_source}])
 
     def create_topic(self, config: dict) -> Deferred:
         """Create a topic through the log (a send's auto-creation); concurrent calls for one name share one entry."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,21 @@ def register(subparsers) -> None:
         if addr:
             sp.add_argument("addr", metavar="ADDR", type=_addr, help="the broker port, ip:port")
             sp.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each answer")
+            sec = sp.add_argument_group("security (rocketmq.aclEnable, rocketmq.tlsClientAuth; docs/rocketmq.md "
+                                        "\"ACL\")")
+            sec.add_argument("--access-key", default=os.environ.get("DLEDGER_ROCKETMQ_ACCESS_KEY"),
+                             help="RocketMQ ACL account to sign requests with, for --secret-key-file (default "
+                                  "$DLEDGER_ROCKETMQ_ACCESS_KEY)")
+            sec.add_argument("--secret-key-file", default=os.environ.get("DLEDGER_ROCKETMQ_SECRET_KEY_FILE"),
+                             help="file whose first line is the account's secretKey (default "
+                                  "$DLEDGER_ROCKETMQ_SECRET_KEY_FILE)")
+            sec.add_argument("--tls-ca", default=os.environ.get("DLEDGER_TLS_CA"),
+                             help="speak TLS; the broker's certificate must chain to this CA file (default "
+                                  "$DLEDGER_TLS_CA)")
+            sec.add_argument("--tls-cert", default=os.environ.get("DLEDGER_TLS_CERT"),
+                             help="client certificate (its role: read/write/admin) (default $DLEDGER_TLS_CERT)")
+            sec.add_argument("--tls-key", default=os.environ.get("DLEDGER_TLS_KEY"),
+                             help="its private key (default $DLEDGER_TLS_KEY)")
         sp.add_argument("--json", action="store_true", help="print JSON")
 
     s = sub.add_parser("send", help="send messages (one SEND_MESSAGE_V2 each, or one SEND_BATCH_MESSAGE)")
@@ -101,21 +117,50 @@ def register(subparsers) -> None:
     i.set_defaults(func=cmd_inspect)
 
 
+class UsageProblem(ValueError):
+    """Options that do not go together, or a credentials file that cannot be used (exit 2, one line)."""
+
+
+def client_options(args) -> dict[str, Any]:
+    """``credentials`` and ``tls_options`` for the client from the security options (UsageProblem if unusable)."""
+    from dledger.security.tls import TLSConfigError
+    from dledger_rocketmq.acl import AclConfigError, Credentials
+    from dledger_rocketmq.client import tls_options
+
+    kw: dict[str, Any] = {}
+    if bool(args.access_key) != bool(args.secret_key_file):
+        raise UsageProblem("--access-key and --secret-key-file go together")
+    if (args.tls_cert or args.tls_key) and not args.tls_ca:
+        raise UsageProblem("--tls-cert/--tls-key need --tls-ca (the CA the broker's certificate chains to)")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UsageProblem("--tls-cert and --tls-key go together")
+    try:
+        if args.access_key:
+            kw["credentials"] = Credentials.from_file(args.access_key, args.secret_key_file)
+        if args.tls_ca:
+            kw["tls_options"] = tls_options(args.tls_ca, args.tls_cert, args.tls_key)
+    except (AclConfigError, TLSConfigError) as exc:
+        raise UsageProblem(str(exc)) from None
+    return kw
+
+
 def _client(args):
     from dledger_rocketmq.client import BlockingRocketMQClient
 
     host, port = args.addr
-    return BlockingRocketMQClient(host, port, timeout=args.timeout)
+    return BlockingRocketMQClient(host, port, timeout=args.timeout, **client_options(args))
 
 
 def _run(args, fn) -> int:
-    """Connect, run ``fn(client)``, map failures to one line (exit 1)."""
+    """Connect, run ``fn(client)``, map failures to one line (exit 1; unusable options: exit 2)."""
     from twisted.internet.error import ConnectError
 
     from dledger_rocketmq.client import RocketMQError
 
     try:
         client = _client(args)
+    except UsageProblem as exc:
+        return _fail(str(exc), 2)
     except (ConnectError, OSError, RocketMQError) as exc:
         return _fail(f"cannot connect to {args.addr[0]}:{args.addr[1]}: {exc}")
     try:

@@ -128,8 +128,12 @@ class RocketMQClient:
     """Requests to one broker port over one connection (made by :func:`connect`)."""
 
     def __init__(self, reactor: Any, *, timeout: float = 10.0, producer_group: str = "dledger_producer",
-                 max_frame_size: int = 16 * 1024 * 1024, default_topic_queue_nums: int = 4):
+                 max_frame_size: int = 16 * 1024 * 1024, default_topic_queue_nums: int = 4,
+                 credentials: Any = None):
         self.reactor = reactor
+        #: A :class:`dledger_rocketmq.acl.Credentials`: every request is signed as AclClientRPCHook signs it
+        #: (brokers with RocketMQ ACL); None: unsigned.
+        self.credentials = credentials
         self.timeout = timeout
         self.producer_group = producer_group
         self.max_frame_size = max_frame_size
@@ -146,14 +150,17 @@ class RocketMQClient:
         return self.protocol is not None and self.protocol.transport is not None and bool(self.protocol.connected)
 
     def request(self, code: int, ext: dict[str, Any], body: bytes = b"", *, oneway: bool = False,
-                timeout: float | None = None) -> Deferred:
+                timeout: float | None = None, signed: bool = True) -> Deferred:
         """Send a request; fires with (Header, body) of the reply (None for oneway); ``timeout`` overrides the
-        client's for this request (a long-polling pull waits longer)."""
+        client's for this request (a long-polling pull waits longer); ``signed=False`` sends ``ext`` as given
+        (a relayed request keeps its client's signature)."""
         if self.protocol is None or self.protocol.transport is None:
             return fail(RocketMQError(-1, "not connected"))
         opaque = next(self._opaque)
-        header = Header(code, opaque, FLAG_ONEWAY if oneway else 0, "JAVA", VERSION, None,
-                        {k: str(v) for k, v in ext.items() if v is not None})
+        fields = {k: str(v) for k, v in ext.items() if v is not None}
+        if self.credentials is not None and signed:
+            fields = self.credentials.sign(fields, body)
+        header = Header(code, opaque, FLAG_ONEWAY if oneway else 0, "JAVA", VERSION, None, fields)
         self.protocol.transport.write(encode_command(header, body))
         if oneway:
             return _fired(None)
@@ -293,12 +300,32 @@ def client_factory(client: RocketMQClient) -> protocol.Factory:
     return _Factory(client)
 
 
-def connect(reactor: Any, host: str, port: int, *, timeout: float = 10.0, **kw: Any) -> Deferred:
-    """Connect to a broker port; fires with a :class:`RocketMQClient`."""
+def connect(reactor: Any, host: str, port: int, *, timeout: float = 10.0, tls_options: Any = None,
+            **kw: Any) -> Deferred:
+    """Connect to a broker port; fires with a :class:`RocketMQClient`.
+
+    ``credentials`` (:class:`dledger_rocketmq.acl.Credentials`) signs every
+    request (RocketMQ ACL); ``tls_options`` (:func:`tls_options`) speaks TLS
+    (a broker port with ``ssl:`` or ``rocketmq.tlsClientAuth``).
+    """
     client = RocketMQClient(reactor, timeout=timeout, **kw)
     ep_class = TCP6ClientEndpoint if ":" in host else TCP4ClientEndpoint
-    d = ep_class(reactor, host, port, timeout=timeout).connect(_Factory(client))
+    endpoint = ep_class(reactor, host, port, timeout=timeout)
+    if tls_options is not None:
+        from dledger.security.tls import wrap_client_endpoint
+
+        endpoint = wrap_client_endpoint(tls_options, endpoint)
+    d = endpoint.connect(_Factory(client))
     return d.addCallback(lambda _: client)
+
+
+def tls_options(tls_ca: str, tls_cert: str | None = None, tls_key: str | None = None) -> Any:
+    """TLS options for :func:`connect`: the broker's certificate must chain to ``tls_ca``; a client certificate
+    (the group CA's, e.g. from ``dledger certs init --clients``) proves a role to ``rocketmq.tlsClientAuth``."""
+    from dledger.security import tls
+
+    private = tls.load_private_certificate(tls_cert, tls_key or "") if tls_cert else None
+    return tls.client_options(private, tls.load_ca_certs(tls_ca))
 
 
 class BlockingRocketMQClient:
@@ -440,8 +467,12 @@ class RouteClient:
     """
 
     def __init__(self, reactor: Any, namesrv_addrs: str | Sequence[str], *, timeout: float = 10.0,
-                 retries: int = 2, route_ttl: float = 30.0, connect_fn: Any = None):
+                 retries: int = 2, route_ttl: float = 30.0, connect_fn: Any = None, credentials: Any = None,
+                 tls_options: Any = None):
         self.reactor = reactor
+        #: What every connection (name servers and brokers) gets: signing (RocketMQ ACL) and TLS options.
+        self.client_kw: dict[str, Any] = {k: v for k, v in (("credentials", credentials),
+                                                            ("tls_options", tls_options)) if v is not None}
         addrs = namesrv_addrs.split(";") if isinstance(namesrv_addrs, str) else list(namesrv_addrs)
         self.namesrv_addrs = [a.strip() for a in addrs if a.strip()]
         if not self.namesrv_addrs:
@@ -463,7 +494,8 @@ class RouteClient:
         def made(client: RocketMQClient) -> RocketMQClient:
             self._clients[addr] = client
             return client
-        d = maybeDeferred(self._connect, self.reactor, host.strip("[]"), int(port), timeout=self.timeout)
+        d = maybeDeferred(self._connect, self.reactor, host.strip("[]"), int(port), timeout=self.timeout,
+                          **self.client_kw)
         return d.addCallback(made)
 
     def _ask_namesrv(self, topic: str, index: int = 0) -> Deferred:

@@ -23,7 +23,10 @@ without RocketMQ's 10 s metadata sync::
 
 3 = topic configs to create or replace (TopicConfig beans), 4 = topics to
 delete (``{"topicName": ...}``), 5 = subscription-group configs
-(SubscriptionGroupConfig beans), 6 = groups to delete (``{"groupName": ...}``).
+(SubscriptionGroupConfig beans), 6 = groups to delete (``{"groupName": ...}``),
+7 = the whole ACL in effect (one object: ``{"acl": <plain_acl.yml as JSON>,
+"source": ...}``, :mod:`dledger_rocketmq.acl`), so every master enforces the
+same accounts.
 ``timestamp`` is the master's clock when it appended the change: every member
 stamps its table's DataVersion with it, so the DataVersions agree.  Control
 entries are never shown to consumers and get no queue offset; their first
@@ -46,10 +49,12 @@ KIND_TOPIC_CONFIG = 3
 KIND_TOPIC_DELETE = 4
 KIND_GROUP_CONFIG = 5
 KIND_GROUP_DELETE = 6
+KIND_ACL_CONFIG = 7
 #: The metadata kinds: kind -> (what, the bean field naming each item).
 METADATA_KINDS = {KIND_TOPIC_CONFIG: ("topic config", "topicName"), KIND_TOPIC_DELETE: ("topic delete", "topicName"),
                   KIND_GROUP_CONFIG: ("subscription group config", "groupName"),
-                  KIND_GROUP_DELETE: ("subscription group delete", "groupName")}
+                  KIND_GROUP_DELETE: ("subscription group delete", "groupName"),
+                  KIND_ACL_CONFIG: ("ACL config", None)}
 KINDS = {KIND_OFFSET_COMMIT: "offset commit", KIND_OFFSET_RESET: "offset reset",
          **{k: what for k, (what, _) in METADATA_KINDS.items()}}
 
@@ -60,6 +65,12 @@ MAX_COMMITS = 65535
 #: Most configs in one metadata entry, and the longest one (a TopicConfig is ~200 bytes).
 MAX_CONFIGS = 4096
 MAX_CONFIG_LENGTH = 64 * 1024
+#: The ACL is one object holding every account (a few hundred bytes each).
+MAX_ACL_LENGTH = 1024 * 1024
+
+
+def _limit(kind: int) -> int:
+    return MAX_ACL_LENGTH if kind == KIND_ACL_CONFIG else MAX_CONFIG_LENGTH
 
 _HEAD = struct.Struct(">4sBH")
 _LEN = struct.Struct(">H")
@@ -136,13 +147,14 @@ def encode_metadata(kind: int, configs: list[dict], timestamp: int) -> bytes:
     for config in configs:
         if not isinstance(config, dict):
             raise ControlError(f"{what}: {config!r:.60} is not an object")
-        check_metadata_name(what, config.get(name_key))
+        if name_key is not None:
+            check_metadata_name(what, config.get(name_key))
         try:
             data = json.dumps(config, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
         except (TypeError, ValueError) as exc:
             raise ControlError(f"{what}: not JSON: {exc}") from None
-        if len(data) > MAX_CONFIG_LENGTH:
-            raise ControlError(f"{what}: one config of {len(data)} bytes exceeds {MAX_CONFIG_LENGTH}")
+        if len(data) > _limit(kind):
+            raise ControlError(f"{what}: one config of {len(data)} bytes exceeds {_limit(kind)}")
         parts += [_ITEM.pack(len(data)), data]
     return b"".join(parts)
 
@@ -162,7 +174,7 @@ def _decode_metadata(data: bytes, kind: int, count: int) -> ControlEntry:
             raise ControlError(f"control entry: {what} {n} truncated in its length", pos)
         (length,) = _ITEM.unpack_from(data, pos)
         pos += _ITEM.size
-        if length == 0 or length > MAX_CONFIG_LENGTH or pos + length > len(data):
+        if length == 0 or length > _limit(kind) or pos + length > len(data):
             raise ControlError(f"control entry: {what} {n} length {length} out of range", pos)
         try:
             config = json.loads(data[pos:pos + length].decode("utf-8"))
@@ -171,7 +183,8 @@ def _decode_metadata(data: bytes, kind: int, count: int) -> ControlEntry:
         if not isinstance(config, dict):
             raise ControlError(f"control entry: {what} {n} is not a JSON object", pos)
         try:
-            check_metadata_name(what, config.get(name_key))
+            if name_key is not None:
+                check_metadata_name(what, config.get(name_key))
         except ControlError as exc:
             raise ControlError(f"control entry: {exc}", pos) from None
         configs.append(config)

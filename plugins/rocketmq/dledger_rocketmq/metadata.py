@@ -24,6 +24,7 @@ offset commits exactly once.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,8 @@ CONSUMER_OFFSET_FILE = "consumerOffset.json"
 DELAY_OFFSET_FILE = "delayOffset.json"
 SUBSCRIPTION_GROUP_FILE = "subscriptionGroup.json"
 APPLIED_INDEX_FILE = "consumerOffset.json.dledger"
+#: The ACL the log last carried (control kind 7); mode 0600: it holds the accounts' secret keys.
+ACL_FILE = "aclConfig.json"
 
 # PermName
 PERM_INHERIT, PERM_WRITE, PERM_READ = 1, 2, 4
@@ -219,6 +222,58 @@ def subscription_group_table(data: Any = None, *, clock: Any = None) -> Versione
     return table
 
 
+class AclTable:
+    """The ACL in effect on the group: the last ACL control entry (kind 7) applied, and where it came from.
+
+    ``source`` is what the master that appended it said: ``file:<sha256>`` of
+    the plain_acl.yml it read, or ``admin`` for a change made over the broker
+    port; ``file_source`` is the last file put in effect (kept through admin
+    changes), so a master whose file the group already applied does not append
+    it again and undo the admin changes made since.
+    """
+
+    def __init__(self) -> None:
+        self.config: Any = None  # dledger_rocketmq.acl.AclConfig, None until the log carried one
+        self.source = ""
+        self.file_source = ""
+        self.timestamp = 0
+        self.version = 0
+
+    def apply(self, obj: dict, timestamp: int) -> bool:
+        """Take the ACL of a committed kind-7 entry; False (nothing changed) if it is the one in effect."""
+        from dledger_rocketmq.acl import parse_acl
+
+        config = parse_acl(obj.get("acl"), "ACL control entry")
+        source, file_source = str(obj.get("source", "")), str(obj.get("file", ""))
+        if (self.config is not None and config.digest() == self.config.digest() and source == self.source
+                and file_source == self.file_source):
+            return False
+        self.config, self.source, self.file_source, self.timestamp = config, source, file_source, timestamp
+        self.version += 1
+        return True
+
+    def to_json(self) -> str:
+        return json.dumps({"acl": self.config.to_dict() if self.config is not None else None,
+                           "source": self.source, "file": self.file_source, "timestamp": self.timestamp},
+                          indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: bytes | str) -> AclTable:
+        from dledger_rocketmq.acl import AclConfigError, parse_acl
+
+        obj = json.loads(text)
+        if not isinstance(obj, dict):
+            raise ValueError("not a JSON object")
+        table = cls()
+        try:
+            table.config = parse_acl(obj["acl"], ACL_FILE) if obj.get("acl") is not None else None
+        except AclConfigError as exc:
+            raise ValueError(str(exc)) from None
+        table.source, table.timestamp = str(obj.get("source", "")), int(obj.get("timestamp", 0))
+        table.file_source = str(obj.get("file", ""))
+        return table
+
+
 class BrokerMetadata(service.Service):
     """The four metadata tables of one member, loaded from and persisted to ``<store_dir>/config``.
 
@@ -242,6 +297,7 @@ class BrokerMetadata(service.Service):
         self.groups = VersionedTable("subscriptionGroupTable", "groupName", self._default_groups, clock)
         self.offsets = ConsumerOffsetTable()
         self.delay_offsets = DelayOffsetTable()
+        self.acl = AclTable()
         self._written: dict[str, Any] = {}
         self._lock = defer.DeferredLock()
         self._loop: task.LoopingCall | None = None
@@ -309,6 +365,9 @@ class BrokerMetadata(service.Service):
         delay = self._read(DELAY_OFFSET_FILE, DelayOffsetTable.from_json)
         if delay is not None:
             self.delay_offsets = delay
+        acl = self._read(ACL_FILE, AclTable.from_json)
+        if acl is not None:
+            self.acl = acl
         versions = self._versions()
         self._written = {name: versions[name] for name in self._clean if name in versions}
 
@@ -330,6 +389,8 @@ class BrokerMetadata(service.Service):
         """
         from dledger_rocketmq import control
 
+        if entry.kind == control.KIND_ACL_CONFIG:
+            return sum(self.acl.apply(config, entry.timestamp) for config in entry.configs)
         table = self.topics if entry.kind in (control.KIND_TOPIC_CONFIG, control.KIND_TOPIC_DELETE) else self.groups
         changed = 0
         for config in entry.configs:
@@ -348,14 +409,17 @@ class BrokerMetadata(service.Service):
         return {TOPICS_FILE: (id(self.topics), self.topics.version),
                 SUBSCRIPTION_GROUP_FILE: (id(self.groups), self.groups.version),
                 CONSUMER_OFFSET_FILE: (id(self.offsets), self.offsets.version, self.offsets.applied_index),
-                DELAY_OFFSET_FILE: (id(self.delay_offsets), self.delay_offsets.version)}
+                DELAY_OFFSET_FILE: (id(self.delay_offsets), self.delay_offsets.version),
+                ACL_FILE: (id(self.acl), self.acl.version)}
 
     def snapshot(self, *, force: bool = False) -> list[tuple[str, bytes]]:
         """``(file name, bytes)`` of every table that changed since it was last written (all with ``force``)."""
         versions = self._versions()
         out = []
-        for name, text in ((TOPICS_FILE, self.topics.to_json), (SUBSCRIPTION_GROUP_FILE, self.groups.to_json),
-                           (CONSUMER_OFFSET_FILE, self.offsets.to_json),
+        tables = [(TOPICS_FILE, self.topics.to_json), (SUBSCRIPTION_GROUP_FILE, self.groups.to_json)]
+        if self.acl.config is not None:  # before the applied index: a change is on disk before it counts as applied
+            tables.append((ACL_FILE, self.acl.to_json))
+        for name, text in (*tables, (CONSUMER_OFFSET_FILE, self.offsets.to_json),
                            (DELAY_OFFSET_FILE, self.delay_offsets.to_json)):
             if force or self._written.get(name) != versions[name]:
                 out.append((name, text().encode()))
@@ -367,7 +431,7 @@ class BrokerMetadata(service.Service):
     def _write(self, files: list[tuple[str, bytes]]) -> None:
         self.config_dir.mkdir(parents=True, exist_ok=True)
         for name, data in files:
-            diskio.write_atomic(self.path(name), data, backup=True)
+            diskio.write_atomic(self.path(name), data, backup=True, mode=0o600 if name == ACL_FILE else 0o644)
 
     def persist(self, *, force: bool = False) -> defer.Deferred:
         """Write the changed tables atomically (one write at a time); fires with the file names written."""

@@ -31,6 +31,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 from twisted.python.failure import Failure
 
+from dledger.ratelog import RateLimitedLog
 from dledger.transport.remoting import Header
 from dledger_rocketmq import routes
 from dledger_rocketmq.port import (
@@ -87,7 +88,7 @@ class NameServer(service.Service):
 
     def __init__(self, endpoint: str = DEFAULT_LISTEN, *, reactor: Any = None, clock: Any = None,
                  max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, expiry: float = routes.BROKER_EXPIRY,
-                 scan_interval: float = SCAN_INTERVAL):
+                 scan_interval: float = SCAN_INTERVAL, acl: Callable[[], Any] | None = None):
         if reactor is None:
             from twisted.internet import reactor as default_reactor
 
@@ -99,6 +100,10 @@ class NameServer(service.Service):
         self.expiry = expiry
         self.scan_interval = scan_interval
         self.table = routes.RouteTable()
+        #: ``acl() -> AclConfig`` (RocketMQ ACL: every request signed by a known account; registrations by an
+        #: admin one), or None: anyone may register and read (RocketMQ's name server has no ACL).
+        self.acl = acl
+        self._refusal_log = RateLimitedLog(log, self.clock)
         self.factory = BrokerPortFactory(self)
         self.connections: set = set()
         self.connection_lost_callbacks: list[Callable[[Any], None]] = [self._connection_lost]
@@ -189,10 +194,27 @@ class NameServer(service.Service):
         conn.answer(header, reply)
 
     def process(self, request: Request) -> Reply:
+        if self.acl is not None:
+            refused = self.refuse(request)
+            if refused is not None:
+                return refused
         handler = self.handlers.get(request.code)
         if handler is None:
             return unsupported_reply(request.code)
         return handler(request)
+
+    def refuse(self, request: Request) -> Reply | None:
+        """The ACL's answer to a request (None: go on); routes are changed only by admin accounts."""
+        from dledger_rocketmq import acl
+
+        host = request.conn.born_host.host if request.conn is not None else None
+        refusal = acl.decide(self.acl() or acl.AclConfig({}), request.code, request.ext, request.body, host,
+                             admin_codes=acl.NAMESRV_ADMIN_CODES, resources=False)
+        if refusal is None:
+            return None
+        self._refusal_log.warn(("refused", host, request.code), "name server refused request {code} from {host}: "
+                               "{why}", code=request.code, host=host, why=refusal.message)
+        return Reply(SYSTEM_ERROR, refusal.remark)
 
     # -- handlers -------------------------------------------------------------------------------
     def _register(self, req: Request) -> Reply:
@@ -265,13 +287,15 @@ def check_listen(endpoint: str) -> str:
 class Options(usage.Options):
     """``twistd rocketmq-namesrv`` options."""
 
-    synopsis = "[--listen ENDPOINT] [--max-frame-size BYTES]"
+    synopsis = "[--listen ENDPOINT] [--max-frame-size BYTES] [--acl-file plain_acl.yml]"
     longdesc = ("A RocketMQ 4.x-compatible name server: brokers (dledger's and Apache RocketMQ's) register, "
                 "clients and mqadmin ask for routes.  A broker is dropped when its connection closes or after "
                 "120 s without a registration.")
     optParameters = [
         ["listen", "l", DEFAULT_LISTEN, "server endpoint to listen on (RocketMQ's default port is 9876)"],
         ["max-frame-size", None, str(DEFAULT_MAX_FRAME_SIZE), "largest request frame in bytes (bigger: closed)"],
+        ["acl-file", None, "", "RocketMQ ACL: a plain_acl.yml; every request must be signed by one of its accounts "
+         "(AclClientRPCHook), registrations by an admin account (default: no ACL)"],
     ]
 
     def postOptions(self) -> None:
@@ -286,6 +310,14 @@ class Options(usage.Options):
             check_listen(self["listen"])
         except ValueError as exc:
             raise usage.UsageError(str(exc)) from None
+        self["acl"] = None
+        if self["acl-file"]:
+            from dledger_rocketmq.acl import AclConfigError, load_acl_file
+
+            try:
+                self["acl"] = load_acl_file(self["acl-file"])
+            except AclConfigError as exc:
+                raise usage.UsageError(f"--acl-file: {exc}") from None
 
 
 class _Top(service.MultiService):
@@ -310,4 +342,6 @@ class _Top(service.MultiService):
 
 def makeService(options: Options) -> service.MultiService:
     """The ``twistd rocketmq-namesrv`` service."""
-    return _Top(NameServer(options["listen"], max_frame_size=options["max-frame-size"]))
+    config = options.get("acl")
+    return _Top(NameServer(options["listen"], max_frame_size=options["max-frame-size"],
+                           acl=(lambda: config) if config is not None else None))

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import weakref
 
+from twisted.logger import Logger
+
 from dledger.hookspecs import hookimpl
 from dledger.plugin_types import ExtraOption
 from dledger_rocketmq.broker import Broker, BrokerOptions, parse_host
 from dledger_rocketmq.message import DEFAULT_MAX_MESSAGE_SIZE
 
+log = Logger()
 _brokers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _ports: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _fetchers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -131,6 +134,20 @@ OPTIONS = {
     "compressedRegister": ("compressed_register", False, bool, "send the zlib-compressed registration body"),
     "namesrvListen": ("namesrv_listen", "", server_endpoint, "run a RocketMQ name server inside this member on this "
                       "endpoint, e.g. tcp:9876:interface=127.0.0.1; empty: none"),
+    "aclEnable": ("acl_enable", False, bool, "RocketMQ ACL on the broker port and the name server: requests must be "
+                  "signed by an account of rocketmq.aclFile (AclClientRPCHook); the group enforces one ACL, "
+                  "carried by the log"),
+    "aclFile": ("acl_file", "", str, "a RocketMQ 4.x plain_acl.yml (accounts, globalWhiteRemoteAddresses); "
+                "'{id}' is the member id; needed by aclEnable"),
+    "allowAnonymous": ("allow_anonymous", False, bool, "start even though authMode is not 'none' and the broker "
+                       "port and name server have neither aclEnable nor tlsClientAuth (anyone may write)"),
+    "tlsClientAuth": ("tls_client_auth", False, bool, "the broker port speaks TLS with the member's certificate "
+                      "(authMode = 'tls'); a client certificate of the group CA is judged by its role "
+                      "(read/write/admin), a connection without one by the ACL"),
+    "accessKey": ("access_key", "", str, "the account this member signs its own requests with when ACL is on "
+                  "(registrations with name servers, the slave metadata sync)"),
+    "secretKeyFile": ("secret_key_file", "", str, "file whose first line is accessKey's secretKey; '{id}' is the "
+                      "member id"),
 }
 
 
@@ -147,6 +164,102 @@ def options_for(server) -> BrokerOptions | None:
     return BrokerOptions(**kw)
 
 
+def _extra(server, name: str):
+    return server.config.extras.get(f"rocketmq.{name}", OPTIONS[name][1])
+
+
+def anonymous_surface_error(*, auth_mode: str, broker_port: bool, namesrv: bool, acl_enable: bool,
+                            tls_client_auth: bool, allow_anonymous: bool) -> str | None:
+    """Why a member must not start (one line), or None: dledger authenticates its own port (``authMode``) but a
+    RocketMQ surface of it would let anyone write (issue #21, "no anonymous writes by accident")."""
+    if auth_mode == "none" or allow_anonymous or acl_enable:
+        return None
+    open_surfaces = [what for what, on in (("the broker port (rocketmq.listen)", broker_port and not tls_client_auth),
+                                           ("the name server (rocketmq.namesrvListen)", namesrv)) if on]
+    if not open_surfaces:
+        return None
+    return (f"authMode is {auth_mode!r} but {' and '.join(open_surfaces)} would accept anyone: set "
+            "rocketmq.aclEnable = true with rocketmq.aclFile (RocketMQ ACL), or rocketmq.tlsClientAuth = true for "
+            "the broker port, or rocketmq.allowAnonymous = true to accept anonymous clients on purpose")
+
+
+def check_surfaces(server) -> None:
+    """Refuse to start (ConfigError, one line) on an anonymous RocketMQ surface of an authenticated member, and on
+    ACL options that cannot work."""
+    from dledger.errors import ConfigError
+
+    enabled = bool(server.config.extras.get("rocketmq.enabled"))
+    why = anonymous_surface_error(
+        auth_mode=server.config.auth_mode, broker_port=enabled and bool(_extra(server, "listen")),
+        namesrv=bool(_extra(server, "namesrvListen")), acl_enable=bool(_extra(server, "aclEnable")),
+        tls_client_auth=bool(_extra(server, "tlsClientAuth")), allow_anonymous=bool(_extra(server, "allowAnonymous")))
+    if why is not None:
+        raise ConfigError(why)
+    if _extra(server, "aclEnable") and not _extra(server, "aclFile"):
+        raise ConfigError("rocketmq.aclEnable needs rocketmq.aclFile (a RocketMQ plain_acl.yml with the accounts)")
+    if _extra(server, "tlsClientAuth") and server.config.auth_mode != "tls":
+        raise ConfigError("rocketmq.tlsClientAuth needs authMode = 'tls' (the member's certificate and the group CA)")
+    if bool(_extra(server, "accessKey")) != bool(_extra(server, "secretKeyFile")):
+        raise ConfigError("rocketmq.accessKey and rocketmq.secretKeyFile go together")
+
+
+def member_credentials(server):
+    """The member's own ACL credentials (rocketmq.accessKey/secretKeyFile), or None; ConfigError if unreadable."""
+    from dledger.errors import ConfigError
+    from dledger_rocketmq.acl import AclConfigError, Credentials
+
+    ak = _extra(server, "accessKey")
+    if not ak:
+        return None
+    try:
+        return Credentials.from_file(ak, _extra(server, "secretKeyFile").replace("{id}", server.self_id))
+    except AclConfigError as exc:
+        raise ConfigError(f"rocketmq.secretKeyFile: {exc}") from None
+
+
+def acl_for(server):
+    """The ACL of rocketmq.aclFile (read at start; ConfigError with one line for a bad file), or None."""
+    from dledger.errors import ConfigError
+    from dledger_rocketmq.acl import AclConfigError, load_acl_file
+
+    if not _extra(server, "aclEnable"):
+        return None
+    try:
+        return load_acl_file(_extra(server, "aclFile").replace("{id}", server.self_id))
+    except AclConfigError as exc:
+        raise ConfigError(f"rocketmq.aclFile: {exc}") from None
+
+
+def _access_for(server, broker):
+    """The broker port's PortAccess (ACL and/or client-certificate roles), or None when neither is on."""
+    from dledger.errors import ConfigError
+    from dledger_rocketmq.acl import AclConfigError
+    from dledger_rocketmq.port_acl import PortAccess
+
+    acl_enable, tls_auth = bool(_extra(server, "aclEnable")), bool(_extra(server, "tlsClientAuth"))
+    if not (acl_enable or tls_auth):
+        return None, None
+    identify, tls_options = None, None
+    if tls_auth:
+        from dledger.security.guard import ServerGuard
+
+        guard = ServerGuard.from_config(server.config, server.clock)
+        tls_options = guard.tls_options
+
+        def identify(conn):
+            role = getattr(conn, "certificate_role", False)
+            if role is False:  # once per connection: the handshake is done when its first request arrives
+                identity = guard.identify_tls(conn.transport, conn.born_host.host)
+                role = conn.certificate_role = None if identity.kind == "anonymous" else identity.role
+            return role
+    try:
+        access = PortAccess(broker, acl_file=_extra(server, "aclFile").replace("{id}", server.self_id),
+                            enabled=acl_enable, identify=identify, clock=server.clock)
+    except AclConfigError as exc:
+        raise ConfigError(f"rocketmq.aclFile: {exc}") from None
+    return access, tls_options
+
+
 def broker_for(server) -> Broker | None:
     """The member's Broker (made on first call), or None if ``rocketmq.enabled`` is off."""
     if server in _brokers:
@@ -158,7 +271,14 @@ def broker_for(server) -> Broker | None:
     if options.namesrv_addr:  # a slave learns its master from the name servers: the metadata sync can run
         from dledger_rocketmq.registration import MasterFetcher
 
-        fetcher = _fetchers[server] = MasterFetcher(server)
+        tls_options = None
+        if _extra(server, "tlsClientAuth"):  # the master's port speaks TLS: present the member's certificate
+            from dledger.security.guard import ClientCredentials
+
+            member = ClientCredentials.for_member(server.config)  # None without TLS: check_surfaces says why
+            tls_options = member.tls_options if member is not None else None
+        fetcher = _fetchers[server] = MasterFetcher(server, credentials=member_credentials(server),
+                                                    tls_options=tls_options)
         kw["fetch"] = fetcher.fetch
     broker = _brokers[server] = Broker(server, options, **kw)
     return broker
@@ -205,20 +325,35 @@ def namesrv_for(server):
 
 @hookimpl
 def dledger_services(server, collection):
+    check_surfaces(server)
     listen = server.config.extras.get("rocketmq.namesrvListen")
+    broker = broker_for(server)
     if listen:  # a name server inside the member (the broker layer need not be on)
         from dledger_rocketmq.namesrv import NameServer
 
-        namesrv = _namesrvs[server] = NameServer(listen, reactor=server.clock)
+        acl = None
+        if _extra(server, "aclEnable"):  # the group's ACL when the broker runs here, else the member's file
+            file_acl = acl_for(server)
+            meta_acl = broker.meta.acl if broker is not None else None
+            acl = (lambda: (meta_acl.config if meta_acl is not None else None) or file_acl)
+        namesrv = _namesrvs[server] = NameServer(listen, reactor=server.clock, acl=acl)
         namesrv.setServiceParent(collection)
-    broker = broker_for(server)
     if broker is not None:
         broker.setServiceParent(collection)
         if broker.options.listen:
             from dledger_rocketmq.port import BrokerPort
 
+            access, tls_options = _access_for(server, broker)
             port = _ports[server] = BrokerPort(broker, broker.options.listen,
-                                               max_frame_size=broker.options.max_frame_size)
+                                               max_frame_size=broker.options.max_frame_size, access=access,
+                                               tls_options=tls_options)
+            if access is not None and access.file_config is not None:
+                broker.master_callbacks.append(access.on_master)
+            if access is not None and access.enabled and broker.options.namesrv_addr and not _extra(server,
+                                                                                                  "accessKey"):
+                log.warn("{id}: rocketmq.aclEnable without rocketmq.accessKey: this member's requests to the master "
+                         "(slave metadata sync) and to name servers with ACL are unsigned and will be refused",
+                         id=server.self_id)
             port.master_fetcher = _fetchers.get(server)  # slaves forward sends to it (dledger_rocketmq.forward)
             port.setServiceParent(collection)
         if broker.options.namesrv_addr:
@@ -227,7 +362,7 @@ def dledger_services(server, collection):
             reg = _registrations[server] = Registration(
                 broker, parse_namesrv_addrs(broker.options.namesrv_addr),
                 period=broker.options.register_period_ms / 1000, compressed=broker.options.compressed_register,
-                fetcher=_fetchers.get(server))
+                fetcher=_fetchers.get(server), credentials=member_credentials(server))
             reg.setServiceParent(collection)
 
 

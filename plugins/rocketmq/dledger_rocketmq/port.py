@@ -76,6 +76,7 @@ SEND_BATCH_MESSAGE = 320
 EXTENSIONS: list[str] = [
     "dledger_rocketmq.port_admin:install",
     "dledger_rocketmq.port_clients:install",
+    "dledger_rocketmq.port_acl:install",
     "dledger_rocketmq.forward:install",  # last: it wraps the send handlers the others installed
 ]
 
@@ -567,8 +568,13 @@ class BrokerPort(service.Service):
     name = "rocketmq-port"
 
     def __init__(self, broker, endpoint: str, *, reactor: Any = None, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-                 now_ms: Callable[[], int] | None = None):
+                 now_ms: Callable[[], int] | None = None, access: Any = None, tls_options: Any = None):
         self.broker = broker
+        #: Who may do what (a :class:`dledger_rocketmq.port_acl.PortAccess`: RocketMQ ACL, client-certificate
+        #: roles), asked before every handler; None: everyone may do everything (RocketMQ without aclEnable).
+        self.access = access
+        #: TLS context options (``rocketmq.tlsClientAuth``): the listening factory is wrapped in TLS.
+        self.tls_options = tls_options
         self.endpoint = endpoint
         self.reactor = reactor
         self.max_frame_size = max_frame_size
@@ -608,7 +614,12 @@ class BrokerPort(service.Service):
 
         super().startService()
         reactor = self.reactor or self.broker.server.clock
-        d = maybeDeferred(lambda: serverFromString(reactor, self.endpoint).listen(self.factory))
+        factory = self.factory
+        if self.tls_options is not None:
+            from dledger.security.tls import wrap_server_factory
+
+            factory = wrap_server_factory(self.tls_options, factory)
+        d = maybeDeferred(lambda: serverFromString(reactor, self.endpoint).listen(factory))
         outcome: list = []
         d.addBoth(outcome.append)
 
@@ -690,7 +701,14 @@ class BrokerPort(service.Service):
         d.addErrback(failed).addCallback(lambda reply: conn.answer(header, reply))
 
     def process(self, request: Request) -> Reply | Deferred:
-        """A Reply now, or a Deferred firing with one: the handler registered for the request's code."""
+        """A Reply now, or a Deferred firing with one: the handler registered for the request's code.
+
+        The access check comes first, for every code (an unknown one included).
+        """
+        if self.access is not None:
+            refused = self.access.refuse(request)
+            if refused is not None:
+                return refused
         handler = self.handlers.get(request.code)
         if handler is None:
             return unsupported_reply(request.code)

@@ -105,8 +105,13 @@ def next_delay(*, is_master: bool, master_known: bool, period: float, retry: flo
 class MasterFetcher:
     """SlaveSync's ``fetch``: GET_ALL_* from the master the name servers named (see the module docstring)."""
 
-    def __init__(self, server: Any, *, reactor: Any = None, timeout: float = 10.0) -> None:
+    def __init__(self, server: Any, *, reactor: Any = None, timeout: float = 10.0, credentials: Any = None,
+                 tls_options: Any = None) -> None:
         self.server = server
+        #: The member's own ACL credentials (rocketmq.accessKey): the fetches are signed with them.
+        self.credentials = credentials
+        #: TLS with the member's certificate to a master whose port has rocketmq.tlsClientAuth (role "member").
+        self.tls_options = tls_options
         self.reactor = reactor
         self.timeout = timeout
         self.master_addr: str | None = None
@@ -193,7 +198,9 @@ class MasterFetcher:
         def made(c: Any) -> Any:
             self._client, self._client_addr = c, addr
             return c
-        return connect_client(self._clock(), a.host, a.port, timeout=self.timeout).addCallback(made)
+        kw = {"tls_options": self.tls_options} if self.tls_options is not None else {}
+        return connect_client(self._clock(), a.host, a.port, timeout=self.timeout, credentials=self.credentials,
+                              **kw).addCallback(made)
 
     def close(self) -> None:
         if self._client is not None:
@@ -218,8 +225,11 @@ class Registration(service.Service):
 
     def __init__(self, broker: Any, namesrv_addrs: Sequence[str], *, period: float = DEFAULT_PERIOD_MS / 1000,
                  compressed: bool = False, reactor: Any = None, timeout: float = DEFAULT_TIMEOUT,
-                 retry: float = DEFAULT_RETRY, fetcher: MasterFetcher | None = None) -> None:
+                 retry: float = DEFAULT_RETRY, fetcher: MasterFetcher | None = None, credentials: Any = None) -> None:
         self.broker = broker
+        #: The member's own ACL credentials (rocketmq.accessKey): registrations are signed with them, for name
+        #: servers with ACL (an admin account there).
+        self.credentials = credentials
         self.namesrv_addrs = list(namesrv_addrs)
         self.period = period
         self.compressed = compressed
@@ -338,7 +348,8 @@ class Registration(service.Service):
         def made(client: Any) -> Any:
             self.clients[addr] = client
             return client
-        return connect_client(self._clock(), a.host, a.port, timeout=self.timeout).addCallback(made)
+        return connect_client(self._clock(), a.host, a.port, timeout=self.timeout,
+                              credentials=self.credentials).addCallback(made)
 
     def _register(self, addr: str, ext: dict[str, str], body: bytes, tag: Any, is_master: bool) -> defer.Deferred:
         d = self._client(addr)
