@@ -81,8 +81,8 @@ def dledger_services(server, collection):
 def dledger_leader_ready_listeners(server):
     """Return a list of ``ILeaderReadyListener`` to attach to ``server``.
 
-    ``leader_ready(term)`` is called once per term in which this member leads
-    *and* its term's first entry (the NOOP) is committed: every entry of
+    ``leader_ready(term)`` is called once per leadership in which this member leads
+    *and* that leadership's first entry (the NOOP) is committed: every entry of
     earlier terms is committed then, so the leader's log is complete.
     """
 

@@ -271,7 +271,9 @@ class ILeaderReadyListener(Interface):
     """Told when its member leads and its term's first entry is committed (:mod:`dledger.leader_ready`)."""
 
     def leader_ready(term: int) -> object:
-        """Called once per term in which the member becomes leader-ready, after the LEADER role change was delivered.
+        """Called once per leadership that becomes leader-ready, after the LEADER role change was delivered.
+
+        A member that steps down and leads the same term again (no restart) is told again, with that term.
 
         May return a Deferred; later listeners and events wait for it.  The
         member may lose leadership at any time after; role-change handlers
