@@ -25,7 +25,7 @@ from zope.interface import implementer
 from dledger import messages
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
-from dledger.interfaces import IBatchRequestHandler
+from dledger.interfaces import IBatchRequestHandler, ILeaderAware
 from dledger.messages import GetEntriesResponse
 from dledger.ratelog import RateLimitedLog
 from dledger.security import policy as auth_policy
@@ -491,9 +491,10 @@ class RemotingProtocol(Protocol):
             self._write_reply(header, remoting.error_body(header, ResponseCode.UNSUPPORTED),
                               "this connection does not serve requests")
             return
-        if guard is not None and self.identity.kind == "member":
-            decision = auth_policy.decide_request(guard.auth_mode, header.code, self.identity, request.leader_id,
-                                                  request.local_id)
+        if guard is not None:
+            leader = self.handler.current_leader() if ILeaderAware.providedBy(self.handler) else None
+            decision = auth_policy.decide_request(guard.auth_mode, header.code, self.identity,
+                                                  auth_policy.request_ids(header.code, request), leader)
             if not decision.allowed:
                 self._refuse(header, decision.reason)
                 return
