@@ -428,9 +428,12 @@ def makeService(options: Options) -> service.MultiService:
     member = MemberService(config, reactor)
     if options["metrics"]:
         from dledger.metrics import MetricsService, make_registry
+        from dledger.transport.listener import FdBudget, ListenerLimits
 
         registry = make_registry(lambda: member.server, reactor, config.group, config.self_id)
-        member.metrics = MetricsService(options["metrics"], registry, reactor)
+        FdBudget.shared().reserve_at_least(config.fd_reserve)
+        member.metrics = MetricsService(options["metrics"], registry, reactor,
+                                        ListenerLimits.from_config(config).for_http())
         member.metrics.setServiceParent(top)
     member.setServiceParent(top)
     return top

@@ -165,6 +165,10 @@ class RemotingProtocol(Protocol):
         """Bytes received of a frame not complete yet (what the connection budget counts)."""
         return self._splitter.buffered
 
+    def unfinished_request(self) -> int:
+        """Bytes the frame now arriving will have, 0 if none is unfinished (a listener's read timeout)."""
+        return self._splitter.unfinished
+
     def connectionMade(self) -> None:
         set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if set_no_delay is not None:
@@ -638,8 +642,10 @@ class RemotingServerFactory(Factory):
 
     def __init__(self, clock: IReactorTime, handler: Any, *, max_frame_size: int = remoting.DEFAULT_MAX_FRAME_SIZE,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, limits: ConnectionLimits | None = None,
-                 guard: Any = None):
+                 guard: Any = None, admission: bool = True):
         self.clock = clock
+        #: Refuse connections beyond the limits here (False: a ListenerGuard around this factory does it).
+        self.admission = admission
         self.handler = handler
         #: Authentication and authorisation of this port (:class:`dledger.security.guard.ServerGuard`; None: off).
         self.guard = guard if guard is not None and guard.enforcing else None
@@ -654,7 +660,7 @@ class RemotingServerFactory(Factory):
 
     def buildProtocol(self, addr: Any) -> RemotingProtocol | None:
         host = str(getattr(addr, "host", addr))
-        if self.limits is not None:
+        if self.limits is not None and self.admission:
             refusal = admission_refusal(len(self.connections), self.per_address.get(host, 0), self.limits)
             if refusal is not None:
                 self.refused += 1

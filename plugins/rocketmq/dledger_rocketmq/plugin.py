@@ -207,9 +207,11 @@ def namesrv_for(server):
 def dledger_services(server, collection):
     listen = server.config.extras.get("rocketmq.namesrvListen")
     if listen:  # a name server inside the member (the broker layer need not be on)
+        from dledger.transport.listener import ListenerLimits
         from dledger_rocketmq.namesrv import NameServer
 
-        namesrv = _namesrvs[server] = NameServer(listen, reactor=server.clock)
+        namesrv = _namesrvs[server] = NameServer(listen, reactor=server.clock,
+                                                 limits=ListenerLimits.from_config(server.config))
         namesrv.setServiceParent(collection)
     broker = broker_for(server)
     if broker is not None:
