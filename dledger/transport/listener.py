@@ -54,6 +54,7 @@ MIN_READ_RATE = 1 * MiB
 #: Descriptors kept free of incoming connections by default (``fdReserve``): store files and checkpoints,
 #: the peer links, log files, the accept of a connection about to be refused.
 DEFAULT_FD_RESERVE = 64
+MIN_FD_RESERVE = 16
 #: Re-count open descriptors when the estimate comes this close to the budget, or after this many seconds.
 FD_RECOUNT_SLACK = 64
 FD_RECOUNT_INTERVAL = 1.0
@@ -96,6 +97,14 @@ class ListenerLimits:
 
 # -- decisions ----------------------------------------------------------------------------------------------
 
+def effective_reserve(reserve: int, soft_limit: int | None) -> int:
+    """``fdReserve``, but never more than a quarter of a low descriptor limit (and at least ``MIN_FD_RESERVE``):
+    under ``ulimit -n 64`` a reserve of 64 would leave no connection at all, not even the other members'."""
+    if soft_limit is None:
+        return reserve
+    return min(reserve, max(MIN_FD_RESERVE, soft_limit // 4))
+
+
 def fd_refusal(soft_limit: int | None, open_fds: int | None, reserve: int) -> str | None:
     """Why one more connection may not keep a descriptor, with ``open_fds`` open of ``soft_limit``; None: it may.
 
@@ -103,6 +112,7 @@ def fd_refusal(soft_limit: int | None, open_fds: int | None, reserve: int) -> st
     """
     if soft_limit is None or open_fds is None:
         return None
+    reserve = effective_reserve(reserve, soft_limit)
     if open_fds + reserve > soft_limit:
         return (f"{open_fds} of {soft_limit} file descriptors are open (ulimit -n) and {reserve} are kept for "
                 "the stores and peers (fdReserve)")
@@ -251,7 +261,7 @@ class FdBudget:
         open_now = self.count_open()
         if open_now is None:
             return None
-        return max(0, self.soft_limit - self.reserve - (open_now - self.live))
+        return max(0, self.soft_limit - effective_reserve(self.reserve, self.soft_limit) - (open_now - self.live))
 
     def admit(self) -> str | None:
         """Take a descriptor for a just-accepted connection; why not (and nothing taken), or None."""
@@ -261,7 +271,8 @@ class FdBudget:
         now = self.clock.seconds() if self.clock is not None else None
         estimate = None if self._base is None else self._base + self.live - self._base_live + 1
         stale = now is None or self._counted_at is None or now - self._counted_at >= FD_RECOUNT_INTERVAL
-        if estimate is None or stale or estimate + self.reserve + FD_RECOUNT_SLACK > self.soft_limit:
+        reserve = effective_reserve(self.reserve, self.soft_limit)
+        if estimate is None or stale or estimate + reserve + FD_RECOUNT_SLACK > self.soft_limit:
             counted = self.count_open()
             if counted is None:
                 self.live += 1
@@ -406,7 +417,8 @@ class ListenerGuard:
                                    "the file descriptor limit is {soft} (ulimit -n), {used} are open and {reserve} "
                                    "are kept for the stores and peers (fdReserve); raise the limit to allow more",
                                    n=allowed, m=self.limits.max_connections, soft=budget.soft_limit,
-                                   used=budget.count_open(), reserve=budget.reserve)
+                                   used=budget.count_open(),
+                                   reserve=effective_reserve(budget.reserve, budget.soft_limit))
 
 
 class GuardedFactory(WrappingFactory):
