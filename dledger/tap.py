@@ -354,7 +354,15 @@ class MemberService(service.Service):
         return "; ".join(parts)
 
     def _ready(self, _results: Any) -> None:
+        from dledger.security.guard import open_port_warning
+
         log.info("{summary}", summary=self.summary())
+        where = getattr(self.server.transport, "listening_address", None)
+        address = f"{where.host}:{where.port}" if where is not None else (self.config.listen or
+                                                                           self.config.self_peer.address)
+        warning = open_port_warning(self.config, address)
+        if warning is not None:
+            log.warn("dledger {id}: {warning}", id=self.config.self_id, warning=warning)
         self.ready.callback(self)
 
     def _start_failed(self, failure: Any) -> None:

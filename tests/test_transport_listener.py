@@ -65,6 +65,7 @@ def test_fd_refusal_table(soft, open_fds, reserve, refused):
     (10, "certificate verify failed", "expired"),
     (9, "certificate verify failed", "not valid yet"),
     (20, "certificate verify failed", "unknown CA"),
+    (7, "certificate verify failed", "unknown CA"),
     (19, "", "unknown CA"),
     (None, "tlsv1 alert unknown ca", "unknown CA"),
     (None, "sslv3 alert certificate expired", "expired"),

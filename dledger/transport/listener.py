@@ -170,6 +170,7 @@ _X509_REASONS = {
     9: "its certificate is not valid yet (or a clock is wrong)",
     10: "its certificate has expired",
     2: "unknown CA: its certificate is not signed by a CA in tlsCa",
+    7: "unknown CA: its certificate's signature does not match the CA in tlsCa (another CA of the same name?)",
     18: "unknown CA: its certificate is self-signed",
     19: "unknown CA: its certificate chain ends in a CA that is not in tlsCa",
     20: "unknown CA: its certificate is not signed by a CA in tlsCa",
