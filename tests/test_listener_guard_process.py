@@ -23,8 +23,7 @@ from dledger.launcher import LocalGroup, durable_store, free_ports
 STORE = durable_store()
 pytestmark = [pytest.mark.process,
               pytest.mark.skipif(STORE is None, reason="no durable store (mmap or lmdb) is installed"),
-              pytest.mark.skipif("rocketmq.enabled" not in plugins.options_help() and
-                                 "rocketmq" not in plugins.options_help(),
+              pytest.mark.skipif("rocketmq.enabled" not in plugins.options_help(),
                                  reason="the RocketMQ broker plugin is not installed")]
 #: requestReadTimeoutMs's default: a slow sender must be gone this long after its first byte (plus slack).
 READ_TIMEOUT = 10.0

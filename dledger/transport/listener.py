@@ -32,6 +32,7 @@ and address).  The decisions are the pure functions below; this is dledger's pub
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -231,6 +232,7 @@ class FdBudget:
 
     def __init__(self, soft_limit: int | None, reserve: int = DEFAULT_FD_RESERVE, clock: Any = None,
                  count_open: Any = count_open_fds):
+        """``clock``: an ``IReactorTime`` for tests; None (the process's budget) uses ``time.monotonic``."""
         self.soft_limit = soft_limit
         self.reserve = reserve
         self.clock = clock
@@ -269,9 +271,9 @@ class FdBudget:
         if self.soft_limit is None:
             self.live += 1
             return None
-        now = self.clock.seconds() if self.clock is not None else None
+        now = self.clock.seconds() if self.clock is not None else time.monotonic()
         estimate = None if self._base is None else self._base + self.live - self._base_live + 1
-        stale = now is None or self._counted_at is None or now - self._counted_at >= FD_RECOUNT_INTERVAL
+        stale = self._counted_at is None or now - self._counted_at >= FD_RECOUNT_INTERVAL
         reserve = effective_reserve(self.reserve, self.soft_limit)
         if estimate is None or stale or estimate + reserve + FD_RECOUNT_SLACK > self.soft_limit:
             counted = self.count_open()
@@ -326,8 +328,6 @@ class ListenerGuard:
         self.limits = limits
         self.clock = clock
         self.budget = budget if budget is not None else FdBudget.shared()
-        if self.budget.clock is None:
-            self.budget.clock = clock
         self.lines = RateLimitedLog(logger or log, clock)
         self.connections: set[GuardedProtocol] = set()
         self.per_address: dict[str, int] = {}
@@ -454,6 +454,7 @@ class GuardedProtocol(ProtocolWrapper):
         self._clock: ConnectionClock | None = None
         self._progress = getattr(wrapped, "unfinished_request", None)
         self._closed_by_guard: str | None = None
+        self._wrote = False
 
     # -- connection -----------------------------------------------------------------------------------------
     def makeConnection(self, transport: Any) -> None:
@@ -489,14 +490,12 @@ class GuardedProtocol(ProtocolWrapper):
             c.expected = expected
 
     def write(self, data: bytes) -> None:
-        if self._clock is not None:
-            self._clock.last_activity = self.listener.clock.seconds()
-        super().write(data)
+        self._wrote = True  # the hot path: a flag, the time is taken when the timer looks
+        self.transport.write(data)
 
     def writeSequence(self, data: Any) -> None:
-        if self._clock is not None:
-            self._clock.last_activity = self.listener.clock.seconds()
-        super().writeSequence(data)
+        self._wrote = True
+        self.transport.writeSequence(data)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         if self._timer is not None and self._timer.active():
@@ -527,7 +526,11 @@ class GuardedProtocol(ProtocolWrapper):
         self._timer = None
         if self.disconnecting or not self.connected:
             return
-        self._schedule(self.listener.clock.seconds())
+        now = self.listener.clock.seconds()
+        if self._wrote:  # bytes went out since the last look: not idle
+            self._wrote = False
+            self._clock.last_activity = now
+        self._schedule(now)
 
     def _close(self, why: str) -> None:
         guard, limits, c = self.listener, self.listener.limits, self._clock
