@@ -93,6 +93,9 @@ async def test_auth_failures_are_visible_on_the_member_and_in_the_cli(tmp_path, 
         assert plain.returncode == 1 and plain.stderr.count("\n") == 1, plain.stderr
         assert f"{address} is a TLS port" in plain.stderr and "--tls-ca" in plain.stderr, plain.stderr
 
+        meta = await deferToThread(cli, "metadata", "--peers", group.peers, "--group", "g0", "--timeout", "3")
+        assert meta.returncode == 1 and f"{address} is a TLS port" in meta.stdout, meta.stdout
+
         def lines(text):
             return [x for x in group.log_lines("n0", text)]
 

@@ -156,13 +156,17 @@ async def run_command(reactor, action, args, out: TextIO | None = None, err: Tex
         await client.close()
 
 
-async def tls_hint(reactor, client, credentials) -> str | None:
-    """A connection failed: did we speak plaintext to a TLS port, or TLS to a plaintext one?  One line, or None."""
+async def tls_hint(reactor, client, credentials, addresses: list[str] | None = None) -> str | None:
+    """A connection failed: did we speak plaintext to a TLS port, or TLS to a plaintext one?  One line, or None.
+
+    ``addresses``: the ports to ask (default: every member's).
+    """
     from twisted.internet.threads import deferToThread
 
     from dledger.transport.probe import tls_mismatch
 
-    addresses = list(getattr(client.transport, "members", {}).values())
+    if addresses is None:
+        addresses = list(getattr(client.transport, "members", {}).values())
     using_tls = credentials is not None and credentials.tls_options is not None
     try:
         return await deferToThread(tls_mismatch, addresses, using_tls)
@@ -346,11 +350,15 @@ async def do_metadata(client, args, out) -> int:
 
     members = [args.member] if args.member else client.members
     answers: dict[str, Any] = {}
+    credentials = getattr(getattr(client.transport, "remoting", None), "credentials", None)
     for mid in members:
         try:
             answers[mid] = await ask(mid)
         except DLedgerError as exc:
-            answers[mid] = exc
+            hint = None
+            if exc.code in (ResponseCode.NETWORK_ERROR, ResponseCode.TIMEOUT):
+                hint = await tls_hint(None, client, credentials, [client.transport.members[mid]])
+            answers[mid] = DLedgerError(exc.code, hint) if hint else exc
     if args.member:
         resp = answers[args.member]
         if isinstance(resp, DLedgerError):
