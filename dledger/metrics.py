@@ -254,7 +254,8 @@ class MetricsService(service.Service):
     def startService(self) -> None:
         from prometheus_client.twisted import MetricsResource
 
-        from dledger.transport.listener import BoundedSite, ListenerGuard
+        from dledger.transport.bounded_http import BoundedSite
+        from dledger.transport.listener import ListenerGuard
 
         super().startService()
         site = BoundedSite(MetricsResource(registry=self.registry), max_body=self.limits.max_body)

@@ -138,6 +138,8 @@ async def test_auth_mode_none_is_loud_and_tls_at_a_plain_port_is_named(tmp_path,
                                   "--timeout", "3", "--tls-ca", str(d / "ca.crt"))
         assert tls.returncode == 1 and tls.stderr.count("\n") == 1, tls.stderr
         assert f"{address} does not speak TLS" in tls.stderr, tls.stderr
+        hello = group.log_lines("n0", "opened with a TLS handshake but this port is plaintext")
+        assert 1 <= len(hello) <= 2 and "127.0.0.1" in hello[0], hello  # the member says so too, rate-limited
         assert await group.stop_all() == {"n0": 0}
     finally:
         group.close()

@@ -11,6 +11,7 @@ from twisted.web.resource import Resource
 
 from dledger.config import make_config
 from dledger.transport import listener as L
+from dledger.transport.bounded_http import BoundedSite
 from dledger.transport.listener import ConnectionClock, FdBudget, ListenerGuard, ListenerLimits
 
 LIMITS = ListenerLimits(max_connections=4, max_connections_per_address=2, idle_timeout=60.0, handshake_timeout=5.0,
@@ -78,6 +79,15 @@ def test_fd_refusal_table(soft, open_fds, reserve, refused):
 def test_tls_failure_reasons(verify, error, reason):
     """A failed handshake is explained in an operator's words: expired, unknown CA, not TLS at all."""
     assert reason in L.tls_failure_reason(verify, error)
+
+
+@pytest.mark.parametrize("data,hello", [
+    (b"\x16\x03\x01\x02\x00\x01", True), (b"\x16\x03\x03", True), (b"\x16\x03\x09", False),
+    (b"\x00\x00\x00\x1e", False), (b"GET / HTTP/1.1", False), (b"\x16", False),
+])
+def test_tls_hello_table(data, hello):
+    """A plaintext port recognises a TLS ClientHello (and says so instead of "frame too large")."""
+    assert L.tls_hello(data) is hello
 
 
 def test_limits_from_config_and_for_http():
@@ -353,7 +363,7 @@ class Page(Resource):
 
 def http(clock, page, data):
     guard = ListenerGuard("metrics port", LIMITS, clock, FdBudget(None, clock=clock))
-    factory = guard.wrap(L.BoundedSite(page, max_body=LIMITS.max_body))
+    factory = guard.wrap(BoundedSite(page, max_body=LIMITS.max_body))
     proto, t = connect(factory)
     proto.dataReceived(data)
     return proto, t

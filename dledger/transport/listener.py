@@ -19,8 +19,8 @@ a byte at a time kept a connection for 120 s on every port.  So every listener g
   a second per MiB it announces: a slow loris is closed within seconds); a connection without a byte in
   either direction for ``idle_timeout`` is closed; a failed TLS handshake is one rate-limited line naming
   the peer and the reason (expired, unknown CA, not TLS at all);
-* :class:`BoundedSite` -- HTTP listeners: a request body over ``max_body`` is refused (413) before a byte of
-  it is buffered.
+* :class:`dledger.transport.bounded_http.BoundedSite` -- HTTP listeners: a request body over ``max_body``
+  is refused (413) before a byte of it is buffered.
 
 Protocols tell the guard about their requests through two optional methods: ``unfinished_request()``
 (bytes the request now arriving will have, 0 when none is unfinished; without it only the idle and
@@ -41,13 +41,18 @@ from twisted.internet.interfaces import IHandshakeListener
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
-from twisted.web.http import HTTPChannel
-from twisted.web.server import Site
 from zope.interface import implementer
 
 from dledger.ratelog import RateLimitedLog
 from dledger.timing import due
-from dledger.transport.limits import AcceptGuard, admission_refusal, fd_usage, guard_accept
+from dledger.transport.limits import (
+    TLS_AT_PLAIN_PORT,
+    AcceptGuard,
+    admission_refusal,
+    fd_usage,
+    guard_accept,
+    tls_hello,
+)
 
 KiB, MiB = 1024, 1024 * 1024
 #: A request may take a second longer per this many bytes it announces (a 16 MiB frame on a slow link).
@@ -584,79 +589,6 @@ def _is_plain_close(value: Any) -> bool:
     return isinstance(value, (ConnectionDone, ConnectionLost))
 
 
-# -- HTTP ---------------------------------------------------------------------------------------------------
-
-_TOO_LARGE = (b"HTTP/1.1 413 Content Too Large\r\nContent-Type: text/plain\r\nConnection: close\r\n"
-              b"Content-Length: %d\r\n\r\n%s")
-
-
-class BoundedHTTPChannel(HTTPChannel):
-    """An HTTP channel that refuses a request body over the site's ``max_body`` before buffering any of it,
-    and tells the guard when a request is unfinished (its read timeout then applies)."""
-
-    _unfinished = 0
-    _body = 0
-    _refused = False
-
-    def unfinished_request(self) -> int:
-        return self._unfinished
-
-    def dataReceived(self, data: bytes) -> None:
-        if self._refused:
-            return
-        self._unfinished += len(data)
-        super().dataReceived(data)
-
-    def allHeadersReceived(self) -> None:
-        limit = getattr(self.site, "max_body", None)
-        if limit is not None and self.length is not None and self.length > limit:
-            self._refuse(f"Content-Length {self.length}")
-            return
-        self._body = 0
-        super().allHeadersReceived()
-
-    def rawDataReceived(self, data: bytes) -> None:
-        limit = getattr(self.site, "max_body", None)
-        self._body += len(data)
-        if limit is not None and self._body > limit + 64 * KiB and self.length is None:  # chunked, framing slack
-            self._refuse(f"a chunked body over {limit} bytes")
-            return
-        super().rawDataReceived(data)
-
-    def allContentReceived(self) -> None:
-        self._unfinished = 0
-        super().allContentReceived()
-
-    def _refuse(self, what: str) -> None:
-        self._refused = True
-        self._unfinished = 0
-        limit = self.site.max_body
-        text = f"request body too large: at most {limit} bytes (maxHttpBodyBytes)\n".encode()
-        warn_peer(self, "body", "refusing an HTTP request from {peer}: {what} exceeds maxHttpBodyBytes {limit}",
-                  peer=getattr(self.transport, "peer_host", "?"), what=what, limit=limit)
-        self.transport.write(_TOO_LARGE % (len(text), text))
-        self.transport.loseConnection()
-
-    def timeoutConnection(self) -> None:  # the guard's timeouts apply, with a line; Twisted's are off
-        self.transport.loseConnection()
-
-
-class BoundedSite(Site):
-    """A ``Site`` for a guarded listener: :class:`BoundedHTTPChannel` channels, no access log, no
-    Twisted idle timeout (the listener's guard has the timeouts)."""
-
-    protocol = BoundedHTTPChannel
-    noisy = False
-
-    def __init__(self, resource: Any, max_body: int = 64 * KiB, **kw: Any):
-        kw.setdefault("timeout", None)
-        super().__init__(resource, **kw)
-        self.max_body = max_body
-
-    def log(self, request: Any) -> None:
-        pass
-
-
-__all__ = ["BoundedHTTPChannel", "BoundedSite", "ConnectionClock", "FdBudget", "GuardedFactory", "GuardedProtocol",
+__all__ = ["TLS_AT_PLAIN_PORT", "ConnectionClock", "FdBudget", "GuardedFactory", "GuardedProtocol",
            "ListenerGuard", "ListenerLimits", "connection_verdict", "fd_refusal", "read_deadline",
-           "tls_failure_reason", "warn_peer"]
+           "tls_failure_reason", "tls_hello", "warn_peer"]

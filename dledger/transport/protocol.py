@@ -33,11 +33,13 @@ from dledger.security import secret as auth_secret
 from dledger.transport import remoting
 from dledger.transport.base import failure_response
 from dledger.transport.limits import (
+    TLS_AT_PLAIN_PORT,
     BufferBudget,
     ConnectionLimits,
     admission_refusal,
     idle_deadline,
     over_connection_cap,
+    tls_hello,
 )
 from dledger.transport.remoting import (
     REMOTING_SUCCESS,
@@ -372,8 +374,9 @@ class RemotingProtocol(Protocol):
                 if self._closing:
                     break
         except FrameError as exc:
+            why = TLS_AT_PLAIN_PORT if not framed and tls_hello(data) else exc
             self._warn(("bad frame", self.peer_host), "closing connection from {peer}: {error}", peer=self.peer,
-                       error=exc)
+                       error=why)
             self._abandon()
         except Exception:
             self.log.failure("closing connection from {peer}: unexpected error while reading", peer=self.peer)

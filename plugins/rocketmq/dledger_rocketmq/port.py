@@ -41,7 +41,7 @@ from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
-from dledger.transport.listener import ListenerGuard, ListenerLimits, warn_peer
+from dledger.transport.listener import TLS_AT_PLAIN_PORT, ListenerGuard, ListenerLimits, tls_hello, warn_peer
 from dledger.transport.remoting import (
     FLAG_RESPONSE,
     SERIALIZE_JSON,
@@ -527,7 +527,8 @@ class BrokerPortProtocol(protocol.Protocol):
                 self.port.handle(self, frame.header, frame.body)
         except FrameError as exc:
             # Rate-limited per port and address (dledger's connection guard): a flood of bad frames is a few lines.
-            warn_peer(self, "bad frame", "closing connection from {peer}: {exc}", peer=str(self.born_host), exc=exc)
+            why = TLS_AT_PLAIN_PORT if tls_hello(data) else exc
+            warn_peer(self, "bad frame", "closing connection from {peer}: {exc}", peer=str(self.born_host), exc=why)
             self.closed = True
             self.transport.loseConnection()
 
