@@ -178,13 +178,15 @@ class Recorder(Protocol):
     """An inner protocol that says it has an unfinished request while the last byte was not a newline."""
 
     def __init__(self):
-        self.data, self.lost = b"", None
+        self.data, self.lost, self.paused = b"", None, False
 
     def dataReceived(self, data):
         self.data += data
 
     def unfinished_request(self):
-        return 0 if not self.data or self.data.endswith(b"\n") else len(self.data.rsplit(b"\n", 1)[-1])
+        if self.paused or not self.data or self.data.endswith(b"\n"):
+            return 0
+        return len(self.data.rsplit(b"\n", 1)[-1])
 
     def connectionLost(self, reason=None):
         self.lost = reason
@@ -283,6 +285,16 @@ def test_slow_loris_is_closed_after_the_read_timeout(clock, lines):
     assert t.disconnecting
     assert guard.stats.closed == {"slow": 1}
     assert [text(e) for e in lines if "not complete" in text(e)]
+
+
+def test_a_request_we_stopped_reading_is_not_slow(clock):
+    """While the protocol itself stops reading (back-pressure), its unfinished request is not timed against the peer."""
+    guard, factory = guarded(clock)
+    proto, t = connect(factory)
+    proto.dataReceived(b"half a request")
+    proto.wrappedProtocol.paused = True  # back-pressure: the protocol reports nothing unfinished
+    clock.advance(LIMITS.read_timeout * 3)
+    assert not t.disconnecting and guard.stats.closed == {}
 
 
 def test_a_fast_client_is_never_closed_and_idle_ones_are(clock):

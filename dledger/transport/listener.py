@@ -532,9 +532,15 @@ class GuardedProtocol(ProtocolWrapper):
         if self.disconnecting or not self.connected:
             return
         now = self.listener.clock.seconds()
+        c = self._clock
         if self._wrote:  # bytes went out since the last look: not idle
             self._wrote = False
-            self._clock.last_activity = now
+            c.last_activity = now
+        if c.reading_since is not None and self._progress is not None and not self._progress():
+            # The request is no longer unfinished from the peer's side: complete, or the protocol stopped
+            # reading (back-pressure is our delay, not a slow sender).  Its clock starts again with new bytes.
+            c.reading_since = None
+            c.last_activity = max(c.last_activity, now)
         self._schedule(now)
 
     def _close(self, why: str) -> None:

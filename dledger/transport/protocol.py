@@ -168,7 +168,12 @@ class RemotingProtocol(Protocol):
         return self._splitter.buffered
 
     def unfinished_request(self) -> int:
-        """Bytes the frame now arriving will have, 0 if none is unfinished (a listener's read timeout)."""
+        """Bytes the frame now arriving will have, 0 if none is unfinished (a listener's read timeout).
+
+        0 as well while this connection does not read (``pauseProducing`` for back-pressure): the wait is ours.
+        """
+        if self._budget_paused or self._paused:
+            return 0
         return self._splitter.unfinished
 
     def connectionMade(self) -> None:
