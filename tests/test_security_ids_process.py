@@ -13,6 +13,7 @@ from test_security_process import attackers, secured_group
 
 from dledger import messages
 from dledger.codes import ResponseCode
+from dledger.errors import DLedgerError
 from dledger.launcher import durable_store
 
 STORE = durable_store()
@@ -60,8 +61,20 @@ async def test_a_member_cannot_move_leadership_in_another_members_name(tmp_path,
         lines = [x for mid in group.ids for x in group.log_lines(mid, "refused a request from")]
         assert any("request code 51005 refused" in x for x in lines), lines  # rate-limited: one per address and code
 
-        resp = await admin.transfer(victim)  # admin -> leader -> transferee (leader speaking for itself)
-        assert resp.response_code is ResponseCode.SUCCESS
+        # admin -> leader -> transferee (the leader speaking for itself).  A transfer may fail on a loaded machine
+        # (the transferee's vote round, the catch-up wait): a few bounded attempts, but never NOT_AUTHORIZED.
+        failures = []
+        for _ in range(3):
+            try:
+                resp = await admin.transfer(victim)
+                assert resp.response_code is ResponseCode.SUCCESS
+                break
+            except DLedgerError as exc:
+                assert exc.code is not ResponseCode.NOT_AUTHORIZED, exc
+                failures.append(exc)
+                await group.wait_for_leader(admin, 15)
+        else:
+            raise AssertionError(f"the admin's transfer failed three times: {failures}")
         moved = await group.wait_for_leader(admin, 15)
         assert moved.leader_id == victim
         await impostor_client.close()
