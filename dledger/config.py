@@ -138,6 +138,10 @@ class DLedgerConfig:
     connection_idle_timeout_ms: int = 120000  # dledger: close a connection with no complete frame for this long
     max_buffered_bytes_per_connection: int = 17 * MiB  # dledger: unfinished-frame bytes per connection
     max_buffered_bytes_total: int = 64 * MiB  # dledger: unfinished-frame bytes across connections; reading pauses
+    connection_handshake_timeout_ms: int = 10000  # dledger: every port: a TLS handshake must finish within this
+    request_read_timeout_ms: int = 10000  # dledger: every port: a request must arrive within this of its first byte
+    max_http_body_bytes: int = 64 * 1024  # dledger: metrics/status port: larger request bodies are refused (413)
+    fd_reserve: int = 64  # dledger: file descriptors no listener may take (stores, peer links, logs)
     # security (issue #13, docs/security.md)
     auth_mode: str = "none"  # dledger: none (Java's behaviour), tls (mutual TLS) or secret (group secret HMAC)
     tls_cert: str = ""  # dledger: this member's certificate (PEM); set: the port and peer links speak TLS
@@ -414,7 +418,8 @@ def _check_sizes(cfg: DLedgerConfig) -> None:
 def _validate_connection_limits(cfg: DLedgerConfig) -> None:
     """The transport's resource limits (issue #9, item 14): positive, and consistent with maxFrameSize."""
     for n in ("max_connections", "max_connections_per_address", "connection_idle_timeout_ms",
-              "max_buffered_bytes_per_connection", "max_buffered_bytes_total"):
+              "max_buffered_bytes_per_connection", "max_buffered_bytes_total", "connection_handshake_timeout_ms",
+              "request_read_timeout_ms", "max_http_body_bytes", "fd_reserve"):
         if getattr(cfg, n) <= 0:
             raise ConfigError(f"{_camel(n)}: must be > 0, got {getattr(cfg, n)}")
     if cfg.max_connections_per_address > cfg.max_connections:

@@ -194,6 +194,17 @@ class IBatchRequestHandler(IRequestHandler):
         """
 
 
+class ILeaderAware(Interface):
+    """A request handler that knows which member leads now (optional).
+
+    The remoting connection's id check asks it: a LEADERSHIP_TRANSFER from a member is accepted only from
+    the leader this member follows, speaking for itself (docs/security.md).
+    """
+
+    def current_leader():
+        """The id of the leader this member follows (itself when it leads), or None."""
+
+
 class ITransport(Interface):
     """Moves requests between members and from clients.
 

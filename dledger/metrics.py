@@ -29,7 +29,6 @@ from prometheus_client.core import CollectorRegistry, CounterMetricFamily, Gauge
 from prometheus_client.utils import floatToGoString
 from twisted.application import service
 from twisted.internet.defer import Deferred, maybeDeferred
-from twisted.internet.endpoints import serverFromString
 from twisted.internet.threads import blockingCallFromThread
 from twisted.logger import Logger, LogLevel
 from twisted.python.threadable import isInIOThread
@@ -230,14 +229,24 @@ class QuietSite(Site):
 
 
 class MetricsService(service.Service):
-    """Serves ``registry`` as Prometheus text on a server endpoint string (``tcp:9108:interface=127.0.0.1``)."""
+    """Serves ``registry`` as Prometheus text on a server endpoint string (``tcp:9108:interface=127.0.0.1``).
+
+    The port goes through the process's connection guard (:mod:`dledger.transport.listener`): at most
+    ``limits.max_connections`` connections, the idle and read timeouts, request bodies over
+    ``limits.max_body`` refused before they are buffered, and the descriptor budget shared with every
+    other port -- so a flood of scrapers cannot take the descriptors the store needs.
+    """
 
     name = "dledger-metrics"
 
-    def __init__(self, endpoint: str, registry: CollectorRegistry, reactor: Any):
+    def __init__(self, endpoint: str, registry: CollectorRegistry, reactor: Any, limits: Any = None):
+        from dledger.transport.listener import ListenerLimits
+
         self.endpoint = endpoint
         self.registry = registry
         self.reactor = reactor
+        self.limits = limits if limits is not None else ListenerLimits().for_http()
+        self.guard: Any = None
         self.port = None
         #: Fires with the listening port once bound, or fails (the member service waits on it).
         self.listening: Deferred = Deferred()
@@ -245,10 +254,13 @@ class MetricsService(service.Service):
     def startService(self) -> None:
         from prometheus_client.twisted import MetricsResource
 
+        from dledger.transport.bounded_http import BoundedSite
+        from dledger.transport.listener import ListenerGuard
+
         super().startService()
-        site = QuietSite(MetricsResource(registry=self.registry))
-        site.noisy = False
-        d = maybeDeferred(lambda: serverFromString(self.reactor, self.endpoint).listen(site))
+        site = BoundedSite(MetricsResource(registry=self.registry), max_body=self.limits.max_body)
+        self.guard = ListenerGuard("metrics port", self.limits, self.reactor)
+        d = maybeDeferred(self.guard.listen, self.reactor, self.endpoint, site)
 
         def bound(port: Any) -> Any:
             self.port = port
@@ -265,6 +277,8 @@ class MetricsService(service.Service):
 
     def stopService(self) -> Deferred | None:
         super().stopService()
+        if self.guard is not None:
+            self.guard.stop()
         port, self.port = self.port, None
         if port is not None:
             return maybeDeferred(port.stopListening)

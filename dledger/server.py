@@ -24,7 +24,7 @@ from dledger.election.elector import LeaderElector
 from dledger.election.state import MemberState
 from dledger.entry import Entry, without_noops
 from dledger.errors import DLedgerError
-from dledger.interfaces import IBatchRequestHandler
+from dledger.interfaces import IBatchRequestHandler, ILeaderAware
 from dledger.leader_ready import LeaderReady
 from dledger.messages import (
     AppendEntryRequest,
@@ -56,7 +56,7 @@ log = Logger()
 GET_MAX_BYTES = 4 * 1024 * 1024
 
 
-@implementer(IBatchRequestHandler)
+@implementer(IBatchRequestHandler, ILeaderAware)
 class DLedgerServer:
     """One member of a group."""
 
@@ -318,6 +318,10 @@ class DLedgerServer:
                                leader_id=self.state.leader_id)
 
     # -- client API -------------------------------------------------------------------------
+    def current_leader(self) -> str | None:
+        """The leader this member follows now (ILeaderAware: the connection's id check for LEADERSHIP_TRANSFER)."""
+        return self.state.leader_id
+
     def leads(self) -> bool:
         """This member leads and its replicator runs: it may append, transfer, and answer reads as leader."""
         return self.state.role is Role.LEADER and self.replicator is not None

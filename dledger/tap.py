@@ -362,7 +362,15 @@ class MemberService(service.Service):
         return "; ".join(parts)
 
     def _ready(self, _results: Any) -> None:
+        from dledger.security.guard import open_port_warning
+
         log.info("{summary}", summary=self.summary())
+        where = getattr(self.server.transport, "listening_address", None)
+        address = f"{where.host}:{where.port}" if where is not None else (self.config.listen or
+                                                                           self.config.self_peer.address)
+        warning = open_port_warning(self.config, address)
+        if warning is not None:
+            log.warn("dledger {id}: {warning}", id=self.config.self_id, warning=warning)
         self.ready.callback(self)
 
     def _start_failed(self, failure: Any) -> None:
@@ -436,9 +444,12 @@ def makeService(options: Options) -> service.MultiService:
     member = MemberService(config, reactor)
     if options["metrics"]:
         from dledger.metrics import MetricsService, make_registry
+        from dledger.transport.listener import FdBudget, ListenerLimits
 
         registry = make_registry(lambda: member.server, reactor, config.group, config.self_id)
-        member.metrics = MetricsService(options["metrics"], registry, reactor)
+        FdBudget.shared().reserve_at_least(config.fd_reserve)
+        member.metrics = MetricsService(options["metrics"], registry, reactor,
+                                        ListenerLimits.from_config(config).for_http())
         member.metrics.setServiceParent(top)
     member.setServiceParent(top)
     return top

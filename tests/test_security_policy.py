@@ -7,7 +7,7 @@ from dledger.codes import RequestCode
 from dledger.config import make_config
 from dledger.errors import ConfigError
 from dledger.security import policy, secret
-from dledger.security.policy import Identity, Verdict, claim_mismatch, decide, decide_request, identity_from_subject
+from dledger.security.policy import Identity, Verdict, decide, decide_request, identity_from_subject
 
 MEMBER = Identity.member("n1")
 READ, WRITE, ADMIN = Identity.client("r", "read"), Identity.client("w", "write"), Identity.client("a", "admin")
@@ -49,26 +49,61 @@ def test_every_request_code_has_a_permission():
     assert set(policy.REQUIRED) == set(C)
 
 
-CLAIMS = [  # (code, leaderId, localId, authenticated member, refused?)
-    (C.VOTE, "n1", "n1", "n1", False), (C.VOTE, "n2", "n1", "n1", True), (C.VOTE, "n1", "n2", "n1", True),
-    (C.PUSH, "n1", None, "n1", False), (C.PUSH, None, "n1", "n1", False), (C.PUSH, None, None, "n1", True),
-    (C.HEART_BEAT, "n0", "n0", "n1", True), (C.PUSH, "n0", "n0", "n1", True),
-    (C.LEADERSHIP_TRANSFER, "n0", "n0", "n1", False),  # a member forwards a client's transfer
-    (C.METADATA, None, None, "n1", False), (C.APPEND, "x", "y", "n1", False),
+IDS = [  # (code, ids the request names, identity, current leader, refused?)
+    (C.VOTE, dict(leader_id="n1", local_id="n1"), MEMBER, None, False),
+    (C.VOTE, dict(leader_id="n2", local_id="n1"), MEMBER, None, True),
+    (C.VOTE, dict(leader_id="n1", local_id="n2"), MEMBER, None, True),
+    (C.PUSH, dict(leader_id="n1"), MEMBER, None, False), (C.PUSH, dict(local_id="n1"), MEMBER, None, False),
+    (C.PUSH, {}, MEMBER, None, True),
+    (C.HEART_BEAT, dict(leader_id="n0", local_id="n0"), MEMBER, "n0", True),
+    (C.PUSH, dict(leader_id="n0", local_id="n0"), MEMBER, "n0", True),
+    (C.PULL, dict(local_id="n1"), MEMBER, None, False), (C.INSTALL_SNAPSHOT, dict(local_id="n0"), MEMBER, None, True),
+    (52000, dict(local_id="n1"), MEMBER, None, False), (52000, {}, MEMBER, None, True),
+    # LEADERSHIP_TRANSFER: the leader asking the transferee in its own name ...
+    (C.LEADERSHIP_TRANSFER, dict(leader_id="n1", local_id="n1", transfer_id="n1", transferee_id="n0"), MEMBER, "n1",
+     False),
+    # ... but not a member that is not the leader, nor one speaking for the leader (issue #21: n2 moved n1 -> n0)
+    (C.LEADERSHIP_TRANSFER, dict(leader_id="n1", local_id="n1", transfer_id="n1", transferee_id="n0"), MEMBER, "n0",
+     True),
+    (C.LEADERSHIP_TRANSFER, dict(leader_id="n0", local_id="n0", transfer_id="n0", transferee_id="n2"), MEMBER, "n0",
+     True),
+    (C.LEADERSHIP_TRANSFER, dict(transfer_id="n0", transferee_id="n2"), MEMBER, "n0", True),
+    (C.LEADERSHIP_TRANSFER, dict(leader_id="n1", local_id="n1", transfer_id="n0"), MEMBER, "n1", True),
+    (C.LEADERSHIP_TRANSFER, dict(leader_id="n1", transfer_id="n1", transferee_id="n2"), MEMBER, None, True),
+    # an admin client asks the leader; it speaks for no member
+    (C.LEADERSHIP_TRANSFER, dict(transfer_id="n0", transferee_id="n2"), ADMIN, "n1", False),
+    (C.LEADERSHIP_TRANSFER, dict(leader_id="n0", transfer_id="n0", transferee_id="n2"), ADMIN, "n0", True),
+    (C.METADATA, {}, MEMBER, None, False), (C.APPEND, dict(remote_id="n0", group="g9"), MEMBER, None, False),
+    (C.APPEND, dict(local_id="n2"), MEMBER, None, True), (C.APPEND, dict(local_id="n0"), WRITE, None, True),
+    (C.GET, dict(remote_id="n0"), READ, None, False), (C.METADATA, dict(leader_id="n0"), ANON_WRITE, None, True),
 ]
 
 
-@pytest.mark.parametrize("code,leader,local,member,refused", CLAIMS)
-def test_a_member_only_speaks_for_itself(code, leader, local, member, refused):
-    """A member-to-member request must name the authenticated member as leaderId/localId."""
-    assert (claim_mismatch(code, leader, local, member) is not None) is refused
-    assert decide_request("tls", code, Identity.member(member), leader, local).allowed is not refused
+@pytest.mark.parametrize("code,ids,identity,leader,refused", IDS)
+def test_every_id_is_checked_against_the_identity(code, ids, identity, leader, refused):
+    """A member names only itself; a client names no member; a member moves leadership only as the current leader."""
+    assert (policy.id_refusal(code, ids, identity, leader) is not None) is refused
+    assert decide_request("tls", code, identity, ids, leader).allowed is not refused
 
 
-def test_claims_are_not_checked_for_clients_or_without_auth():
-    """Clients are refused member codes by role; authMode=none checks nothing."""
-    assert decide_request("none", C.PUSH, ANON, "n0", "n0").allowed
-    assert not decide_request("tls", C.PUSH, ADMIN, "n0", "n0").allowed
+def test_every_request_code_has_an_id_rule_covering_every_id_field():
+    """A new request code, or a new ``*_id`` field of a request, fails here until its row says how it is checked."""
+    import dataclasses
+
+    from dledger import messages
+
+    assert set(policy.ID_RULES) == set(C)
+    for code, (cls, _) in messages.RPCS.items():
+        names = {f.name for f in dataclasses.fields(cls) if f.name.endswith("_id") or f.name == "group"}
+        assert names == set(policy.ID_RULES[code].fields), (code.name, names ^ set(policy.ID_RULES[code].fields))
+    for rule in policy.ID_RULES.values():
+        assert all(why for why in rule.free.values())
+
+
+def test_ids_are_not_checked_without_auth_and_roles_come_first():
+    """authMode=none checks nothing; a client is refused member codes by role before any id is looked at."""
+    assert decide_request("none", C.PUSH, ANON, {"leader_id": "n0"}).allowed
+    assert "member-only" in decide_request("tls", C.PUSH, ADMIN, {"leader_id": "n0"}).reason
 
 
 GROUP, MEMBERS, ROLES = "g0", {"n0", "n1", "n2"}, {"app1": "write", "ops": "admin"}

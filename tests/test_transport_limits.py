@@ -367,7 +367,7 @@ async def test_limits_on_a_real_port(reactor):
             s = socket.create_connection(address, timeout=2)
             s.setblocking(False)
             socks.append(s)
-        await wait_until(reactor, lambda: server.server_factory.refused == 2
+        await wait_until(reactor, lambda: server.listener_guard.refused == 2
                          and len(server.server_factory.connections) == 6)
         await wait_until(reactor, lambda: sum(closed_by_peer(s) for s in socks) == 2)
         socks[0].send(announce(1000) + b"partial")  # an unfinished frame

@@ -158,7 +158,10 @@ async def run_command(reactor, action, args, out: TextIO | None = None, err: Tex
     except (CancelledError, DeferredTimeout):
         return report_error(args, out, err, ResponseCode.TIMEOUT, f"no answer within {args.timeout:g}s", 1)
     except DLedgerError as exc:
-        return report_error(args, out, err, exc.code, explain(exc, args), 1)
+        message = explain(exc, args)
+        if exc.code in (ResponseCode.NETWORK_ERROR, ResponseCode.TIMEOUT):
+            message = await tls_hint(reactor, client, credentials) or message
+        return report_error(args, out, err, exc.code, message, 1)
     except BrokenPipeError:
         from dledger.cli import silence_stdout
 
@@ -166,6 +169,24 @@ async def run_command(reactor, action, args, out: TextIO | None = None, err: Tex
         return EXIT_BROKEN_PIPE
     finally:
         await client.close()
+
+
+async def tls_hint(reactor, client, credentials, addresses: list[str] | None = None) -> str | None:
+    """A connection failed: did we speak plaintext to a TLS port, or TLS to a plaintext one?  One line, or None.
+
+    ``addresses``: the ports to ask (default: every member's).
+    """
+    from twisted.internet.threads import deferToThread
+
+    from dledger.transport.probe import tls_mismatch
+
+    if addresses is None:
+        addresses = list(getattr(client.transport, "members", {}).values())
+    using_tls = credentials is not None and credentials.tls_options is not None
+    try:
+        return await deferToThread(tls_mismatch, addresses, using_tls)
+    except Exception:  # a hint is a bonus: never let it hide the real error
+        return None
 
 
 def report_error(args, out: TextIO, err: TextIO, code: ResponseCode | None, message: str, status: int) -> int:
@@ -344,11 +365,15 @@ async def do_metadata(client, args, out) -> int:
 
     members = [args.member] if args.member else client.members
     answers: dict[str, Any] = {}
+    credentials = getattr(getattr(client.transport, "remoting", None), "credentials", None)
     for mid in members:
         try:
             answers[mid] = await ask(mid)
         except DLedgerError as exc:
-            answers[mid] = exc
+            hint = None
+            if exc.code in (ResponseCode.NETWORK_ERROR, ResponseCode.TIMEOUT):
+                hint = await tls_hint(None, client, credentials, [client.transport.members[mid]])
+            answers[mid] = DLedgerError(exc.code, hint) if hint else exc
     if args.member:
         resp = answers[args.member]
         if isinstance(resp, DLedgerError):

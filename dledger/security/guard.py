@@ -25,10 +25,23 @@ def _one_line(exc: Exception) -> ConfigError:
 
 
 def security_label(config: Any) -> str:
-    """`` (TLS, authMode=tls)`` for the start-up line; empty for a plain port without authentication."""
-    parts = (["TLS"] if config.tls_cert else []) + ([f"authMode={config.auth_mode}"]
-                                                   if config.auth_mode != "none" else [])
-    return f" ({', '.join(parts)})" if parts else ""
+    """`` (TLS, authMode=tls)`` for the start-up line; `` (authMode=none)`` for a plain port without
+    authentication: the line always says whether anyone can send anything (issue #21)."""
+    parts = (["TLS"] if config.tls_cert else []) + [f"authMode={config.auth_mode}"]
+    return f" ({', '.join(parts)})"
+
+
+def open_port_warning(config: Any, address: str) -> str | None:
+    """The one warning line a member with ``authMode = none`` logs at start (None with authentication on).
+
+    Why: ``none`` is the default (Java DLedger's behaviour), and a group started without a word about it
+    lets anyone who can reach the port erase the log.  The line says so and how to turn authentication on.
+    """
+    if config.auth_mode != "none" or config.transport_type != "tcp":
+        return None
+    return (f"authMode is none: anyone who can reach {address} can erase or rewrite this member's log, force "
+            "elections and move leadership. Turn authentication on with authMode = \"tls\" (certificates from "
+            "'dledger certs init') or authMode = \"secret\" (a group secret) on every member; see docs/security.md")
 
 
 def load_clients(path: str) -> dict[str, secret.ClientEntry]:

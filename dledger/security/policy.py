@@ -3,7 +3,9 @@
 Every function here is pure (no I/O, no clock) and table-tested in tests/test_security_policy.py.
 The remoting protocol (:mod:`dledger.transport.protocol`) asks :func:`decide` about every request
 before the member's handler sees it -- the one place -- so a request code added later is covered
-by default: a code this table does not know needs the ``member`` permission.
+by default: a code this table does not know needs the ``member`` permission.  Once a request is decoded,
+:func:`decide_request` checks every id it names against the authenticated identity (:data:`ID_RULES`, one
+row per request code).
 """
 
 from __future__ import annotations
@@ -40,10 +42,6 @@ REQUIRED: dict[int, Permission] = {
     RequestCode.PUSH: Permission.MEMBER,
     RequestCode.INSTALL_SNAPSHOT: Permission.MEMBER,
 }
-
-#: Member-to-member codes whose ``leaderId``/``localId`` must name the authenticated member.
-CLAIMS_CHECKED = frozenset({RequestCode.VOTE, RequestCode.HEART_BEAT, RequestCode.PULL, RequestCode.PUSH,
-                            RequestCode.INSTALL_SNAPSHOT})
 
 _GRANTS: dict[str, frozenset[Permission]] = {
     "none": frozenset(),
@@ -113,21 +111,97 @@ class Decision:
 ALLOW = Decision(Verdict.ALLOW)
 
 
-def claim_mismatch(code: int, leader_id: str | None, local_id: str | None, member: str) -> str | None:
-    """Why a member-to-member request claiming ``leaderId``/``localId`` may not come from ``member``; None if it may.
+@dataclass(frozen=True)
+class IdRule:
+    """How the id fields of one request code are checked against the connection's authenticated identity.
 
-    A member can only speak for itself: a certificate for n1 cannot carry a VOTE for candidate n2 or a
-    PUSH from leader n2.  A member-to-member request that names no member at all is refused too.
+    ``sender``: fields that say who sends (``leader_id``, ``local_id``): a member must name itself there, a
+    client names no member (they must be empty).  ``member_self``: more fields a *member* must fill with its
+    own id (a transfer's ``transfer_id``).  ``needs_sender``: a member must name itself in at least one sender
+    field.  ``leader_only``: a member may send it only while the receiving member follows it (the current
+    leader, speaking for itself).  ``free``: the other id fields, each with why it is no claim about the sender.
     """
-    if code not in CLAIMS_CHECKED:
+
+    sender: tuple[str, ...] = ("leader_id", "local_id")
+    member_self: tuple[str, ...] = ()
+    needs_sender: bool = False
+    leader_only: bool = False
+    free: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """Every id field this row covers."""
+        return (*self.sender, *self.member_self, *self.free)
+
+
+_RECEIVER = "names the receiving member; a request for another member is answered by the member itself"
+_GROUP = "names the group; a request for another group is answered UNKNOWN_GROUP by the member"
+_CLIENT_CODE = {"remote_id": _RECEIVER, "group": _GROUP}
+_MEMBER_CODE = dict(needs_sender=True, free={"remote_id": _RECEIVER, "group": _GROUP})
+
+#: Request code -> how its id fields are checked (issue #21 item 3).  Every :class:`RequestCode` has a row
+#: (tests/test_security_policy.py fails for a code without one, and for an id field of a request class that
+#: its row does not name); a code that is not in the table is refused to every identity but the member
+#: naming itself (:data:`DEFAULT_ID_RULE`).
+ID_RULES: dict[int, IdRule] = {
+    RequestCode.METADATA: IdRule(free=_CLIENT_CODE),
+    RequestCode.APPEND: IdRule(free=_CLIENT_CODE),
+    RequestCode.GET: IdRule(free=_CLIENT_CODE),
+    RequestCode.VOTE: IdRule(**_MEMBER_CODE),
+    RequestCode.HEART_BEAT: IdRule(**_MEMBER_CODE),
+    RequestCode.PULL: IdRule(**_MEMBER_CODE),
+    RequestCode.PUSH: IdRule(**_MEMBER_CODE),
+    RequestCode.INSTALL_SNAPSHOT: IdRule(**_MEMBER_CODE),
+    # An admin client asks the leader (transferId = the leader, no sender); the leader then asks the transferee
+    # in its own name (leaderId = localId = transferId = itself).  No other member may move leadership.
+    RequestCode.LEADERSHIP_TRANSFER: IdRule(member_self=("transfer_id",), needs_sender=True, leader_only=True,
+                                            free={"transferee_id": "whom leadership goes to: the admin's or the "
+                                                  "leader's choice, checked by the leader (a member, caught up)",
+                                                  "remote_id": _RECEIVER, "group": _GROUP}),
+}
+DEFAULT_ID_RULE = IdRule(**_MEMBER_CODE)
+
+
+def id_rule(code: int) -> IdRule:
+    """The row of :data:`ID_RULES` for ``code`` (:data:`DEFAULT_ID_RULE` for a code it does not list)."""
+    return ID_RULES.get(code, DEFAULT_ID_RULE)
+
+
+def request_ids(code: int, request: object) -> dict[str, str | None]:
+    """The id fields of a decoded request that :func:`id_refusal` checks (missing attributes read as None)."""
+    return {name: getattr(request, name, None) for name in id_rule(code).fields}
+
+
+def id_refusal(code: int, ids: dict[str, str | None], identity: Identity,
+               current_leader: str | None = None) -> str | None:
+    """Why a request carrying ``ids`` may not come from ``identity``; None if every id it names is its own.
+
+    ``current_leader`` is the member the receiving member follows now (LEADERSHIP_TRANSFER from a member
+    needs it).  Only authenticated connections are asked (``authMode`` tls or secret).
+    """
+    rule = id_rule(code)
+    claimed = {f: ids.get(f) for f in rule.sender if ids.get(f) is not None}
+    if identity.kind != "member":
+        if claimed:
+            f, v = next(iter(claimed.items()))
+            return f"{identity} claims to be member {v!r} ({_json_name(f)}); only a member speaks for itself"
         return None
-    claimed = [c for c in (leader_id, local_id) if c is not None]
-    if not claimed:
-        return "it names no member (leaderId and localId are empty)"
-    for c in claimed:
-        if c != member:
-            return f"it claims to come from {c!r} but the connection is authenticated as member {member!r}"
+    member = identity.name
+    for f, v in {**claimed, **{f: ids.get(f) for f in rule.member_self}}.items():
+        if v != member:
+            return (f"it claims to come from {v!r} ({_json_name(f)}) but the connection is authenticated as "
+                    f"member {member!r}")
+    if rule.needs_sender and not claimed:
+        return f"it names no member ({' and '.join(_json_name(f) for f in rule.sender)} are empty)"
+    if rule.leader_only and current_leader != member:
+        return (f"member {member!r} is not the leader this member follows ({current_leader or 'none'}); only "
+                "the current leader or an admin client may move leadership")
     return None
+
+
+def _json_name(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.title() for p in rest)
 
 
 def decide(auth_mode: str, code: int, identity: Identity) -> Decision:
@@ -149,14 +223,13 @@ def decide(auth_mode: str, code: int, identity: Identity) -> Decision:
     return ALLOW
 
 
-def decide_request(auth_mode: str, code: int, identity: Identity, leader_id: str | None,
-                   local_id: str | None) -> Decision:
-    """:func:`decide`, then (once decoded) a member's claims: a member-to-member request must name the
-    authenticated member itself (:func:`claim_mismatch`)."""
+def decide_request(auth_mode: str, code: int, identity: Identity, ids: dict[str, str | None],
+                   current_leader: str | None = None) -> Decision:
+    """:func:`decide`, then (once decoded) every id the request names (:func:`id_refusal`, :data:`ID_RULES`)."""
     decision = decide(auth_mode, code, identity)
-    if decision.verdict is not Verdict.ALLOW or auth_mode == "none" or identity.kind != "member":
+    if decision.verdict is not Verdict.ALLOW or auth_mode == "none":
         return decision
-    why = claim_mismatch(code, leader_id, local_id, identity.name)
+    why = id_refusal(code, ids, identity, current_leader)
     if why is not None:
         return Decision(Verdict.DENY, f"request code {code} refused: {why}")
     return ALLOW

@@ -77,11 +77,53 @@ def load_private_certificate(cert_path: str, key_path: str) -> tuple[Any, Any]:
 
 
 def server_options(private: tuple[Any, Any], cas: list[Any]) -> Any:
-    """Context options of a serving port: our certificate; client certificates asked for, verified, optional."""
+    """Context options of a serving port: our certificate; client certificates asked for, verified, optional.
+
+    The context records why a client certificate failed verification (:func:`verify_error_of`), so a
+    refused handshake is logged as "expired" or "unknown CA", not only as OpenSSL's "certificate verify failed".
+    """
     ssl = _ssl()
     cert, key = private
-    return ssl.CertificateOptions(privateKey=key, certificate=cert, verify=True, caCerts=cas,
-                                  requireCertificate=False, raiseMinimumTo=ssl.TLSVersion.TLSv1_2)
+
+    class _RecordingOptions(ssl.CertificateOptions):
+        def getContext(self) -> Any:
+            ctx = super().getContext()
+            if not getattr(self, "_dledger_recording", False):
+                self._dledger_recording = True
+                ctx.set_verify(ctx.get_verify_mode(), _record_verify_error)
+            return ctx
+
+    return _RecordingOptions(privateKey=key, certificate=cert, verify=True, caCerts=cas,
+                             requireCertificate=False, raiseMinimumTo=ssl.TLSVersion.TLSv1_2)
+
+
+_VERIFY_ERRORS: Any = None  # weak map: OpenSSL Connection -> the first X.509 error of its peer's chain
+
+
+def _record_verify_error(conn: Any, cert: Any, errno: int, depth: int, ok: int) -> bool:
+    global _VERIFY_ERRORS
+    if not ok and errno:
+        if _VERIFY_ERRORS is None:
+            import weakref
+
+            _VERIFY_ERRORS = weakref.WeakKeyDictionary()
+        try:
+            _VERIFY_ERRORS.setdefault(conn, errno)
+        except TypeError:
+            pass
+    return bool(ok)
+
+
+def verify_error_of(transport: Any) -> int | None:
+    """The X.509 verification error (OpenSSL's number, e.g. 10 = expired) of the peer certificate a TLS
+    transport refused, or None (no TLS, nothing refused, or a context that does not record it)."""
+    get = getattr(transport, "getHandle", None)
+    if _VERIFY_ERRORS is None or get is None:
+        return None
+    try:
+        return _VERIFY_ERRORS.get(get())
+    except TypeError:
+        return None
 
 
 def client_options(private: tuple[Any, Any] | None, cas: list[Any]) -> Any:

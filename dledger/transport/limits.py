@@ -244,3 +244,13 @@ def guard_accept(port: Any, clock: Any) -> AcceptGuard | None:
     guard = AcceptGuard(sock, port, clock)
     port.socket = guard
     return guard
+
+
+def tls_hello(data: bytes) -> bool:
+    """``data`` starts like a TLS ClientHello record (what a TLS client sends first to a plaintext port)."""
+    return len(data) >= 3 and data[0] == 0x16 and data[1] == 0x03 and data[2] <= 0x04
+
+
+#: What a plaintext port says about a connection that opened with a TLS ClientHello.
+TLS_AT_PLAIN_PORT = ("it opened with a TLS handshake but this port is plaintext (a client given --tls-ca, or "
+                     "a member with tlsCert, talking to a member without it)")

@@ -25,7 +25,7 @@ from zope.interface import implementer
 from dledger import messages
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
-from dledger.interfaces import IBatchRequestHandler
+from dledger.interfaces import IBatchRequestHandler, ILeaderAware
 from dledger.messages import GetEntriesResponse
 from dledger.ratelog import RateLimitedLog
 from dledger.security import policy as auth_policy
@@ -33,11 +33,13 @@ from dledger.security import secret as auth_secret
 from dledger.transport import remoting
 from dledger.transport.base import REMARKED, failure_response, refusal_error
 from dledger.transport.limits import (
+    TLS_AT_PLAIN_PORT,
     BufferBudget,
     ConnectionLimits,
     admission_refusal,
     idle_deadline,
     over_connection_cap,
+    tls_hello,
 )
 from dledger.transport.remoting import (
     REMOTING_SUCCESS,
@@ -164,6 +166,15 @@ class RemotingProtocol(Protocol):
     def buffered(self) -> int:
         """Bytes received of a frame not complete yet (what the connection budget counts)."""
         return self._splitter.buffered
+
+    def unfinished_request(self) -> int:
+        """Bytes the frame now arriving will have, 0 if none is unfinished (a listener's read timeout).
+
+        0 as well while this connection does not read (``pauseProducing`` for back-pressure): the wait is ours.
+        """
+        if self._budget_paused or self._paused:
+            return 0
+        return self._splitter.unfinished
 
     def connectionMade(self) -> None:
         set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
@@ -368,8 +379,9 @@ class RemotingProtocol(Protocol):
                 if self._closing:
                     break
         except FrameError as exc:
+            why = TLS_AT_PLAIN_PORT if not framed and tls_hello(data) else exc
             self._warn(("bad frame", self.peer_host), "closing connection from {peer}: {error}", peer=self.peer,
-                       error=exc)
+                       error=why)
             self._abandon()
         except Exception:
             self.log.failure("closing connection from {peer}: unexpected error while reading", peer=self.peer)
@@ -495,9 +507,10 @@ class RemotingProtocol(Protocol):
             self._write_reply(header, remoting.error_body(header, ResponseCode.UNSUPPORTED),
                               "this connection does not serve requests")
             return
-        if guard is not None and self.identity.kind == "member":
-            decision = auth_policy.decide_request(guard.auth_mode, header.code, self.identity, request.leader_id,
-                                                  request.local_id)
+        if guard is not None:
+            leader = self.handler.current_leader() if ILeaderAware.providedBy(self.handler) else None
+            decision = auth_policy.decide_request(guard.auth_mode, header.code, self.identity,
+                                                  auth_policy.request_ids(header.code, request), leader)
             if not decision.allowed:
                 self._refuse(header, decision.reason)
                 return
@@ -641,8 +654,10 @@ class RemotingServerFactory(Factory):
 
     def __init__(self, clock: IReactorTime, handler: Any, *, max_frame_size: int = remoting.DEFAULT_MAX_FRAME_SIZE,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, limits: ConnectionLimits | None = None,
-                 guard: Any = None):
+                 guard: Any = None, admission: bool = True):
         self.clock = clock
+        #: Refuse connections beyond the limits here (False: a ListenerGuard around this factory does it).
+        self.admission = admission
         self.handler = handler
         #: Authentication and authorisation of this port (:class:`dledger.security.guard.ServerGuard`; None: off).
         self.guard = guard if guard is not None and guard.enforcing else None
@@ -657,7 +672,7 @@ class RemotingServerFactory(Factory):
 
     def buildProtocol(self, addr: Any) -> RemotingProtocol | None:
         host = str(getattr(addr, "host", addr))
-        if self.limits is not None:
+        if self.limits is not None and self.admission:
             refusal = admission_refusal(len(self.connections), self.per_address.get(host, 0), self.limits)
             if refusal is not None:
                 self.refused += 1

@@ -309,6 +309,19 @@ class FrameSplitter:
         return len(self._buf) - self._pos
 
     @property
+    def unfinished(self) -> int:
+        """Bytes the frame now arriving will have (its length field once read); 0 when no frame is unfinished.
+
+        What a listener's read timeout needs (:mod:`dledger.transport.listener`): a large frame gets longer.
+        """
+        if self._parts is not None:
+            return self.buffered + self._missing
+        n = len(self._buf) - self._pos
+        if n >= 4:
+            return max(n, 4 + _unpack_int32(self._buf, self._pos)[0])
+        return n
+
+    @property
     def collecting(self) -> bool:
         """True while a large frame is arriving (its chunks are kept as they came, joined once it is complete)."""
         return self._parts is not None

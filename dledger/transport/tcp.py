@@ -29,9 +29,9 @@ from dledger.interfaces import ITransport
 from dledger.messages import PushEntryRequest, RequestOrResponse
 from dledger.plugin_types import TransportType
 from dledger.security.guard import ClientCredentials, ServerGuard, security_label
-from dledger.security.tls import wrap_server_factory
 from dledger.transport.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, Backoff, RemotingClient
-from dledger.transport.limits import AcceptGuard, ConnectionLimits, fd_usage, guard_accept
+from dledger.transport.limits import AcceptGuard, ConnectionLimits
+from dledger.transport.listener import ListenerGuard, ListenerLimits
 from dledger.transport.protocol import DEFAULT_MAX_IN_FLIGHT, BinaryBodyRefused, RemotingServerFactory
 
 
@@ -84,34 +84,31 @@ class TcpTransport:
         self.port: IListeningPort | None = None
         self._factory: RemotingServerFactory | None = None
         self.accept_guard: AcceptGuard | None = None
+        self.listener_guard: ListenerGuard | None = None
 
     # -- ITransport ---------------------------------------------------------------------
     def start(self, handler: Any) -> Deferred:
         """Listen on ``config.listen`` (default ``tcp:<own port>:interface=<own host>``); fires with the port."""
         if self.port is not None:
             return fail(RuntimeError("transport already started"))
-        limits = ConnectionLimits.from_config(self.config)
-        soft, open_fds = fd_usage()
-        capped = limits.within_fds(soft, open_fds)
-        if capped is not limits:
-            self.log.warn("{member}: accepting at most {n} connections, not maxConnections {m}: the file descriptor "
-                          "limit is {soft} (ulimit -n) and {used} are in use; raise the limit to allow more",
-                          member=self.config.self_id, n=capped.max_connections, m=limits.max_connections,
-                          soft=soft, used=open_fds)
+        # One guard for every listener of the process (issue #21): caps, the shared descriptor budget, the
+        # handshake and read timeouts; the factory keeps the frame-level limits (idle, buffered bytes).
+        self.listener_guard = ListenerGuard("member port", ListenerLimits.from_config(self.config), self.reactor)
+        self.listener_guard.budget.reserve_at_least(self.config.fd_reserve)
         self._factory = RemotingServerFactory(self.reactor, handler, max_frame_size=self.config.max_frame_size,
-                                              max_in_flight=self.max_in_flight, limits=capped, guard=self.guard)
-        factory = self._factory
-        if self.guard is not None and self.guard.tls_options is not None:
-            factory = wrap_server_factory(self.guard.tls_options, factory)
+                                              max_in_flight=self.max_in_flight,
+                                              limits=ConnectionLimits.from_config(self.config), guard=self.guard,
+                                              admission=False)
+        tls_options = self.guard.tls_options if self.guard is not None else None
         try:
-            endpoint = serverFromString(self.reactor, self.listen)
+            serverFromString(self.reactor, self.listen)
         except (ValueError, KeyError, TypeError) as exc:
             return fail(ValueError(f"listen: bad endpoint {self.listen!r}: {exc}"))
-        d = endpoint.listen(factory)
+        d = self.listener_guard.listen(self.reactor, self.listen, self._factory, tls_options)
 
         def listening(port: IListeningPort) -> IListeningPort:
             self.port = port
-            self.accept_guard = guard_accept(port, self.reactor)
+            self.accept_guard = self.listener_guard.accept_guard
             self.log.info("{member} of group {group} serving remoting on {address}{security}",
                           member=self.config.self_id, group=self.config.group, address=port.getHost(),
                           security=security_label(self.config))
@@ -125,8 +122,8 @@ class TcpTransport:
         A stopped transport stays stopped (later sends fail with NETWORK_ERROR); build a new one to restart.
         """
         waits = [self.client.close()]
-        if self.accept_guard is not None:
-            self.accept_guard.cancel()
+        if self.listener_guard is not None:
+            self.listener_guard.stop()
         if self.port is not None:
             port, self.port = self.port, None
             waits.append(maybeDeferred(port.stopListening))

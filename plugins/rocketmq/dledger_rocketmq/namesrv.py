@@ -32,6 +32,7 @@ from twisted.python import usage
 from twisted.python.failure import Failure
 
 from dledger.ratelog import RateLimitedLog
+from dledger.transport.listener import ListenerGuard, ListenerLimits
 from dledger.transport.remoting import Header
 from dledger_rocketmq import routes
 from dledger_rocketmq.port import (
@@ -88,7 +89,8 @@ class NameServer(service.Service):
 
     def __init__(self, endpoint: str = DEFAULT_LISTEN, *, reactor: Any = None, clock: Any = None,
                  max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, expiry: float = routes.BROKER_EXPIRY,
-                 scan_interval: float = SCAN_INTERVAL, acl: Callable[[], Any] | None = None):
+                 scan_interval: float = SCAN_INTERVAL, acl: Callable[[], Any] | None = None,
+                 limits: ListenerLimits | None = None, tls_options: Any = None):
         if reactor is None:
             from twisted.internet import reactor as default_reactor
 
@@ -105,6 +107,10 @@ class NameServer(service.Service):
         self.acl = acl
         self._refusal_log = RateLimitedLog(log, self.clock)
         self.factory = BrokerPortFactory(self)
+        #: dledger's connection guard for the port (caps, descriptor budget, timeouts, rate-limited lines).
+        self.limits = limits if limits is not None else ListenerLimits()
+        self.tls_options = tls_options
+        self.listener_guard: ListenerGuard | None = None
         self.connections: set = set()
         self.connection_lost_callbacks: list[Callable[[Any], None]] = [self._connection_lost]
         self.listening_port = None
@@ -120,10 +126,9 @@ class NameServer(service.Service):
     # -- service ------------------------------------------------------------------------------
     def startService(self) -> None:
         """Listen (a bind that fails at once raises: the start fails with one line) and start the expiry scan."""
-        from twisted.internet.endpoints import serverFromString
-
         outcome: list = []
-        maybeDeferred(lambda: serverFromString(self.reactor, self.endpoint).listen(self.factory)).addBoth(
+        self.listener_guard = ListenerGuard("name server", self.limits, self.clock)
+        self.listener_guard.listen(self.reactor, self.endpoint, self.factory, self.tls_options).addBoth(
             outcome.append)
         if outcome and isinstance(outcome[0], Failure):
             self.listening.errback(outcome[0])
@@ -151,6 +156,8 @@ class NameServer(service.Service):
         for conn in list(self.connections):
             conn.closed = True
             conn.transport.loseConnection()
+        if self.listener_guard is not None:
+            self.listener_guard.stop()
         port, self.listening_port = self.listening_port, None
         return maybeDeferred(port.stopListening) if port is not None else None
 

@@ -329,6 +329,7 @@ def dledger_services(server, collection):
     listen = server.config.extras.get("rocketmq.namesrvListen")
     broker = broker_for(server)
     if listen:  # a name server inside the member (the broker layer need not be on)
+        from dledger.transport.listener import ListenerLimits
         from dledger_rocketmq.namesrv import NameServer
 
         acl = None
@@ -336,7 +337,8 @@ def dledger_services(server, collection):
             file_acl = acl_for(server)
             meta_acl = broker.meta.acl if broker is not None else None
             acl = (lambda: (meta_acl.config if meta_acl is not None else None) or file_acl)
-        namesrv = _namesrvs[server] = NameServer(listen, reactor=server.clock, acl=acl)
+        namesrv = _namesrvs[server] = NameServer(listen, reactor=server.clock, acl=acl,
+                                                 limits=ListenerLimits.from_config(server.config))
         namesrv.setServiceParent(collection)
     if broker is not None:
         broker.setServiceParent(collection)

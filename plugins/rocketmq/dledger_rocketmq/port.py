@@ -41,6 +41,7 @@ from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
+from dledger.transport.listener import TLS_AT_PLAIN_PORT, ListenerGuard, ListenerLimits, tls_hello, warn_peer
 from dledger.transport.remoting import (
     FLAG_RESPONSE,
     SERIALIZE_JSON,
@@ -526,9 +527,15 @@ class BrokerPortProtocol(protocol.Protocol):
                     return
                 self.port.handle(self, frame.header, frame.body)
         except FrameError as exc:
-            log.info("rocketmq port: closing connection from {peer}: {exc}", peer=str(self.born_host), exc=exc)
+            # Rate-limited per port and address (dledger's connection guard): a flood of bad frames is a few lines.
+            why = TLS_AT_PLAIN_PORT if tls_hello(data) else exc
+            warn_peer(self, "bad frame", "closing connection from {peer}: {exc}", peer=str(self.born_host), exc=why)
             self.closed = True
             self.transport.loseConnection()
+
+    def unfinished_request(self) -> int:
+        """Bytes the frame now arriving will have (0: none): the guard's read timeout closes a slow sender."""
+        return self.splitter.unfinished
 
     def connectionLost(self, reason=None):
         self.closed = True
@@ -539,6 +546,15 @@ class BrokerPortProtocol(protocol.Protocol):
     def answer(self, request: Header, reply: Reply) -> None:
         if not self.closed and not request.is_oneway:
             self.transport.write(reply_frame(request, reply))
+
+
+def _member_limits(broker: Any) -> ListenerLimits:
+    """The connection limits of the member ``broker`` runs in (defaults when it has no configuration)."""
+    config = getattr(getattr(broker, "server", None), "config", None)
+    try:
+        return ListenerLimits.from_config(config)
+    except AttributeError:
+        return ListenerLimits()
 
 
 class BrokerPortFactory(protocol.Factory):
@@ -568,14 +584,19 @@ class BrokerPort(service.Service):
     name = "rocketmq-port"
 
     def __init__(self, broker, endpoint: str, *, reactor: Any = None, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-                 now_ms: Callable[[], int] | None = None, access: Any = None, tls_options: Any = None):
+                 now_ms: Callable[[], int] | None = None, access: Any = None, limits: ListenerLimits | None = None,
+                 tls_options: Any = None):
         self.broker = broker
         #: Who may do what (a :class:`dledger_rocketmq.port_acl.PortAccess`: RocketMQ ACL, client-certificate
         #: roles), asked before every handler; None: everyone may do everything (RocketMQ without aclEnable).
         self.access = access
-        #: TLS context options (``rocketmq.tlsClientAuth``): the listening factory is wrapped in TLS.
-        self.tls_options = tls_options
         self.endpoint = endpoint
+        #: The connection guard's limits (dledger.transport.listener): the member's maxConnections, timeouts...
+        self.limits = limits if limits is not None else _member_limits(broker)
+        #: TLS context options for the port (``rocketmq.tlsClientAuth``; None: plain, or TLS from an ``ssl:``
+        #: endpoint string): the connection guard puts the listening factory behind TLS.
+        self.tls_options = tls_options
+        self.listener_guard: ListenerGuard | None = None
         self.reactor = reactor
         self.max_frame_size = max_frame_size
         self.now_ms = now_ms or (lambda: int(time.time() * 1000))
@@ -610,16 +631,13 @@ class BrokerPort(service.Service):
     def startService(self):
         """Listen; a bind that fails at once (port in use, bad endpoint) raises, so the member's start fails
         with one line (dledger.services), as for dledger's own ports."""
-        from twisted.internet.endpoints import serverFromString
 
         super().startService()
         reactor = self.reactor or self.broker.server.clock
-        factory = self.factory
-        if self.tls_options is not None:
-            from dledger.security.tls import wrap_server_factory
-
-            factory = wrap_server_factory(self.tls_options, factory)
-        d = maybeDeferred(lambda: serverFromString(reactor, self.endpoint).listen(factory))
+        # Every listener goes through dledger's connection guard: caps, the process's descriptor budget,
+        # handshake/read/idle timeouts, rate-limited lines (issue #21).
+        self.listener_guard = ListenerGuard("broker port", self.limits, reactor)
+        d = self.listener_guard.listen(reactor, self.endpoint, self.factory, self.tls_options)
         outcome: list = []
         d.addBoth(outcome.append)
 
@@ -663,6 +681,8 @@ class BrokerPort(service.Service):
         for conn in list(self.connections):
             conn.closed = True
             conn.transport.loseConnection()
+        if self.listener_guard is not None:
+            self.listener_guard.stop()
         port, self.listening_port = self.listening_port, None
         if port is not None:
             return maybeDeferred(port.stopListening)
