@@ -302,6 +302,25 @@ def data_regions(fd: int, start: int, end: int) -> list[tuple[int, int]]:
     return out
 
 
+def free_bytes(path: str | Path) -> int:
+    """Bytes an unprivileged writer may still allocate on the partition holding ``path`` (-1 if unknown)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return -1
+    return st.f_bavail * st.f_frsize
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes for a log line: ``4.9 MiB``, ``1.2 GiB``; ``unknown`` for a negative count."""
+    if n < 0:
+        return "unknown"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
 def disk_used_ratio(path: str | Path) -> float:
     """Fraction of the partition holding ``path`` that is in use, as Java DLedger computes it."""
     st = os.statvfs(path)

@@ -304,3 +304,16 @@ class IPositionReader(Interface):
         before :meth:`begin_position`, UNEXPECTED_ARGUMENT for a negative
         position or size.
         """
+
+
+class IDiskHealth(Interface):
+    """Optional store capability: whether it refuses writes for a disk problem, and the refusal it would give.
+
+    A follower asks before it keeps a push waiting for its turn, and a member reports it in its
+    metadata (``dledger metadata`` shows ``disk full``).  Check with ``IDiskHealth.providedBy(store)``.
+    """
+
+    disk_problem = Attribute("'disk full' or 'disk error' while appends are refused for that reason, else None")
+
+    def write_refusal():
+        """The DLedgerError (DISK_FULL / DISK_ERROR) an append would get now without touching the disk, or None."""

@@ -24,7 +24,7 @@ from dledger.election.elector import LeaderElector
 from dledger.election.state import MemberState
 from dledger.entry import Entry, without_noops
 from dledger.errors import DLedgerError
-from dledger.interfaces import IBatchRequestHandler
+from dledger.interfaces import IBatchRequestHandler, IDiskHealth
 from dledger.leader_ready import LeaderReady
 from dledger.messages import (
     AppendEntryRequest,
@@ -391,6 +391,9 @@ class DLedgerServer:
             resp.ledger_begin_index = self.store.ledger_begin_index
             resp.ledger_end_index = self.store.ledger_end_index
             resp.committed_index = self.store.committed_index
+            resp.disk = getattr(self.store, "disk_problem", None) if IDiskHealth.providedBy(self.store) else None
+            if self.leads():
+                resp.peer_disk = self.replicator.peer_disk_problems() or None
         return resp
 
     def append(self, body: bytes) -> Deferred:

@@ -49,9 +49,10 @@ from dledger.entry import (
 )
 from dledger.errors import BatchAppendError, DLedgerError, StoreError
 from dledger.hookspecs import hookimpl
-from dledger.interfaces import IBatchLogStore, IPlainLogStore, IPositionReader, IRetainingLogStore
+from dledger.interfaces import IBatchLogStore, IDiskHealth, IPlainLogStore, IPositionReader, IRetainingLogStore
 from dledger.plugin_types import StoreType
-from dledger.store import base, ownership, positions, runplan
+from dledger.ratelog import RateLimitedLog
+from dledger.store import base, mappedfiles, ownership, positions, runplan, writefail
 from dledger.store.base import TruncateAction
 from dledger.store.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from dledger.store.flushing import FlushTracker
@@ -63,6 +64,7 @@ from dledger.store.recent import RecentEntries
 from dledger.store.recovery import Recovered, recover, repair_index
 from dledger.store.retention import CleanMode, RetentionPolicy, first_index_from, keeps_uncommitted
 from dledger.store.termvote import FileTermVoteStore
+from dledger.store.writefail import WriteFailures, failure_code, problem_name, room_for_file
 
 log = Logger()
 
@@ -72,7 +74,7 @@ _pack_index = INDEX_RECORD.pack_into
 _unpack_index = INDEX_RECORD.unpack_from
 
 
-@implementer(IPlainLogStore, IRetainingLogStore, IBatchLogStore, IPositionReader)
+@implementer(IPlainLogStore, IRetainingLogStore, IBatchLogStore, IPositionReader, IDiskHealth)
 class MmapLogStore:
     """Data and index files under ``member_dir``; see the module docstring.
 
@@ -118,6 +120,9 @@ class MmapLogStore:
         self._flushing: FlushTracker | None = None
         self._disk_full = False
         self._used_ratio = 0.0
+        #: A failed write (ENOSPC, EIO ...) and until when appends are refused without trying (:mod:`.writefail`).
+        self._writes = WriteFailures()
+        self._write_log = RateLimitedLog(log, clock if clock is not None else _NO_CLOCK, interval=60.0)
         self._timers: list[LoopingCall] = []
         self._checkpoint_written: Checkpoint | None = None
         self._checkpoint_running: Deferred | None = None
@@ -177,7 +182,30 @@ class MmapLogStore:
 
     @property
     def disk_full(self) -> bool:
-        return self._disk_full
+        """Appends are refused for want of space: the disk is past ``diskFullRatio``, or a write found it full."""
+        return self._disk_full or self._writes.code is ResponseCode.DISK_FULL
+
+    @property
+    def disk_problem(self) -> str | None:
+        """``"disk full"`` or ``"disk error"`` while appends are refused for that, else None (IDiskHealth)."""
+        if self._disk_full:
+            return "disk full"
+        return problem_name(self._writes.code)
+
+    def write_refusal(self) -> DLedgerError | None:
+        """The error an append would get now without touching the disk, or None (it would be tried; IDiskHealth).
+
+        A follower asks before it keeps a push that waits for its turn: a store that refuses every write
+        would only make it hold the push until it is refused anyway.
+        """
+        if self._disk_full:
+            try:
+                self._refuse_disk_full()
+            except DLedgerError as exc:
+                return exc
+        if self._writes.current is not None and self.clock is not None:
+            return self._writes.refusal(self.clock.seconds())
+        return None
 
     @property
     def data_files(self) -> list[Path]:
@@ -383,11 +411,25 @@ class MmapLogStore:
     def _periodic_flush(self):
         if self._gc.busy or not self._flushing.dirty(self._write_pos, self.ledger_end_index):
             return None
-        return self._gc.request().addErrback(lambda f: log.failure("periodic flush failed", f))
+        return self._gc.request().addErrback(self._background_failed, "periodic flush")
 
     def _periodic_checkpoint(self) -> None:
         if self._checkpoint_running is None:
-            self._write_checkpoint(force=False).addErrback(lambda f: log.failure("checkpoint write failed", f))
+            self._write_checkpoint(force=False).addErrback(self._background_failed, "checkpoint write")
+
+    def _background_failed(self, failure, what: str) -> None:
+        """A timer's write failed: an OSError is one line naming the directory and free space (once a minute).
+
+        A full disk fails the checkpoint every ``checkPointInterval``: a traceback each time told an operator
+        nothing more and buried everything else.  Anything but an OSError is a bug: logged with its traceback.
+        """
+        exc = failure.value
+        if not isinstance(exc, OSError):
+            log.failure("mmap store {dir}: {what} failed", failure, dir=str(self.member_dir), what=what)
+            return
+        self._write_log.error((what, exc.errno), "mmap store {dir}: {what} failed: {why}; {free} free on its "
+                              "disk (tried again every interval)", dir=str(self.member_dir), what=what,
+                              why=exc.strerror or exc, free=diskio.format_bytes(diskio.free_bytes(self.member_dir)))
 
     def _periodic_clean(self) -> None:
         try:
@@ -464,6 +506,10 @@ class MmapLogStore:
         raises fails its entry with AppendHookError (see
         :func:`dledger.store.guard.seal_leader_entry`), after the entries before it were written.
         """
+        if self._writes.current is not None and self.clock is not None:
+            refused = self._writes.refusal(self.clock.seconds())
+            if refused is not None:  # a write failed a moment ago: do not hammer the disk (see .writefail)
+                raise BatchAppendError(refused, [])
         stored: list[Entry] = []
         index = self.ledger_end_index + 1
         # A push's entries arrive encoded (checked by their CRCs): write those bytes instead of encoding again.
@@ -534,14 +580,21 @@ class MmapLogStore:
             self._write_run(run, stored)
         except Exception as exc:
             error = exc
-            if not run.written:  # the entries before the failing one stay appended
-                try:
-                    self._write_run(run, stored)
-                except DLedgerError as write_error:
-                    error = write_error
-            if isinstance(error, DLedgerError):
-                raise BatchAppendError(error, stored) from None
-            raise  # a failing hook (or a failing file creation) propagates as it is
+            try:
+                if not run.written:  # the entries before the failing one stay appended
+                    try:
+                        self._write_run(run, stored)
+                    except DLedgerError as write_error:
+                        error = write_error
+                if isinstance(error, DLedgerError):
+                    raise BatchAppendError(error, stored) from None
+                raise  # a failing hook propagates as it is
+            finally:
+                # ``error`` -> its traceback -> this frame -> ``error`` is a reference cycle holding the
+                # append's entries (a follower's whole push): only the cyclic collector, which a member runs
+                # rarely (tap.tune_gc), would free it.  A follower refusing every push on a full disk grew to
+                # about 1 GB that way (issue 21).
+                del error
         return stored
 
     def _next_run(self, run: _Run, stored: list[Entry], size: int, placed: Entry | None = None,
@@ -570,7 +623,8 @@ class MmapLogStore:
         try:
             _write_at(self._dfd, data, run.pos - self._dstart)
         except OSError as exc:
-            raise _disk_error(exc, entries[0].index) from None
+            raise self._write_failed(exc, f"cannot write entries {entries[0].index}..{entries[-1].index} at "
+                                          f"position {run.pos}") from None
         for e in entries:
             ioff = e.index * INDEX_UNIT_SIZE - self._istart
             if not 0 <= ioff < self._isize:
@@ -585,6 +639,8 @@ class MmapLogStore:
         # A leader's run buffer (never changed again) is the encoding of these entries: pushes cut theirs from it.
         self._recent.extend(entries, run.end - run.pos, data if run.src is None else None)
         stored.extend(entries)
+        if self._writes.current is not None:
+            self._writes_resumed()
 
     def _start_run(self, plan: runplan.NextRun) -> int:
         """Do what ``plan`` says before its run: refuse on a full disk before a new file, blank marker, new file."""
@@ -594,15 +650,15 @@ class MmapLogStore:
                 self._refuse_disk_full()
         if plan.blank_at is not None:
             f = self._data.file_for(plan.blank_at)
-            _write_at(f.fd, encode_blank(plan.blank), plan.blank_at - f.start)
+            try:
+                _write_at(f.fd, encode_blank(plan.blank), plan.blank_at - f.start)
+            except OSError as exc:
+                raise self._write_failed(exc, f"cannot write the blank marker at position {plan.blank_at}") from None
             self._flushing.mark_data(plan.blank_at)
         if plan.new_file is None:
             f = self._data.file_for(plan.pos)
         else:
-            try:
-                f = self._data.create(plan.new_file)
-            except OSError as exc:
-                raise _disk_error(exc, self.ledger_end_index + 1) from None
+            f = self._create(self._data, plan.new_file)
         self._set_data_tail(f)
         self._write_pos = plan.pos
         return plan.pos
@@ -614,9 +670,43 @@ class MmapLogStore:
             start = off - off % self.options.index_file_size
             if self._index.files and start != self._index.end:
                 raise StoreError(f"index record {index} does not follow the index files in {self._index.directory}")
-            f = self._index.create(start)
+            f = self._create(self._index, start)
         self._set_index_tail(f)
         return off - f.start
+
+    def _create(self, files: MappedFileList, start: int) -> MappedFile:
+        """A new data or index file, or the DLedgerError of a failed write (no space: DISK_FULL, before fallocate)."""
+        free = diskio.free_bytes(files.directory if files.directory.is_dir() else self.member_dir)
+        try:
+            if free >= 0 and not room_for_file(free, files.file_size):
+                raise OSError(errno.ENOSPC, f"not enough space (it needs {diskio.format_bytes(files.file_size)})")
+            return files.create(start)
+        except OSError as exc:
+            raise self._write_failed(exc, f"cannot create {files.kind} file "
+                                          f"{files.directory / mappedfiles.file_name(start)}") from None
+
+    def _write_failed(self, exc: OSError, what: str) -> DLedgerError:
+        """Remember a failed write (appends are refused for a while, see :mod:`.writefail`), log it, return its error.
+
+        One error line names the store directory, the reason and the free space; while the failure lasts
+        the next one comes at most once a minute, with a count.
+        """
+        code = failure_code(exc.errno)
+        why = f"{what}: {exc.strerror or exc}"
+        free = diskio.format_bytes(diskio.free_bytes(self.member_dir))
+        self._writes.failed(code, why, self.clock.seconds() if self.clock is not None else 0.0)
+        self._write_log.error(("write failed", code), "mmap store {dir}: {why}; {free} free on its disk; "
+                              "refusing appends ({code}) until a write succeeds (retried within {retry:g}s)",
+                              dir=str(self.member_dir), why=why, free=free, code=code.name,
+                              retry=writefail.MAX_RETRY)
+        return DLedgerError(code, f"{problem_name(code)}: {why} ({free} free in {self.member_dir})")
+
+    def _writes_resumed(self) -> None:
+        cur = self._writes.succeeded()
+        self._write_log.limiter.forget(("write failed", cur.code))
+        secs = self.clock.seconds() - cur.since if self.clock is not None else 0.0
+        log.info("mmap store {dir}: writes succeed again after {secs:.1f}s ({n} failed attempts); appends resume",
+                 dir=str(self.member_dir), secs=secs, n=cur.attempts)
 
     def _refuse_disk_full(self):
         base.check_disk_not_full(True, self._used_ratio, self.retention.disk_full_ratio)
@@ -697,7 +787,7 @@ class MmapLogStore:
         self.ledger_begin_index = self.ledger_end_index = self.ledger_end_term = -1
         self._recent.clear()
         self._write_pos = entry.pos - rel
-        self._data.create(self._write_pos)
+        self._create(self._data, self._write_pos)
         self._refresh_tails()
         self._write_pos = entry.pos
         _one(self._append, entry, _PLACED)
@@ -919,10 +1009,15 @@ def _one(append_batch, entry: Entry, *args) -> Entry:
         raise exc.cause from None
 
 
-def _disk_error(exc: OSError, index: int) -> DLedgerError:
-    """A failed write as the error a leader or peer sees: DISK_FULL for ENOSPC, else DISK_ERROR."""
-    code = ResponseCode.DISK_FULL if exc.errno == errno.ENOSPC else ResponseCode.DISK_ERROR
-    return DLedgerError(code, f"cannot write entry {index}: {exc}")
+class _NoClock:
+    """The time of a store built without a clock (offline tools): always 0, so a line per key is logged once."""
+
+    @staticmethod
+    def seconds() -> float:
+        return 0.0
+
+
+_NO_CLOCK = _NoClock()
 
 
 def _log_store(config, member_state, **kwargs) -> MmapLogStore:
