@@ -248,6 +248,26 @@ def write_at(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None
             view, offset = view[n:], offset + n
 
 
+def read_file_at(path: str | Path, offset: int, length: int) -> bytes:
+    """``length`` bytes of ``path`` from ``offset`` through a descriptor of its own (fewer at the end of the file).
+
+    The scrub reads data files this way on a worker thread, never through the store's mappings: a file
+    that retention removes meanwhile stays readable through this descriptor, and nothing the reactor
+    thread maps is touched from another thread.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        out = bytearray()
+        while len(out) < length:
+            chunk = os.pread(fd, length - len(out), offset + len(out))
+            if not chunk:
+                break
+            out += chunk
+        return bytes(out)
+    finally:
+        os.close(fd)
+
+
 def remove_file(path: str | Path) -> bool:
     """Unlink ``path``; False if it was already gone."""
     try:

@@ -45,14 +45,22 @@ from dledger.entry import (
     body_crc,
     decode_entry,
     encode_blank,
+    encode_entry,
     encoded_size,
 )
 from dledger.errors import BatchAppendError, DLedgerError, StoreError
 from dledger.hookspecs import hookimpl
-from dledger.interfaces import IBatchLogStore, IDiskHealth, IPlainLogStore, IPositionReader, IRetainingLogStore
+from dledger.interfaces import (
+    IBatchLogStore,
+    IDiskHealth,
+    IPlainLogStore,
+    IPositionReader,
+    IRepairableLogStore,
+    IRetainingLogStore,
+)
 from dledger.plugin_types import StoreType
 from dledger.ratelog import RateLimitedLog
-from dledger.store import base, mappedfiles, ownership, positions, runplan, writefail
+from dledger.store import base, mappedfiles, ownership, positions, runplan, scrub, writefail
 from dledger.store.base import TruncateAction
 from dledger.store.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from dledger.store.flushing import FlushTracker
@@ -74,7 +82,7 @@ _pack_index = INDEX_RECORD.pack_into
 _unpack_index = INDEX_RECORD.unpack_from
 
 
-@implementer(IPlainLogStore, IRetainingLogStore, IBatchLogStore, IPositionReader, IDiskHealth)
+@implementer(IPlainLogStore, IRetainingLogStore, IBatchLogStore, IPositionReader, IDiskHealth, IRepairableLogStore)
 class MmapLogStore:
     """Data and index files under ``member_dir``; see the module docstring.
 
@@ -822,6 +830,16 @@ class MmapLogStore:
         held = self._recent.get(index)
         if held is not None:
             return held
+        return self.check_entry(index)
+
+    def check_entry(self, index: int) -> Entry:
+        """Entry ``index`` read from the data files (never the in-memory tail), or DISK_ERROR naming file and offset.
+
+        What the scrub confirms a suspect with (IRepairableLogStore): :meth:`get` answers the newest entries
+        from memory, which says nothing about the bytes on disk.
+        """
+        if index > self.ledger_end_index or index < self.ledger_begin_index or self.ledger_end_index < 0:
+            raise base.index_out_of_range(index, self.ledger_begin_index, self.ledger_end_index)
         problem = "index record and data disagree"
         for attempt in (0, 1):
             rec = self._record(index) if attempt == 0 else self._repair_index(index)
@@ -832,7 +850,7 @@ class MmapLogStore:
             try:
                 e = decode_entry(f.mm, pos - f.start, accept_zero_crc=self.accept_zero_crc, max_size=f.size)
             except CodecError as exc:
-                problem = f"entry {index} at pos {pos} is damaged: {exc}"
+                problem = f"entry {index} in {f.path} at offset {pos - f.start} (pos {pos}) is damaged: {exc}"
                 continue
             if (e.magic, e.pos, e.size, e.index, e.term) == rec:
                 if e.channel or e.chain_crc:
@@ -843,6 +861,89 @@ class MmapLogStore:
                 raise DLedgerError(ResponseCode.DISK_ERROR, f"entry {index} at pos {pos} says term {e.term} "
                                    f"magic {e.magic} but its index record says term {rec[4]} magic {rec[0]}")
         raise DLedgerError(ResponseCode.DISK_ERROR, problem)
+
+    # -- scrub and repair (IRepairableLogStore) --------------------------------------
+    def scrub_span(self, index: int, max_bytes: int) -> scrub.Span | None:
+        """The committed entries from ``index`` that lie in one data file, about ``max_bytes`` of them; None if none.
+
+        Index records only (the bytes are read and checked off the reactor thread, by
+        :func:`dledger.store.scrub.verify_span`, from the file's path, so that a file retention removes
+        meanwhile is still read through its own descriptor).
+        """
+        index = max(index, self.ledger_begin_index)
+        last = min(self.committed_index, self.ledger_end_index)
+        if not self._open or index > last or index < 0:
+            return None
+        records: list[scrub.Record] = []
+        f = None
+        total = 0
+        while index <= last and total < max_bytes:
+            try:
+                rec = self._record(index)
+            except (DLedgerError, StoreError):
+                rec = None
+            if rec is None or rec[3] != index:
+                if not records:  # the record itself is unreadable: a suspect of its own
+                    return scrub.Span(None, 0, [scrub.Record(index, -1, 0, -1, 0)])
+                break
+            g = self._data.file_for(rec[1])
+            if f is None:
+                f = g
+            if g is not f or g is None:
+                break
+            records.append(scrub.Record(index, rec[1], rec[2], rec[4], rec[0]))
+            total += rec[2]
+            index += 1
+        if not records:
+            return scrub.Span(None, 0, [scrub.Record(index, -1, 0, -1, 0)])
+        return scrub.Span(str(f.path) if f is not None else None, f.start if f is not None else 0, records)
+
+    def index_record(self, index: int) -> tuple[int, int, int, int, int] | None:
+        """Index record ``index`` as stored ``(magic, pos, size, index, term)``, None if it is not valid."""
+        return self._ilog.read(index) if self._ilog is not None else None
+
+    def damaged_header(self, index: int) -> Entry | None:
+        """The header of entry ``index`` as the data file holds it (body not checked), if it agrees with its index
+        record; None otherwise.  Its ``body_crc`` is the CRC recorded when the entry was written."""
+        rec = self.index_record(index)
+        if rec is None:
+            return None
+        f = self._data.file_for(rec[1])
+        if f is None:
+            return None
+        try:
+            e = decode_entry(f.mm, rec[1] - f.start, verify_crc=False, max_size=f.size)
+        except CodecError:
+            return None
+        return e if (e.magic, e.pos, e.size, e.index, e.term) == rec else None
+
+    def repair_entry(self, entry: Entry) -> Deferred:
+        """Overwrite committed entry ``entry.index`` with ``entry`` (a verified copy from another member), durably.
+
+        Only what can be proven to be the same entry is written (:func:`dledger.store.scrub.repair_refusal`:
+        the index record's index, term, position, size and type, a body whose CRC verifies and equals the CRC
+        the damaged header recorded when it can still be read); a committed index only.  Fires with True once
+        the bytes are fsynced and read back intact; a DLedgerError (UNEXPECTED_ARGUMENT) names why it refused.
+        """
+        index = entry.index
+        if not self._open or not self.ledger_begin_index <= index <= min(self.committed_index, self.ledger_end_index):
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"entry {index} is not a committed entry of this log "
+                               f"({self.ledger_begin_index}..{self.committed_index} committed)")
+        rec = self.index_record(index)
+        why = scrub.repair_refusal(rec, self.damaged_header(index), entry)
+        if why is not None:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"not repairing entry {index}: {why}")
+        f = self._data.file_for(entry.pos)
+        try:
+            _write_at(f.fd, encode_entry(entry), entry.pos - f.start)
+        except OSError as exc:
+            raise self._write_failed(exc, f"cannot repair entry {index} at position {entry.pos}") from None
+
+        def synced(_):
+            self.check_entry(index)  # what is on disk now verifies, or DISK_ERROR
+            return True
+
+        return self.io.run(diskio.fsync_fd, f.fd).addCallback(synced)
 
     def get_range(self, begin_index: int, max_count: int, max_bytes: int) -> list[Entry]:
         if self.ledger_begin_index <= begin_index <= self.ledger_end_index:
