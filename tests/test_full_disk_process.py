@@ -71,7 +71,9 @@ async def test_follower_on_a_full_tmpfs_says_so_stays_bounded_and_catches_up(tmp
         pytest.skip(why)
     group = LocalGroup(tmp_path, n=3, store="mmap", preset="fast", reactor=reactor,
                        options={"mappedFileSizeForEntryData": DATA_FILE, "mappedFileSizeForEntryIndex": INDEX_FILE,
-                                "preferredLeaderIds": "n0"})
+                                "preferredLeaderIds": "n0",
+                                # a 750 ms election timeout: a loaded test machine must not look like an election
+                                "heartBeatTimeIntervalMs": 250})
     admin = group.client(request_timeout=2.0)
     try:
         await group.start_and_wait(30)
