@@ -877,7 +877,7 @@ class MmapLogStore:
         records: list[scrub.Record] = []
         f = None
         total = 0
-        while index <= last and total < max_bytes:
+        while index <= last and total < max_bytes and len(records) < scrub.SPAN_ENTRIES:
             try:
                 rec = self._record(index)
             except (DLedgerError, StoreError):

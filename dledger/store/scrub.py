@@ -48,6 +48,8 @@ log = Logger()
 
 #: Bytes of entries one scrub step reads (then it waits ``bytes / scrubBytesPerSecond`` seconds).
 SPAN_BYTES = 1 << 20
+#: At most this many entries per step: their index records are read on the reactor thread.
+SPAN_ENTRIES = 2048
 
 
 class Record(NamedTuple):
@@ -226,6 +228,8 @@ class Scrubber:
         d.addBoth(lambda _: self._after(span))
 
     def _checked(self, suspects: list[tuple[int, str]], span: Span) -> Deferred | None:
+        if not self._running:  # the member stopped while the span was read: its store may be closed
+            return None
         self.stats.bytes += span.nbytes
         self.stats.entries += len(span.records)
         damaged = []
