@@ -71,30 +71,40 @@ async def test_follower_on_a_full_tmpfs_says_so_stays_bounded_and_catches_up(tmp
         pytest.skip(why)
     group = LocalGroup(tmp_path, n=3, store="mmap", preset="fast", reactor=reactor,
                        options={"mappedFileSizeForEntryData": DATA_FILE, "mappedFileSizeForEntryIndex": INDEX_FILE,
-                                "preferredLeaderIds": "n0",
                                 # a 750 ms election timeout: a loaded test machine must not look like an election
                                 "heartBeatTimeIntervalMs": 250})
     admin = group.client(request_timeout=2.0)
     try:
         await group.start_and_wait(30)
-        await group.wait_for(lambda: _leads(group, admin, "n0"), 30, "n0 to lead")
+
+        async def n2_follows():  # the member on the tmpfs must be a follower: move leadership off it if needed
+            if await _leads(group, admin, "n2"):
+                try:
+                    await admin.transfer("n0")
+                except Exception:
+                    return None
+            meta = await group.wait_for_leader(admin, 10)
+            return meta.leader_id if meta.leader_id != "n2" else None
+
+        leader = await group.wait_for(n2_follows, 30, "a leader other than n2", interval=0.2)
         body = os.urandom(BODY)
         for _ in range(ENTRIES):
             await admin.append(body)
-        end = (await group.metadata(admin, "n0")).ledger_end_index
+        end = (await group.metadata(admin, leader)).ledger_end_index
 
         # The follower stops short of the leader and says why, once, naming its store and the free space.
         await group.wait_for(lambda: group.log_lines("n2", "refusing appends (DISK_FULL)"), 20,
                              "n2's disk-full line")
         line = group.log_lines("n2", "refusing appends (DISK_FULL)")[0]
         assert str(store_dir) in line and "free on its disk" in line, line
-        await group.wait_for(lambda: group.log_lines("n0", "follower n2 cannot store entries"), 10,
+        await group.wait_for(lambda: group.log_lines(leader, "follower n2 cannot store entries"), 10,
                              "the leader's line about n2")
-        assert "disk full" in group.log_lines("n0", "follower n2 cannot store entries")[0]
+        assert "disk full" in group.log_lines(leader, "follower n2 cannot store entries")[0]
         meta = await group.metadata(admin, "n2")
         assert meta.ledger_end_index < end and meta.disk == "disk full"
         report = await cli_metadata(reactor, group)
-        assert report["members"]["n2"]["disk"] == "disk full" and report["members"]["n1"]["disk"] is None
+        assert report["members"]["n2"]["disk"] == "disk full" and report["members"][leader]["disk"] is None
+        lines_before = len(group.log_lines("n2"))
 
         # Bounded: the leader keeps retrying for a while; memory stays flat, nothing is logged again, no election.
         before = anon_bytes(group, "n2")
@@ -105,23 +115,24 @@ async def test_follower_on_a_full_tmpfs_says_so_stays_bounded_and_catches_up(tmp
         grew = anon_bytes(group, "n2") - before
         assert grew < 24 << 20, f"n2's anonymous memory grew {grew >> 20} MiB while its disk was full"
         assert len(group.log_lines("n2", "refusing appends")) == 1
-        assert len(group.log_lines("n0", "follower n2 cannot store entries")) == 1
-        assert not group.log_lines("n2", "standing for election"), "n2 stood for election over its own disk"
-        assert (await group.metadata(admin, "n0")).term == meta.term
+        assert len(group.log_lines(leader, "follower n2 cannot store entries")) == 1
+        stood = [line for line in group.log_lines("n2")[lines_before:] if "standing for election" in line]
+        assert not stood, f"n2 stood for election while its disk was full: {stood}"
+        assert (await group.metadata(admin, leader)).term == meta.term
 
         # Space returns: the follower catches up by itself, and says so.
         subprocess.run(["mount", "-o", "remount,size=64m", str(store_dir)], check=True, timeout=30)
-        end = (await group.metadata(admin, "n0")).ledger_end_index
+        end = (await group.metadata(admin, leader)).ledger_end_index
 
         async def caught_up():
             m = await group.metadata(admin, "n2")
             return m is not None and m.ledger_end_index == end and m.committed_index == end and m.disk is None
 
         await group.wait_for(caught_up, 30, "n2 to catch up once space returned")
-        assert group.log_lines("n2", "appends resume") and group.log_lines("n0", "follower n2 stores entries again")
+        assert group.log_lines("n2", "appends resume") and group.log_lines(leader, "follower n2 stores entries again")
         await admin.close()
         assert await group.stop_all() == {mid: 0 for mid in group.ids}
-        assert differing_logs(await group.read_logs(), "n0") == []
+        assert differing_logs(await group.read_logs(), leader) == []
     finally:
         group.close()
         subprocess.run(["umount", "-l", str(store_dir)], capture_output=True, timeout=30)
