@@ -111,6 +111,7 @@ async def test_a_leader_read_of_a_damaged_entry_is_served_from_an_intact_copy(tm
         assert (got.index, got.term, got.pos, got.body) == (e20.index, e20.term, e20.pos, e20.body)
         lines = group.log_lines(damaged, "repaired damaged entry 20")
         assert len(lines) == 1 and name in lines[0] and f"offset {e20.pos % DATA_FILE}" in lines[0], lines
+        await group.wait_converged(admin, 30)  # the new leader's NOOP has reached everyone before they stop
         await admin.close()
         assert await group.stop_all() == {mid: 0 for mid in group.ids}
         others = [mid for mid in group.ids if mid != damaged]
