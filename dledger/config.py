@@ -129,6 +129,8 @@ class DLedgerConfig:
     accept_java_zero_crc: bool = True  # dledger: accept entries whose bodyCrc is 0 (Java-written) as unverified
     lmdb_map_size: int = 1 * GiB  # dledger: initial LMDB map size; grows on demand
     truncate_damaged: bool = False  # dledger: let mmap recovery cut the log at damage it would refuse to cut
+    scrub_interval_seconds: float = 86400.0  # dledger: seconds between background scrub passes (0: no scrub)
+    scrub_bytes_per_second: int = 8 * MiB  # dledger: how fast a scrub pass reads the data files
     # transport
     transport_type: str = "tcp"  # dledger: plugin name (tcp, inprocess, ...)
     listen: str = ""  # dledger: endpoint string; default tcp:<port of selfId>
@@ -368,6 +370,10 @@ def _validate(cfg: DLedgerConfig) -> None:
             raise ConfigError(f"{_camel(n)}: must be in (0, 1], got {getattr(cfg, n)}")
     if cfg.max_leadership_transfer_wait_index < 0:
         raise ConfigError("maxLeadershipTransferWaitIndex: must be >= 0")
+    if cfg.scrub_interval_seconds < 0:
+        raise ConfigError(f"scrubIntervalSeconds: must be >= 0 (0 turns the scrub off), "
+                          f"got {cfg.scrub_interval_seconds}")
+    positive("scrub_bytes_per_second")
     _check_sizes(cfg)
     _validate_connection_limits(cfg)
     _validate_security(cfg)

@@ -252,6 +252,26 @@ def write_at(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None
             view, offset = view[n:], offset + n
 
 
+def read_file_at(path: str | Path, offset: int, length: int) -> bytes:
+    """``length`` bytes of ``path`` from ``offset`` through a descriptor of its own (fewer at the end of the file).
+
+    The scrub reads data files this way on a worker thread, never through the store's mappings: a file
+    that retention removes meanwhile stays readable through this descriptor, and nothing the reactor
+    thread maps is touched from another thread.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        out = bytearray()
+        while len(out) < length:
+            chunk = os.pread(fd, length - len(out), offset + len(out))
+            if not chunk:
+                break
+            out += chunk
+        return bytes(out)
+    finally:
+        os.close(fd)
+
+
 def remove_file(path: str | Path) -> bool:
     """Unlink ``path``; False if it was already gone."""
     try:
@@ -304,6 +324,25 @@ def data_regions(fd: int, start: int, end: int) -> list[tuple[int, int]]:
         out.append((a, b))
         pos = b
     return out
+
+
+def free_bytes(path: str | Path) -> int:
+    """Bytes an unprivileged writer may still allocate on the partition holding ``path`` (-1 if unknown)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return -1
+    return st.f_bavail * st.f_frsize
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes for a log line: ``4.9 MiB``, ``1.2 GiB``; ``unknown`` for a negative count."""
+    if n < 0:
+        return "unknown"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def disk_used_ratio(path: str | Path) -> float:

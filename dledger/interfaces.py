@@ -317,3 +317,41 @@ class IPositionReader(Interface):
         before :meth:`begin_position`, UNEXPECTED_ARGUMENT for a negative
         position or size.
         """
+
+
+class IDiskHealth(Interface):
+    """Optional store capability: whether it refuses writes for a disk problem, and the refusal it would give.
+
+    A follower asks before it keeps a push waiting for its turn, and a member reports it in its
+    metadata (``dledger metadata`` shows ``disk full``).  Check with ``IDiskHealth.providedBy(store)``.
+    """
+
+    disk_problem = Attribute("'disk full' or 'disk error' while appends are refused for that reason, else None")
+
+    def write_refusal():
+        """The DLedgerError (DISK_FULL / DISK_ERROR) an append would get now without touching the disk, or None."""
+
+
+class IRepairableLogStore(Interface):
+    """Optional store capability: its data files can be scrubbed, and a damaged committed entry rewritten.
+
+    :class:`dledger.store.scrub.Scrubber` walks the committed entries (``scrub_span``, read and checked off
+    the reactor thread), confirms a suspect with ``check_entry`` and has :mod:`dledger.replication.repair`
+    fetch a verified copy from another member for ``repair_entry``.  Check with
+    ``IRepairableLogStore.providedBy(store)``.
+    """
+
+    def scrub_span(index: int, max_bytes: int):
+        """A :class:`dledger.store.scrub.Span` of committed entries from ``index`` in one data file, or None."""
+
+    def check_entry(index: int):
+        """Entry ``index`` as the data files hold it (no in-memory copy), or DLedgerError(DISK_ERROR)."""
+
+    def index_record(index: int):
+        """Index record ``index`` as stored, ``(magic, pos, size, index, term)``, or None if it is not valid."""
+
+    def damaged_header(index: int):
+        """The header of entry ``index`` as stored, if it agrees with its index record (body unchecked), else None."""
+
+    def repair_entry(entry):
+        """Rewrite committed entry ``entry.index`` with the verified copy ``entry``; a Deferred firing when durable."""

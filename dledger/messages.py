@@ -137,6 +137,10 @@ class MetadataResponse(RequestOrResponse):
     ledger_begin_index: int | None = None
     ledger_end_index: int | None = None
     committed_index: int | None = None
+    #: "disk full" / "disk error" while this member's store refuses writes for that (issue 21); else absent.
+    disk: str | None = None
+    #: On a leader: followers whose last answer said their disk refuses writes, ``{id: "disk full"}``.
+    peer_disk: dict[str, str] | None = None
 
 
 # -- replication ------------------------------------------------------------

@@ -21,6 +21,7 @@ only ever touched by the reactor thread.  Each member has its own
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +60,8 @@ class Snapshot:
     flushes: int = 0
     lag: dict[str, int] = field(default_factory=dict)
     store_damaged: int = 0
+    disk_problem: str | None = None
+    scrub: Any = None
     histograms: dict[str, Histogram] = field(default_factory=dict)
     peer_histograms: dict[str, dict[str, Histogram]] = field(default_factory=dict)
     appends: dict[str, int] = field(default_factory=dict)
@@ -82,6 +85,9 @@ def take_snapshot(server: Any) -> Snapshot:
     snap.pending = len(server.pending)
     snap.flushes = server.flusher.flushes
     snap.store_damaged = 1 if getattr(server, "damaged", None) is not None else 0
+    snap.disk_problem = getattr(store, "disk_problem", None)
+    scrubber = getattr(server, "scrubber", None)
+    snap.scrub = dataclasses.replace(scrubber.stats) if scrubber is not None else None
     replicator = server.replicator
     if replicator is not None and state.role is Role.LEADER:
         for peer in state.peers:
@@ -178,6 +184,12 @@ class MemberCollector:
         yield gauge("dledger_pending_appends", "Appends waiting on the leader for their quorum", snap.pending)
         yield gauge("dledger_store_damaged", "1 once an entry of this member's own log was found unreadable "
                     "(it no longer stands for election; cleared by a restart)", snap.store_damaged)
+        yield gauge("dledger_store_disk_full", "1 while this member's store refuses appends for want of space "
+                    "(diskFullRatio, or a write that failed with ENOSPC)", 1 if snap.disk_problem == "disk full" else 0)
+        yield gauge("dledger_store_disk_error", "1 while this member's store refuses appends after a write error",
+                    1 if snap.disk_problem == "disk error" else 0)
+        if snap.scrub is not None:
+            yield from _scrub_metrics(snap.scrub, base, ids)
         lag = GaugeMetricFamily("dledger_lag_entries_count", "Entries the leader has that a follower is not known "
                                 "to hold (unknown: all of them; leader only)", labels=[*base, "remote_id"])
         for peer, value in sorted(snap.lag.items()):
@@ -208,6 +220,29 @@ class MemberCollector:
             for peer, h in sorted(per_peer.items()):
                 fam.add_metric([*ids, peer], _buckets(h), h.sum)
             yield fam
+
+
+_SCRUB = (
+    ("passes", "Background scrub passes finished (every committed entry read back and verified)"),
+    ("bytes", "Bytes of entries the scrub read back and verified"),
+    ("entries", "Entries the scrub read back and verified"),
+    ("damaged", "Damaged committed entries the scrub found"),
+    ("repaired", "Damaged entries the scrub had rewritten from another member's intact copy"),
+    ("unrepaired", "Damaged entries the scrub found that no member could supply an intact copy of (left as they are)"),
+    ("read_errors", "Scrub reads that failed (the entries were not verified)"),
+)
+
+
+def _scrub_metrics(stats: Any, base: list[str], ids: list[str]) -> Iterator:
+    """``dledger_scrub_*``: what the background scrub (:mod:`dledger.store.scrub`) did since the member started."""
+    for name, doc in _SCRUB:
+        c = CounterMetricFamily(f"dledger_scrub_{name}", doc, labels=base)
+        c.add_metric(ids, getattr(stats, name))
+        yield c
+    g = GaugeMetricFamily("dledger_scrub_last_pass_end_seconds", "When the last scrub pass ended (reactor time; 0: "
+                          "none yet)", labels=base)
+    g.add_metric(ids, stats.last_pass_end)
+    yield g
 
 
 def _buckets(h: Histogram) -> list[tuple[str, int]]:

@@ -383,15 +383,24 @@ async def do_metadata(client, args, out) -> int:
         return 0
     leader = next((r.leader_id for r in answers.values() if not isinstance(r, DLedgerError) and r.leader_id), None)
     addresses = client.transport.members
+    # What the leader last heard from its followers' disks: shown even for a member that does not answer.
+    lead_says = answers.get(leader)
+    peer_disk = (getattr(lead_says, "peer_disk", None) or {}) if not isinstance(lead_says, DLedgerError) else {}
     if args.json:
-        members_json = {mid: ({"address": addresses[mid], "error": describe_error(r)} if isinstance(r, DLedgerError)
-                              else {"address": addresses[mid], **meta_json(r, mid)}) for mid, r in answers.items()}
+        members_json = {mid: ({"address": addresses[mid], "error": describe_error(r), "disk": peer_disk.get(mid)}
+                              if isinstance(r, DLedgerError)
+                              else {"address": addresses[mid], **meta_json(r, mid, peer_disk.get(mid))})
+                        for mid, r in answers.items()}
         print(json.dumps({"group": client.group, "leader": leader, "members": members_json}, sort_keys=True),
               file=out)
     else:
         print(f"group {client.group}, leader {leader or '(none known)'}", file=out)
         for mid, r in answers.items():
-            what = f"unreachable: {describe_error(r)}" if isinstance(r, DLedgerError) else meta_text(r, mid)
+            if isinstance(r, DLedgerError):
+                what = f"unreachable: {describe_error(r)}" + (f"; leader says {peer_disk[mid]}" if mid in peer_disk
+                                                              else "")
+            else:
+                what = meta_text(r, mid, peer_disk.get(mid))
             print(f"  {mid:4} {addresses[mid]:21} {what}", file=out)
     if all(isinstance(r, DLedgerError) for r in answers.values()):
         return 1
@@ -403,15 +412,20 @@ def check(resp: Any) -> None:
         raise DLedgerError(resp.response_code, "", leader_id=resp.leader_id)
 
 
-def meta_json(resp: Any, member: str) -> dict[str, Any]:
-    """One member's metadata as JSON; fields a Java DLedger member does not send are null (role is inferred)."""
+def meta_json(resp: Any, member: str, leader_says: str | None = None) -> dict[str, Any]:
+    """One member's metadata as JSON; fields a Java DLedger member does not send are null (role is inferred).
+
+    ``disk`` is ``disk full`` / ``disk error`` while the member's store refuses writes (its own word, else
+    what the leader last heard from it: ``leader_says``), null otherwise.
+    """
     return {"group": resp.group, "leader": resp.leader_id, "role": resp.role or infer_role(resp, member),
             "term": resp.term,
-            "begin": resp.ledger_begin_index, "end": resp.ledger_end_index, "committed": resp.committed_index}
+            "begin": resp.ledger_begin_index, "end": resp.ledger_end_index, "committed": resp.committed_index,
+            "disk": getattr(resp, "disk", None) or leader_says}
 
 
-def meta_text(resp: Any, member: str) -> str:
-    """One member's metadata as text.
+def meta_text(resp: Any, member: str, leader_says: str | None = None) -> str:
+    """One member's metadata as text (``  disk full`` at the end while its store refuses writes).
 
     Java DLedger members answer only Java's fields (group, leaderId, term, peers): their role is worked
     out from ``leaderId`` and the log range is shown as unknown, instead of failing on the missing fields.
@@ -419,8 +433,9 @@ def meta_text(resp: Any, member: str) -> str:
     role = resp.role or infer_role(resp, member)
     if resp.ledger_end_index is None:
         return f"{role:9} term {resp.term}  (no log range: member does not report it, e.g. Java DLedger)"
+    disk = getattr(resp, "disk", None) or leader_says
     return (f"{role:9} term {resp.term}  log {resp.ledger_begin_index}..{resp.ledger_end_index}  "
-            f"committed {resp.committed_index}")
+            f"committed {resp.committed_index}" + (f"  {disk}" if disk else ""))
 
 
 def infer_role(resp: Any, member: str) -> str:

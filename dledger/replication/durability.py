@@ -17,6 +17,7 @@ from twisted.logger import Logger
 
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
+from dledger.ratelog import RateLimitedLog
 
 log = Logger()
 
@@ -34,6 +35,7 @@ class Flusher:
         self._scheduled = None
         self._stopped = False
         self.flushes = 0
+        self._fail_log = RateLimitedLog(log, clock, interval=60.0)
 
     def wait(self, index: int) -> Deferred:
         """Deferred firing when entry ``index`` is durable."""
@@ -69,7 +71,12 @@ class Flusher:
 
     def _failed(self, failure) -> None:
         self._flushing = False
-        log.failure("flush failed; failing {n} waiters", failure, n=len(self._waiters))
+        if isinstance(failure.value, OSError):  # a disk that fails every flush: one line a minute, no traceback
+            self._fail_log.error("flush", "flush of the store in {dir} failed: {why}; failing {n} waiters "
+                                 "(DISK_ERROR)", dir=getattr(self.store, "member_dir", "?"),
+                                 why=failure.value.strerror or failure.value, n=len(self._waiters))
+        else:
+            log.failure("flush failed; failing {n} waiters", failure, n=len(self._waiters))
         self._fail_where(lambda index: True, DLedgerError(ResponseCode.DISK_ERROR, f"flush failed: {failure.value}"))
 
     def cancel_above(self, index: int, why: str) -> None:

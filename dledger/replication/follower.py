@@ -18,6 +18,7 @@ from twisted.logger import Logger
 from dledger.codes import PushType, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.errors import DLedgerError
+from dledger.interfaces import IDiskHealth
 from dledger.messages import PushEntryRequest, PushEntryResponse
 from dledger.ratelog import RateLimitedLog
 from dledger.replication import pushcheck
@@ -64,6 +65,7 @@ class EntryHandler:
         # Highest index known to match the current leader's log in the current term.
         self._matched = MatchedPrefix()
         self._refusals = RateLimitedLog(log, clock, interval=30.0)
+        self._disk = store if IDiskHealth.providedBy(store) else None
 
     @property
     def parked(self) -> int:
@@ -180,10 +182,10 @@ class EntryHandler:
                                           self.append_window, len(self._waiting), self.max_waiting)
         return None
 
-    def _clear_waiting(self, why: str) -> None:
+    def _clear_waiting(self, why: str, code: ResponseCode = ResponseCode.INCONSISTENT_STATE) -> None:
         waiting, self._waiting = self._waiting, {}
         for req, d, _ in waiting.values():
-            self._reply(d, req, ResponseCode.INCONSISTENT_STATE)
+            self._reply(d, req, code)
         if waiting:
             log.debug("{id}: dropped {n} waiting pushes: {why}", id=self.state.self_id, n=len(waiting), why=why)
 
@@ -279,6 +281,11 @@ class EntryHandler:
         if first in self._waiting:
             self._reply(d, req, ResponseCode.REPEATED_PUSH)
             return
+        refusal = self._disk.write_refusal() if self._disk is not None else None
+        if refusal is not None:  # a full or failing disk: answer now rather than hold the push (issue 21)
+            self._clear_waiting("the store refuses writes", refusal.code)
+            self._reply(d, req, refusal.code)
+            return
         self._waiting[first] = (req, d, self.clock.seconds())
         self._drain()
 
@@ -309,6 +316,9 @@ class EntryHandler:
                     self._refuse(d, req, exc)
                 else:
                     self._reply(d, req, exc.code)
+                    if exc.code in (ResponseCode.DISK_FULL, ResponseCode.DISK_ERROR):
+                        # Nothing after the failed push can be stored either: answer the rest now, hold nothing.
+                        self._clear_waiting("the store refuses writes", exc.code)
                 continue
             last = req.last_entry_index
             self._match(req, last)

@@ -20,6 +20,7 @@ from dledger.entry import Entry, EntryList, encoded_size
 from dledger.errors import DLedgerError
 from dledger.messages import PushEntryRequest
 from dledger.ratelog import RateLimitedLog, RateLimiter
+from dledger.replication import peerdisk
 from dledger.replication.progress import Progress
 from dledger.replication.rules import Step, after_compare, first_compare_index, leader_commit_index, truncate_reason
 from dledger.stats import lag_entries
@@ -56,6 +57,8 @@ class EntryDispatcher(Progress):
         self.down_since: float | None = None  # when the follower stopped answering (None: it answers)
         self.failures = 0  # requests that failed since then
         self.behind = False  # an info line said it is more than BEHIND_LOG_ENTRIES behind
+        #: "disk full" / "disk error" while the follower refuses our entries for that (issue 21), else None.
+        self.disk_problem: str | None = None
 
     def _shrunk(self, resp) -> bool:
         """Believe what the follower says it holds when that is less than its watermark (True if so).
@@ -120,11 +123,33 @@ class EntryDispatcher(Progress):
 
     # -- state ---------------------------------------------------------------------------
     def _retry_later(self, why: str) -> None:
-        """Something failed: compare again after a short pause (never a tight loop)."""
+        """Something failed: compare again after a short pause (never a tight loop; a heartbeat for a disk problem)."""
         self.become(Step.COMPARE, -1)
         if self._retry is None and not self.stopped:
             log.debug("{peer}: retrying in COMPARE: {why}", peer=self.peer, why=why)
-            self._retry = self.leader.clock.callLater(self.leader.retry_delay, self._retry_now)
+            lead = self.leader
+            delay = peerdisk.retry_after(self.disk_problem, lead.retry_delay, lead.heartbeat)
+            self._retry = lead.clock.callLater(delay, self._retry_now)
+
+    def _disk_answer(self, code: ResponseCode, first: int, last: int) -> bool:
+        """The follower's answer says its disk refuses writes: say so (once, then once a minute); True if it did."""
+        problem = peerdisk.peer_disk_problem(code)
+        if problem is None:
+            return False
+        lead = self.leader
+        self.disk_problem = problem
+        lead.disk_log.error(("disk", self.peer), "{id}: follower {peer} cannot store entries {first}..{last}: "
+                            "{problem} ({code}); its own log names the store directory and free space. "
+                            "Retrying every heartbeat", id=lead.self_id, peer=self.peer, first=first, last=last,
+                            problem=problem, code=code.name)
+        return True
+
+    def _stores_again(self) -> None:
+        lead = self.leader
+        was, self.disk_problem = self.disk_problem, None
+        lead.disk_log.limiter.forget(("disk", self.peer))
+        log.info("{id}: follower {peer} stores entries again (was: {was})", id=lead.self_id, peer=self.peer,
+                 was=was)
 
     def _retry_now(self) -> None:
         self._retry = None
@@ -232,7 +257,7 @@ class EntryDispatcher(Progress):
         lead = self.leader
         store = lead.store
         end = store.ledger_end_index
-        while self.may_append(end, lead.max_in_flight):
+        while self.may_append(end, peerdisk.in_flight_limit(self.disk_problem, lead.max_in_flight)):
             if self.write_index < store.ledger_begin_index:
                 self.become(Step.COMPARE, -1)
                 self.pump()
@@ -305,9 +330,12 @@ class EntryDispatcher(Progress):
         self.outstanding = False
         if resp.response_code is ResponseCode.UNEXPECTED_ARGUMENT:
             self._refused(index, index)
+        self._disk_answer(resp.response_code, index, index)
         if resp.response_code is not ResponseCode.SUCCESS:
             self._retry_later(f"TRUNCATE answered {resp.response_code.name}")
             return
+        if self.disk_problem is not None:
+            self._stores_again()
         self.truncated(index)
         self.leader.watermark_changed(self)
         self.pump()
@@ -315,6 +343,8 @@ class EntryDispatcher(Progress):
     def _on_append(self, resp, first: int, last: int) -> None:
         code = resp.response_code
         if code is ResponseCode.SUCCESS:
+            if self.disk_problem is not None:
+                self._stores_again()
             if self.append_acked(first, last):
                 self.leader.watermark_changed(self)
             self.pump()
@@ -325,6 +355,7 @@ class EntryDispatcher(Progress):
         else:
             if code is ResponseCode.UNEXPECTED_ARGUMENT:
                 self._refused(first, last)
+            self._disk_answer(code, first, last)
             self._retry_later(f"APPEND {first}-{last} answered {code.name}")
 
     def _refused(self, first: int, last: int) -> None:
@@ -403,6 +434,7 @@ class LeaderReplicator:
         self.keeps_recent = self.recent is not shared
         self.damage_log = RateLimitedLog(log, self.clock, interval=60.0)
         self.follower_log = RateLimitedLog(log, self.clock, interval=10.0)  # a flapping follower: one line per 10 s
+        self.disk_log = RateLimitedLog(log, self.clock, interval=60.0)  # a follower's full disk: one line a minute
         self.down_summaries = RateLimiter(self.clock, DOWN_SUMMARY_INTERVAL)
         self.behind_log_entries = BEHIND_LOG_ENTRIES
         self._durable_wanted = -1  # highest index whose durability was asked for
@@ -536,6 +568,10 @@ class LeaderReplicator:
                               "{why}; this member's store is damaged (see 'store damaged' in operations.md)",
                               id=self.self_id, index=index, peer=peer, why=exc.message or exc)
         self.on_store_damaged(index, exc)
+
+    def peer_disk_problems(self) -> dict[str, str]:
+        """Followers whose last answer said their disk refuses writes: ``{peer: "disk full" | "disk error"}``."""
+        return {peer: d.disk_problem for peer, d in self.dispatchers.items() if d.disk_problem is not None}
 
     def peer_known(self, peer: str) -> int:
         """The highest index ``peer`` is known to hold now (-1: unknown); what the lag metric counts from."""
