@@ -181,6 +181,15 @@ def _held(store) -> list:
     return [store.get(i) for i in range(store.ledger_begin_index, store.ledger_end_index + 1)]
 
 
+def _answer(body: str, result, pending: str) -> str:
+    """One append's line: its index, its refusal's code, or ``pending`` while it has no answer."""
+    if result is None:
+        return f"{body}: {pending}"
+    if isinstance(result, Failure):
+        return f"{body}: {_code(result)}"
+    return f"{body}: index {result.index}"
+
+
 def _code(result) -> str:
     if isinstance(result, Failure):
         err = result.value
@@ -299,15 +308,7 @@ class Runner:
         return "sent"
 
     def do_acks(self, args) -> str:
-        lines = []
-        for body, r in self.submitted:
-            if r is None:
-                lines.append(f"{body}: no answer yet")
-            elif isinstance(r, Failure):
-                lines.append(f"{body}: {_code(r)}")
-            else:
-                lines.append(f"{body}: index {r.index}")
-        return "\n".join(lines) or "(none)"
+        return "\n".join(_answer(body, r, "no answer yet") for body, r in self.submitted) or "(none)"
 
     def do_tick(self, args) -> str:
         self._group().run(float(args[0]))
@@ -326,16 +327,7 @@ class Runner:
         for k, body in enumerate(args):
             client.append(body.encode()).addBoth(lambda r, k=k: results.__setitem__(k, r))
         c.run_until(lambda: len(results) == len(args), 30)
-        lines = []
-        for k, body in enumerate(args):
-            r = results.get(k)
-            if r is None:
-                lines.append(f"{body}: no answer")
-            elif isinstance(r, Failure):
-                lines.append(f"{body}: {_code(r)}")
-            else:
-                lines.append(f"{body}: index {r.index}")
-        return "\n".join(lines)
+        return "\n".join(_answer(body, results.get(k), "no answer") for k, body in enumerate(args))
 
     def do_transfer(self, args) -> str:
         c = self._group()
