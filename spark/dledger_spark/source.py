@@ -55,9 +55,14 @@ class Planner:
                 credentials = self.opts.credentials.build(group)
             except ConfigError as exc:
                 raise SourceError(f"dledger source: credentials: {exc}") from None
-            client = self._clients[group] = BlockingClient(self.opts.groups[group], group, timeout=self.opts.timeout,
-                                                           credentials=credentials)
-            self.probe(group, client)
+            client = BlockingClient(self.opts.groups[group], group, timeout=self.opts.timeout,
+                                    credentials=credentials)
+            try:
+                self.probe(group, client)
+            except BaseException:
+                client.close()
+                raise
+            self._clients[group] = client
         return client
 
     def probe(self, group: str, client) -> None:
