@@ -75,7 +75,7 @@ class Loader:
         if self.credentials is not None and self.credentials.tls_options is not None:
             from dledger.security.tls import wrap_client_endpoint
 
-            endpoint = wrap_client_endpoint(self.credentials.tls_options, endpoint)
+            endpoint = wrap_client_endpoint(self.credentials.tls_options, endpoint, clock=self.reactor)
         await connectProtocol(endpoint, self.raw)
 
     def send(self, count: int, on_reply: Any) -> None:

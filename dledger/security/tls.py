@@ -179,8 +179,14 @@ def wrap_server_factory(options: Any, factory: Any) -> Any:
     return _Factory(options, False, factory)
 
 
-def wrap_client_endpoint(options: Any, endpoint: Any) -> Any:
-    """A client endpoint whose connections speak TLS with ``options``."""
+def wrap_client_endpoint(options: Any, endpoint: Any, clock: Any = None) -> Any:
+    """A client endpoint whose connections speak TLS with ``options``.
+
+    ``clock``: the reactor the connection runs on.  Twisted's TLS layer schedules its buffered writes
+    with ``callLater`` on this clock (the global reactor when None), so a client on a private reactor
+    (:class:`dledger.blocking.BlockingClient`) must pass its own, or its writes wait for a reactor that
+    never runs.
+    """
     from twisted.internet.endpoints import wrapClientTLS
 
-    return wrapClientTLS(options, endpoint)
+    return wrapClientTLS(options, endpoint, clock=clock)

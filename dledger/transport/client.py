@@ -322,7 +322,7 @@ class RemotingClient:
             if self.credentials is not None and self.credentials.tls_options is not None:
                 from dledger.security.tls import wrap_client_endpoint
 
-                endpoint = wrap_client_endpoint(self.credentials.tls_options, endpoint)
+                endpoint = wrap_client_endpoint(self.credentials.tls_options, endpoint, clock=self.reactor)
             link = self.links[address] = Link(self, address, endpoint)
         return link
 

@@ -8,7 +8,12 @@ and restarted ingest writes every index exactly once.  The start offsets are pin
 means the same indexes when the first batch is replayed.  ``--once`` runs ``Trigger.AvailableNow``:
 everything committed when it starts, then exit.
 
-Exit status: 0 done (or stopped by SIGTERM / Ctrl-C), 1 the query failed, 2 bad arguments.
+A secured group (``authMode`` tls or secret, docs/security.md) is read with the ``dledger`` CLI's
+credential options: ``--tls-ca``/``--tls-cert``/``--tls-key`` or ``--client-name``/``--token-file``.
+
+Exit status: 0 done (or stopped by SIGTERM / Ctrl-C), 1 the query failed or could not start (one line on
+stderr; a wrong group, a checkpoint of other groups, an unwritable output, unreachable members are
+found before anything is written), 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -48,6 +54,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress-interval", type=float, default=5.0, metavar="SECONDS",
                    help="seconds between progress lines (default 5)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration")
+    # The same names, defaults and meaning as the dledger client commands' (dledger/commands/client.py).
+    sec = p.add_argument_group("security (members with TLS or authMode tls/secret; docs/security.md)")
+    sec.add_argument("--tls-ca", default=os.environ.get("DLEDGER_TLS_CA"),
+                     help="speak TLS; the members' certificates must chain to this CA file (default $DLEDGER_TLS_CA)")
+    sec.add_argument("--tls-cert", default=os.environ.get("DLEDGER_TLS_CERT"),
+                     help="client certificate for authMode=tls (default $DLEDGER_TLS_CERT)")
+    sec.add_argument("--tls-key", default=os.environ.get("DLEDGER_TLS_KEY"),
+                     help="its private key (default $DLEDGER_TLS_KEY)")
+    sec.add_argument("--client-name", default=os.environ.get("DLEDGER_CLIENT_NAME"),
+                     help="this client's name in the members' clientsFile, for --token-file")
+    sec.add_argument("--token-file", default=os.environ.get("DLEDGER_TOKEN_FILE"),
+                     help="file holding this client's token for authMode=secret (default $DLEDGER_TOKEN_FILE)")
 
 
 def add_parser(subparsers) -> None:
@@ -66,7 +84,8 @@ def source_options(args) -> dict[str, str]:
             "timeout": str(args.timeout), "startingIndex": args.starting_index}
     for key, value in (("peers", args.peers), ("group", args.group), ("groups", args.groups),
                        ("maxEntriesPerTrigger", args.max_entries_per_trigger),
-                       ("partitionBytes", args.partition_bytes)):
+                       ("partitionBytes", args.partition_bytes), ("tlsCa", args.tls_ca), ("tlsCert", args.tls_cert),
+                       ("tlsKey", args.tls_key), ("clientName", args.client_name), ("tokenFile", args.token_file)):
         if value is not None:
             opts[key] = str(value)
     return opts
@@ -79,18 +98,63 @@ def checkpoint_dir(args) -> str:
     return out + ".checkpoint"
 
 
+class IngestError(RuntimeError):
+    """The ingest cannot start: one line, exit status 1."""
+
+
+def local_path(location: str) -> Path | None:
+    """The local path of a directory location (a path or ``file://``), None for any other URI."""
+    if location.startswith("file://"):
+        return Path(location.removeprefix("file://"))
+    return None if "://" in location else Path(location)
+
+
+def unwritable(location: str, what: str) -> str | None:
+    """Why Spark could not create or write the local directory ``location``; None if it can (or a remote URI).
+
+    Only looks: nothing is created, so a refused ingest leaves no trace.
+    """
+    path = local_path(location)
+    if path is None:
+        return None
+    path = path.absolute()
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{what} {location} cannot be created: {probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{what} {location} is not writable: no write permission on {probe}" if probe == path else \
+            f"{what} {location} cannot be created: no write permission on {probe}"
+    return None
+
+
 def pin_start(checkpoint: str, opts: dict[str, str], parsed) -> dict[str, int]:
     """The start offsets of this ingest: from the checkpoint's pin file, else resolved now and pinned there.
 
-    Only for local checkpoints (a path); for a remote URI the start is resolved by the source each run.
+    The pin file names the groups the checkpoint was started with: one of other groups is refused
+    (IngestError) before anything is read or written.  Only for local checkpoints (a path); for a
+    remote URI the start is resolved by the source each run (and the source refuses offsets of other
+    groups when the query plans its first batch).
     """
+    from dledger_spark.planning import foreign_groups
     from dledger_spark.source import Planner
 
-    local = "://" not in checkpoint or checkpoint.startswith("file://")
+    local = local_path(checkpoint) is not None
     path = Path(checkpoint.removeprefix("file://")) / START_FILE
     if local and path.exists():
-        pinned = json.loads(path.read_text(encoding="utf-8"))
-        return {g: int(pinned[g]) for g in parsed.groups if g in pinned} | \
+        try:
+            pinned = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(pinned, dict):
+                raise ValueError("not a JSON object")
+            pinned = {str(g): int(v) for g, v in pinned.items()}
+        except (OSError, ValueError, TypeError) as exc:
+            raise IngestError(f"checkpoint {checkpoint}: {START_FILE} is unreadable ({exc}): restore it, or start "
+                              "a new checkpoint") from None
+        problem = foreign_groups(pinned, parsed.groups)
+        if problem is not None:
+            raise IngestError(f"checkpoint {checkpoint}: {problem}")
+        return {g: pinned[g] for g in parsed.groups if g in pinned} | \
             {g: v for g, v in _resolve(parsed).items() if g not in pinned}
     planner = Planner(parsed)
     try:
@@ -127,14 +191,15 @@ class Progress:
 
     def committed(self, group: str) -> int | None:
         from dledger.blocking import BlockingClient
-        from dledger.errors import DLedgerError
+        from dledger.errors import ConfigError, DLedgerError
 
         try:
             client = self._clients.get(group)
             if client is None:
-                client = self._clients[group] = BlockingClient(self.parsed.groups[group], group, timeout=5)
+                client = self._clients[group] = BlockingClient(self.parsed.groups[group], group, timeout=5,
+                                                               credentials=self.parsed.credentials.build(group))
             return client.find_leader(timeout=5).committed_index
-        except DLedgerError:
+        except (DLedgerError, ConfigError):
             return None
 
     def report(self, query) -> None:
@@ -185,33 +250,68 @@ def run(args) -> int:
             return 2
         conf[key] = value
     checkpoint = checkpoint_dir(args)
+    fresh = [p for p in (local_path(args.output), local_path(checkpoint)) if p is not None and not p.exists()]
     try:
+        for location, what in ((args.output, "output"), (checkpoint, "checkpoint")):
+            problem = unwritable(location, what)
+            if problem is not None:
+                raise IngestError(problem)
         start = pin_start(checkpoint, opts, parsed)
-    except (SourceError, DLedgerError) as exc:
+    except (IngestError, SourceError, DLedgerError) as exc:
         print(f"dledger ingest: {exc}", file=sys.stderr)
         return 1
     opts["startingIndex"] = json.dumps(start)
+    try:
+        spark, query, progress = start_query(args, opts, parsed, conf, checkpoint, start)
+    except Exception as exc:  # Spark could not start it (a remote output it cannot write, a bad --conf ...)
+        for path in fresh:  # what this run created: nothing ran, nothing to keep
+            shutil.rmtree(path, ignore_errors=True)
+        print(f"dledger ingest: the query could not start: {one_line(exc)}", file=sys.stderr, flush=True)
+        return 1
+    return watch(args, spark, query, progress)
+
+
+def one_line(exc: BaseException) -> str:
+    """The line of a (Py4J, Spark) error that says what went wrong: a ``dledger source:`` line, or the first
+    line of the Java exception, or of the message."""
+    java = getattr(exc, "java_exception", None)
+    text = str(java.toString()) if java is not None else str(exc)
+    lines = [ln.strip().lstrip(": ").strip() for ln in text.strip().splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith("An error occurred while calling")]
+    line = next((ln for ln in lines if "dledger source:" in ln), lines[0] if lines else repr(exc))
+    return line[line.find("dledger source:"):] if "dledger source:" in line else line
+
+
+def start_query(args, opts: dict[str, str], parsed, conf: dict[str, str], checkpoint: str, start: dict):
+    """The SparkSession, the started streaming query into Parquet, and its Progress."""
     from dledger_spark.session import get_session
 
     spark = get_session(args.master, conf=conf)
-    from pyspark.sql import functions as F
+    try:
+        from pyspark.sql import functions as F
 
-    df = spark.readStream.format("dledger").options(**opts).load()
-    writer = (df.withColumn("date", F.to_date("ingest_time")).writeStream.format("parquet")
-              .option("path", args.output).option("checkpointLocation", checkpoint)
-              .partitionBy("group", "date").queryName("dledger-ingest"))
-    writer = writer.trigger(availableNow=True) if args.once else \
-        writer.trigger(processingTime=f"{args.trigger_interval} seconds")
-    progress = Progress(parsed)
+        df = spark.readStream.format("dledger").options(**opts).load()
+        writer = (df.withColumn("date", F.to_date("ingest_time")).writeStream.format("parquet")
+                  .option("path", args.output).option("checkpointLocation", checkpoint)
+                  .partitionBy("group", "date").queryName("dledger-ingest"))
+        writer = writer.trigger(availableNow=True) if args.once else \
+            writer.trigger(processingTime=f"{args.trigger_interval} seconds")
+        print(f"ingest: {', '.join(parsed.groups)} -> {args.output} (checkpoint {checkpoint}, start {start}, "
+              f"{'once' if args.once else 'every ' + str(args.trigger_interval) + ' s'})", flush=True)
+        return spark, writer.start(), Progress(parsed)
+    except BaseException:
+        spark.stop()
+        raise
+
+
+def watch(args, spark, query, progress: Progress) -> int:
+    """Report progress until the query ends (or SIGTERM / Ctrl-C stops it); the exit status."""
     stopping = []
 
     def stop(signum, frame):
         stopping.append(signum)
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    print(f"ingest: {', '.join(parsed.groups)} -> {args.output} (checkpoint {checkpoint}, start {start}, "
-          f"{'once' if args.once else 'every ' + str(args.trigger_interval) + ' s'})", flush=True)
-    query = writer.start()
     started = time.monotonic()
     try:
         while query.isActive and not stopping:
@@ -221,10 +321,7 @@ def run(args) -> int:
             query.stop()
         error = query.exception()
         if error is not None:
-            first = str(error).strip().splitlines()
-            line = next((ln for ln in first if "dledger source:" in ln), first[0] if first else repr(error))
-            line = line[line.find("dledger source:"):] if "dledger source:" in line else line
-            print(f"dledger ingest: the query failed: {line.strip()}", file=sys.stderr, flush=True)
+            print(f"dledger ingest: the query failed: {one_line(error)}", file=sys.stderr, flush=True)
             return 1
         took = time.monotonic() - started
         print(f"ingest: {'stopped' if stopping else 'done'}: {progress.rows} rows in {took:.1f} s", flush=True)

@@ -1,11 +1,14 @@
 """The data source's options, parsed and checked once (pure functions, no Spark, no network).
 
 Every mistake is one line naming the option (``OptionError``, a ``ValueError``), raised where
-Spark plans the query, so ``spark.read.format("dledger")...load()`` fails before any task runs.
+Spark plans the query, so ``spark.read.format("dledger")...load()`` fails before any task runs.  An
+option this source does not know is refused too, naming the closest one it does (Kafka's
+``maxOffsetsPerTrigger`` -> ``maxEntriesPerTrigger``): ignored, it would silently read everything.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 
@@ -24,6 +27,89 @@ class OptionError(ValueError):
     """A data source option is missing or malformed (the message names it)."""
 
 
+#: Every option, spelled as documented (Spark hands them case-insensitively).
+OPTIONS = ("peers", "group", "groups", "startingIndex", "endingIndex", "maxEntriesPerTrigger", "readFrom", "format",
+           "failOnDataLoss", "timeout", "partitionBytes", "tlsCa", "tlsCert", "tlsKey", "clientName", "tokenFile")
+#: Names from Kafka's source (what a Spark user types first) and their counterparts here.
+KAFKA_NAMES = {"startingOffsets": "startingIndex", "endingOffsets": "endingIndex",
+               "maxOffsetsPerTrigger": "maxEntriesPerTrigger", "kafka.bootstrap.servers": "peers",
+               "subscribe": "group"}
+
+
+def _folded(name: str) -> str:
+    """``tls-ca``, ``tls_ca`` and ``TLSCA`` compare equal to ``tlsCa``."""
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def closest_option(name: str) -> str | None:
+    """The documented option ``name`` was probably meant to be (None if nothing is close)."""
+    kafka = {_folded(k): v for k, v in KAFKA_NAMES.items()}
+    if _folded(name) in kafka:
+        return kafka[_folded(name)]
+    folded = {_folded(o): o for o in OPTIONS}
+    if _folded(name) in folded:
+        return folded[_folded(name)]
+    match = difflib.get_close_matches(_folded(name), list(folded), n=1, cutoff=0.6)
+    return folded[match[0]] if match else None
+
+
+def check_known(options) -> None:
+    """OptionError for the first option (in name order) this source does not know."""
+    known = {o.lower() for o in OPTIONS}
+    for key in sorted(options.keys(), key=str.lower):
+        if key.lower() in known:
+            continue
+        best = closest_option(key)
+        hint = f"did you mean {best!r}?" if best else f"the options are {', '.join(OPTIONS)}"
+        raise OptionError(f"unknown option {key!r}: {hint} (README 'Spark ingest', docs/operations.md)")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What the source presents to a secured group: the ``dledger`` CLI's ``--tls-ca``, ``--tls-cert``,
+    ``--tls-key``, ``--client-name`` and ``--token-file`` (options ``tlsCa`` ... ``tokenFile``).
+
+    Paths, not loaded objects: a Partition carries them to executors (pickled), where each Python worker
+    builds its own :class:`dledger.security.guard.ClientCredentials`, so the files must be readable at
+    the same path on every executor host.
+    """
+
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    client_name: str | None = None
+    token_file: str | None = None
+
+    def __bool__(self) -> bool:
+        return any((self.tls_ca, self.tls_cert, self.tls_key, self.client_name, self.token_file))
+
+    def build(self, group: str):
+        """dledger's ClientCredentials for ``group`` (None: plain TCP, anonymous); ConfigError for unusable files."""
+        from dledger.security.guard import ClientCredentials
+
+        return ClientCredentials.for_client(group, name=self.client_name or "", token_file=self.token_file,
+                                            tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key)
+
+
+def parse_credentials(options, groups: dict[str, str]) -> Credentials:
+    """The credential options, checked by loading them once here on the driver (one line per mistake)."""
+    creds = Credentials(*(_get(options, n) or None for n in ("tlsCa", "tlsCert", "tlsKey", "clientName", "tokenFile")))
+    if (creds.tls_cert or creds.tls_key) and not creds.tls_ca:
+        raise OptionError("options 'tlsCert'/'tlsKey' need 'tlsCa' (the CA the members' certificates chain to)")
+    if bool(creds.tls_cert) != bool(creds.tls_key):
+        raise OptionError("options 'tlsCert' and 'tlsKey' go together")
+    if creds.token_file and not creds.client_name:
+        raise OptionError("option 'tokenFile' needs 'clientName' (this client's name in the members' clientsFile)")
+    if creds.client_name and not creds.token_file:
+        raise OptionError("option 'clientName' needs 'tokenFile' (the file holding its token)")
+    for group in groups:
+        try:
+            creds.build(group)
+        except (ConfigError, ValueError) as exc:
+            raise OptionError(f"credentials: {exc}") from None
+    return creds
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """The parsed options of one ``format("dledger")`` read."""
@@ -40,6 +126,7 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     timeout: float = DEFAULT_TIMEOUT
     partition_bytes: int = DEFAULT_PARTITION_BYTES
+    credentials: Credentials = Credentials()
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -153,6 +240,7 @@ def parse_positive(name: str, text: str | None, kind: type, default):
 
 def parse_options(options) -> SourceOptions:
     """All options of a read (``options``: Spark's case-insensitive dict, or any mapping)."""
+    check_known(options)
     groups = parse_groups(options)
     read_from = (_get(options, "readFrom") or "leader").strip().lower()
     if read_from not in READ_FROM:
@@ -173,4 +261,5 @@ def parse_options(options) -> SourceOptions:
         timeout=parse_positive("timeout", _get(options, "timeout"), float, DEFAULT_TIMEOUT),
         partition_bytes=parse_positive("partitionBytes", _get(options, "partitionBytes"), int,
                                        DEFAULT_PARTITION_BYTES),
+        credentials=parse_credentials(options, groups),
     )

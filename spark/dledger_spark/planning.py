@@ -80,3 +80,67 @@ def data_loss_message(group: str, wanted: int, begin: int) -> str:
     return (f"dledger source: entries {wanted}..{begin - 1} of group {group!r} were deleted by retention "
             f"(the log now begins at index {begin}); set failOnDataLoss=false to skip them, or start at "
             f"startingIndex >= {begin}")
+
+
+def foreign_groups(recorded, configured) -> str | None:
+    """Why a checkpoint whose offsets (or pinned start) name ``recorded`` groups cannot serve ``configured``.
+
+    None if it can.  A checkpoint belongs to the groups it was started with: a group may be added later (it
+    starts at its ``startingIndex``), but none dropped or renamed -- offsets of g0 are no position in g1's
+    log, and a dropped group re-added later would be read again from its start.
+    """
+    missing = sorted(set(recorded) - set(configured))
+    if not missing:
+        return None
+    return (f"the checkpoint holds offsets of group(s) {', '.join(missing)}, which this query does not read "
+            f"(it reads {', '.join(sorted(configured))}): a checkpoint belongs to the groups it was started with; "
+            "use a new checkpoint location (and output) for other groups")
+
+
+#: What the client's TLS check or secret-mode login says when the member is not one of ``group`` as this
+#: client knows it (another group's certificate or secret, a refused token): no retry changes that.
+IDENTITY_MISMATCH = ("refused the login of", "does not know our secret", "is not a member certificate of group",
+                     "the server's certificate names member", "presented no certificate")
+
+
+def metadata_problem(group: str, peers: str, code, meta=None, error: str = "") -> str | None:
+    """What a member's METADATA answer (its ``code``, ``meta`` if it answered, the ``error`` text if it did
+    not) says is wrong with reading ``group`` at ``peers``; None if nothing that waiting could not cure.
+
+    ``UNKNOWN_GROUP``: the members serve another group (a wrong ``group``); ``UNKNOWN_MEMBER``: the ids in
+    ``peers`` are not the members' own.  A SUCCESS answer with no leader, no peer map, no role and no log
+    range is what a member with authentication answers a client without the read role (docs/security.md):
+    waiting for a leader would never end.  A login or certificate of the wrong group (secured groups know
+    their name before any request: a wrong ``group`` shows here) ends it too.  Anything else (no leader
+    yet, an election, a member down) is waited out.
+    """
+    if any(marker in error for marker in IDENTITY_MISMATCH):
+        return (f"dledger source: group {group!r} at {peers}: {error}: check 'group' (dledger ingest --group) and "
+                "the credentials (tlsCa/tlsCert/tlsKey, clientName/tokenFile) against the members' config")
+    if code.name == "UNKNOWN_GROUP":
+        return (f"dledger source: the members at {peers} do not serve group {group!r} (UNKNOWN_GROUP ({int(code)})): "
+                "check 'group' (dledger ingest --group) against the members' config")
+    if code.name == "UNKNOWN_MEMBER":
+        return (f"dledger source: a member at {peers} is not the member its id names (UNKNOWN_MEMBER "
+                f"({int(code)})): check 'peers'")
+    redacted = (meta is not None and code.name == "SUCCESS" and meta.leader_id is None and meta.peers is None
+                and meta.role is None and meta.ledger_begin_index is None)
+    if code.name == "NOT_AUTHORIZED" or redacted:
+        return (f"dledger source: group {group!r} at {peers} needs credentials with the read role: the members "
+                "run with authentication and did not let this client read; pass tlsCa/tlsCert/tlsKey "
+                "(authMode=tls) or clientName/tokenFile (authMode=secret) -- dledger ingest --tls-ca/--tls-cert/"
+                "--tls-key or --client-name/--token-file -- and check the client's role in the members' clientsFile")
+    return None
+
+
+def no_leader_message(group: str, peers: str, timeout: float, error: str, closed_at_once: bool) -> str:
+    """The line planning fails with when no leader answered for ``timeout`` seconds (``error``: the last one).
+
+    ``closed_at_once``: a member closed a plain connection as soon as it was made -- what a TLS port
+    (``authMode = tls`` or ``tlsCert``) does to a client without ``tlsCa``: the line says so.
+    """
+    line = f"dledger source: no leader of group {group!r} at {peers} answered within {timeout:g}s: {error}"
+    if closed_at_once:
+        line += ("; the members closed the connection at once: if they speak TLS, pass tlsCa (and tlsCert/tlsKey "
+                 "for authMode=tls; dledger ingest --tls-ca/--tls-cert/--tls-key)")
+    return line

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
+from dledger_spark.options import Credentials
 from dledger_spark.planning import data_loss_message
 from dledger_spark.schema import arrow_batch
 
@@ -31,6 +32,10 @@ try:  # pyspark is there on executors; the module also works (and is tested) wit
     from pyspark.sql.datasource import InputPartition
 except ImportError:  # pragma: no cover
     InputPartition = object
+
+
+#: A read without credentials (an open group).
+NO_CREDENTIALS = Credentials()
 
 
 class SourceError(RuntimeError):
@@ -54,24 +59,31 @@ class Partition(InputPartition):
     format: str = "raw"
     fail_on_data_loss: bool = True
     timeout: float = 60.0
+    credentials: Credentials = NO_CREDENTIALS
 
     def __post_init__(self):
         self.value = (self.group, self.start, self.end)  # what InputPartition's repr shows
 
 
-_clients: dict[tuple[str, str, float], object] = {}
+_clients: dict[tuple[str, str, float, Credentials], object] = {}
 _clients_lock = threading.Lock()
 
 
-def client_for(peers: str, group: str, timeout: float):
-    """This process's blocking client of ``group`` (made on first use, closed at exit)."""
+def client_for(peers: str, group: str, timeout: float, credentials: Credentials = NO_CREDENTIALS):
+    """This process's blocking client of ``group`` with ``credentials`` (made on first use, closed at exit)."""
     from dledger.blocking import BlockingClient
+    from dledger.errors import ConfigError
 
-    key = (peers, group, timeout)
+    key = (peers, group, timeout, credentials)
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            client = _clients[key] = BlockingClient(peers, group, timeout=timeout, request_timeout=3.0)
+            try:
+                built = credentials.build(group)
+            except ConfigError as exc:  # readable on the driver, not here: an executor host without the files
+                raise SourceError(f"dledger source: credentials on this executor: {exc}") from None
+            client = _clients[key] = BlockingClient(peers, group, timeout=timeout, request_timeout=3.0,
+                                                    credentials=built)
         return client
 
 
@@ -106,7 +118,7 @@ def read_entries(part: Partition, client=None, clock=time.monotonic) -> Iterator
     deleted by retention raise :class:`SourceError` unless ``fail_on_data_loss`` is off: then the
     missing ones are skipped (a warning says which).
     """
-    client = client or client_for(part.peers, part.group, part.timeout)
+    client = client or client_for(part.peers, part.group, part.timeout, part.credentials)
     index = part.start
     last_progress = clock()
     use_leader = part.read_from == "leader" or not part.members
@@ -122,6 +134,10 @@ def read_entries(part: Partition, client=None, clock=time.monotonic) -> Iterator
                                     None if use_leader else turn)
         except DLedgerError as exc:
             last_error = exc
+            if exc.code is ResponseCode.NOT_AUTHORIZED:  # no retry cures a missing role
+                raise SourceError(f"dledger source: reading group {part.group!r} was refused: {exc}; the source "
+                                  "needs credentials with the read role (tlsCa/tlsCert/tlsKey or "
+                                  "clientName/tokenFile)") from None
             if exc.code is ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN:
                 if not use_leader:  # a follower's own retention: the leader may still hold them
                     use_leader = True

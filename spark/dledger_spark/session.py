@@ -2,7 +2,8 @@
 
 Python data sources run in Python workers that Spark starts with ``PYSPARK_PYTHON`` (``python3`` from
 PATH when unset) -- which would not have dledger installed.  :func:`ensure_python` points it at the
-running interpreter (its environment has dledger-spark) unless the operator chose one.
+running interpreter (its environment has dledger-spark) unless the operator chose one; :func:`register`
+does the same for the ``dledger`` source alone in a session someone else made.
 """
 
 from __future__ import annotations
@@ -31,11 +32,51 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def register(spark) -> None:
-    """Register the ``dledger`` data source with ``spark``."""
+def worker_python(spark, python: str | None = None) -> str | None:
+    """The interpreter the ``dledger`` source's Python workers should run (None: leave the session's).
+
+    In order: ``python``; the session's ``spark.pyspark.python``; ``PYSPARK_PYTHON`` (Spark's own choice,
+    left alone); on a local master, this interpreter -- Spark's default, ``python3`` from PATH, is
+    usually another environment, without dledger-spark (``ModuleNotFoundError: No module named
+    'dledger_spark'``).  On a cluster Spark's choice stands: its hosts have their own interpreters.
+    """
+    if python:
+        return python
+    conf = spark.sparkContext.getConf()
+    chosen = conf.get("spark.pyspark.python", None)
+    if chosen:
+        return chosen
+    if os.environ.get("PYSPARK_PYTHON"):
+        return None
+    if (conf.get("spark.master", "") or "").startswith("local"):
+        return sys.executable
+    return None
+
+
+def register(spark, python: str | None = None) -> None:
+    """Register the ``dledger`` data source with ``spark``; its workers run :func:`worker_python`.
+
+    A registered Python data source carries the interpreter its workers run (the SparkContext's
+    ``pythonExec`` when registered), so this changes nothing for the session's other Python code.
+    """
     from dledger_spark.source import DLedgerDataSource
 
-    spark.dataSource.register(DLedgerDataSource)
+    sc = getattr(spark, "sparkContext", None) if not _is_connect(spark) else None
+    exe = worker_python(spark, python) if sc is not None else None
+    if exe is None:
+        spark.dataSource.register(DLedgerDataSource)
+        return
+    before = sc.pythonExec
+    sc.pythonExec = exe
+    try:
+        spark.dataSource.register(DLedgerDataSource)
+    finally:
+        sc.pythonExec = before
+
+
+def _is_connect(spark) -> bool:
+    """A Spark Connect session: its server starts the workers, there is no SparkContext here."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def get_session(master: str | None = None, app_name: str = "dledger-ingest", conf: dict | None = None):

@@ -17,14 +17,24 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
 from dledger.config import parse_peers
-from dledger.errors import DLedgerError
+from dledger.errors import ConfigError, DLedgerError
 from dledger_spark.options import SourceOptions, parse_options
-from dledger_spark.planning import entries_per_partition, resolve_end, resolve_start, split
+from dledger_spark.planning import (
+    entries_per_partition,
+    foreign_groups,
+    metadata_problem,
+    no_leader_message,
+    resolve_end,
+    resolve_start,
+    split,
+)
 from dledger_spark.reader import Partition, SourceError, read_partition
 from dledger_spark.schema import ddl
 
 #: Entry size assumed when a range cannot be measured.
 DEFAULT_ENTRY_SIZE = 1024 + 48
+#: Seconds each member is given to answer the first METADATA of a planner (Planner.probe).
+PROBE_TIMEOUT = 5.0
 
 
 class Planner:
@@ -33,15 +43,44 @@ class Planner:
     def __init__(self, opts: SourceOptions):
         self.opts = opts
         self._clients: dict[str, object] = {}
+        self._closed_at_once: set[str] = set()  # groups whose members closed a plain connection at once
 
     def client(self, group: str):
+        """The driver's client of ``group`` (with the read's credentials), checked once when made."""
         from dledger.blocking import BlockingClient
 
         client = self._clients.get(group)
         if client is None:
-            client = self._clients[group] = BlockingClient(self.opts.groups[group], group,
-                                                           timeout=self.opts.timeout)
+            try:
+                credentials = self.opts.credentials.build(group)
+            except ConfigError as exc:
+                raise SourceError(f"dledger source: credentials: {exc}") from None
+            client = BlockingClient(self.opts.groups[group], group, timeout=self.opts.timeout,
+                                    credentials=credentials)
+            try:
+                self.probe(group, client)
+            except BaseException:
+                client.close()
+                raise
+            self._clients[group] = client
         return client
+
+    def probe(self, group: str, client) -> None:
+        """One METADATA to each member: a wrong group, wrong member ids or missing credentials fail at once.
+
+        Without it each of them looks like a group with no leader, waited for until ``timeout``.  Members
+        are asked one by one (a single attempt each), so a member that closes the connection at once --
+        a TLS port reached in plain TCP -- is seen as such, not as a timeout.
+        """
+        for member in parse_peers(self.opts.groups[group]):
+            try:
+                meta, code, error = client.metadata(member, timeout=min(self.opts.timeout, PROBE_TIMEOUT)), None, ""
+            except DLedgerError as exc:
+                meta, code, error = None, exc.code, str(exc)
+                self._note(group, exc)
+            problem = metadata_problem(group, self.opts.groups[group], code or meta.response_code, meta, error)
+            if problem is not None:
+                raise SourceError(problem)
 
     def leader_meta(self, group: str):
         """The leader's detailed metadata; a one-line SourceError if the group has no leader for ``timeout`` s.
@@ -52,12 +91,23 @@ class Planner:
         deadline = time.monotonic() + self.opts.timeout
         while True:
             try:
-                return self.client(group).find_leader()
+                meta = self.client(group).find_leader()
+                problem = metadata_problem(group, self.opts.groups[group], meta.response_code, meta)
+                if problem is not None:
+                    raise SourceError(problem)
+                return meta
             except DLedgerError as exc:
+                if exc.code.name in ("NOT_AUTHORIZED", "UNKNOWN_GROUP", "UNKNOWN_MEMBER"):
+                    raise SourceError(metadata_problem(group, self.opts.groups[group], exc.code)) from None
+                self._note(group, exc)
                 if time.monotonic() >= deadline:
-                    raise SourceError(f"dledger source: no leader of group {group!r} at {self.opts.groups[group]} "
-                                      f"answered within {self.opts.timeout:g}s: {exc}") from None
+                    raise SourceError(no_leader_message(group, self.opts.groups[group], self.opts.timeout, str(exc),
+                                                        group in self._closed_at_once)) from None
                 time.sleep(0.1)  # allowed: Spark-side blocking retry pause
+
+    def _note(self, group: str, exc: DLedgerError) -> None:
+        if not self.opts.credentials.tls_ca and "closed cleanly" in str(exc):
+            self._closed_at_once.add(group)
 
     def metas(self) -> dict:
         return {g: self.leader_meta(g) for g in self.opts.groups}
@@ -104,7 +154,7 @@ class Planner:
             for i, r in enumerate(split(group, lo, hi, per)):
                 members = tuple(followers[i % len(followers):] + followers[:i % len(followers)]) if followers else ()
                 out.append(Partition(group, opts.groups[group], r.start, r.end, members, opts.read_from,
-                                     opts.format, opts.fail_on_data_loss, opts.timeout))
+                                     opts.format, opts.fail_on_data_loss, opts.timeout, opts.credentials))
         return out
 
     def close(self) -> None:
@@ -167,7 +217,13 @@ class DLedgerStreamReader(_Planned, DataSourceStreamReader, SupportsTriggerAvail
         return self.planner.initial()
 
     def _start(self, start: dict) -> dict[str, int]:
-        """``start`` with every configured group (a group added since the checkpoint starts per startingIndex)."""
+        """``start`` with every configured group (a group added since the checkpoint starts per startingIndex).
+
+        Offsets of a group this query does not read come from a checkpoint of other groups: refused.
+        """
+        problem = foreign_groups(start, self.opts.groups)
+        if problem is not None:
+            raise SourceError(f"dledger source: {problem}")
         missing = [g for g in self.opts.groups if g not in start]
         fresh = self.planner.initial() if missing else {}
         return {g: int(start[g]) if g in start else fresh[g] for g in self.opts.groups}

@@ -196,6 +196,7 @@ def test_ingest_unreachable_group_is_one_line_and_exit_1(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert status == 1 and "\n" not in err
     assert err.startswith("dledger ingest: dledger source: no leader of group 'g0'")
+    assert list(tmp_path.iterdir()) == []  # neither the output nor its checkpoint
 
 
 def test_planning_waits_out_an_election():
@@ -213,6 +214,7 @@ def test_planning_waits_out_an_election():
 
             class Meta:
                 committed_index, ledger_begin_index, leader_id = 41, 0, "n1"
+                response_code = ResponseCode.SUCCESS
             return Meta()
 
     planner = Planner(parse_options({"peers": PEERS, "group": "g0", "timeout": "5"}))
@@ -221,4 +223,249 @@ def test_planning_waits_out_an_election():
     planner = Planner(parse_options({"peers": PEERS, "group": "g0", "timeout": "0.3"}))
     planner._clients["g0"] = Electing(failures=10**6)
     with pytest.raises(SourceError, match=r"no leader of group 'g0' at .* answered within 0.3s"):
+        planner.latest()
+
+
+# -- issue #21: unknown options, credentials, foreign checkpoints, wrong groups (one line each) ---------------
+
+@pytest.mark.parametrize("name, closest", [
+    ("maxOffsetsPerTrigger", "maxEntriesPerTrigger"), ("startingOffsets", "startingIndex"),
+    ("endingOffsets", "endingIndex"), ("maxoffsetspertrigger", "maxEntriesPerTrigger"),
+    ("kafka.bootstrap.servers", "peers"), ("tls-ca", "tlsCa"), ("token_file", "tokenFile"),
+    ("paritionBytes", "partitionBytes"),
+])
+def test_unknown_option_is_refused_naming_the_closest_one(name, closest):
+    """An option the source does not know (Kafka's names first) is refused, naming the one meant; not ignored."""
+    with pytest.raises(OptionError) as err:
+        parse_options({"peers": PEERS, "group": "g0", name: "5"})
+    assert str(err.value).startswith(f"unknown option {name!r}: did you mean {closest!r}?")
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_option_without_a_close_one_lists_the_options():
+    """Nothing close: the message lists every option."""
+    with pytest.raises(OptionError, match=r"unknown option 'colour': the options are peers, group, .*tokenFile"):
+        parse_options({"peers": PEERS, "colour": "red"})
+
+
+@pytest.fixture(name="certdir", scope="module")
+def certdir_fixture(tmp_path_factory):
+    """CA, member and client certificates and tokens of group g0 (dledger certs init)."""
+    from dledger.security.certs import ClientSpec, init_group
+
+    d = tmp_path_factory.mktemp("certs")
+    init_group(d, "g0", ["n0", "n1", "n2"], [ClientSpec("reader", "read")])
+    token = next(x for x in (d / "clients.txt").read_text().splitlines() if x.startswith("reader "))
+    (d / "reader.token").write_text(token.split()[2] + "\n")
+    return d
+
+
+def test_credential_options_are_the_cli_credentials(certdir):
+    """tlsCa/tlsCert/tlsKey and clientName/tokenFile become the same ClientCredentials the dledger CLI builds."""
+    tls = parse_options({"peers": PEERS, "group": "g0", "tlsCa": str(certdir / "ca.crt"),
+                         "tlscert": str(certdir / "client-reader.crt"), "TLSKEY": str(certdir / "client-reader.key")})
+    creds = tls.credentials.build("g0")
+    assert creds.kind == "client" and creds.tls_options is not None and creds.secret is None
+    secret = parse_options({"peers": PEERS, "group": "g0", "clientName": "reader",
+                            "tokenFile": str(certdir / "reader.token")})
+    creds = secret.credentials.build("g0")
+    assert (creds.name, creds.tls_options) == ("reader", None) and creds.secret
+    assert not parse_options({"peers": PEERS}).credentials and parse_options({"peers": PEERS}).credentials.build("x") \
+        is None
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"tlsCert": "c", "tlsKey": "k"}, "options 'tlsCert'/'tlsKey' need 'tlsCa'"),
+    ({"tlsCa": "CA", "tlsCert": "c"}, "options 'tlsCert' and 'tlsKey' go together"),
+    ({"tokenFile": "t"}, "option 'tokenFile' needs 'clientName'"),
+    ({"clientName": "reader"}, "option 'clientName' needs 'tokenFile'"),
+    ({"tlsCa": "missing.crt"}, "credentials: .*missing.crt"),
+    ({"clientName": "reader", "tokenFile": "missing.token"}, "credentials: .*missing.token"),
+])
+def test_bad_credential_options_are_one_line_errors(certdir, given, message):
+    """Credential options that do not go together, or files that cannot be read, fail at planning in one line."""
+    given = {k: (str(certdir / v) if v == "CA" else v) for k, v in given.items()}
+    with pytest.raises(OptionError, match=message) as err:
+        parse_options({"peers": PEERS, "group": "g0", **given})
+    assert "\n" not in str(err.value)
+
+
+def test_partitions_carry_credentials_as_picklable_paths(certdir):
+    """Executors get the credential file paths (a picklable dataclass) and build their own clients from them."""
+    import pickle
+
+    from dledger_spark.options import Credentials
+
+    creds = Credentials(tls_ca=str(certdir / "ca.crt"))
+    part = pickle.loads(pickle.dumps(Partition("g0", PEERS, 0, 5, credentials=creds)))
+    assert part.credentials == creds and part.credentials.build("g0").tls_options is not None
+
+
+@pytest.mark.parametrize("recorded, configured, refused", [
+    ({"g0": 5}, {"g0": PEERS}, None),
+    ({"g0": 5}, {"g0": PEERS, "g1": PEERS}, None),           # a group added: starts at its startingIndex
+    ({"g0": 5}, {"g1": PEERS}, "g0"),                        # another group's checkpoint
+    ({"g0": 5, "g1": 7}, {"g1": PEERS}, "g0"),               # a group dropped
+])
+def test_foreign_groups(recorded, configured, refused):
+    """A checkpoint serves the groups it was started with (and added ones), never others."""
+    problem = planning.foreign_groups(recorded, configured)
+    assert (problem is None) == (refused is None)
+    if refused:
+        assert f"offsets of group(s) {refused}," in problem and "new checkpoint location" in problem
+
+
+def meta(code=ResponseCode.SUCCESS, **fields):
+    from dledger.messages import MetadataResponse
+
+    return MetadataResponse(group="g1", code=int(code), **fields)
+
+
+@pytest.mark.parametrize("code, answer, says", [
+    (ResponseCode.UNKNOWN_GROUP, meta(ResponseCode.UNKNOWN_GROUP, leader_id="n2"), "do not serve group 'g1'"),
+    (ResponseCode.UNKNOWN_GROUP, None, "do not serve group 'g1'"),
+    (ResponseCode.UNKNOWN_MEMBER, None, "check 'peers'"),
+    (ResponseCode.NOT_AUTHORIZED, None, "needs credentials with the read role"),
+    (ResponseCode.SUCCESS, meta(), "needs credentials with the read role"),          # redacted (no read role)
+    (ResponseCode.SUCCESS, meta(leader_id="n0", role="LEADER", ledger_begin_index=0, peers={}), None),
+    (ResponseCode.SUCCESS, meta(peers={"n0": "h:1"}), None),                         # a Java candidate: wait
+    (ResponseCode.NOT_LEADER, None, None),                                            # an election: wait
+    (ResponseCode.TIMEOUT, None, None),
+    (ResponseCode.NETWORK_ERROR, "cannot connect to 127.0.0.1:1: Connection refused", None),  # down: wait
+    (ResponseCode.NETWORK_ERROR, "127.0.0.1:5 does not know our secret (wrong proof); refusing to talk to it",
+     "check 'group'"),                                                                # secret mode, another group
+    (ResponseCode.NETWORK_ERROR, "refusing to talk to n0: the server's certificate is not a member certificate of "
+                                 "group 'g1' (O='g0', OU='member')", "check 'group'"),  # TLS, another group
+    (ResponseCode.NETWORK_ERROR, "127.0.0.1:5 refused the login of client 'reader': unknown", "credentials"),
+])
+def test_metadata_problem(code, answer, says):
+    """A wrong group, wrong member ids, a refused login or a missing read role fail at once; an election waits."""
+    error = answer if isinstance(answer, str) else ""
+    answer = None if isinstance(answer, str) else answer
+    problem = planning.metadata_problem("g1", PEERS, code, answer, error)
+    assert (problem is None) == (says is None)
+    if says:
+        assert says in problem and problem.startswith("dledger source:")
+
+
+def test_wrong_group_fails_planning_in_one_line():
+    """The members answer UNKNOWN_GROUP (echoing a leader, as Java's members do): one line, no TypeError."""
+    from dledger_spark.source import Planner
+
+    class OtherGroup:
+        def metadata(self, member=None, timeout=None):
+            raise DLedgerError(ResponseCode.UNKNOWN_GROUP, "g1 != g0")
+
+        def find_leader(self):
+            return meta(ResponseCode.UNKNOWN_GROUP, leader_id="n2")
+
+    for probe in (True, False):
+        planner = Planner(parse_options({"peers": PEERS, "group": "g1", "timeout": "5"}))
+        planner._clients["g1"] = OtherGroup()
+        with pytest.raises(SourceError, match=r"^dledger source: the members at .* do not serve group 'g1'"):
+            if probe:
+                planner.probe("g1", planner._clients["g1"])
+            planner.initial()
+
+
+def test_stream_refuses_offsets_of_another_group():
+    """Offsets from a checkpoint of g0 given to a query of g1: refused in one line before any member is asked."""
+    from dledger_spark.source import DLedgerStreamReader
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    reader = DLedgerStreamReader(parse_options({"peers": PEERS, "group": "g1", "timeout": "0.5"}))
+    with pytest.raises(SourceError, match=r"checkpoint holds offsets of group\(s\) g0, which this query does not "
+                                          r"read \(it reads g1\)"):
+        reader.latestOffset({"g0": 120}, ReadAllAvailable())
+    with pytest.raises(SourceError, match="checkpoint holds offsets"):
+        reader.partitions({"g0": 120}, {"g0": 130})
+
+
+def test_read_refused_for_its_role_fails_at_once():
+    """NOT_AUTHORIZED on a GET is not retried until the timeout: one line naming the credential options."""
+    client = FakeClient(log(5), errors=[DLedgerError(ResponseCode.NOT_AUTHORIZED, "from n0")] * 100)
+    now = [0.0]
+
+    def clock():
+        now[0] += 1.0
+        return now[0]
+
+    with pytest.raises(SourceError, match=r"reading group 'g' was refused: .*tlsCa/tlsCert/tlsKey or "
+                                          r"clientName/tokenFile"):
+        list(read_entries(Partition("g", PEERS, 0, 5, timeout=600.0), client, clock=clock))
+    assert len(client.calls) == 1
+
+
+def test_ingest_security_flags_are_the_cli_names(certdir):
+    """dledger ingest takes the client commands' --tls-ca/--tls-cert/--tls-key/--client-name/--token-file."""
+    from dledger_spark.ingest import source_options
+
+    from dledger.cli import build_parser
+
+    args = build_parser().parse_args(["ingest", "--peers", PEERS, "--output", "o", "--tls-ca", "ca", "--tls-cert",
+                                      "c", "--tls-key", "k", "--client-name", "n", "--token-file", "t"])
+    opts = source_options(args)
+    assert {k: opts[k] for k in ("tlsCa", "tlsCert", "tlsKey", "clientName", "tokenFile")} == \
+        {"tlsCa": "ca", "tlsCert": "c", "tlsKey": "k", "clientName": "n", "tokenFile": "t"}
+    client = build_parser().parse_args(["get", "--index", "0", "--tls-ca", "ca", "--tls-cert", "c", "--tls-key", "k",
+                                        "--client-name", "n", "--token-file", "t"])
+    assert [getattr(client, a) for a in ("tls_ca", "tls_cert", "tls_key", "client_name", "token_file")] == \
+        [getattr(args, a) for a in ("tls_ca", "tls_cert", "tls_key", "client_name", "token_file")]
+
+
+@pytest.mark.parametrize("layout, says", [
+    ("under-a-file", "output {out} cannot be created: {base}/afile is not a directory"),
+    ("output-is-a-file", "output {out} cannot be created: {out} is not a directory"),
+])
+def test_ingest_unwritable_output_is_one_line_and_nothing_written(tmp_path, capsys, layout, says):
+    """An output Spark could not write is refused before the group is asked or anything created: one line, exit 1."""
+    from dledger import cli
+
+    (tmp_path / "afile").write_text("x")
+    out = tmp_path / "afile" / "out" if layout == "under-a-file" else tmp_path / "afile"
+    ck = tmp_path / "ck"
+    status = cli.main(["ingest", "--peers", PEERS, "--group", "g0", "--output", str(out), "--checkpoint", str(ck),
+                       "--timeout", "1", "--once"])
+    err = capsys.readouterr().err.strip()
+    assert status == 1 and err == "dledger ingest: " + says.format(out=out, base=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_ingest_refuses_a_checkpoint_pinned_for_another_group(tmp_path, capsys):
+    """The checkpoint's pin file names its groups: a checkpoint of g0 given to an ingest of g1 is refused, unchanged."""
+    from dledger import cli
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "dledger-start.json").write_text('{"g0": 17}')
+    status = cli.main(["ingest", "--peers", PEERS, "--group", "g1", "--output", str(tmp_path / "out"),
+                       "--checkpoint", str(ck), "--timeout", "1", "--once"])
+    err = capsys.readouterr().err.strip()
+    assert status == 1 and "\n" not in err
+    assert err.startswith(f"dledger ingest: checkpoint {ck}: the checkpoint holds offsets of group(s) g0, which this "
+                          "query does not read (it reads g1)")
+    assert [p.name for p in ck.iterdir()] == ["dledger-start.json"] and not (tmp_path / "out").exists()
+    assert (ck / "dledger-start.json").read_text() == '{"g0": 17}'
+
+
+@pytest.mark.parametrize("closed, hint", [(True, True), (False, False)])
+def test_no_leader_message_suspects_a_tls_port(closed, hint):
+    """Members closing plain connections at once are probably TLS ports: the line says to pass tlsCa."""
+    error = "TIMEOUT(300): no answer within 3s"
+    line = planning.no_leader_message("g0", PEERS, 3.0, error, closed)
+    assert line.startswith(f"dledger source: no leader of group 'g0' at {PEERS} answered within 3s: {error}")
+    assert ("if they speak TLS, pass tlsCa" in line) == hint
+
+
+def test_planner_notes_connections_closed_at_once_without_tls():
+    """A plain client whose connections are closed at once (a TLS port) fails with the TLS hint; with tlsCa, not."""
+    from dledger_spark.source import Planner
+
+    class TLSPort:
+        def find_leader(self):
+            raise DLedgerError(ResponseCode.NETWORK_ERROR, "connection to h:1 lost: Connection was closed cleanly.")
+
+    planner = Planner(parse_options({"peers": PEERS, "group": "g0", "timeout": "0.2"}))
+    planner._clients["g0"] = TLSPort()
+    with pytest.raises(SourceError, match="closed the connection at once: if they speak TLS, pass tlsCa"):
         planner.latest()
