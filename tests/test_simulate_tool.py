@@ -22,8 +22,8 @@ def test_failing_seed_prints_replay_command(capsys, monkeypatch):
     from dledger.testing import replication_sim
     real = replication_sim.run_replication_seed
 
-    def broken(seed, duration=8.0, store="simdisk"):
-        result = real(seed, duration=1.0, store=store)
+    def broken(seed, duration=8.0, store="simdisk", **options):
+        result = real(seed, duration=1.0, store=store, **options)
         result.lost.append("synthetic")
         return result
 
@@ -31,3 +31,38 @@ def test_failing_seed_prints_replay_command(capsys, monkeypatch):
     assert simulate.main(["replication", "--seeds", "1", "--start", "9"]) == 1
     out = capsys.readouterr().out
     assert "replay: python -m tools.simulate replication --seed 9" in out and "lost=1" in out
+
+
+def test_failing_seed_replay_repeats_the_mix_and_latencies(capsys, monkeypatch):
+    """A failing seed's replay line carries --mix, --flush-latency, --term-latency and --no-tear (issue #29)."""
+    from dledger.testing import replication_sim
+    seen = {}
+
+    def broken(seed, duration=8.0, store="simdisk", **options):
+        seen.update(options)
+        result = replication_sim.SimResult(seed, 3)
+        result.lost.append("synthetic")
+        return result
+
+    monkeypatch.setattr(replication_sim, "run_replication_seed", broken)
+    args = ["replication", "--seeds", "1", "--start", "4", "--mix", "crash_leader_quick=0.5",
+            "--flush-latency", "0.002-0.01", "--term-latency", "0.001", "--no-tear"]
+    assert simulate.main(args) == 1
+    out = capsys.readouterr().out
+    assert ("replay: python -m tools.simulate replication --seed 4 --mix crash_leader_quick=0.5 "
+            "--flush-latency 0.002-0.01 --term-latency 0.001 --no-tear") in out
+    assert seen["flush_latency"] == (0.002, 0.01) and seen["term_write_latency"] == 0.001
+    assert seen["tear"] is False and seen["mix"].crash_leader_quick == 0.5
+
+
+def test_bad_mix_and_latency_are_one_line_errors(capsys):
+    """An unknown fault name or a negative latency is refused by argparse with one line naming it."""
+    import pytest
+    for args, needle in ((["election", "--mix", "partiton=1"], "unknown fault mix entry 'partiton=1'"),
+                         (["election", "--flush-latency", "0.008-0.001"], "LOW <= HIGH"),
+                         (["election", "--flush-latency", "-1"], "is not seconds"),
+                         (["replication", "--term-latency", "fast"], "is not seconds")):
+        with pytest.raises(SystemExit) as exc:
+            simulate.main(args)
+        assert exc.value.code == 2
+        assert needle in capsys.readouterr().err

@@ -45,8 +45,8 @@ def _latency(text: str):
         value = (float(low), float(high)) if dash else float(low)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not seconds (0.004) or a range (0.001-0.008)") from None
-    if min(value if isinstance(value, tuple) else (value,)) < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a flush cannot take negative time")
+    if isinstance(value, tuple) and value[0] > value[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: the range must be LOW-HIGH with LOW <= HIGH")
     return value
 
 
