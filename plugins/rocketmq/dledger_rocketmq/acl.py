@@ -501,7 +501,7 @@ def needs(code: int, ext: Mapping[str, str], body: bytes = b"") -> dict[str, int
     elif code in (UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP):
         add(group(ext.get("consumerGroup")), SUB)
     elif code == HEART_BEAT:
-        from dledger_rocketmq.clients import HeartbeatError, parse_heartbeat
+        from dledger_rocketmq.heartbeat import HeartbeatError, parse_heartbeat
 
         try:
             heartbeat = parse_heartbeat(body)

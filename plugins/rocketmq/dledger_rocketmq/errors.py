@@ -38,3 +38,7 @@ class RecordTooLargeError(CodecError):
 
 class StoreLayoutError(ValueError):
     """A store directory does not look like RocketMQ's layout (missing, misnamed or overlapping files)."""
+
+
+class ArgumentError(ValueError):
+    """A request whose extFields lack a required field or carry a bad value (answered SYSTEM_ERROR)."""

@@ -57,7 +57,7 @@ from dledger_rocketmq.broker import GetResult, GetStatus
 from dledger_rocketmq.commitlog import PutResult, PutStatus
 from dledger_rocketmq.consumequeue import tag_hash
 from dledger_rocketmq.control import OffsetCommit
-from dledger_rocketmq.errors import CodecError
+from dledger_rocketmq.errors import ArgumentError, CodecError
 from dledger_rocketmq.message import Address, MessageRecord
 from dledger_rocketmq.metadata import PERM_READ, PERM_WRITE, topic_config
 
@@ -108,10 +108,6 @@ V2_NAMES = {"a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defau
 #: What RocketMQ adds to every send response header.
 SEND_EXTRA = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
 LANGUAGES = ("JAVA", "CPP", "DOTNET", "PYTHON", "DELPHI", "ERLANG", "RUBY", "OTHER", "HTTP", "GO", "PHP", "OMS")
-
-
-class ArgumentError(ValueError):
-    """A request whose extFields lack a required field or carry a bad value (answered SYSTEM_ERROR)."""
 
 
 @dataclass(frozen=True)
