@@ -22,7 +22,6 @@ commit), on the reactor thread pool when the member gives us a threaded
 from __future__ import annotations
 
 import dataclasses
-import errno
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,13 +38,10 @@ from dledger.entry import (
     INDEX_RECORD,
     INDEX_UNIT_SIZE,
     MIN_BLANK_LEN,
-    CodecError,
     Entry,
     EntryList,
     body_crc,
-    decode_entry,
     encode_blank,
-    encode_entry,
     encoded_size,
 )
 from dledger.errors import BatchAppendError, DLedgerError, StoreError
@@ -60,19 +56,21 @@ from dledger.interfaces import (
 )
 from dledger.plugin_types import StoreType
 from dledger.ratelog import RateLimitedLog
-from dledger.store import base, mappedfiles, ownership, positions, runplan, scrub, writefail
+from dledger.store import base, ownership, positions, runplan
 from dledger.store.base import TruncateAction
 from dledger.store.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from dledger.store.flushing import FlushTracker
 from dledger.store.groupcommit import FlushPlan, GroupCommit
 from dledger.store.indexlog import IndexLog
 from dledger.store.mappedfiles import MappedFile, MappedFileList
+from dledger.store.mmaphealth import MmapDiskHealth
 from dledger.store.mmapoptions import MmapStoreOptions
+from dledger.store.mmaprepair import MmapRepair
 from dledger.store.recent import RecentEntries
 from dledger.store.recovery import Recovered, recover, repair_index
 from dledger.store.retention import CleanMode, RetentionPolicy, first_index_from, keeps_uncommitted
 from dledger.store.termvote import FileTermVoteStore
-from dledger.store.writefail import WriteFailures, failure_code, problem_name, room_for_file
+from dledger.store.writefail import WriteFailures
 
 log = Logger()
 
@@ -83,7 +81,7 @@ _unpack_index = INDEX_RECORD.unpack_from
 
 
 @implementer(IPlainLogStore, IRetainingLogStore, IBatchLogStore, IPositionReader, IDiskHealth, IRepairableLogStore)
-class MmapLogStore:
+class MmapLogStore(MmapDiskHealth, MmapRepair):
     """Data and index files under ``member_dir``; see the module docstring.
 
     ``clock`` (an ``IReactorTime``) drives the periodic checkpoint, the
@@ -192,28 +190,6 @@ class MmapLogStore:
     def disk_full(self) -> bool:
         """Appends are refused for want of space: the disk is past ``diskFullRatio``, or a write found it full."""
         return self._disk_full or self._writes.code is ResponseCode.DISK_FULL
-
-    @property
-    def disk_problem(self) -> str | None:
-        """``"disk full"`` or ``"disk error"`` while appends are refused for that, else None (IDiskHealth)."""
-        if self._disk_full:
-            return "disk full"
-        return problem_name(self._writes.code)
-
-    def write_refusal(self) -> DLedgerError | None:
-        """The error an append would get now without touching the disk, or None (it would be tried; IDiskHealth).
-
-        A follower asks before it keeps a push that waits for its turn: a store that refuses every write
-        would only make it hold the push until it is refused anyway.
-        """
-        if self._disk_full:
-            try:
-                self._refuse_disk_full()
-            except DLedgerError as exc:
-                return exc
-        if self._writes.current is not None and self.clock is not None:
-            return self._writes.refusal(self.clock.seconds())
-        return None
 
     @property
     def data_files(self) -> list[Path]:
@@ -682,43 +658,6 @@ class MmapLogStore:
         self._set_index_tail(f)
         return off - f.start
 
-    def _create(self, files: MappedFileList, start: int) -> MappedFile:
-        """A new data or index file, or the DLedgerError of a failed write (no space: DISK_FULL, before fallocate)."""
-        free = diskio.free_bytes(files.directory if files.directory.is_dir() else self.member_dir)
-        try:
-            if free >= 0 and not room_for_file(free, files.file_size):
-                raise OSError(errno.ENOSPC, f"not enough space (it needs {diskio.format_bytes(files.file_size)})")
-            return files.create(start)
-        except OSError as exc:
-            raise self._write_failed(exc, f"cannot create {files.kind} file "
-                                          f"{files.directory / mappedfiles.file_name(start)}") from None
-
-    def _write_failed(self, exc: OSError, what: str) -> DLedgerError:
-        """Remember a failed write (appends are refused for a while, see :mod:`.writefail`), log it, return its error.
-
-        One error line names the store directory, the reason and the free space; while the failure lasts
-        the next one comes at most once a minute, with a count.
-        """
-        code = failure_code(exc.errno)
-        why = f"{what}: {exc.strerror or exc}"
-        free = diskio.format_bytes(diskio.free_bytes(self.member_dir))
-        self._writes.failed(code, why, self.clock.seconds() if self.clock is not None else 0.0)
-        self._write_log.error(("write failed", code), "mmap store {dir}: {why}; {free} free on its disk; "
-                              "refusing appends ({code}) until a write succeeds (retried within {retry:g}s)",
-                              dir=str(self.member_dir), why=why, free=free, code=code.name,
-                              retry=writefail.MAX_RETRY)
-        return DLedgerError(code, f"{problem_name(code)}: {why} ({free} free in {self.member_dir})")
-
-    def _writes_resumed(self) -> None:
-        cur = self._writes.succeeded()
-        self._write_log.limiter.forget(("write failed", cur.code))
-        secs = self.clock.seconds() - cur.since if self.clock is not None else 0.0
-        log.info("mmap store {dir}: writes succeed again after {secs:.1f}s ({n} failed attempts); appends resume",
-                 dir=str(self.member_dir), secs=secs, n=cur.attempts)
-
-    def _refuse_disk_full(self):
-        base.check_disk_not_full(True, self._used_ratio, self.retention.disk_full_ratio)
-
     # -- truncate --------------------------------------------------------------
     def truncate(self, entry: Entry, leader_term: int, leader_id: str) -> int:
         action = base.plan_truncate(entry, self.ledger_begin_index, self.ledger_end_index,
@@ -831,119 +770,6 @@ class MmapLogStore:
         if held is not None:
             return held
         return self.check_entry(index)
-
-    def check_entry(self, index: int) -> Entry:
-        """Entry ``index`` read from the data files (never the in-memory tail), or DISK_ERROR naming file and offset.
-
-        What the scrub confirms a suspect with (IRepairableLogStore): :meth:`get` answers the newest entries
-        from memory, which says nothing about the bytes on disk.
-        """
-        if index > self.ledger_end_index or index < self.ledger_begin_index or self.ledger_end_index < 0:
-            raise base.index_out_of_range(index, self.ledger_begin_index, self.ledger_end_index)
-        problem = "index record and data disagree"
-        for attempt in (0, 1):
-            rec = self._record(index) if attempt == 0 else self._repair_index(index)
-            pos = rec[1]
-            f = self._data.file_for(pos)
-            if f is None:
-                continue
-            try:
-                e = decode_entry(f.mm, pos - f.start, accept_zero_crc=self.accept_zero_crc, max_size=f.size)
-            except CodecError as exc:
-                problem = f"entry {index} in {f.path} at offset {pos - f.start} (pos {pos}) is damaged: {exc}"
-                continue
-            if (e.magic, e.pos, e.size, e.index, e.term) == rec:
-                if e.channel or e.chain_crc:
-                    raise DLedgerError(ResponseCode.DISK_ERROR, f"entry {index} at pos {pos} has non-zero "
-                                       f"reserved fields (damaged header)")
-                return e
-            if (e.index, e.pos, e.size) == (index, pos, rec[2]):
-                raise DLedgerError(ResponseCode.DISK_ERROR, f"entry {index} at pos {pos} says term {e.term} "
-                                   f"magic {e.magic} but its index record says term {rec[4]} magic {rec[0]}")
-        raise DLedgerError(ResponseCode.DISK_ERROR, problem)
-
-    # -- scrub and repair (IRepairableLogStore) --------------------------------------
-    def scrub_span(self, index: int, max_bytes: int) -> scrub.Span | None:
-        """The committed entries from ``index`` that lie in one data file, about ``max_bytes`` of them; None if none.
-
-        Index records only (the bytes are read and checked off the reactor thread, by
-        :func:`dledger.store.scrub.verify_span`, from the file's path, so that a file retention removes
-        meanwhile is still read through its own descriptor).
-        """
-        index = max(index, self.ledger_begin_index)
-        last = min(self.committed_index, self.ledger_end_index)
-        if not self._open or index > last or index < 0:
-            return None
-        records: list[scrub.Record] = []
-        f = None
-        total = 0
-        while index <= last and total < max_bytes and len(records) < scrub.SPAN_ENTRIES:
-            try:
-                rec = self._record(index)
-            except (DLedgerError, StoreError):
-                rec = None
-            if rec is None or rec[3] != index:
-                if not records:  # the record itself is unreadable: a suspect of its own
-                    return scrub.Span(None, 0, [scrub.Record(index, -1, 0, -1, 0)])
-                break
-            g = self._data.file_for(rec[1])
-            if f is None:
-                f = g
-            if g is not f or g is None:
-                break
-            records.append(scrub.Record(index, rec[1], rec[2], rec[4], rec[0]))
-            total += rec[2]
-            index += 1
-        if not records:
-            return scrub.Span(None, 0, [scrub.Record(index, -1, 0, -1, 0)])
-        return scrub.Span(str(f.path) if f is not None else None, f.start if f is not None else 0, records)
-
-    def index_record(self, index: int) -> tuple[int, int, int, int, int] | None:
-        """Index record ``index`` as stored ``(magic, pos, size, index, term)``, None if it is not valid."""
-        return self._ilog.read(index) if self._ilog is not None else None
-
-    def damaged_header(self, index: int) -> Entry | None:
-        """The header of entry ``index`` as the data file holds it (body not checked), if it agrees with its index
-        record; None otherwise.  Its ``body_crc`` is the CRC recorded when the entry was written."""
-        rec = self.index_record(index)
-        if rec is None:
-            return None
-        f = self._data.file_for(rec[1])
-        if f is None:
-            return None
-        try:
-            e = decode_entry(f.mm, rec[1] - f.start, verify_crc=False, max_size=f.size)
-        except CodecError:
-            return None
-        return e if (e.magic, e.pos, e.size, e.index, e.term) == rec else None
-
-    def repair_entry(self, entry: Entry) -> Deferred:
-        """Overwrite committed entry ``entry.index`` with ``entry`` (a verified copy from another member), durably.
-
-        Only what can be proven to be the same entry is written (:func:`dledger.store.scrub.repair_refusal`:
-        the index record's index, term, position, size and type, a body whose CRC verifies and equals the CRC
-        the damaged header recorded when it can still be read); a committed index only.  Fires with True once
-        the bytes are fsynced and read back intact; a DLedgerError (UNEXPECTED_ARGUMENT) names why it refused.
-        """
-        index = entry.index
-        if not self._open or not self.ledger_begin_index <= index <= min(self.committed_index, self.ledger_end_index):
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"entry {index} is not a committed entry of this log "
-                               f"({self.ledger_begin_index}..{self.committed_index} committed)")
-        rec = self.index_record(index)
-        why = scrub.repair_refusal(rec, self.damaged_header(index), entry)
-        if why is not None:
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"not repairing entry {index}: {why}")
-        f = self._data.file_for(entry.pos)
-        try:
-            _write_at(f.fd, encode_entry(entry), entry.pos - f.start)
-        except OSError as exc:
-            raise self._write_failed(exc, f"cannot repair entry {index} at position {entry.pos}") from None
-
-        def synced(_):
-            self.check_entry(index)  # what is on disk now verifies, or DISK_ERROR
-            return True
-
-        return self.io.run(diskio.fsync_fd, f.fd).addCallback(synced)
 
     def get_range(self, begin_index: int, max_count: int, max_bytes: int) -> list[Entry]:
         if self.ledger_begin_index <= begin_index <= self.ledger_end_index:
