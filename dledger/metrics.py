@@ -86,7 +86,8 @@ def take_snapshot(server: Any) -> Snapshot:
     snap.flushes = server.flusher.flushes
     snap.store_damaged = 1 if getattr(server, "damaged", None) is not None else 0
     snap.disk_problem = getattr(store, "disk_problem", None)
-    scrubber = getattr(server, "scrubber", None)
+    mending = getattr(server, "mending", None)
+    scrubber = mending.scrubber if mending is not None else None
     snap.scrub = dataclasses.replace(scrubber.stats) if scrubber is not None else None
     replicator = server.replicator
     if replicator is not None and state.role is Role.LEADER:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from twisted.internet.defer import Deferred, inlineCallbacks, maybeDeferred, succeed
+from twisted.internet.defer import Deferred, inlineCallbacks, maybeDeferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -24,8 +24,9 @@ from dledger.election.elector import LeaderElector
 from dledger.election.state import MemberState
 from dledger.entry import Entry, without_noops
 from dledger.errors import DLedgerError
-from dledger.interfaces import IBatchRequestHandler, IDiskHealth, ILeaderAware, IRepairableLogStore
+from dledger.interfaces import IBatchRequestHandler, IDiskHealth, ILeaderAware
 from dledger.leader_ready import LeaderReady
+from dledger.mending import Mending
 from dledger.messages import (
     AppendEntryRequest,
     GetEntriesRequest,
@@ -45,12 +46,10 @@ from dledger.replication.follower import EntryHandler
 from dledger.replication.leader import LeaderReplicator
 from dledger.replication.pending import PendingAppends
 from dledger.replication.pushcheck import append_window
-from dledger.replication.repair import EntryRepairer
 from dledger.replication.rules import damaged_leader_action
 from dledger.services import MemberServices
 from dledger.stats import ServerStats
 from dledger.store.guard import LogGuard
-from dledger.store.scrub import Scrubber
 
 log = Logger()
 
@@ -104,20 +103,8 @@ class DLedgerServer:
         #: cleared only by a restart (after the operator repaired the store).
         self.damaged: tuple[int, str] | None = None
         self._damage_log = RateLimitedLog(log, clock, interval=60.0)
-        #: Damaged committed entries are rewritten from another member's intact copy, and the scrub looks for
-        #: them, when the store allows it (IRepairableLogStore; issue 21).  None otherwise.
-        self.repairer: EntryRepairer | None = None
-        self.scrubber: Scrubber | None = None
-        if IRepairableLogStore.providedBy(store):
-            self.repairer = EntryRepairer(self_id=self.self_id, group=config.group, store=store, transport=transport,
-                                          clock=clock, peers=lambda: list(self.state.members),
-                                          leader_id=lambda: self.state.leader_id,
-                                          timeout=config.max_push_time_out_ms / 1000.0)
-            if config.scrub_interval_seconds > 0:
-                self.scrubber = Scrubber(store, clock, self.blocking_io, interval=config.scrub_interval_seconds,
-                                         bytes_per_second=config.scrub_bytes_per_second,
-                                         on_damaged=self.repair_entry, accept_zero_crc=config.accept_java_zero_crc,
-                                         name=self.self_id)
+        #: Damaged committed entries rewritten from another member's copy, and the scrub (dledger.mending).
+        self.mending = Mending(self, config, store, transport, clock)
         self.elector.observe(self._role_changed)
         self.running = False
         if use_plugins:
@@ -224,8 +211,7 @@ class DLedgerServer:
                  e=self.store.ledger_end_index, c=self.store.committed_index)
         self.elector.start()
         self.commit_feed.advanced()
-        if self.scrubber is not None:
-            self.scrubber.start()
+        self.mending.start()
         if transfer.takes_preferred_check(self.self_id, self.config.preferred_leaders):
             self._preferred_timer = self.clock.callLater(self.elector.heartbeat, self._check_preferred_leader)
 
@@ -238,8 +224,7 @@ class DLedgerServer:
         self.running = False
         self.leader_ready.stop()
         self.elector.stop()
-        if self.scrubber is not None:
-            self.scrubber.stop()
+        self.mending.stop()
         if self._preferred_timer is not None and self._preferred_timer.active():
             self._preferred_timer.cancel()
         if self.replicator is not None:
@@ -263,8 +248,7 @@ class DLedgerServer:
         self.services.stop()  # not awaited: a killed process's services just vanish (their timers stop here)
         self.leader_ready.stop()
         self.elector.stop()
-        if self.scrubber is not None:
-            self.scrubber.stop()
+        self.mending.stop()
         if self.replicator is not None:
             self.replicator.stop()
             self.replicator = None
@@ -395,33 +379,8 @@ class DLedgerServer:
         return decision.error(self.state.leader_id)
 
     def _read(self, begin: int, want: int):
-        """:meth:`_read_now`; an entry that fails its CRC here is first repaired from another member's copy.
-
-        Entries before the damaged one are served at once (a shorter answer); the damaged one is answered
-        once the repair has rewritten it (:meth:`repair_entry`), or with the DISK_ERROR if nobody holds it.
-        """
-        try:
-            return self._read_now(begin, want)
-        except DLedgerError as exc:
-            if exc.code is not ResponseCode.DISK_ERROR or self.repairer is None:
-                raise
-            error = exc
-        bad = begin
-        while bad < min(self.store.committed_index, begin + want - 1):
-            try:
-                self.store.get(bad)
-            except DLedgerError:
-                break
-            bad += 1
-        if bad > begin:
-            return self._read_now(begin, bad - begin)
-
-        def repaired(ok: bool):
-            if not ok:
-                raise error
-            return self._read_now(begin, want)
-
-        return self.repair_entry(bad, error.message or str(error)).addCallback(repaired)
+        """:meth:`_read_now`, with a damaged entry repaired first (:meth:`dledger.mending.Mending.read`)."""
+        return self.mending.read(begin, want, self._read_now)
 
     def _read_now(self, begin: int, want: int) -> GetEntriesResponse:
         store = self.store
@@ -518,25 +477,6 @@ class DLedgerServer:
         caught.addBoth(done)
         return caught
 
-    def repair_entry(self, index: int, why: str) -> Deferred:
-        """Rewrite damaged committed entry ``index`` from another member's copy; fires True if it was repaired.
-
-        If this member had marked its store damaged for that entry (it stopped standing for election), the
-        mark goes: the entry reads back intact now.
-        """
-        if self.repairer is None:
-            return succeed(False)
-
-        def done(ok: bool) -> bool:
-            if ok and self.damaged is not None and self.damaged[0] == index:
-                self.damaged = None
-                self.elector.store_damaged = None
-                log.info("{id}: entry {index} was repaired: this member stands for election again",
-                         id=self.self_id, index=index)
-            return ok
-
-        return self.repairer.repair(index, why).addCallback(done)
-
     def store_damaged(self, index: int, exc: Exception) -> None:
         """An entry of our log cannot be read (e.g. its body CRC fails): stop leading, stop standing.
 
@@ -548,9 +488,9 @@ class DLedgerServer:
         until a transfer succeeds).
         """
         why = getattr(exc, "message", "") or str(exc)
-        if self.repairer is not None and not self.repairer.gave_up(index):
+        if self.mending.may_repair(index):
             # First try to rewrite it from a member's intact copy; only if nobody has one is the store damaged.
-            self.repair_entry(index, why).addCallback(lambda ok: ok or self.store_damaged(index, exc))
+            self.mending.repair(index, why).addCallback(lambda ok: ok or self.store_damaged(index, exc))
             return
         if self.damaged is None:
             self.damaged = (index, why)
