@@ -133,8 +133,8 @@ def _replay_options(args) -> str:
     out = f" --mix {args.mix}" if args.mix else ""
     if args.flush_latency_text is not None:
         out += f" --flush-latency {args.flush_latency_text}"
-    term = _option_text(sys.argv[1:] if args.argv is None else args.argv, "--term-latency")
-    out += f" --term-latency {term}" if term is not None else ""
+    if args.term_latency_text is not None:
+        out += f" --term-latency {args.term_latency_text}"
     return out + (" --no-tear" if args.no_tear else "")
 
 
@@ -178,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(func=func)
     args = parser.parse_args(argv)
     raw = argv if argv is not None else sys.argv[1:]
-    args.argv = argv
     args.flush_latency_text = _option_text(raw, "--flush-latency")
+    args.term_latency_text = _option_text(raw, "--term-latency")
     args.flush_latency = DEFAULT_FLUSH_LATENCY if args.flush_latency_arg is None else args.flush_latency_arg
     return args.func(args)
 

@@ -264,20 +264,14 @@ class SimulatedIO:
         latency = self.latency()
         d: Deferred = Deferred()
         if latency <= 0:
-            try:
-                d.callback(fn(*args))
-            except Exception:  # the job's failure is its Deferred's, as BlockingIO reports it
-                d.errback()
+            _finish(d, fn, args)
             return d
         job: list = []
 
         def done():
             if job in self._jobs:
                 self._jobs.remove(job)
-            try:
-                d.callback(fn(*args))
-            except Exception:
-                d.errback()
+            _finish(d, fn, args)
 
         job.extend((self.clock.callLater(latency, done), fn, args, d))
         self._jobs.append(job)
@@ -301,4 +295,14 @@ class SimulatedIO:
         for call, fn, args, d in jobs:
             if call.active():
                 call.cancel()
-                d.callback(fn(*args))
+                _finish(d, fn, args)
+
+
+def _finish(d: Deferred, fn, args) -> None:
+    """Run a job and fire its Deferred with the result, or with its failure, as BlockingIO reports it."""
+    try:
+        result = fn(*args)
+    except Exception:
+        d.errback()
+        return
+    d.callback(result)
