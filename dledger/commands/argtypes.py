@@ -1,4 +1,4 @@
-"""argparse types shared by every ``dledger`` command: a bad number is a usage error (exit 2), never a hang.
+"""argparse types and options shared by every ``dledger`` command: a bad number is a usage error (exit 2), never a hang.
 
 ``--batch 0`` once made ``dledger bench store`` loop forever and ``--timeout -1`` failed deep inside
 Twisted with an AssertionError; checking each number where it is parsed gives one line that names
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 
 def _number(text: str, kind: type) -> float | int:
@@ -52,3 +53,26 @@ def non_negative_float(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
+
+
+def add_tls_options(group, peer: str = "the members'") -> None:
+    """``--tls-ca/--tls-cert/--tls-key`` with their ``$DLEDGER_TLS_*`` defaults, as every dledger client takes them.
+
+    The one definition the ``dledger`` client commands, ``dledger ingest`` and ``dledger rocketmq`` share, so
+    a credential option means the same everywhere (docs/security.md).
+    """
+    group.add_argument("--tls-ca", default=os.environ.get("DLEDGER_TLS_CA"),
+                       help=f"speak TLS; {peer} certificates must chain to this CA file (default $DLEDGER_TLS_CA)")
+    group.add_argument("--tls-cert", default=os.environ.get("DLEDGER_TLS_CERT"),
+                       help="client certificate for authMode=tls; its role decides what it may do "
+                            "(default $DLEDGER_TLS_CERT)")
+    group.add_argument("--tls-key", default=os.environ.get("DLEDGER_TLS_KEY"),
+                       help="its private key (default $DLEDGER_TLS_KEY)")
+
+
+def add_secret_options(group) -> None:
+    """``--client-name/--token-file`` (authMode secret) with their ``$DLEDGER_*`` defaults."""
+    group.add_argument("--client-name", default=os.environ.get("DLEDGER_CLIENT_NAME"),
+                       help="this client's name in the members' clientsFile, for --token-file")
+    group.add_argument("--token-file", default=os.environ.get("DLEDGER_TOKEN_FILE"),
+                       help="file holding this client's token for authMode=secret (default $DLEDGER_TOKEN_FILE)")

@@ -26,7 +26,13 @@ from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.task import react
 
 from dledger.codes import ResponseCode
-from dledger.commands.argtypes import non_negative_int, positive_float, positive_int
+from dledger.commands.argtypes import (
+    add_secret_options,
+    add_tls_options,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from dledger.config import DLedgerConfig, load_toml, parse_peers
 from dledger.entry import Entry
 from dledger.errors import ConfigError, DLedgerError
@@ -57,16 +63,8 @@ def client_parent() -> argparse.ArgumentParser:
                         "the whole command, so a long append of many entries is not cut short")
     g.add_argument("--json", action="store_true", help="print one JSON object per line")
     sec = common.add_argument_group("security (members with TLS or authMode tls/secret; docs/security.md)")
-    sec.add_argument("--tls-ca", default=os.environ.get("DLEDGER_TLS_CA"),
-                     help="speak TLS; the members' certificates must chain to this CA file (default $DLEDGER_TLS_CA)")
-    sec.add_argument("--tls-cert", default=os.environ.get("DLEDGER_TLS_CERT"),
-                     help="client certificate for authMode=tls (default $DLEDGER_TLS_CERT)")
-    sec.add_argument("--tls-key", default=os.environ.get("DLEDGER_TLS_KEY"),
-                     help="its private key (default $DLEDGER_TLS_KEY)")
-    sec.add_argument("--client-name", default=os.environ.get("DLEDGER_CLIENT_NAME"),
-                     help="this client's name in the members' clientsFile, for --token-file")
-    sec.add_argument("--token-file", default=os.environ.get("DLEDGER_TOKEN_FILE"),
-                     help="file holding this client's token for authMode=secret (default $DLEDGER_TOKEN_FILE)")
+    add_tls_options(sec)
+    add_secret_options(sec)
     return common
 
 

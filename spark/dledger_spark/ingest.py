@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from dledger.commands.argtypes import add_secret_options, add_tls_options
+
 START_FILE = "dledger-start.json"
 
 
@@ -56,16 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration")
     # The same names, defaults and meaning as the dledger client commands' (dledger/commands/client.py).
     sec = p.add_argument_group("security (members with TLS or authMode tls/secret; docs/security.md)")
-    sec.add_argument("--tls-ca", default=os.environ.get("DLEDGER_TLS_CA"),
-                     help="speak TLS; the members' certificates must chain to this CA file (default $DLEDGER_TLS_CA)")
-    sec.add_argument("--tls-cert", default=os.environ.get("DLEDGER_TLS_CERT"),
-                     help="client certificate for authMode=tls (default $DLEDGER_TLS_CERT)")
-    sec.add_argument("--tls-key", default=os.environ.get("DLEDGER_TLS_KEY"),
-                     help="its private key (default $DLEDGER_TLS_KEY)")
-    sec.add_argument("--client-name", default=os.environ.get("DLEDGER_CLIENT_NAME"),
-                     help="this client's name in the members' clientsFile, for --token-file")
-    sec.add_argument("--token-file", default=os.environ.get("DLEDGER_TOKEN_FILE"),
-                     help="file holding this client's token for authMode=secret (default $DLEDGER_TOKEN_FILE)")
+    add_tls_options(sec)
+    add_secret_options(sec)
 
 
 def add_parser(subparsers) -> None:

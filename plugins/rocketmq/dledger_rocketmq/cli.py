@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dledger.commands.argtypes import add_tls_options
 from dledger_rocketmq.broker import parse_host
 
 PROG = "dledger rocketmq"
@@ -69,13 +70,7 @@ def register(subparsers) -> None:
             sec.add_argument("--secret-key-file", default=os.environ.get("DLEDGER_ROCKETMQ_SECRET_KEY_FILE"),
                              help="file whose first line is the account's secretKey (default "
                                   "$DLEDGER_ROCKETMQ_SECRET_KEY_FILE)")
-            sec.add_argument("--tls-ca", default=os.environ.get("DLEDGER_TLS_CA"),
-                             help="speak TLS; the broker's certificate must chain to this CA file (default "
-                                  "$DLEDGER_TLS_CA)")
-            sec.add_argument("--tls-cert", default=os.environ.get("DLEDGER_TLS_CERT"),
-                             help="client certificate (its role: read/write/admin) (default $DLEDGER_TLS_CERT)")
-            sec.add_argument("--tls-key", default=os.environ.get("DLEDGER_TLS_KEY"),
-                             help="its private key (default $DLEDGER_TLS_KEY)")
+            add_tls_options(sec, peer="the broker's")
         sp.add_argument("--json", action="store_true", help="print JSON")
 
     s = sub.add_parser("send", help="send messages (one SEND_MESSAGE_V2 each, or one SEND_BATCH_MESSAGE)")
