@@ -355,3 +355,58 @@ class IRepairableLogStore(Interface):
 
     def repair_entry(entry):
         """Rewrite committed entry ``entry.index`` with the verified copy ``entry``; a Deferred firing when durable."""
+
+
+class ISnapshotWriter(Interface):
+    """Where a state machine writes its section of a snapshot (:meth:`IStateMachine.snapshot`).
+
+    The snapshot store cuts the stream into chunk files with a CRC each; the
+    bytes are the machine's own format (the store never parses them).
+    """
+
+    def write(data: bytes) -> object:
+        """Append ``data`` to the section; returns a Deferred that fires when the writer can take more.
+
+        Flow control: a machine writing a large state waits for each Deferred
+        so that no more than a few chunks are ever held in memory.
+        """
+
+
+class ISnapshotReader(Interface):
+    """Reads a state machine's section back (:meth:`IStateMachine.restore`)."""
+
+    def read(max_bytes: int) -> object:
+        """A Deferred of the next at most ``max_bytes`` bytes of the section; ``b""`` at its end."""
+
+
+class IStateMachine(Interface):
+    """A replicated state machine: fed committed entries in log order, snapshotted, restored.
+
+    Registered with the ``dledger_state_machines`` hook (or
+    ``server.add_state_machine``).  Several may run on one member; each owns
+    one section of every snapshot, under its :attr:`name`.  A machine keeps
+    its state in memory (or in files it rebuilds from a snapshot): the member
+    restores the newest snapshot and then applies only the entries after its
+    index, so each index is applied exactly once per incarnation of the state.
+    """
+
+    name = Attribute("Unique name of the machine and of its snapshot section: ``[a-z0-9_.-]{1,64}``.")
+
+    def apply(entries: list) -> object:
+        """Apply consecutive committed entries (NOOPs excluded), in log order.
+
+        May return a Deferred; the member waits for it before the next batch
+        and before it takes a snapshot.
+        """
+
+    def snapshot(writer) -> object:
+        """Write the state as of the last entry applied (an :class:`ISnapshotWriter`); returns a Deferred.
+
+        Called between two ``apply`` calls: the machine captures a
+        point-in-time view *synchronously, inside this call* (a frozen copy or
+        copy-on-write) and may then write it out while later ``apply`` calls
+        change the live state.
+        """
+
+    def restore(reader) -> object:
+        """Replace the whole state with the one in the section (an :class:`ISnapshotReader`); returns a Deferred."""
