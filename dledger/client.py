@@ -27,6 +27,7 @@ from dledger.messages import (
     GetEntriesRequest,
     LeadershipTransferRequest,
     MetadataRequest,
+    SnapshotRequest,
 )
 
 log = Logger()
@@ -174,6 +175,19 @@ class DLedgerClient:
         if resp.response_code is not ResponseCode.SUCCESS:
             raise DLedgerError(resp.response_code, f"transfer {leader} -> {to}")
         self.leader = to
+        return resp
+
+    @inlineCallbacks
+    def snapshot(self, member: str):
+        """Ask ``member`` to take a snapshot now (admin role); fires with the SnapshotResponse.
+
+        DLedgerError with the member's one-line reason if it cannot (no state machine, a failed write).
+        """
+        req = SnapshotRequest(group=self.group, remote_id=member)
+        resp = yield self.transport.send(member, req, timeout=self.request_timeout)
+        if resp.response_code is not ResponseCode.SUCCESS:
+            raise DLedgerError(resp.response_code, resp.error or f"snapshot on {member}",
+                               leader_id=resp.leader_id)
         return resp
 
     def find_leader(self) -> Deferred:

@@ -72,6 +72,7 @@ class RequestCode(enum.IntEnum):
     PUSH = 51004
     LEADERSHIP_TRANSFER = 51005
     INSTALL_SNAPSHOT = 51006
+    SNAPSHOT = 50100  # dledger: an admin asks a member to take a snapshot now (``dledger snapshot``)
 
 
 class Role(enum.Enum):

@@ -192,6 +192,27 @@ class PushEntryResponse(RequestOrResponse):
 
 
 #: request code -> (request class, response class)
+# -- snapshots (dledger extension) ---------------------------------------------
+
+@dataclass(slots=True, kw_only=True)
+class SnapshotRequest(RequestOrResponse):
+    """An admin asks the receiving member to snapshot its state machines now (``dledger snapshot``)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class SnapshotResponse(RequestOrResponse):
+    """The snapshot taken (or the newest, if nothing was applied since): its index/term, bytes, the log's begin.
+
+    ``error`` is the member's one-line reason when the code is not SUCCESS.
+    """
+
+    index: int = -1
+    snapshot_term: int = -1
+    snapshot_bytes: int = 0
+    ledger_begin_index: int = -1
+    error: str | None = None
+
+
 RPCS: dict[RequestCode, tuple[type[RequestOrResponse], type[RequestOrResponse]]] = {
     RequestCode.METADATA: (MetadataRequest, MetadataResponse),
     RequestCode.APPEND: (AppendEntryRequest, AppendEntryResponse),
@@ -200,6 +221,7 @@ RPCS: dict[RequestCode, tuple[type[RequestOrResponse], type[RequestOrResponse]]]
     RequestCode.HEART_BEAT: (HeartBeatRequest, HeartBeatResponse),
     RequestCode.PUSH: (PushEntryRequest, PushEntryResponse),
     RequestCode.LEADERSHIP_TRANSFER: (LeadershipTransferRequest, LeadershipTransferResponse),
+    RequestCode.SNAPSHOT: (SnapshotRequest, SnapshotResponse),
 }
 REQUEST_CODES: dict[type, RequestCode] = {req: code for code, (req, _) in RPCS.items()}
 RESPONSE_TYPES: dict[type, type] = {req: resp for req, resp in RPCS.values()}
@@ -293,6 +315,7 @@ FIELD_BOUNDS: dict[str, Bounds] = {
     "pos": POSITION,
     "count": SIZE, "total_size": SIZE,
     "max_size": INT32, "code": INT32,
+    "snapshot_term": TERM, "snapshot_bytes": Bounds(0, MAX_POS, "byte count"),
 }
 #: Bounds of a transported entry's fields: a placed entry has index, term and position >= 0.
 ENTRY_BOUNDS: dict[str, Bounds] = {

@@ -37,6 +37,8 @@ from dledger.messages import (
     MetadataRequest,
     MetadataResponse,
     PushEntryRequest,
+    SnapshotRequest,
+    SnapshotResponse,
     VoteRequest,
 )
 from dledger.ratelog import RateLimitedLog
@@ -49,6 +51,7 @@ from dledger.replication.pushcheck import append_window
 from dledger.replication.rules import damaged_leader_action
 from dledger.services import MemberServices
 from dledger.snapshot.machines import StateMachines
+from dledger.snapshot.store import SnapshotError
 from dledger.stats import ServerStats
 from dledger.store.guard import LogGuard
 
@@ -428,6 +431,20 @@ class DLedgerServer:
         """Embedded use: append ``body`` on this member (which must be the leader)."""
         return maybeDeferred(self.handle_append, AppendEntryRequest(group=self.config.group, body=body))
 
+    def handle_snapshot(self, request: SnapshotRequest) -> Deferred:
+        """Take a snapshot now (``dledger snapshot``, admin role); a refusal carries its one-line reason."""
+
+        def taken(manifest):
+            return request.base_reply(SnapshotResponse, index=manifest.index, snapshot_term=manifest.term,
+                                      snapshot_bytes=manifest.size, ledger_begin_index=self.store.ledger_begin_index)
+
+        def refused(failure):
+            failure.trap(SnapshotError)
+            code = ResponseCode.UNSUPPORTED if not self.snapshots.machines else ResponseCode.INTERNAL_ERROR
+            return request.base_reply(SnapshotResponse, code, error=failure.getErrorMessage()[:500])
+
+        return self.snapshots.take().addCallbacks(taken, refused)
+
     # -- leadership transfer -------------------------------------------------------------------
     def handle_leadership_transfer(self, request: LeadershipTransferRequest) -> Deferred:
         """Transfer leadership (leader side) or take it (transferee side), as Java DLedger does."""
@@ -557,6 +574,7 @@ class DLedgerServer:
         GetEntriesRequest: handle_get,
         MetadataRequest: handle_metadata,
         LeadershipTransferRequest: handle_leadership_transfer,
+        SnapshotRequest: handle_snapshot,
     }
 
 

@@ -26,7 +26,7 @@ class Permission(enum.Enum):
 
     READ = "read"      # GET, METADATA with the peer map
     WRITE = "write"    # APPEND
-    ADMIN = "admin"    # LEADERSHIP_TRANSFER from a client (later: membership changes)
+    ADMIN = "admin"    # LEADERSHIP_TRANSFER from a client, SNAPSHOT (later: membership changes)
     MEMBER = "member"  # VOTE, HEART_BEAT, PUSH, PULL, INSTALL_SNAPSHOT and every code not listed below
 
 
@@ -36,6 +36,7 @@ REQUIRED: dict[int, Permission] = {
     RequestCode.GET: Permission.READ,
     RequestCode.APPEND: Permission.WRITE,
     RequestCode.LEADERSHIP_TRANSFER: Permission.ADMIN,
+    RequestCode.SNAPSHOT: Permission.ADMIN,
     RequestCode.VOTE: Permission.MEMBER,
     RequestCode.HEART_BEAT: Permission.MEMBER,
     RequestCode.PULL: Permission.MEMBER,
@@ -147,6 +148,7 @@ ID_RULES: dict[int, IdRule] = {
     RequestCode.METADATA: IdRule(free=_CLIENT_CODE),
     RequestCode.APPEND: IdRule(free=_CLIENT_CODE),
     RequestCode.GET: IdRule(free=_CLIENT_CODE),
+    RequestCode.SNAPSHOT: IdRule(free=_CLIENT_CODE),
     RequestCode.VOTE: IdRule(**_MEMBER_CODE),
     RequestCode.HEART_BEAT: IdRule(**_MEMBER_CODE),
     RequestCode.PULL: IdRule(**_MEMBER_CODE),
