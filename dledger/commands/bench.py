@@ -16,6 +16,7 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="bench_command", metavar="SUBJECT")
     _register_store(sub)
     cluster_bench.register(sub)
+    _register_snapshot(sub)
     from dledger import plugins
 
     # Plugins' benchmarks, each on its own: one that fails is a line on stderr, the others still work.
@@ -44,6 +45,57 @@ def _register_store(sub) -> None:
     s.add_argument("--index-file-size", type=positive_int, default=160 << 20, metavar="BYTES")
     s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.set_defaults(func=cmd_bench_store)
+
+
+def _register_snapshot(sub) -> None:
+    s = sub.add_parser("snapshot", help="restart time with and without a snapshot; a snapshot's cost on appends",
+                       description="restart: a member with COUNT entries restarted until its state machine applied "
+                                   "the whole log, without a snapshot and with one TAIL entries before the end "
+                                   "(interleaved runs, medians, ratio). cost: append throughput while a snapshot "
+                                   "of KEYS keys is taken against windows of the same length without one "
+                                   "(interleaved). See docs/benchmarks.md.")
+    s.add_argument("what", choices=("restart", "cost", "both"), nargs="?", default="both")
+    s.add_argument("--count", type=positive_int, default=1_000_000, help="restart: entries in the log (1000000)")
+    s.add_argument("--tail", type=non_negative_int, default=10_000,
+                   help="restart: entries after the snapshot (10000)")
+    s.add_argument("--size", type=positive_int, default=64, help="body bytes per entry (64)")
+    s.add_argument("--keys", type=positive_int, default=None,
+                   help="distinct keys of the state machine (restart 100000, cost 1000000)")
+    s.add_argument("--batch", type=positive_int, default=256, help="cost: entries per flushed batch (256)")
+    s.add_argument("--runs", type=positive_int, default=3, help="interleaved runs of each kind (3)")
+    s.add_argument("--dir", dest="directory", default=None, help="directory for the stores (default: temp)")
+    s.add_argument("--json", action="store_true", help="print the results as JSON")
+    s.set_defaults(func=cmd_bench_snapshot)
+
+
+def cmd_bench_snapshot(args) -> int:
+    from dledger.bench import snapshot as snap_bench
+
+    if args.what in ("restart", "both"):
+        if args.tail >= args.count:
+            print(f"dledger bench snapshot: --tail {args.tail} must be below --count {args.count}", file=sys.stderr)
+            return 2
+        r = snap_bench.run_restart(args.count, args.tail, args.size, args.keys or 100_000, args.runs, args.directory)
+        print(snap_bench.to_json({"restart": r.as_dict()}) if args.json else snap_bench.format_restart(r))
+    if args.what in ("cost", "both"):
+        from twisted.internet.defer import Deferred
+        from twisted.internet.task import react
+
+        out = []
+
+        def main(reactor):
+            d = Deferred.fromCoroutine(snap_bench.run_cost(reactor, args.keys or 1_000_000, args.batch, args.size,
+                                                           args.runs, args.directory))
+            return d.addCallback(out.append)
+
+        try:
+            react(main)
+        except SystemExit as exc:
+            if exc.code:
+                return int(exc.code)
+        r = out[0]
+        print(snap_bench.to_json({"cost": r}) if args.json else snap_bench.format_cost(r))
+    return 0
 
 
 def cmd_bench_store(args) -> int:
