@@ -212,3 +212,46 @@ def test_add_rejects_bad_names_and_duplicates(tmp_path):
     with pytest.raises(ValueError, match="must match"):
         server.add_state_machine(DictMachine("Bad/Name"))
     assert succeed(None).called
+
+
+def test_mmap_member_compacts_files_and_restarts_from_its_snapshot(tmp_path):
+    """On the mmap store: a snapshot deletes whole data files below it; a restart restores and applies the rest."""
+    from dledger.store.mmapfile import MmapLogStore
+
+    machines = []
+
+    def open_store(mid, cfg, state):
+        return MmapLogStore(tmp_path / mid, state, data_file_size=1024, index_file_size=32 * 16,
+                            max_entry_size=1016, disk_usage=lambda: 0.0)
+
+    def add(mid, server):
+        machines.append(DictMachine())
+        server.add_state_machine(machines[-1])
+        return []
+
+    cluster = Cluster(1, store_factory=open_store, handlers=add, store_base_dir=str(tmp_path), trailing_entries=3,
+                      snapshot_threshold=0, snapshot_threshold_bytes=0)
+    cluster.start()
+    cluster.wait_for_leader()
+    _append(cluster, [f"key{i}=value-{i}".encode() for i in range(150)])
+    server = cluster.servers["n0"]
+    files_before = len(server.store.data_files)
+    m = _take(cluster, "n0")
+    assert len(server.store.data_files) < files_before and server.store.ledger_begin_index > 0
+    assert server.store.ledger_begin_index <= m.index - 3
+    _append(cluster, [b"after=1"])
+    before = machines[-1].state()
+    cluster.crash("n0")
+    cluster.start("n0")
+    cluster.wait_for_leader()
+    cluster.wait_applied()
+    assert machines[-1].restores == 1 and machines[-1].state() == before
+
+
+def test_machine_added_after_start_is_refused(tmp_path):
+    """A machine added to a running member would miss entries: refused with one line."""
+    cluster = Cluster(1, store_base_dir=str(tmp_path))
+    cluster.start()
+    cluster.wait_for_leader()
+    with pytest.raises(ValueError, match="add machines before start"):
+        cluster.servers["n0"].add_state_machine(DictMachine())

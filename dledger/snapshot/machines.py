@@ -97,9 +97,9 @@ class StateMachines:
             raise ValueError(f"state machine name {name!r} must match [a-z0-9_.-]{{1,64}}")
         if any(m.name == name for m in self.machines):
             raise ValueError(f"a state machine named {name!r} is already registered")
-        if self._running and self.applied_index >= 0:
+        if self._running:
             raise ValueError(f"state machine {name!r} added after the member started (applied index "
-                             f"{self.applied_index}); add machines before start")
+                             f"{self.applied_index}): it would miss entries; add machines before start")
         self.machines.append(machine)
 
     # -- start-up ----------------------------------------------------------------------------
@@ -202,6 +202,13 @@ class StateMachines:
     def _feed(self) -> None:
         self._scheduled = None
         store = self.store
+        if not self.machines:  # nothing to feed: the applied index follows the committed one, no entry read
+            if store.committed_index > self.applied_index:
+                self.applied_index = store.committed_index
+                self._next = self.applied_index + 1
+                self._fire_waiters()
+            self._release_idle()
+            return
         while (self._running and not self._busy and not self._paused and self.halted is None
                and self._next <= store.committed_index):
             if self._next < store.ledger_begin_index:
@@ -219,7 +226,7 @@ class StateMachines:
                 return
             last = entries[-1].index
             size = sum(e.size for e in entries)
-            visible = without_noops(entries) if self.machines else []
+            visible = without_noops(entries)
             self._next = last + 1
             if not visible:
                 self._applied(last, size)
