@@ -59,6 +59,8 @@ class Options(usage.Options):
         ["preset", None, None, f"timer preset applied first: {' or '.join(PRESETS)}"],
         ["flush-policy", None, None, "sync (fsync before acknowledging, default) or async (Java's behaviour)"],
         ["listen", None, None, "server endpoint for peers and clients (default tcp:<own port>:interface=<own host>)"],
+        ["snapshot-threshold", None, None, "entries applied between automatic snapshots of the state machines "
+                                           "(snapshotThreshold; 0: only on demand; docs/snapshots.md)"],
         ["metrics", None, None, "serve Prometheus metrics on this server endpoint, e.g. tcp:9108:interface=127.0.0.1"],
         ["log-level", None, "info", f"lowest level logged: {', '.join(logfilter.LEVELS)} (default info; debug also "
                                     "shows vote rounds, connection chatter and the traceback of a start-up error)"],
@@ -130,6 +132,11 @@ def build_config(options: Options) -> DLedgerConfig:
         overrides["truncate_damaged"] = True
     if options["adopt-store"]:
         overrides["adopt_store"] = True
+    if options["snapshot-threshold"] is not None:
+        text = options["snapshot-threshold"]
+        if not text.strip().isdigit():
+            raise ConfigError(f"--snapshot-threshold: expected a whole number of entries (0: off), got {text!r}")
+        overrides["snapshot_threshold"] = int(text)
     config = make_config(preset=options["preset"] or "default", file=options["config"], **overrides)
     extras = plugins.flatten_extras(config.extras)  # [plugins.<name>] tables as dotted names
     extras.update(options["plugin_opts"])

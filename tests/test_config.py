@@ -209,3 +209,19 @@ def test_every_option_is_documented():
     for f in dataclasses.fields(DLedgerConfig):
         if f.name != "extras":
             assert f"`{_camel(f.name)}`" in doc, f.name
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"snapshot_threshold": -1}, "snapshotThreshold: must be >= 0"),
+    ({"snapshot_threshold_bytes": -5}, "snapshotThresholdBytes: must be >= 0"),
+    ({"trailing_entries": -1}, "trailingEntries: must be >= 0"),
+    ({"max_snapshot_reserved_num": 0}, "maxSnapshotReservedNum: must be >= 1"),
+    ({"snapshot_file_size": 100}, "snapshotFileSize: must be at least 4096"),
+    ({"snapshot_chunk_size": 10}, "snapshotChunkSize: must be between 1024 and"),
+    ({"snapshot_chunk_size": 64 << 20}, "snapshotChunkSize: must be between 1024 and"),
+])
+def test_snapshot_options_are_checked(options, message):
+    """Snapshot options out of range are one-line ConfigErrors naming the option."""
+    with pytest.raises(ConfigError, match=message) as info:
+        make_config(**options)
+    assert "\n" not in str(info.value)

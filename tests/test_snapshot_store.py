@@ -185,3 +185,24 @@ def test_manifest_round_trip():
     m = Manifest(120000, 7, 123456789, ("n0-127.0.0.1:20911",),
                  (Section("kv", (FileInfo("kv/000000", 1048576, 305419896),)),), 1795000000.0)
     assert Manifest.from_bytes(m.to_bytes()) == m
+
+
+def test_receive_of_another_snapshot_replaces_a_partial_one(tmp_path):
+    """Only one transfer at a time: receiving another snapshot discards the partial files of the previous one."""
+    clock = Clock()
+    io = SimulatedIO(clock, (0.001, 0.02), random.Random(3))
+    leader = SnapshotStore(tmp_path / "leader", file_size=4096)
+    old, new = make(leader, 10, 1), make(leader, 20, 2)
+    store = SnapshotStore(tmp_path / "f", io)
+    rx = store.receive(old)
+    value(rx.write("kv/000000", 0, b"a" * 100), clock)
+    rx2 = store.receive(new)
+    assert rx2.resume_point() == ("kv/000000", 0)
+    while True:
+        path, offset = rx2.resume_point()
+        if path is None:
+            break
+        value(rx2.write(path, offset, value(leader.read_file(new, path, offset, 5000))), clock)
+    got = value(rx2.finish(), clock)
+    assert got.index == 20
+    assert sorted(p.name for p in (tmp_path / "f").iterdir()) == ["20-2"]

@@ -51,6 +51,7 @@ def test_command_line_overrides_the_config_file(tmp_path):
     (["--peers", PEERS, "--plugin-opt", "novalue"], "--plugin-opt: expected name=value"),
     (["--peers", PEERS, "--plugin-opt", "nosuch=1"], "plugins.nosuch: no installed plugin declares this option"),
     (["--config", "/nonexistent/dledger.toml"], "does not exist"),
+    (["--peers", PEERS, "--snapshot-threshold", "lots"], "--snapshot-threshold: expected a whole number"),
 ])
 def test_bad_options_are_usage_errors_naming_the_problem(argv, message):
     """Every bad option becomes a UsageError (twistd prints usage and exits non-zero) that says what is wrong."""
@@ -225,3 +226,15 @@ def test_adopt_store_flag_and_config_option(tmp_path):
     cfg = tmp_path / "d.toml"
     cfg.write_text("adoptStore = true\n")
     assert parse("--config", str(cfg), "--id", "n0", "--peers", PEERS).config.adopt_store is True
+
+
+def test_snapshot_options_from_the_command_line_and_the_config_file(tmp_path):
+    """--snapshot-threshold sets snapshotThreshold; the other snapshot options come from the TOML file, checked."""
+    assert parse("--id", "n0", "--peers", PEERS, "--snapshot-threshold", "0").config.snapshot_threshold == 0
+    cfg = tmp_path / "s.toml"
+    cfg.write_text("maxSnapshotReservedNum = 5\ntrailingEntries = 7\nsnapshotFileSize = 8192\n")
+    c = parse("--config", str(cfg), "--id", "n0", "--peers", PEERS).config
+    assert (c.max_snapshot_reserved_num, c.trailing_entries, c.snapshot_file_size) == (5, 7, 8192)
+    cfg.write_text("maxSnapshotReservedNum = 0\n")
+    with pytest.raises(usage.UsageError, match="maxSnapshotReservedNum: must be >= 1"):
+        parse("--config", str(cfg), "--id", "n0", "--peers", PEERS)

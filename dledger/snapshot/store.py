@@ -563,32 +563,50 @@ class SnapshotReceiver:
         self.dir = store.directory / (INSTALL_PREFIX + manifest.dirname)
         self.serial = _Serial(store.io)
         self.closed = False
+        #: Why the install directory could not be prepared (every write then fails with it), else None.
+        self.failure: Failure | None = None
         self._sizes = self._open()
 
     def _open(self) -> dict[str, int]:
-        """Quick metadata work, inline: the install directory, the manifest kept in it, the sizes already there."""
+        """What has arrived already (quick metadata reads, inline); the directory work is the first job.
+
+        A transfer of the same snapshot resumes: its files keep their bytes.  Anything else under
+        ``.install-*`` (another snapshot, a manifest that differs) is deleted by that first job,
+        before any write of this receiver, so nothing blocking runs on the caller's thread.
+        """
         d, m = self.dir, self.manifest
-        d.parent.mkdir(parents=True, exist_ok=True)
-        for other in os.listdir(d.parent):  # one transfer at a time: a different one left behind is of no use
-            if other.startswith(INSTALL_PREFIX) and other != d.name:
-                _rmtree(d.parent / other)
-        if d.exists():
+        kept = None
+        if d.is_dir():
             try:
                 kept = read_manifest(d)
             except ManifestError:
                 kept = None
-            if kept is None or kept.to_json() | {"created": 0} != m.to_json() | {"created": 0}:
-                _rmtree(d)
-        if not d.exists():
-            d.mkdir()
-            write_atomic(d / MANIFEST_NAME, m.to_bytes())
+        same = kept is not None and kept.to_json() | {"created": 0} == m.to_json() | {"created": 0}
+        self.serial.run(self._prepare, same).addErrback(self._prepare_failed)
         sizes = {}
         for f in m.files:
             try:
-                sizes[f.path] = min((d / f.path).stat().st_size, f.size)
+                sizes[f.path] = min((d / f.path).stat().st_size, f.size) if same else 0
             except FileNotFoundError:
                 sizes[f.path] = 0
         return sizes
+
+    def _prepare(self, same: bool) -> None:
+        d = self.dir
+        d.parent.mkdir(parents=True, exist_ok=True)
+        for other in os.listdir(d.parent):  # one transfer at a time: a different one left behind is of no use
+            if other.startswith(INSTALL_PREFIX) and other != d.name:
+                _rmtree(d.parent / other)
+        if not same:
+            _rmtree(d)
+        if not d.exists():
+            d.mkdir()
+            write_atomic(d / MANIFEST_NAME, self.manifest.to_bytes())
+
+    def _prepare_failed(self, failure) -> None:
+        self.failure = failure
+        log.error("install of {name}: cannot prepare {dir}: {why}", name=self.manifest.dirname, dir=str(self.dir),
+                  why=failure.getErrorMessage())
 
     def resume_point(self) -> tuple[str | None, int]:
         """``(path, offset)`` of the first byte still missing; ``(None, 0)`` once every file is complete."""
@@ -600,6 +618,8 @@ class SnapshotReceiver:
     def write(self, path: str, offset: int, data: bytes) -> Deferred:
         """Store ``data`` at ``offset`` of chunk file ``path``; fires once written (durable at ``finish``)."""
         info = self.manifest.file(path)
+        if self.failure is not None:
+            return fail(self.failure)
         if self.closed:
             return fail(SnapshotError(f"install of {self.manifest.dirname}: write after finish or abort"))
         if info is None:
