@@ -255,3 +255,43 @@ def test_machine_added_after_start_is_refused(tmp_path):
     cluster.wait_for_leader()
     with pytest.raises(ValueError, match="add machines before start"):
         cluster.servers["n0"].add_state_machine(DictMachine())
+
+
+def test_install_a_received_snapshot_then_append_and_restart(tmp_path):
+    """install(): machines restored from a received snapshot, log reset to its base; appends and a restart follow."""
+    source, src_machines = _cluster(tmp_path / "a")
+    source.start()
+    source.wait_for_leader()
+    _append(source, [f"s{i}=v{i}".encode() for i in range(30)])
+    m = _take(source, "n0")
+    sender = source.servers["n0"].snapshots.snapshot_store
+
+    target, machines = _cluster(tmp_path / "b")
+    target.start()
+    target.wait_for_leader()
+    server = target.servers["n0"]
+    rx = server.snapshots.snapshot_store.receive(m)
+    for f in m.files:
+        d = sender.read_file(m, f.path, 0, f.size)
+        assert target.run_until(lambda: d.called, 5)
+        data = []
+        d.addCallback(data.append)
+        w = rx.write(f.path, 0, data[0])
+        assert target.run_until(lambda: w.called, 5)
+    fin = rx.finish()
+    assert target.run_until(lambda: fin.called, 5)
+    got = []
+    fin.addCallback(got.append)
+    d = server.snapshots.install(got[0])
+    assert target.run_until(lambda: d.called, 5)
+    store = server.store
+    assert (store.ledger_begin_index, store.ledger_end_index, store.committed_index) == (m.index + 1, m.index, m.index)
+    assert server.snapshots.applied_index == m.index
+    assert machines["n0"][-1].data == src_machines["n0"][-1].data
+    target.crash("n0")  # the leader's term is gone with it; a new election appends a NOOP at m.index + 1
+    target.start("n0")
+    target.wait_for_leader()
+    _append(target, [b"after=1"])
+    server = target.servers["n0"]
+    assert server.store.ledger_begin_index == m.index + 1 and server.store.get(server.store.ledger_end_index)
+    assert machines["n0"][-1].data["after"] == "1" and machines["n0"][-1].data["s29"] == "v29"
