@@ -272,12 +272,12 @@ def test_install_a_received_snapshot_then_append_and_restart(tmp_path):
     server = target.servers["n0"]
     rx = server.snapshots.snapshot_store.receive(m)
     for f in m.files:
-        d = sender.read_file(m, f.path, 0, f.size)
-        assert target.run_until(lambda: d.called, 5)
         data = []
-        d.addCallback(data.append)
-        w = rx.write(f.path, 0, data[0])
-        assert target.run_until(lambda: w.called, 5)
+        sender.read_file(m, f.path, 0, f.size).addCallback(data.append)
+        assert target.run_until(lambda data=data: bool(data), 5)
+        written = []
+        rx.write(f.path, 0, data[0]).addCallback(written.append)
+        assert target.run_until(lambda written=written: bool(written), 5)
     fin = rx.finish()
     assert target.run_until(lambda: fin.called, 5)
     got = []
@@ -295,3 +295,18 @@ def test_install_a_received_snapshot_then_append_and_restart(tmp_path):
     server = target.servers["n0"]
     assert server.store.ledger_begin_index == m.index + 1 and server.store.get(server.store.ledger_end_index)
     assert machines["n0"][-1].data["after"] == "1" and machines["n0"][-1].data["s29"] == "v29"
+
+
+def test_take_while_taking_shares_the_result(tmp_path):
+    """A second take() while one runs gets the same manifest (one snapshot, not two)."""
+    cluster, machines = _cluster(tmp_path)
+    cluster.start()
+    cluster.wait_for_leader()
+    _append(cluster, [b"a=1"])
+    sm = cluster.servers["n0"].snapshots
+    first, second = sm.take(), sm.take()
+    assert cluster.run_until(lambda: first.called and second.called, 5)
+    results = []
+    first.addCallback(results.append)
+    second.addCallback(results.append)
+    assert results[0] == results[1] and len(sm.snapshot_store.manifests) == 1

@@ -42,8 +42,10 @@ class KeyCounts:
 
     name = "counts"
 
-    def __init__(self):
+    def __init__(self, io=None):
         self.counts: dict[bytes, int] = {}
+        #: Where the frozen copy is turned into bytes: inline, or a BlockingIO's worker (off the reactor).
+        self.io = io
 
     def apply(self, entries):
         counts = self.counts
@@ -56,16 +58,28 @@ class KeyCounts:
         items = iter(frozen.items())
         d = Deferred()
 
+        def encode() -> bytes:
+            return "".join(f"{k.hex()} {v}\n" for k, v in _take(items, 20000)).encode()
+
+        def write(data: bytes):
+            if not data:
+                d.callback(None)
+                return None
+            return writer.write(data).addCallback(more)
+
         def more(_=None):
+            if self.io is not None:  # the frozen copy is never changed again: safe to read on a worker
+                self.io.run(encode).addCallback(write).addErrback(d.errback)
+                return None
             while True:
-                chunk = [f"{k.hex()} {v}\n" for k, v in _take(items, 20000)]
-                if not chunk:
+                data = encode()
+                if not data:
                     d.callback(None)
-                    return
-                w = writer.write("".join(chunk).encode())
+                    return None
+                w = writer.write(data)
                 if not w.called:
                     w.addCallbacks(more, d.errback)
-                    return
+                    return None
 
         more()
         return d
@@ -251,13 +265,13 @@ def format_restart(r: RestartResult) -> str:
 # -- the cost of a snapshot on appends -----------------------------------------------------------
 
 async def run_cost(reactor, keys: int = 1_000_000, batch: int = 256, size: int = 128, runs: int = 3,
-                   directory: str | None = None) -> dict:
+                   directory: str | None = None, encode: str = "reactor") -> dict:
     """Append throughput while a snapshot of ``keys`` keys is taken vs the same windows without one (interleaved)."""
     root = Path(directory or tempfile.mkdtemp(prefix="dledger-bench-snapcost-"))
     io = diskio.BlockingIO(reactor, threaded=True)
     state = FakeMemberState()
     store = _open(root / "dledger-n0", state, clock=reactor, io=io)
-    machine = KeyCounts()
+    machine = KeyCounts(io if encode == "thread" else None)
     sm = StateMachines(store, SnapshotStore(root / "snapshot", io), reactor, member_id="bench", trailing=10 ** 9)
     sm.add(machine)
     await sm.start()
@@ -302,7 +316,8 @@ async def run_cost(reactor, keys: int = 1_000_000, batch: int = 256, size: int =
             rate, _ = await window(False, length)
             plain.append(rate)
         newest = sm.snapshot_store.newest()
-        result = {"keys": keys, "batch": batch, "size": size, "runs": runs, "snapshot_bytes": newest.size,
+        result = {"encode": encode, "keys": keys, "batch": batch, "size": size, "runs": runs,
+                  "snapshot_bytes": newest.size,
                   "snapshot_seconds": lengths, "with_snapshot_eps": snap, "without_eps": plain,
                   "with_median_eps": statistics.median(snap), "without_median_eps": statistics.median(plain)}
         result["ratio"] = result["with_median_eps"] / result["without_median_eps"]
@@ -316,7 +331,8 @@ async def run_cost(reactor, keys: int = 1_000_000, batch: int = 256, size: int =
 
 def format_cost(r: dict) -> str:
     return (f"appends ({r['batch']}-entry flushed batches of {r['size']}-byte bodies) while a snapshot of "
-            f"{r['keys']} keys ({diskio.format_bytes(r['snapshot_bytes'])}) is taken, {r['runs']} interleaved runs\n"
+            f"{r['keys']} keys ({diskio.format_bytes(r['snapshot_bytes'])}, encoded on the {r['encode']}) is taken, "
+            f"{r['runs']} interleaved runs\n"
             f"  snapshot took {', '.join(f'{x:.2f}s' for x in r['snapshot_seconds'])}\n"
             f"  with snapshot:    median {r['with_median_eps']:,.0f} entries/s "
             f"(runs {', '.join(f'{x:,.0f}' for x in r['with_snapshot_eps'])})\n"

@@ -63,6 +63,9 @@ def _register_snapshot(sub) -> None:
                    help="distinct keys of the state machine (restart 100000, cost 1000000)")
     s.add_argument("--batch", type=positive_int, default=256, help="cost: entries per flushed batch (256)")
     s.add_argument("--runs", type=positive_int, default=3, help="interleaved runs of each kind (3)")
+    s.add_argument("--encode", choices=("reactor", "thread"), default="reactor",
+                   help="cost: the machine turns its frozen copy into bytes on the reactor thread or on a "
+                        "BlockingIO worker (default reactor)")
     s.add_argument("--dir", dest="directory", default=None, help="directory for the stores (default: temp)")
     s.add_argument("--json", action="store_true", help="print the results as JSON")
     s.set_defaults(func=cmd_bench_snapshot)
@@ -85,7 +88,7 @@ def cmd_bench_snapshot(args) -> int:
 
         def main(reactor):
             d = Deferred.fromCoroutine(snap_bench.run_cost(reactor, args.keys or 1_000_000, args.batch, args.size,
-                                                           args.runs, args.directory))
+                                                           args.runs, args.directory, args.encode))
             return d.addCallback(out.append)
 
         try:

@@ -71,7 +71,7 @@ class StateMachines:
         self._paused = 0  # a snapshot or install waits for the batch in flight; no new batch starts
         self._idle_waiters: list[Deferred] = []
         self._scheduled = None
-        self._taking: Deferred | None = None
+        self._taking: list[Deferred] | None = None  # while a snapshot is taken: who else waits for it
         self._waiters: list[tuple[int, int, Deferred]] = []  # (index, seq, deferred), sorted
         self._seq = itertools.count()
 
@@ -325,18 +325,18 @@ class StateMachines:
             return fail(SnapshotError(f"{self.member_id}: state machines stopped ({self.halted})"))
         if self._taking is not None:
             d: Deferred = Deferred()
-            self._taking.addBoth(lambda r: (d.callback(r) if not isinstance(r, Failure) else d.errback(r), r)[1])
+            self._taking.append(d)
             return d
-        self._taking = Deferred()
-        taking = self._taking
-        out = self._take()
+        waiters: list[Deferred] = []
+        self._taking = waiters
 
         def done(result):
             self._taking = None
-            taking.callback(result) if not isinstance(result, Failure) else taking.errback(result)
+            for w in waiters:
+                w.callback(result) if not isinstance(result, Failure) else w.errback(result)
             return result
 
-        return out.addBoth(done)
+        return self._take().addBoth(done)
 
     @inlineCallbacks
     def _take(self):
