@@ -310,3 +310,9 @@ def test_take_while_taking_shares_the_result(tmp_path):
     first.addCallback(results.append)
     second.addCallback(results.append)
     assert results[0] == results[1] and len(sm.snapshot_store.manifests) == 1
+
+
+def test_clusters_without_a_store_dir_never_share_snapshots():
+    """Two Clusters made without store_base_dir have directories of their own (no stale snapshot is restored)."""
+    a, b = Cluster(1), Cluster(1)
+    assert a.configs["n0"].member_dir != b.configs["n0"].member_dir

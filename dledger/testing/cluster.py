@@ -27,8 +27,13 @@ pass ``plugin_manager`` to use a manager of your own, and plugin options as
 
 from __future__ import annotations
 
+import atexit
 import inspect
+import itertools
+import os
 import random
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -45,9 +50,33 @@ from dledger.testing.clock import SimClock
 from dledger.testing.simdisk import DEFAULT_FLUSH_LATENCY, SimulatedDisk, SimulatedIO
 from dledger.transport.inprocess import FaultSettings, InProcessNetwork
 
+#: Store directories of clusters made without ``store_base_dir`` (created only if a member writes there, e.g.
+#: the snapshots of its state machines); removed when the process exits.
+_CLUSTER_DIRS: list[str] = []
+_cluster_seq = itertools.count()
+
+
+def _remove_cluster_dirs() -> None:
+    for d in _CLUSTER_DIRS:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+atexit.register(_remove_cluster_dirs)
+
+
+def _private_store_dir() -> str:
+    """A store base directory of this cluster alone (not created here): snapshots never meet another test's."""
+    d = os.path.join(tempfile.gettempdir(), f"dledger-cluster-{os.getpid()}-{next(_cluster_seq)}")
+    _CLUSTER_DIRS.append(d)
+    return d
+
 
 class Cluster:
-    """N members on one clock and one in-process network."""
+    """N members on one clock and one in-process network.
+
+    Without ``store_base_dir`` the members' directories (their snapshots, if they run state machines)
+    are in a private temporary directory, removed when the process exits.
+    """
 
     def __init__(self, n: int = 3, *, seed: int = 0, clock=None, preset: str = "fast", group: str = "g0",
                  faults: FaultSettings | None = None, store_factory: Callable | None = None,
@@ -60,6 +89,8 @@ class Cluster:
         self.network = InProcessNetwork(self.clock, seed=self.rng.randrange(1 << 30), faults=faults)
         self.ids = ids or [f"n{i}" for i in range(n)]
         peers = ";".join(f"{mid}-127.0.0.1:{20911 + k}" for k, mid in enumerate(self.ids))
+        if "store_base_dir" not in options and "storeBaseDir" not in options:
+            options["store_base_dir"] = _private_store_dir()
         self.configs = {mid: make_config(preset=preset, group=group, self_id=mid, peers=peers,
                                          store_type="memory", transport_type="inprocess", **options)
                         for mid in self.ids}
