@@ -76,8 +76,10 @@ class EntryPositionReader:
     """
 
     def begin_position(self) -> int:
-        """The first entry's ``pos`` (where the next entry goes when the log is empty)."""
-        return self.get(self.ledger_begin_index).pos if self.ledger_end_index >= 0 else self._write_pos
+        """The first entry's ``pos`` (where the next entry goes when the log is empty, with or without a base)."""
+        if 0 <= self.ledger_begin_index <= self.ledger_end_index:
+            return self.get(self.ledger_begin_index).pos
+        return self._write_pos
 
     def committed_position(self) -> int:
         """Just past the last committed entry; :meth:`begin_position` when nothing here is committed."""

@@ -38,7 +38,7 @@ from zope.interface.verify import verifyObject
 from dledger.codes import ResponseCode, Role
 from dledger.entry import BODY_OFFSET, Entry, body_crc, place_entry
 from dledger.errors import BatchAppendError, DLedgerError
-from dledger.interfaces import IBatchLogStore, ICompactingLogStore, ILogStore
+from dledger.interfaces import IBatchLogStore, ICompactingLogStore, ILogStore, IPositionReader
 from dledger.store.guard import LogGuard
 
 
@@ -548,6 +548,8 @@ class LogStoreContract:
         """A leader's first append after a reset is entry index + 1 at next_pos."""
         store = compacting_store
         next_pos = self._reset(store, state)
+        if IPositionReader.providedBy(store):  # nothing committed past the base: both positions are next_pos
+            assert store.begin_position() == store.committed_position() == next_pos
         state.lead(4)
         e = self.leader_append(store, state, [b"x"])[0]
         assert (e.index, e.pos) == (501, next_pos)
