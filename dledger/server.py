@@ -51,6 +51,7 @@ from dledger.replication.pushcheck import append_window
 from dledger.replication.rules import damaged_leader_action
 from dledger.replication.snapshot_receive import SnapshotReceive
 from dledger.services import MemberServices
+from dledger.snapshot.machines import StateMachines
 from dledger.stats import ServerStats
 from dledger.store.guard import LogGuard
 
@@ -97,8 +98,10 @@ class DLedgerServer:
         #: What each peer is (dledger or Java DLedger): InstallSnapshot and compaction ask (issue #22).
         self.peer_kinds = PeerKinds(self.self_id, config.group, list(config.members), transport, clock,
                                     timeout=config.max_push_time_out_ms / 1000.0)
+        #: The state machines, their snapshots and the log compaction after each (:mod:`dledger.snapshot`).
+        self.snapshots = StateMachines.for_server(self, peers_take_snapshots=self.peer_kinds.all_take_snapshots)
         #: The follower's side of InstallSnapshot (:mod:`dledger.replication.snapshot_receive`).
-        self.snapshot_receive = SnapshotReceive(state, store, clock, lambda: getattr(self, "snapshots", None),
+        self.snapshot_receive = SnapshotReceive(state, store, clock, lambda: self.snapshots,
                                                 on_installed=self.entry_handler.installed)
         #: "Leader ready" events (:mod:`dledger.leader_ready`).
         self.leader_ready = LeaderReady(self)
@@ -126,6 +129,8 @@ class DLedgerServer:
                 self.add_commit_listener(listener)
             for listener in ext.leader_ready_listeners:
                 self.add_leader_ready_listener(listener)
+            for machine in ext.state_machines:
+                self.add_state_machine(machine)
             plugins.add_services(self, self.services, plugin_manager)
 
     @property
@@ -194,13 +199,18 @@ class DLedgerServer:
         """Register an ``ILeaderReadyListener`` (told once per term this member leads with that term committed)."""
         self.leader_ready.add(listener)
 
+    def add_state_machine(self, machine) -> None:
+        """Register an ``IStateMachine`` (before :meth:`start`): restored from snapshots, fed committed entries."""
+        self.snapshots.add(machine)
+
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> Deferred:
         """Recover the store, start serving and stand for election."""
         self.store.startup()
         if self.store.committed_index > self.store.ledger_end_index:
             raise AssertionError("store reports committed index past its end")
-        d = maybeDeferred(self.transport.start, self)
+        d = self.snapshots.start()  # restore the newest intact snapshot (or refuse to start, one line)
+        d.addCallback(lambda _: self.transport.start(self))
         d.addCallback(lambda _: self._started())
         d.addCallback(lambda _: self._start_services())
         return d
@@ -221,6 +231,7 @@ class DLedgerServer:
         self.elector.start()
         self.peer_kinds.start()
         self.commit_feed.advanced()
+        self.snapshots.advanced()
         self.mending.start()
         if transfer.takes_preferred_check(self.self_id, self.config.preferred_leaders):
             self._preferred_timer = self.clock.callLater(self.elector.heartbeat, self._check_preferred_leader)
@@ -245,6 +256,7 @@ class DLedgerServer:
         self.pending.fail_all(ResponseCode.TERM_CHANGED)
         self.entry_handler.stop()
         self.commit_feed.stop()
+        self.snapshots.stop()
         self.flusher.stop()
         yield maybeDeferred(self.transport.stop)
         yield maybeDeferred(self.store.shutdown)
@@ -268,6 +280,7 @@ class DLedgerServer:
             self.replicator = None
         self.entry_handler.stop()
         self.commit_feed.stop()
+        self.snapshots.stop()
         self.flusher.stop()
         self.pending.fail_all(ResponseCode.TERM_CHANGED)
         self.transport.stop()
@@ -290,13 +303,14 @@ class DLedgerServer:
             self.replicator.start()
 
     def _snapshot_store(self):
-        """The member's SnapshotStore (``server.snapshots.store``), or None on a member without snapshots."""
-        return getattr(getattr(self, "snapshots", None), "store", None)
+        """The member's SnapshotStore (``server.snapshots.snapshot_store``): the leader sends its newest."""
+        return self.snapshots.snapshot_store
 
     def committed_advanced(self) -> None:
         """The committed index moved: answer appends, feed listeners, tell idle followers."""
         self.pending.resolve_upto(self.store.committed_index)
         self.commit_feed.advanced()
+        self.snapshots.advanced()
         self.leader_ready.check()
         if self.replicator is not None:
             self.replicator.schedule_pump()

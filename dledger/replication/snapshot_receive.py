@@ -58,7 +58,7 @@ class SnapshotReceive:
     """Answers INSTALL_SNAPSHOT requests for one member.
 
     ``machines()`` gives the member's :class:`~dledger.snapshot.machines.StateMachines` (``server.snapshots``,
-    with its ``store``: the :class:`~dledger.snapshot.store.SnapshotStore`), or None on a member without
+    with its ``snapshot_store``: the :class:`~dledger.snapshot.store.SnapshotStore`), or None on a member without
     snapshots (the request is then UNSUPPORTED).  ``on_installed(index, leader_term, leader_id)`` runs once the log
     was reset to a snapshot (the entry handler forgets what it waited for and what it verified).
     """
@@ -143,7 +143,7 @@ class SnapshotReceive:
 
     def _begin(self, machines, manifest, req: InstallSnapshotRequest) -> _Transfer:
         """A transfer of ``manifest``: from the snapshot store if it is there complete, else received (resumed)."""
-        snapshots = machines.store
+        snapshots = machines.snapshot_store
         local = next((m for m in snapshots.manifests if (m.index, m.term) == (manifest.index, manifest.term)), None)
         if local is not None:
             t = _Transfer(local, None)
@@ -239,8 +239,6 @@ class SnapshotReceive:
 
         def installed(_):
             t.phase = INSTALLED
-            log.info("{id}: installed snapshot {name}: the log now starts after index {index}",
-                     id=self.state.self_id, name=manifest.dirname, index=manifest.index)
             self.on_installed(manifest.index, req.term, req.leader_id)
 
         maybeDeferred(machines.install, manifest).addCallback(installed).addErrback(self._failed, t)

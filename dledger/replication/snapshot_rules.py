@@ -3,7 +3,7 @@
 The leader's side (:mod:`dledger.replication.snapshot_send`) and the follower's
 (:mod:`dledger.replication.snapshot_receive`) only move bytes and time; every
 choice they make is one of these functions, each with a table test in
-``tests/test_snapshot_rules.py``.  A snapshot's bytes are the concatenation of
+``tests/test_install_rules.py``.  A snapshot's bytes are the concatenation of
 its files in manifest order, so a place in the transfer is ``(path, offset)``
 and its *ordinal* (bytes before it) orders places.
 """
