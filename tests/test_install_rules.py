@@ -171,3 +171,22 @@ def test_follower_takes_chunks_in_order_only(rule, expected, path, offset, takes
 def test_install_refusal(committed, index, refused):
     """A member that committed past the snapshot refuses it: installing would lose committed entries."""
     assert (r.install_refusal(committed, index) is not None) is refused
+
+
+DISPOSITION = [
+    # (rule, expected place, chunk place, chunks held, already parked, what the follower does)
+    ("in_order_is_written", ("a/000000", 4), ("a/000000", 4), 0, False, r.Disposition.WRITE),
+    ("end_of_file_place_is_in_order", ("a/000000", 10), ("a/000001", 0), 2, False, r.Disposition.WRITE),
+    ("ahead_is_parked_until_its_turn", ("a/000000", 4), ("a/000001", 0), 1, False, r.Disposition.PARK),
+    ("duplicate_behind_is_answered", ("a/000001", 0), ("a/000000", 4), 0, False, r.Disposition.ANSWER),
+    ("second_copy_of_a_parked_chunk_is_answered", ("a/000000", 0), ("a/000000", 4), 1, True, r.Disposition.ANSWER),
+    ("nothing_held_past_the_limit", ("a/000000", 0), ("a/000000", 0), r.MAX_QUEUED_CHUNKS, False,
+     r.Disposition.ANSWER),
+    ("everything_received_answers", None, ("a/000000", 0), 0, False, r.Disposition.ANSWER),
+]
+
+
+@pytest.mark.parametrize("rule, expected, place, held, parked, action", DISPOSITION, ids=[x[0] for x in DISPOSITION])
+def test_chunk_disposition(rule, expected, place, held, parked, action):
+    """In order: written; ahead (reordered): parked; behind, duplicated or over the limit: answered, not kept."""
+    assert r.chunk_disposition(FILES, expected, place[0], place[1], held, parked) is action

@@ -32,7 +32,7 @@ from dledger.messages import MetadataRequest, MetadataResponse
 log = Logger()
 
 #: Seconds between probes of a peer whose kind is not known (or which was Java: it may have been upgraded).
-PROBE_INTERVAL = 5.0
+PROBE_INTERVAL = 1.0
 JAVA_REPROBE_INTERVAL = 60.0
 
 

@@ -52,6 +52,17 @@ class _Transfer:
         self.tail: Deferred = succeed(None)
         self.phase = RECEIVING
         self.bytes = 0
+        #: Chunks that arrived ahead of their turn: place -> (data, Deferred of their answer).
+        self.parked: dict[rules.Position, tuple[bytes, Deferred]] = {}
+
+    def unpark(self, reply) -> None:
+        """Answer every parked chunk with ``reply()`` now (a new round of the sender, or the transfer ends)."""
+        parked, self.parked = self.parked, {}
+        for _data, d in parked.values():
+            try:
+                d.callback(reply())
+            except DLedgerError as exc:
+                d.errback(exc)
 
 
 class SnapshotReceive:
@@ -113,19 +124,34 @@ class SnapshotReceive:
                 raise DLedgerError(ResponseCode.INCONSISTENT_STATE, f"installing snapshot {t.manifest.dirname}")
             if getattr(self.store, "snapshot_base", (-1, -1)) == key and self.store.ledger_end_index == manifest.index:
                 return self._reply(req, None, installed=True)  # installed already (an answer was lost)
+            if t is not None:
+                t.unpark(lambda: self._reply(req, None))
             if t is not None and t.phase == RECEIVING:
                 log.info("{id}: leader {leader} sends snapshot {new}: giving up receiving {old}",
                          id=self.state.self_id, leader=req.leader_id, new=manifest.dirname, old=t.manifest.dirname)
             t = self.current = self._begin(machines, manifest, req)
         if t.phase != RECEIVING or req.path is None:
+            t.unpark(lambda: self._reply(req, t))  # a new round (or a poll): what was parked is not coming
             return self._reply(req, t)
         data = req.data or b""
         error = rules.chunk_error(t.files, req.path, req.offset, len(data))
         if error is not None:
             raise self._refuse(req, ResponseCode.UNEXPECTED_ARGUMENT, error)
-        if not rules.takes_chunk(t.files, t.expected, req.path, req.offset) or t.queued >= rules.MAX_QUEUED_CHUNKS:
+        place = rules.normalize(t.files, (req.path, req.offset))
+        action = rules.chunk_disposition(t.files, t.expected, req.path, req.offset, t.queued + len(t.parked),
+                                         place in t.parked)
+        if action is rules.Disposition.ANSWER:
             return self._reply(req, t)
-        return self._accept(req, t, machines, rules.Chunk(req.path, req.offset, len(data)), data)
+        if action is rules.Disposition.PARK:
+            d: Deferred = Deferred()
+            t.parked[place] = (data, d)
+            return d.addCallback(lambda resp: resp if resp is not None else self._reply(req, t))
+        answer = self._accept(req, t, machines, rules.Chunk(req.path, req.offset, len(data)), data)
+        while t.expected in t.parked and t.queued < rules.MAX_QUEUED_CHUNKS:  # its successors that arrived early
+            path, offset = t.expected
+            parked, waiting = t.parked.pop(t.expected)
+            self._accept(req, t, machines, rules.Chunk(path, offset, len(parked)), parked).chainDeferred(waiting)
+        return answer
 
     def _manifest(self, req: InstallSnapshotRequest):
         from dledger.snapshot.manifest import Manifest, ManifestError
@@ -248,9 +274,16 @@ class SnapshotReceive:
                   why=failure.getErrorMessage())
         if self.current is t:
             self.current = None
+            t.unpark(_stopped)
             if t.receiver is not None and t.phase == RECEIVING:
                 t.receiver.abort()
 
     def stop(self) -> None:
         """The member stops: forget the transfer (its directory stays, so the next incarnation resumes it)."""
-        self.current = None
+        t, self.current = self.current, None
+        if t is not None:
+            t.unpark(_stopped)
+
+
+def _stopped():
+    raise DLedgerError(ResponseCode.NETWORK_ERROR, "the member stopped")

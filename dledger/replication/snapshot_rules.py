@@ -198,6 +198,29 @@ def takes_chunk(files: Sequence[FileSpan], expected: Position | None, path: str,
     return expected is not None and normalize(files, expected) == normalize(files, (path, offset))
 
 
+class Disposition(enum.Enum):
+    WRITE = "write"    # the chunk at the place expected: write it now
+    PARK = "park"      # a chunk ahead of the place expected (the network reordered): keep it until its turn
+    ANSWER = "answer"  # a duplicate, or no room: answer with the place wanted, keep nothing
+
+
+def chunk_disposition(files: Sequence[FileSpan], expected: Position | None, path: str, offset: int,
+                      held: int, parked: bool) -> Disposition:
+    """What a follower does with a chunk at ``(path, offset)`` while ``held`` chunks are queued or parked.
+
+    In order: written.  Ahead of the place expected (a reordered window): parked, so one late chunk does
+    not make the leader resend the whole window.  Behind it (a duplicate) or already parked: answered.
+    Never more than :data:`MAX_QUEUED_CHUNKS` held, so memory stays bounded whatever a sender does.
+    """
+    if expected is None or held >= MAX_QUEUED_CHUNKS:
+        return Disposition.ANSWER
+    if takes_chunk(files, expected, path, offset):
+        return Disposition.WRITE
+    if not parked and ordinal(files, (path, offset)) > ordinal(files, expected):
+        return Disposition.PARK
+    return Disposition.ANSWER
+
+
 def install_refusal(committed_index: int, snapshot_index: int) -> str | None:
     """Why a follower must not install a snapshot at ``snapshot_index``; None if it may.
 
