@@ -178,9 +178,9 @@ class SnapshotSend:
                 return
             if not self.started:
                 self.started = True
-                log.info("InstallSnapshot of {name} to {peer}: {have} of {total} bytes already there",
-                         name=self.manifest.dirname, peer=self.peer, have=rules.ordinal(self.files, wanted),
-                         total=self.total)
+                log.info("{id}: InstallSnapshot of {name} to {peer}: {have} of {total} bytes already there",
+                         id=self._base().get("local_id"), name=self.manifest.dirname, peer=self.peer,
+                         have=rules.ordinal(self.files, wanted), total=self.total)
             if action in (ReplyAction.REWIND, ReplyAction.SKIP):
                 self.round += 1
                 self.in_flight = 0
