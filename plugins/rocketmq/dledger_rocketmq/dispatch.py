@@ -203,6 +203,27 @@ def resume_index(after_records: int, controls_from: int | None, log_begin: int) 
     return max(controls_from, log_begin, 0)
 
 
+def only_noops_between(store, done: int, index: int) -> bool:
+    """Whether the committed entries after ``done`` up to ``index`` are all NOOPs (which no feed delivers).
+
+    A feed's consumer that applied ``done`` is then as far as ``index``;
+    entries the log no longer holds (before its begin: compaction, a
+    snapshot installed) count as done.  Reads at most 64 entries.
+    """
+    if done >= index:
+        return True
+    begin = max(done + 1, store.ledger_begin_index, 0)
+    if index - begin >= 64 or index > store.committed_index:
+        return False
+    if begin > index:
+        return True
+    try:
+        rest = store.get_range(begin, index - begin + 1, 1 << 62)
+    except DLedgerError:
+        return False
+    return all(e.is_noop for e in rest if e.index <= index)
+
+
 @implementer(ICommitListener)
 class Dispatcher:
     """Feeds consume queues from committed entries; tracks what has been dispatched."""
@@ -435,17 +456,7 @@ class Dispatcher:
         left between the last dispatched entry and ``index`` is read and
         must be NOOPs only.
         """
-        if self.dispatched_index >= index:
-            return True
-        store = self.server.store
-        begin = max(self.dispatched_index + 1, store.ledger_begin_index, 0)
-        if index - begin >= 64 or index > store.committed_index:
-            return False
-        try:
-            rest = store.get_range(begin, index - begin + 1, 1 << 62)
-        except DLedgerError:
-            return False
-        return all(e.is_noop for e in rest if e.index <= index)
+        return self.dispatched_index >= index or only_noops_between(self.server.store, self.dispatched_index, index)
 
     def wait_dispatched(self, index: int) -> Deferred:
         """Fires once every entry up to ``index`` has been dispatched (at once if already)."""

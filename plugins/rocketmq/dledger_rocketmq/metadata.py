@@ -252,6 +252,12 @@ class AclTable:
         self.version += 1
         return True
 
+    def replace_with(self, other: AclTable) -> None:
+        """Take ``other``'s ACL in place (a snapshot restored; the port and name server hold this object)."""
+        self.config, self.source, self.file_source, self.timestamp = (other.config, other.source,
+                                                                      other.file_source, other.timestamp)
+        self.version += 1
+
     def to_json(self) -> str:
         return json.dumps({"acl": self.config.to_dict() if self.config is not None else None,
                            "source": self.source, "file": self.file_source, "timestamp": self.timestamp},
