@@ -270,6 +270,7 @@ class Broker(MultiService):
         self.dispatcher = Dispatcher(server, self.root, file_size=options.consume_queue_file_size,
                                      on_control=on_control or (lambda index, body: None))
         self.progress = Progress(self.dispatcher, self.machine)
+        self.dispatcher.on_rebase = self._queue_rebased
         self.roles = RoleManager(server, self.progress, rebuild=self._rebuild_table,
                                  on_master=lambda m: self._tell(self.master_callbacks, "master"),
                                  on_slave=lambda m: self._tell(self.slave_callbacks, "slave"),
@@ -364,6 +365,10 @@ class Broker(MultiService):
                 cb(self, entry)
             except Exception:
                 log.failure("{id}: metadata callback {cb!r} failed", id=self.server.self_id, cb=cb)
+
+    def _queue_rebased(self, topic: str, queue_id: int, next_offset: int) -> None:
+        bases = self.machine.queue_bases
+        bases[(topic, queue_id)] = max(bases.get((topic, queue_id), 0), next_offset)
 
     def _queue_state(self, index: int) -> Deferred:
         """For a snapshot at ``index``: the next offset of every consume queue once dispatch reached ``index``,

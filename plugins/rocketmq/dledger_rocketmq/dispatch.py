@@ -53,9 +53,11 @@ from dledger_rocketmq.consumequeue import (
     SCHEDULE_TOPIC,
     ConsumeQueues,
     Unit,
+    is_dispatched,
     is_dispatched_flag,
     tag_hash,
     tags_code_of,
+    unit_for,
 )
 from dledger_rocketmq.errors import CodecError, CorruptRecordError, StoreLayoutError
 from dledger_rocketmq.message import (
@@ -237,6 +239,9 @@ class Dispatcher:
         self.max_open_files = max_open_files
         self.on_control = on_control or (lambda index, body: None)
         self.verify_crc = verify_crc
+        #: Called ``(topic, queue_id, next_offset)`` before a queue whose records the log no longer holds
+        #: restarts further on (see :meth:`_after_gap`): the broker keeps the offset as the queue's base.
+        self.on_rebase: Callable[[str, int, int], object] = lambda topic, queue_id, next_offset: None
         self.queues: ConsumeQueues | None = None
         #: Index of the last entry dispatched (-1: none) and the log position just past it.
         self.dispatched_index = -1
@@ -373,12 +378,12 @@ class Dispatcher:
                         if code is None:
                             code = self._tag_code(tags)
                         try:
-                            if queue.append_next(qoff, phys, size, code) and queue is not grown:
-                                touched[(queue.topic, qid)] = None
-                                grown = queue
+                            appended = queue.append_next(qoff, phys, size, code)
                         except CodecError as exc:
-                            self._warn.warn("bad-record", "{id}: entry {i} not dispatched: {exc}",
-                                            id=self.server.self_id, i=entry.index, exc=exc)
+                            appended = self._after_gap(queue, qoff, Unit(phys, size, code), entry.index, exc)
+                        if appended and queue is not grown:
+                            touched[(queue.topic, qid)] = None
+                            grown = queue
                         last = entry
                         continue
                 self._dispatch_one(queues, entry)
@@ -387,6 +392,26 @@ class Dispatcher:
             if last is not None:
                 self.dispatched_index = last.index
                 self.dispatched_position = last.pos + HEADER_SIZE + len(last.body)
+
+    def _after_gap(self, queue, queue_offset: int, unit: Unit, index: int, exc: CodecError) -> bool:
+        """A unit that does not follow its queue: if the queue's units all index records the log no longer
+        holds (entries before it were compacted away, or the log was reset to an installed snapshot, while this
+        member had not dispatched them), the queue restarts at the unit, as RocketMQ's queues do after CommitLog
+        files are deleted; otherwise the entry is not dispatched (logged, rate-limited).  True if appended."""
+        store = self.server.store
+        begin = store.begin_position() if hasattr(store, "begin_position") else 0
+        if (queue_offset > queue.max_offset and queue.max_physical_offset <= begin
+                and unit.physical_offset >= begin):
+            self._warn.warn("rebase", "{id}: consume queue {t}/{q} ends at offset {n} with records the log no longer "
+                            "holds (it starts at position {b}); restarting it at offset {o}",
+                            id=self.server.self_id, t=queue.topic, q=queue.queue_id, n=queue.max_offset, b=begin,
+                            o=queue_offset)
+            self.on_rebase(queue.topic, queue.queue_id, queue.max_offset)
+            queue.destroy()
+            return queue.append(queue_offset, unit, defer=True)
+        self._warn.warn("bad-record", "{id}: entry {i} not dispatched: {exc}", id=self.server.self_id, i=index,
+                        exc=exc)
+        return False
 
     def _cache_queue(self, queues: ConsumeQueues, topic: bytes, qid: int):
         """The queue of a raw topic name, remembered (None if the name is not UTF-8: the full decode reports it)."""
@@ -412,14 +437,19 @@ class Dispatcher:
             try:
                 if self.verify_crc:
                     record = decode_record(body, verify_crc=True)
-                    if queues.dispatch(record, defer=True):
-                        self._touched[(record.topic, record.queue_id)] = None
+                    found = ((record.topic, record.queue_id, record.queue_offset, unit_for(record, queues.levels))
+                             if is_dispatched(record) else None)
                 else:
                     found = index_fields(body, queues.levels)
-                    if found is not None:
-                        topic, qid, qoff, unit = found
-                        if queues.queue(topic, qid).append(qoff, unit, defer=True):
-                            self._touched[(topic, qid)] = None
+                if found is not None:
+                    topic, qid, qoff, unit = found
+                    queue = queues.queue(topic, qid)
+                    try:
+                        appended = queue.append(qoff, unit, defer=True)
+                    except CodecError as exc:
+                        appended = self._after_gap(queue, qoff, unit, entry.index, exc)
+                    if appended:
+                        self._touched[(topic, qid)] = None
             except CodecError as exc:
                 self._warn.warn("bad-record", "{id}: entry {i} not dispatched: {exc}",
                                 id=self.server.self_id, i=entry.index, exc=exc)
