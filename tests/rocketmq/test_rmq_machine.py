@@ -259,7 +259,7 @@ def test_queue_bases_are_written_after_dispatch_reached_the_index(tmp_path):
     (lambda d: d.replace(b'"version":1', b'"version":2', 1), "version 2"),
     (lambda d: d + b'["topic",{"topicName":"X"}]\n', "after the end mark"),
     (lambda d: d.replace(b'["end",', b'["end",1', 1), "end mark says"),
-    (lambda d: b"", "empty"),
+    (lambda d: b"\n", "line 1"),
     (lambda d: b"\xff\xfe\n", "line 1"),
 ])
 def test_a_damaged_section_fails_with_one_line_and_changes_nothing(tmp_path, damage, message):
@@ -270,6 +270,15 @@ def test_a_damaged_section_fails_with_one_line_and_changes_nothing(tmp_path, dam
     with pytest.raises(SnapshotFormatError, match=message) as info:
         result(target.restore(Reader(data)))
     assert "\n" not in str(info.value) and str(info.value).startswith("rocketmq snapshot section")
+    assert tables(target.meta) == before
+
+
+def test_a_snapshot_without_a_rocketmq_section_keeps_the_loaded_state(tmp_path):
+    """A snapshot taken before the broker ran on the member has no section (the core hands an empty reader)."""
+    target = BrokerMachine(meta(tmp_path, "target"))
+    target.apply([control(0, commits(("cg", "T", 0, 4)))])
+    before = tables(target.meta)
+    assert result(target.restore(Reader(b""))) == 0
     assert tables(target.meta) == before
 
 

@@ -302,6 +302,8 @@ class Broker(MultiService):
         #: Topic name -> the callers waiting for its auto-creation entry in flight (one entry per name at a time).
         #: Topic/group creations in flight: (control kind, name) -> waiters (one log entry per name at a time).
         self._creating: dict[tuple[int, str], list[Deferred]] = {}
+        #: (topic, queue id) -> ((queue min, log's min physical offset), first kept offset): see _kept_min.
+        self._kept: dict[tuple[str, int], tuple[tuple[int, int], int]] = {}
 
     # -- service ---------------------------------------------------------------------------
     def fed_by_core(self) -> bool:
@@ -600,12 +602,22 @@ class Broker(MultiService):
         return self._kept_min(q)
 
     def _kept_min(self, q) -> int:
+        """:func:`first_kept_offset` of queue ``q``, remembered until the queue's min or the log's begin moves."""
         lo, hi = q.min_offset, q.max_offset
+        min_physical = self.commitlog.min_physical_offset()
+        key = (q.topic, q.queue_id)
+        known = self._kept.get(key)
+        if known is not None and known[0] == (lo, min_physical) and known[1] < hi:
+            return known[1]
 
         def physical_at(offset: int) -> int:
             unit = q.get(offset)
             return -1 if unit is None or unit.is_filler else unit.physical_offset
-        return first_kept_offset(lo, hi, physical_at, self.commitlog.min_physical_offset())
+        kept = first_kept_offset(lo, hi, physical_at, min_physical)
+        if len(self._kept) > 65536:
+            self._kept.clear()
+        self._kept[key] = ((lo, min_physical), kept)
+        return kept
 
     def get_message(self, phys_offset: int, size: int) -> bytes:
         """Raw committed record bytes at a physical offset (RocketMQ's ``getMessage(offset, size)``)."""

@@ -55,7 +55,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from dledger.interfaces import ICommitListener, IStateMachine
-from dledger_rocketmq.control import KIND_ACL_CONFIG, MAGIC, METADATA_KINDS, control_kind, decode_control
+from dledger_rocketmq.control import MAGIC, METADATA_KINDS, control_kind, decode_control
 from dledger_rocketmq.metadata import AclTable, MetadataError, VersionedTable
 from dledger_rocketmq.offsets import SEPARATOR
 
@@ -368,10 +368,16 @@ class BrokerMachine:
         """Read the section (line by line), then replace every table with it; fails (one line) if damaged."""
         parser = SectionParser()
         rest = b""
+        first = True
         while True:
             data = yield maybeDeferred(reader.read, self.piece_size)
             if not data:
+                if first:  # a snapshot without a rocketmq section (taken before the broker ran here)
+                    log.warn("snapshot without a rocketmq section: the broker keeps the metadata of its config "
+                             "files (applied up to index {i})", i=self.applied_index)
+                    return self.applied_index
                 break
+            first = False
             rest += bytes(data)
             lines = rest.split(b"\n")
             rest = lines.pop()
@@ -437,4 +443,4 @@ class MachineFeed:
 
 
 __all__ = ["BrokerMachine", "MachineFeed", "SectionParser", "SnapshotFormatError", "Frozen", "freeze",
-           "encode_lines", "NAME", "KIND_ACL_CONFIG"]
+           "encode_lines", "NAME"]
