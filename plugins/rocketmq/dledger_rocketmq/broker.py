@@ -279,6 +279,13 @@ class Broker(MultiService):
         if options.commitlog_dir:  # a plain CommitLog to continue (seed 003): before the store opens
             old, divided = oldlog.prepare(server, options.commitlog_dir.replace("{id}", server.self_id),
                                           options.commitlog_file_size or server.config.mapped_file_size_for_entry_data)
+            snapshots = getattr(server, "snapshots", None)
+            if old is not None and snapshots is not None and hasattr(snapshots, "trailing"):
+                # Like retention: no dledger file may go while old files exist (the first one's start is
+                # dividedCommitlogOffset); snapshots are still taken, the log is just not compacted.
+                snapshots.trailing = 1 << 62
+                log.info("{id}: old CommitLog files exist: the log is not compacted after snapshots",
+                         id=server.self_id)
         self.commitlog = CommitLog(server, store_host=self.store_host, max_message_size=options.max_message_size,
                                    divided=divided, old_reader=old, writable=self.roles.is_master)
         #: Called with the broker when it becomes master (start delayed delivery, stop the metadata sync) and
