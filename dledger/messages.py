@@ -191,6 +191,48 @@ class PushEntryResponse(RequestOrResponse):
     count: int = 0
 
 
+# -- InstallSnapshot (dledger only; code 51006) -----------------------------
+
+@dataclass(slots=True, kw_only=True)
+class InstallSnapshotRequest(RequestOrResponse):
+    """One step of a leader streaming its newest snapshot to a follower (docs/snapshots.md, "InstallSnapshot").
+
+    ``snapshot_index``/``snapshot_term`` name the snapshot (the follower receives it into
+    ``.install-<index>-<term>``); ``manifest`` is its ``manifest.json`` text, carried by every request so
+    that a follower that restarted mid-transfer needs nothing else.  With ``path`` set the request carries
+    the bytes ``data`` of that file from ``offset``; without it, it only asks where the follower stands
+    (the first request of a transfer, and the leader's polls while the follower installs).  Java DLedger
+    has no such request: a Java member is never sent one (:mod:`dledger.replication.peerkind`).
+    """
+
+    snapshot_index: int = -1
+    snapshot_term: int = -1
+    manifest: str | None = None
+    path: str | None = None
+    offset: int = 0
+    data: bytes | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class InstallSnapshotResponse(RequestOrResponse):
+    """Where the follower stands: the next ``(next_path, next_offset)`` it wants, or that it is installing / done.
+
+    ``installed`` True: the follower's state is this snapshot (its log is reset to the snapshot's index),
+    the leader goes on with PUSH from ``snapshot_index + 1``.  ``installing`` True: every byte arrived and
+    the follower is verifying and restoring it; the leader asks again later.  ``begin_index``/``end_index``
+    are the follower's log range, as a PUSH reply's.
+    """
+
+    snapshot_index: int = -1
+    snapshot_term: int = -1
+    next_path: str | None = None
+    next_offset: int = -1
+    installing: bool | None = None
+    installed: bool | None = None
+    begin_index: int = -1
+    end_index: int = -1
+
+
 #: request code -> (request class, response class)
 RPCS: dict[RequestCode, tuple[type[RequestOrResponse], type[RequestOrResponse]]] = {
     RequestCode.METADATA: (MetadataRequest, MetadataResponse),
@@ -200,6 +242,7 @@ RPCS: dict[RequestCode, tuple[type[RequestOrResponse], type[RequestOrResponse]]]
     RequestCode.HEART_BEAT: (HeartBeatRequest, HeartBeatResponse),
     RequestCode.PUSH: (PushEntryRequest, PushEntryResponse),
     RequestCode.LEADERSHIP_TRANSFER: (LeadershipTransferRequest, LeadershipTransferResponse),
+    RequestCode.INSTALL_SNAPSHOT: (InstallSnapshotRequest, InstallSnapshotResponse),
 }
 REQUEST_CODES: dict[type, RequestCode] = {req: code for code, (req, _) in RPCS.items()}
 RESPONSE_TYPES: dict[type, type] = {req: resp for req, resp in RPCS.values()}
@@ -293,6 +336,7 @@ FIELD_BOUNDS: dict[str, Bounds] = {
     "pos": POSITION,
     "count": SIZE, "total_size": SIZE,
     "max_size": INT32, "code": INT32,
+    "snapshot_index": INDEX, "snapshot_term": TERM, "offset": POSITION, "next_offset": POSITION,
 }
 #: Bounds of a transported entry's fields: a placed entry has index, term and position >= 0.
 ENTRY_BOUNDS: dict[str, Bounds] = {

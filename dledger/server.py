@@ -32,6 +32,7 @@ from dledger.messages import (
     GetEntriesRequest,
     GetEntriesResponse,
     HeartBeatRequest,
+    InstallSnapshotRequest,
     LeadershipTransferRequest,
     LeadershipTransferResponse,
     MetadataRequest,
@@ -44,9 +45,11 @@ from dledger.replication import appends
 from dledger.replication.durability import Flusher
 from dledger.replication.follower import EntryHandler
 from dledger.replication.leader import LeaderReplicator
+from dledger.replication.peerkind import PeerKinds
 from dledger.replication.pending import PendingAppends
 from dledger.replication.pushcheck import append_window
 from dledger.replication.rules import damaged_leader_action
+from dledger.replication.snapshot_receive import SnapshotReceive
 from dledger.services import MemberServices
 from dledger.snapshot.machines import StateMachines
 from dledger.stats import ServerStats
@@ -92,8 +95,14 @@ class DLedgerServer:
                                                                       config.max_batch_push_size),
                                           max_waiting=config.max_pending_size)
         self.commit_feed = CommitFeed(store, clock, self.self_id)
+        #: What each peer is (dledger or Java DLedger): InstallSnapshot and compaction ask (issue #22).
+        self.peer_kinds = PeerKinds(self.self_id, config.group, list(config.members), transport, clock,
+                                    timeout=config.max_push_time_out_ms / 1000.0)
         #: The state machines, their snapshots and the log compaction after each (:mod:`dledger.snapshot`).
-        self.snapshots = StateMachines.for_server(self)
+        self.snapshots = StateMachines.for_server(self, peers_take_snapshots=self.peer_kinds.all_take_snapshots)
+        #: The follower's side of InstallSnapshot (:mod:`dledger.replication.snapshot_receive`).
+        self.snapshot_receive = SnapshotReceive(state, store, clock, lambda: self.snapshots,
+                                                on_installed=self.entry_handler.installed)
         #: "Leader ready" events (:mod:`dledger.leader_ready`).
         self.leader_ready = LeaderReady(self)
         #: Plugin services (:mod:`dledger.services`): started after the member serves, stopped before it stops.
@@ -220,6 +229,7 @@ class DLedgerServer:
                  group=self.config.group, term=self.state.curr_term, b=self.store.ledger_begin_index,
                  e=self.store.ledger_end_index, c=self.store.committed_index)
         self.elector.start()
+        self.peer_kinds.start()
         self.commit_feed.advanced()
         self.snapshots.advanced()
         self.mending.start()
@@ -235,6 +245,8 @@ class DLedgerServer:
         self.running = False
         self.leader_ready.stop()
         self.elector.stop()
+        self.peer_kinds.stop()
+        self.snapshot_receive.stop()
         self.mending.stop()
         if self._preferred_timer is not None and self._preferred_timer.active():
             self._preferred_timer.cancel()
@@ -260,6 +272,8 @@ class DLedgerServer:
         self.services.stop()  # not awaited: a killed process's services just vanish (their timers stop here)
         self.leader_ready.stop()
         self.elector.stop()
+        self.peer_kinds.stop()
+        self.snapshot_receive.stop()
         self.mending.stop()
         if self.replicator is not None:
             self.replicator.stop()
@@ -284,8 +298,13 @@ class DLedgerServer:
                                                append_as_leader=self.guard.append_as_leader,
                                                transport=self.transport, clock=self.clock, flusher=self.flusher,
                                                on_committed=self.committed_advanced,
-                                               on_store_damaged=self.store_damaged, stats=self.stats)
+                                               on_store_damaged=self.store_damaged, stats=self.stats,
+                                               snapshot_store=self._snapshot_store(), peer_kinds=self.peer_kinds)
             self.replicator.start()
+
+    def _snapshot_store(self):
+        """The member's SnapshotStore (``server.snapshots.snapshot_store``): the leader sends its newest."""
+        return self.snapshots.snapshot_store
 
     def committed_advanced(self) -> None:
         """The committed index moved: answer appends, feed listeners, tell idle followers."""
@@ -553,6 +572,8 @@ class DLedgerServer:
         HeartBeatRequest: lambda self, r: self.elector.handle_heartbeat(r),
         # A push reply acknowledges entries of the leader's term: held until that term is on disk here.
         PushEntryRequest: lambda self, r: self.state.after_persisted(self.entry_handler.handle_push(r)),
+        InstallSnapshotRequest: lambda self, r: self.state.after_persisted(
+            maybeDeferred(self.snapshot_receive.handle, r)),
         AppendEntryRequest: handle_append,
         GetEntriesRequest: handle_get,
         MetadataRequest: handle_metadata,

@@ -399,7 +399,7 @@ def test_binary_body_only_for_push_and_append():
     with pytest.raises(TypeError):
         remoting.encode_request(messages.HeartBeatRequest(group="g0"), 1, binary=True)
     f = remoting.decode_frame(frame(b'{"code":51002,"extFields":{"dledger.body":"bin"},"flag":0,"opaque":1}'))
-    with pytest.raises(BodyError, match="only defined for PUSH and APPEND"):
+    with pytest.raises(BodyError, match="only defined for PUSH, APPEND and INSTALL_SNAPSHOT"):
         remoting.decode_request(f)
     f = remoting.decode_frame(frame(b'{"code":51004,"extFields":{"dledger.body":"zstd"},"flag":0,"opaque":1}'))
     with pytest.raises(BodyError, match="'zstd' is not supported"):

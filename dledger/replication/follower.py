@@ -189,6 +189,19 @@ class EntryHandler:
         if waiting:
             log.debug("{id}: dropped {n} waiting pushes: {why}", id=self.state.self_id, n=len(waiting), why=why)
 
+    def installed(self, index: int, term: int, leader_id: str | None) -> None:
+        """The log was reset to a snapshot at ``index`` (InstallSnapshot): nothing above it waits or is verified.
+
+        The snapshot came from the leader of ``term``: if that is still the leader we follow, the log up to
+        ``index`` matches its log, so its commit index may be adopted up to there at once.
+        """
+        self._clear_waiting("snapshot installed")
+        self.flusher.cancel_above(index, f"snapshot {index} installed")
+        self._matched.reset()
+        self._compared = None
+        if term == self.state.curr_term and leader_id == self.state.leader_id:
+            self._matched.match((term, leader_id), index)
+
     def reset(self) -> None:
         """The term or leader changed: answer everything still waiting."""
         self._clear_waiting("term or leader changed")
@@ -216,8 +229,13 @@ class EntryHandler:
         if req.entry is None:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "COMPARE without an entry")
         self._clear_waiting("COMPARE")
+        base_index, base_term = getattr(self.store, "snapshot_base", (-1, -1))
         try:
-            same = self.store.get(req.entry.index) == req.entry
+            if 0 <= base_index == req.entry.index < self.store.ledger_begin_index:
+                # The log starts after an installed snapshot: its last entry is known by index and term only.
+                same = req.entry.term == base_term
+            else:
+                same = self.store.get(req.entry.index) == req.entry
         except DLedgerError as exc:
             same = False
             if exc.code is ResponseCode.DISK_ERROR:  # damaged here: say so, the leader's compare alone would not

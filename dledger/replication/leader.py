@@ -20,9 +20,10 @@ from dledger.entry import Entry, EntryList, encoded_size
 from dledger.errors import DLedgerError
 from dledger.messages import PushEntryRequest
 from dledger.ratelog import RateLimitedLog, RateLimiter
-from dledger.replication import peerdisk
+from dledger.replication import peerdisk, snapshot_rules
 from dledger.replication.progress import Progress
 from dledger.replication.rules import Step, after_compare, first_compare_index, leader_commit_index, truncate_reason
+from dledger.replication.snapshot_send import SnapshotSend
 from dledger.stats import lag_entries
 from dledger.store.base import read_range
 from dledger.store.recent import RecentEntries
@@ -59,6 +60,8 @@ class EntryDispatcher(Progress):
         self.behind = False  # an info line said it is more than BEHIND_LOG_ENTRIES behind
         #: "disk full" / "disk error" while the follower refuses our entries for that (issue 21), else None.
         self.disk_problem: str | None = None
+        #: The snapshot transfer while in step INSTALL (:mod:`dledger.replication.snapshot_send`).
+        self.sending: SnapshotSend | None = None
 
     def _shrunk(self, resp) -> bool:
         """Believe what the follower says it holds when that is less than its watermark (True if so).
@@ -155,8 +158,17 @@ class EntryDispatcher(Progress):
         self._retry = None
         self.pump()
 
+    def become(self, step: Step, index: int) -> None:
+        if self.sending is not None and step is not Step.INSTALL:
+            self.sending.stop()
+            self.sending = None
+        super().become(step, index)
+
     def stop(self) -> None:
         super().stop()
+        if self.sending is not None:
+            self.sending.stop()
+            self.sending = None
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
         self._retry = None
@@ -303,6 +315,8 @@ class EntryDispatcher(Progress):
         self._shrunk(resp)
         nxt = after_compare(self.compare_index, code is ResponseCode.SUCCESS, resp.begin_index, resp.end_index,
                             store.ledger_begin_index, store.ledger_end_index)
+        if self._snapshot_instead(nxt, code is ResponseCode.SUCCESS, resp.end_index):
+            return
         if nxt.step is Step.APPEND:
             self.matched(nxt.index - 1)
             self.become(Step.APPEND, nxt.index)
@@ -313,6 +327,77 @@ class EntryDispatcher(Progress):
         else:
             self.become(Step.COMPARE, nxt.index)
         self.pump()
+
+    # -- InstallSnapshot ------------------------------------------------------------------------
+    def _snapshot_instead(self, nxt, same: bool, follower_end: int) -> bool:
+        """The follower's log does not reach into ours: stream the newest snapshot instead (True if started).
+
+        :func:`~dledger.replication.snapshot_rules.after_compare_snapshot` decides; a Java member keeps the
+        TRUNCATE (it cannot take a snapshot) and the leader says, once a minute, what would bring it back.
+        """
+        lead = self.leader
+        store = lead.store
+        newest = lead.snapshot_store.newest() if lead.snapshot_store is not None else None
+        verdict = snapshot_rules.after_compare_snapshot(nxt, same, store.ledger_begin_index,
+                                                        newest.index if newest is not None else None,
+                                                        lead.peer_installs(self.peer))
+        if verdict is snapshot_rules.Verdict.JAVA_BEHIND:
+            lead.java_log.warn(("java behind", self.peer), "{id}: follower {peer} is a Java DLedger member and "
+                               "needs entries below this leader's first index {begin} (it ends at {end}); Java "
+                               "members cannot take a snapshot. Fix: copy a current member's store directory to it "
+                               "while it is stopped (docs/snapshots.md, 'Mixed groups')", id=lead.self_id,
+                               peer=self.peer, begin=store.ledger_begin_index, end=follower_end)
+            return False
+        if verdict is not snapshot_rules.Verdict.INSTALL:
+            return False
+        self.become(Step.INSTALL, newest.index)
+        lead.follower_log.info(("install", self.peer), "{id}: follower {peer} needs entries below our first index "
+                               "{begin} (it ends at {end}): sending it snapshot {name} ({size} bytes)",
+                               id=lead.self_id, peer=self.peer, begin=store.ledger_begin_index, end=follower_end,
+                               name=newest.dirname, size=newest.size)
+        gen = self.gen
+
+        def send(req, timeout):
+            return lead.transport.send(self.peer, req, timeout=timeout)
+
+        def base():
+            return dict(group=lead.group, remote_id=self.peer, local_id=lead.self_id, leader_id=lead.self_id,
+                        term=lead.term)
+
+        self.sending = SnapshotSend(peer=self.peer, manifest=newest, snapshot_store=lead.snapshot_store, send=send,
+                                    request_base=base, clock=lead.clock, timeout=lead.push_timeout,
+                                    poll_interval=lead.heartbeat, chunk_size=lead.snapshot_chunk_size,
+                                    window=lead.snapshot_window,
+                                    on_done=lambda m: self._installed(gen, m),
+                                    on_failed=lambda why, unsupported: self._install_failed(gen, why, unsupported))
+        self.sending.start()
+        return True
+
+    def _installed(self, gen: int, manifest) -> None:
+        """The follower's state is the snapshot: PUSH goes on from its index + 1."""
+        if not self.accepts(gen):
+            return
+        sending, self.sending = self.sending, None
+        lead = self.leader
+        secs = max(lead.clock.seconds() - sending.started_at, 1e-9) if sending is not None else 0.0
+        sent = sending.sent_bytes if sending is not None else 0
+        log.info("{id}: follower {peer} installed snapshot {name} ({sent} bytes sent in {secs:.2f}s, "
+                 "{rate:.1f} MB/s); replicating from index {next}", id=lead.self_id, peer=self.peer,
+                 name=manifest.dirname, sent=sent, secs=secs, rate=sent / secs / 1e6 if secs else 0.0,
+                 next=manifest.index + 1)
+        self._answering()
+        self.matched(manifest.index)
+        self.become(Step.APPEND, manifest.index + 1)
+        lead.watermark_changed(self)
+        self.pump()
+
+    def _install_failed(self, gen: int, why: str, unsupported: bool) -> None:
+        if not self.accepts(gen):
+            return
+        self.sending = None
+        if unsupported:
+            self.leader.peer_unsupported(self.peer)
+        self._retry_later(f"InstallSnapshot: {why}")
 
     def _truncate(self, index: int, follower_end: int | None = None) -> None:
         entry = self._read(index)
@@ -402,7 +487,8 @@ class LeaderReplicator:
 
     def __init__(self, term: int, *, config, self_id: str, members: Sequence[str], store, transport, clock,
                  flusher, on_committed: Callable[[], None], on_store_damaged: Callable[[int, Exception], None],
-                 stats=None, append_as_leader: Callable[[Entry], Entry] | None = None):
+                 stats=None, append_as_leader: Callable[[Entry], Entry] | None = None,
+                 snapshot_store=None, peer_kinds=None):
         cfg = config
         self.self_id = self_id
         self.group = cfg.group
@@ -424,6 +510,12 @@ class LeaderReplicator:
         self.max_batch_bytes = push_budget(cfg.max_batch_push_size, cfg.max_frame_size)
         self.max_batch_entries = 10_000
         self.max_in_flight = cfg.max_pending_size
+        #: The member's snapshots (``server.snapshots.store``; None: no snapshots, never InstallSnapshot).
+        self.snapshot_store = snapshot_store
+        #: What each peer is (:class:`dledger.replication.peerkind.PeerKinds`; None: every peer is dledger).
+        self.peer_kinds = peer_kinds
+        self.snapshot_chunk_size = getattr(cfg, "snapshot_chunk_size", snapshot_rules.DEFAULT_CHUNK_SIZE)
+        self.snapshot_window = snapshot_rules.DEFAULT_WINDOW
         self.dispatchers = {peer: EntryDispatcher(self, peer) for peer in members if peer != self_id}
         self.term_start_index = -1
         # The newest entries for the pushes: the store's own when it keeps them (it also sees truncations),
@@ -435,6 +527,7 @@ class LeaderReplicator:
         self.damage_log = RateLimitedLog(log, self.clock, interval=60.0)
         self.follower_log = RateLimitedLog(log, self.clock, interval=10.0)  # a flapping follower: one line per 10 s
         self.disk_log = RateLimitedLog(log, self.clock, interval=60.0)  # a follower's full disk: one line a minute
+        self.java_log = RateLimitedLog(log, self.clock, interval=60.0)  # a Java follower behind our first index
         self.down_summaries = RateLimiter(self.clock, DOWN_SUMMARY_INTERVAL)
         self.behind_log_entries = BEHIND_LOG_ENTRIES
         self._durable_wanted = -1  # highest index whose durability was asked for
@@ -568,6 +661,15 @@ class LeaderReplicator:
                               "{why}; this member's store is damaged (see 'store damaged' in operations.md)",
                               id=self.self_id, index=index, peer=peer, why=exc.message or exc)
         self.on_store_damaged(index, exc)
+
+    def peer_installs(self, peer: str) -> bool:
+        """``peer`` may be sent a snapshot: not known to be a Java member."""
+        return self.peer_kinds is None or self.peer_kinds.may_install(peer)
+
+    def peer_unsupported(self, peer: str) -> None:
+        """``peer`` answered InstallSnapshot with UNSUPPORTED: a Java member (learnt for good)."""
+        if self.peer_kinds is not None:
+            self.peer_kinds.saw_unsupported(peer)
 
     def peer_disk_problems(self) -> dict[str, str]:
         """Followers whose last answer said their disk refuses writes: ``{peer: "disk full" | "disk error"}``."""

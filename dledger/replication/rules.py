@@ -18,6 +18,7 @@ class Step(enum.Enum):
     COMPARE = "COMPARE"
     TRUNCATE = "TRUNCATE"
     APPEND = "APPEND"
+    INSTALL = "INSTALL"  # streaming a snapshot (dledger.replication.snapshot_send)
 
 
 @dataclass(frozen=True)

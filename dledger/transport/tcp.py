@@ -26,7 +26,7 @@ from dledger.config import DLedgerConfig, Peer
 from dledger.errors import DLedgerError
 from dledger.hookspecs import hookimpl
 from dledger.interfaces import ITransport
-from dledger.messages import PushEntryRequest, RequestOrResponse
+from dledger.messages import InstallSnapshotRequest, PushEntryRequest, RequestOrResponse
 from dledger.plugin_types import TransportType
 from dledger.security.guard import ClientCredentials, ServerGuard, security_label
 from dledger.transport.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, Backoff, RemotingClient
@@ -140,6 +140,8 @@ class TcpTransport:
             return fail(DLedgerError(ResponseCode.UNKNOWN_MEMBER,
                                      f"{peer_id!r} is not a member of group {self.config.group!r} "
                                      f"(members: {', '.join(self.addresses)})"))
+        if isinstance(request, InstallSnapshotRequest):  # dledger members only: always the binary body
+            return self.client.send(address, request, timeout, binary=True)
         binary = self.binary_push and isinstance(request, PushEntryRequest) and peer_id not in self.binary_refused
         d = self.client.send(address, request, timeout, binary=binary)
         if binary:
