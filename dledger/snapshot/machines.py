@@ -153,7 +153,14 @@ class StateMachines:
                      size=format_bytes(manifest.size), t=self.clock.seconds() - started, i=manifest.index)
             break
         self._running = True
+        self._update_floor()
         self.advanced()
+
+    def _update_floor(self) -> None:
+        """Retention and compaction share one rule: with machines, retention keeps what no snapshot holds yet."""
+        if self.machines and hasattr(self.store, "retention_floor"):
+            newest = self.snapshot_store.newest()
+            self.store.retention_floor = newest.index + 1 if newest is not None else 0
 
     def _raise_committed(self, index: int) -> None:
         """Entries up to a snapshot's index were committed (they were applied): the store knows it too."""
@@ -350,6 +357,7 @@ class StateMachines:
             why = why.getErrorMessage() if why is not None else str(exc)
             log.error("{id}: snapshot at index {i} failed: {why}", id=self.member_id, i=index, why=why)
             raise SnapshotError(f"{self.member_id}: snapshot at index {index} failed: {why}") from None
+        self._update_floor()
         begin = self.compact(manifest.index)
         pruned = yield self.snapshot_store.prune()
         log.info("{id}: snapshot {name} taken ({n} section(s), {size}, {t:.3f}s); log begins at {b}{p}",
@@ -388,6 +396,7 @@ class StateMachines:
             yield self._restore_machines(manifest)
             self.store.reset_to_snapshot(manifest.index, manifest.term, manifest.next_pos)
             self._reset_position(manifest.index)
+            self._update_floor()
             log.info("{id}: installed snapshot {name} ({size}); the log continues at index {n}",
                      id=self.member_id, name=manifest.dirname, size=format_bytes(manifest.size),
                      n=manifest.index + 1)

@@ -38,7 +38,13 @@ from dledger.entry import (
 )
 from dledger.errors import DamagedStoreError, DLedgerError, StoreError
 from dledger.hookspecs import hookimpl
-from dledger.interfaces import IBatchLogStore, IPlainLogStore, IPositionReader, ITermVoteStore
+from dledger.interfaces import (
+    IBatchLogStore,
+    ICompactingLogStore,
+    IPlainLogStore,
+    IPositionReader,
+    ITermVoteStore,
+)
 from dledger.plugin_types import StoreType
 from dledger.store import base, ownership, positions
 from dledger.store.base import TruncateAction
@@ -141,11 +147,13 @@ class SharedEnv:
 class _Round:
     """What one write transaction applies: truncation, the entries, deletion below begin, the metadata."""
 
-    __slots__ = ("drop_all", "delete_from", "delete_below", "entries", "begin", "end", "committed", "epoch")
+    __slots__ = ("drop_all", "delete_from", "delete_below", "entries", "begin", "end", "committed", "epoch", "base")
 
-    def __init__(self, drop_all, delete_from, delete_below, entries, begin, end, committed, epoch):
+    def __init__(self, drop_all, delete_from, delete_below, entries, begin, end, committed, epoch, base=None):
         self.drop_all, self.delete_from, self.delete_below = drop_all, delete_from, delete_below
         self.entries, self.begin, self.end, self.committed, self.epoch = entries, begin, end, committed, epoch
+        #: ``(index, term, next_pos)`` of a reset_to_snapshot to record, else None.
+        self.base = base
 
 
 def _write_round(shared: SharedEnv, rnd: _Round):
@@ -167,12 +175,15 @@ def _write_round(shared: SharedEnv, rnd: _Round):
                     pass
             for name, value in ((b"begin", rnd.begin), (b"end", rnd.end), (b"committed", rnd.committed)):
                 txn.put(name, _INT.pack(value), db=shared.meta)
+            if rnd.base is not None:
+                for name, value in zip((b"baseIndex", b"baseTerm", b"basePos"), rnd.base, strict=True):
+                    txn.put(name, _INT.pack(value), db=shared.meta)
     except lmdb.MapFullError:
         return _MAP_FULL
     return None
 
 
-@implementer(IPlainLogStore, IBatchLogStore, IPositionReader)
+@implementer(IPlainLogStore, IBatchLogStore, IPositionReader, ICompactingLogStore)
 class LmdbLogStore(positions.EntryPositionReader):
     """Entries in LMDB; see the module docstring."""
 
@@ -206,6 +217,9 @@ class LmdbLogStore(positions.EntryPositionReader):
         self._drop_all = False
         self._delete_from: int | None = None
         self._delete_below: int | None = None
+        self._base_pending: tuple[int, int, int] | None = None
+        #: ``(index, term)`` of the last :meth:`reset_to_snapshot` (``(-1, -1)``: none); kept in ``meta``.
+        self.snapshot_base = (-1, -1)
         self._epoch = 0
         self._gc = GroupCommit(blocking_io, self._prepare_flush)
         self._timer: LoopingCall | None = None
@@ -272,6 +286,14 @@ class LmdbLogStore(positions.EntryPositionReader):
                              path=str(self.path), meta=meta_end, end=end)
             else:
                 committed = shared.read_int(txn, b"committed")
+            base_index = shared.read_int(txn, b"baseIndex")
+            if base_index is not None:
+                self.snapshot_base = (base_index, shared.read_int(txn, b"baseTerm"))
+                if self.ledger_end_index < 0:  # empty with a base: the log continues after the snapshot
+                    self.ledger_begin_index, self.ledger_end_index = base_index + 1, base_index
+                    self.ledger_end_term = self.snapshot_base[1]
+                    self._write_pos = shared.read_int(txn, b"basePos")
+                    self.committed_index = base_index
         self._check_committed_held(committed)
         self._pending_start = self.ledger_end_index + 1
         self._gc.flushed_index = self.ledger_end_index
@@ -429,6 +451,30 @@ class LmdbLogStore(positions.EntryPositionReader):
             self._pending_start = index
         return removed
 
+    def compact(self, below_index: int) -> int:
+        """Delete the entries below ``below_index`` (never past the committed index, never the last entry).
+
+        The next flush deletes them and records the new begin index in the same transaction.
+        """
+        below = base.compact_floor(below_index, self.ledger_begin_index, self.ledger_end_index, self.committed_index)
+        if below > self.ledger_begin_index:
+            self.delete_before(below)
+        return self.ledger_begin_index
+
+    def reset_to_snapshot(self, index: int, term: int, next_pos: int) -> None:
+        """Drop every entry; the log is empty with a base at ``index`` (one transaction at the next flush)."""
+        base.check_snapshot_base(index, term, next_pos)
+        self._drop_all, self._delete_from, self._delete_below = True, None, None
+        self._pending, self._pending_start = [], index + 1
+        self._inflight = []
+        self._epoch += 1
+        self.ledger_begin_index, self.ledger_end_index, self.ledger_end_term = index + 1, index, term
+        self._write_pos = next_pos
+        self.committed_index = index
+        self.snapshot_base = (index, term)
+        self._base_pending = (index, term, next_pos)
+        self._gc.cap(index)
+
     # -- reads -----------------------------------------------------------------
     def _decode(self, raw: bytes, index: int) -> Entry:
         try:
@@ -476,17 +522,20 @@ class LmdbLogStore(positions.EntryPositionReader):
 
     def _dirty(self) -> bool:
         return bool(self._pending or self._drop_all or self._delete_from is not None
-                    or self._delete_below is not None or self._gc.flushed_index < self.ledger_end_index)
+                    or self._delete_below is not None or self._base_pending is not None
+                    or self._gc.flushed_index < self.ledger_end_index)
 
     def _prepare_flush(self) -> FlushPlan:
         target = self.ledger_end_index
         if not self._dirty():
             return FlushPlan(target, None)
         rnd = _Round(self._drop_all, self._delete_from, self._delete_below, self._pending,
-                     self.ledger_begin_index, target, min(self.committed_index, target), self._epoch)
+                     self.ledger_begin_index, target, min(self.committed_index, target), self._epoch,
+                     self._base_pending)
         self._inflight, self._inflight_start = self._pending, self._pending_start
         self._pending, self._pending_start = [], target + 1
         self._drop_all, self._delete_from, self._delete_below = False, None, None
+        self._base_pending = None
         shared = self._shared
 
         def work():
@@ -504,6 +553,7 @@ class LmdbLogStore(positions.EntryPositionReader):
             if rnd.epoch != self._epoch:
                 return  # the log was reset meanwhile; the failed round's state is gone anyway
             self._drop_all = self._drop_all or rnd.drop_all
+            self._base_pending = self._base_pending or rnd.base
             self._delete_from = _lowest(self._delete_from, rnd.delete_from)
             self._delete_below = max(x for x in (self._delete_below, rnd.delete_below, -1) if x is not None)
             if self._delete_below < 0:

@@ -81,13 +81,21 @@ class RetentionPolicy:
         return used_ratio > self.disk_full_ratio
 
 
-def keeps_uncommitted(next_first: int | None, committed: int) -> bool:
-    """Whether the oldest data file must stay because it may hold an entry above the committed index.
+def file_may_go(next_first: int | None, below: int) -> bool:
+    """The one rule for what may leave the log, retention and compaction alike: the oldest data file goes only if
+    every entry it holds lies below ``below``.
 
-    ``next_first`` is the first entry after that file (None: no later file
-    says where it ends); the file holds entries up to ``next_first - 1``.
+    ``next_first`` is the first entry after that file (None: no later file says where it ends, so it
+    never goes: the last file stays); the file holds entries up to ``next_first - 1``.  Retention
+    passes ``committed + 1``; compaction after a snapshot passes the lower of that and
+    ``snapshot index - trailingEntries`` (:func:`dledger.snapshot.rules.compact_limit`).
     """
-    return next_first is None or next_first - 1 > committed
+    return next_first is not None and next_first <= below
+
+
+def keeps_uncommitted(next_first: int | None, committed: int) -> bool:
+    """Whether the oldest data file must stay because it may hold an entry above the committed index."""
+    return not file_may_go(next_first, committed + 1)
 
 
 def first_index_from(data: MappedFileList, k: int, begin_pos: int, accept_zero_crc: bool) -> int | None:

@@ -38,7 +38,7 @@ from zope.interface.verify import verifyObject
 from dledger.codes import ResponseCode, Role
 from dledger.entry import BODY_OFFSET, Entry, body_crc, place_entry
 from dledger.errors import BatchAppendError, DLedgerError
-from dledger.interfaces import IBatchLogStore, ILogStore
+from dledger.interfaces import IBatchLogStore, ICompactingLogStore, ILogStore
 from dledger.store.guard import LogGuard
 
 
@@ -458,6 +458,146 @@ class LogStoreContract:
         assert again.get(500) == entry and again.get(501) == nxt
         assert again.committed_index == 500
         expect_code(ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN, again.get, 499)
+        fired(again.shutdown())
+
+    # -- compaction and snapshot bases (ICompactingLogStore) ------------------
+    @pytest.fixture
+    def compacting_store(self, store):
+        if not ICompactingLogStore.providedBy(store):
+            pytest.skip("store does not provide ICompactingLogStore")
+        return store
+
+    def crash(self, store) -> None:
+        """Drop ``store`` as a killed process would (what was written stays, nothing more is written)."""
+        abandon = getattr(store, "abandon", None)
+        if abandon is None or not self.persistent:
+            pytest.skip("store cannot be crashed and reopened")
+        abandon()
+
+    def _committed_log(self, store, state, n=60, committed=45):
+        stored = self.leader_append(store, state, bodies(n))
+        store.update_committed_index(state.curr_term, committed)
+        fired(store.flush())
+        return stored
+
+    def test_compact_provides_interface(self, compacting_store):
+        """The store provides every attribute and method of ICompactingLogStore."""
+        assert verifyObject(ICompactingLogStore, compacting_store)
+        assert compacting_store.snapshot_base == (-1, -1)
+
+    def test_compact_drops_only_below_and_never_committed_or_last(self, compacting_store, state):
+        """compact(i) keeps every entry >= i (file stores may keep more), never goes past committed + 1."""
+        store = compacting_store
+        stored = self._committed_log(store, state)
+        begin = store.compact(30)
+        assert begin == store.ledger_begin_index and 0 <= begin <= 30
+        assert [store.get(i) for i in range(begin, 60)] == stored[begin:]
+        if begin > 0:
+            expect_code(ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN, store.get, begin - 1)
+        begin = store.compact(10 ** 6)
+        assert begin <= 46 and store.ledger_end_index == 59 and store.committed_index == 45
+        assert store.get(59) == stored[59]
+        assert store.compact(0) == begin  # never backwards
+        assert self.leader_append(store, state, [b"after"])[0].index == 60
+
+    def test_compact_survives_reopen_and_crash(self, open_store, compacting_store, state):
+        """A compacted log reopens (after a shutdown, or a crash) with a begin index between the old and the new."""
+        if not self.persistent:
+            pytest.skip("store is not persistent")
+        store = compacting_store
+        stored = self._committed_log(store, state)
+        begin = store.compact(40)
+        fired(store.flush())
+        self.crash(store)
+        again = open_store(state)
+        assert 0 <= again.ledger_begin_index <= begin and again.ledger_end_index == 59
+        assert [again.get(i) for i in range(again.ledger_begin_index, 60)] == stored[again.ledger_begin_index:]
+        begin = again.compact(40)
+        fired(again.shutdown())
+        third = open_store(state)
+        assert third.ledger_begin_index == begin and third.get(59) == stored[59]
+        fired(third.shutdown())
+
+    def _reset(self, store, state, index=500, term=3):
+        next_pos = 40 * self.data_file_size + 100
+        state.follow(term)
+        store.reset_to_snapshot(index, term, next_pos)
+        return next_pos
+
+    def _assert_base(self, store, index=500, term=3):
+        assert (store.ledger_begin_index, store.ledger_end_index, store.ledger_end_term,
+                store.committed_index) == (index + 1, index, term, index)
+        assert store.snapshot_base == (index, term)
+        expect_code(ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN, store.get, index)
+
+    def test_reset_to_snapshot_empties_the_log_with_a_base(self, compacting_store, state):
+        """After reset_to_snapshot the log is empty with a base; the next follower entry goes at next_pos."""
+        store = compacting_store
+        self._committed_log(store, state)
+        next_pos = self._reset(store, state)
+        self._assert_base(store)
+        entry = Entry(body=b"next", index=501, term=3, pos=next_pos).sealed()
+        store.append_as_follower(entry, 3, "n1")
+        assert store.get(501) == entry and store.ledger_begin_index == 501
+        assert fired(store.flush()) == 501
+        state.lead(4)
+        nxt = self.leader_append(store, state, [b"lead"])[0]
+        assert (nxt.index, nxt.pos) == (502, entry.pos + entry.size)
+
+    def test_reset_leader_append_goes_at_next_pos(self, compacting_store, state):
+        """A leader's first append after a reset is entry index + 1 at next_pos."""
+        store = compacting_store
+        next_pos = self._reset(store, state)
+        state.lead(4)
+        e = self.leader_append(store, state, [b"x"])[0]
+        assert (e.index, e.pos) == (501, next_pos)
+
+    @pytest.mark.parametrize("appended", [0, 3])
+    @pytest.mark.parametrize("how", ["shutdown", "crash"])
+    def test_reset_survives_reopen_and_crash(self, open_store, compacting_store, state, appended, how):
+        """The base survives a shutdown or a crash after the flush, with or without entries after it."""
+        if not self.persistent:
+            pytest.skip("store is not persistent")
+        store = compacting_store
+        self._committed_log(store, state)
+        next_pos = self._reset(store, state)
+        entries, pos = [], next_pos
+        for k in range(appended):
+            e = Entry(body=b"e%d" % k, index=501 + k, term=3, pos=pos).sealed()
+            store.append_as_follower(e, 3, "n1")
+            entries.append(e)
+            pos = e.pos + e.size
+        fired(store.flush())
+        if how == "crash":
+            self.crash(store)
+        else:
+            fired(store.shutdown())
+        again = open_store(state)
+        if appended:
+            assert (again.ledger_begin_index, again.ledger_end_index) == (501, 500 + appended)
+            assert [again.get(i) for i in range(501, 501 + appended)] == entries
+            assert again.committed_index >= 500 or again.committed_index == -1
+        else:
+            self._assert_base(again)
+        e = Entry(body=b"later", index=again.ledger_end_index + 1, term=3, pos=pos).sealed()
+        again.append_as_follower(e, 3, "n1")
+        assert again.get(e.index) == e
+        fired(again.shutdown())
+
+    def test_reset_then_crash_before_flush_is_old_or_new(self, open_store, compacting_store, state):
+        """A crash right after reset_to_snapshot leaves either the old log or the base, never a mix."""
+        if not self.persistent:
+            pytest.skip("store is not persistent")
+        store = compacting_store
+        stored = self._committed_log(store, state)
+        self._reset(store, state)
+        self.crash(store)
+        again = open_store(state)
+        if again.ledger_end_index == 500:
+            self._assert_base(again)
+        else:
+            assert again.ledger_end_index == 59
+            assert [again.get(i) for i in range(again.ledger_begin_index, 60)] == stored[again.ledger_begin_index:]
         fired(again.shutdown())
 
     # -- batches (IBatchLogStore, for the stores that provide it) ------------
