@@ -232,8 +232,9 @@ class Broker(MultiService):
     (``fetch(SyncKind) -> Deferred`` of a GET_ALL_* body from the master) is
     what the broker port will provide; without it there is no sync, which
     consumer offsets do not need (they go through the log).  Delayed delivery
-    runs while master.  ``on_control`` replaces the dispatcher's control
-    callback (default: the consumer offset table's ``on_control``).
+    runs while master.  Control entries are applied by the metadata state
+    machine (``machine``, :mod:`~dledger_rocketmq.machine`); ``on_control``
+    is the dispatcher's control callback (default: nothing).
     """
 
     name = "rocketmq-broker"

@@ -14,10 +14,13 @@ Recovery (:meth:`Dispatcher.recover`, at service start, store recovered):
 * units whose record is not wholly below the log's committed position are
   dropped (``truncate_physical``; a member that lost unflushed data);
 * dispatch resumes after the entry holding the last indexed record (its
-  index read from the entry header at ``physical offset - 48``); control
-  entries after it are delivered again (their application is idempotent:
-  consumer offsets never move backwards), records already indexed are
-  replays the queues skip.
+  index read from the entry header at ``physical offset - 48``), or at the
+  log's first entry; records already indexed are replays the queues skip.
+  Control entries go to ``on_control`` (the broker's metadata state machine
+  applies them itself, :mod:`dledger_rocketmq.machine`);
+* a queue whose units all index records the log no longer holds (compacted
+  away, or the log reset to an installed snapshot) restarts at its next
+  record (:meth:`Dispatcher._after_gap`).
 
 Queue appends are page-cache writes done inline on the reactor thread (a
 unit is 20 bytes): the units of one delivery are buffered per queue and
