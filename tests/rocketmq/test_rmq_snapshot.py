@@ -219,3 +219,26 @@ def test_a_wiped_member_returns_through_install_snapshot_and_serves_as_master(tm
     assert (nb.min_offset("SnapTopic", 0), nb.max_offset("SnapTopic", 0)) == (5, 8)
     result = put(cluster, nb, msg(topic="SnapTopic", body=b"new", queue_id=1))
     assert result.ok and result.queue_offset == 8
+
+
+def test_a_snapshot_fails_with_one_line_when_dispatch_never_reaches_its_index(tmp_path):
+    """The snapshot waits for the consume-queue dispatch (queue bases, flushed units), boundedly: the member's
+    snapshot fails with one line, nothing is compacted, and the next one works once dispatch is back."""
+    cluster = snap_cluster(tmp_path)
+    b = master(cluster)
+    populate(cluster, b, n_records=4)
+    victim = next(mid for mid, s in cluster.servers.items() if broker_for(s) is not b)
+    vs, vb = cluster.servers[victim], broker_for(cluster.servers[victim])
+    real = vb.dispatcher.caught_up
+    vb.dispatcher.caught_up = lambda index: False  # this member's dispatch is stuck
+    out = []
+    vs.snapshots.take().addBoth(out.append)
+    cluster.run(vb.snapshot_dispatch_timeout - 1)
+    assert out == []
+    assert cluster.run_until(lambda: bool(out), 5)
+    why = out[0].getErrorMessage()
+    assert "consume-queue dispatch did not reach index" in why and "\n" not in why, why
+    assert vs.store.ledger_begin_index == 0
+    vb.dispatcher.caught_up = real
+    assert wait(cluster, vs.snapshots.take()).section("rocketmq") is not None
+    assert vs.store.ledger_begin_index > 0

@@ -18,7 +18,7 @@ from enum import Enum
 from pathlib import Path
 
 from twisted.application.service import MultiService, Service
-from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, fail, gatherResults, maybeDeferred, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -46,7 +46,7 @@ from dledger_rocketmq.message import (
     Address,
     MessageRecord,
 )
-from dledger_rocketmq.metadata import BrokerMetadata
+from dledger_rocketmq.metadata import BrokerMetadata, MetadataError
 from dledger_rocketmq.roles import MASTER, RoleManager
 from dledger_rocketmq.schedule import DelayedDelivery, ScheduleQueueReader, to_schedule
 from dledger_rocketmq.sync import SlaveSync, SyncKind
@@ -380,10 +380,26 @@ class Broker(MultiService):
         bases = self.machine.queue_bases
         bases[(topic, queue_id)] = max(bases.get((topic, queue_id), 0), next_offset)
 
+    #: Seconds a snapshot waits for the consume-queue dispatch to reach its index before it fails (one line).
+    snapshot_dispatch_timeout = 60.0
+
     def _queue_state(self, index: int) -> Deferred:
         """For a snapshot at ``index``: the next offset of every consume queue once dispatch reached ``index``,
         after the queues are flushed (their units for every entry the snapshot covers durable before
-        compaction may delete the entries)."""
+        compaction may delete the entries; a periodic flush still running is waited for too)."""
+        wait = self.dispatcher.wait_dispatched(index)
+        timer = self.server.clock.callLater(self.snapshot_dispatch_timeout, wait.cancel)
+
+        def stop_timer(result):
+            if timer.active():
+                timer.cancel()
+            return result
+
+        def timed_out(failure):
+            failure.trap(CancelledError)
+            raise MetadataError(f"{self.server.self_id}: consume-queue dispatch did not reach index {index} "
+                                f"within {self.snapshot_dispatch_timeout:g} s (lag {self.dispatcher.lag()} bytes)")
+
         def table(_):
             queues = self.dispatcher.queues
             out = dict(self.machine.queue_bases)
@@ -391,8 +407,13 @@ class Broker(MultiService):
                 for q in queues.queues():
                     key = (q.topic, q.queue_id)
                     out[key] = max(out.get(key, 0), q.max_offset)
-            return self.dispatcher.flush_with(self.server.blocking_io).addCallback(lambda _: out)
-        return self.dispatcher.wait_dispatched(index).addCallback(table)
+            flushed = self.dispatcher.flush_with(self.server.blocking_io)
+            if self._flushing is not None:  # a periodic flush took queues before this one: wait for it too
+                periodic = Deferred()
+                self._flushing.addBoth(lambda r: (periodic.callback(None), r)[1])
+                flushed = gatherResults([flushed, periodic], consumeErrors=True)
+            return flushed.addCallback(lambda _: out)
+        return wait.addBoth(stop_timer).addErrback(timed_out).addCallback(table)
 
     @property
     def offsets(self):
