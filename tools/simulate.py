@@ -5,6 +5,8 @@
     python -m tools.simulate replication --seed 1234 --verbose   # replay one schedule
     python -m tools.simulate replication --seeds 500 --store mmap  # members on real mmap stores
     python -m tools.simulate replication --seeds 500 --outsider auth  # forged frames without credentials
+    python -m tools.simulate replication --seeds 10000 --snapshots  # state machines, snapshots, compaction,
+                                                     # wiped members back through InstallSnapshot (issue #22)
     python -m tools.simulate replication --seeds 2000 --mix crash_leader_quick=0.5 --flush-latency 0.002-0.01 \
         --no-tear                                            # power cuts of the leader, slow fsyncs
 
@@ -22,7 +24,7 @@ import time
 
 from dledger.testing.chaos import ChaosMix
 from dledger.testing.election_sim import ELECTION_MIX
-from dledger.testing.replication_sim import REPLICATION_MIX
+from dledger.testing.replication_sim import REPLICATION_MIX, SNAPSHOT_MIX
 from dledger.testing.simdisk import DEFAULT_FLUSH_LATENCY
 
 DEFAULT_MIXES = {"election": ELECTION_MIX, "replication": REPLICATION_MIX}
@@ -34,7 +36,8 @@ def _sim_options(args) -> dict:
     if args.term_latency is not None:
         out["term_write_latency"] = args.term_latency
     if args.mix:
-        out["mix"] = ChaosMix.parse(args.mix, DEFAULT_MIXES[args.kind])
+        base = SNAPSHOT_MIX if getattr(args, "snapshots", False) else DEFAULT_MIXES[args.kind]
+        out["mix"] = ChaosMix.parse(args.mix, base)
     return out
 
 
@@ -92,12 +95,14 @@ def run_election(args) -> int:
 def run_replication(args) -> int:
     from dledger.testing.replication_sim import run_replication_seed
     totals = dict(faults=0, acked=0, lost=0, divergent=0, nonlinearizable=0, leaders=0, stuck=0, forged=0,
-                  outsider_effects=0, quick=0)
+                  outsider_effects=0, quick=0, wipes=0, snapshots=0, installs=0, state_mismatch=0)
     failing = []
     seeds = _seeds(args)
     started = time.monotonic()
     for k, seed in enumerate(seeds, 1):
         extra = {"outsider": args.outsider} if args.outsider else {}
+        if args.snapshots:
+            extra["snapshots"] = True
         r = run_replication_seed(seed, duration=args.duration, store=args.store, **extra, **_sim_options(args))
         totals["quick"] += r.quick_restarts
         totals["forged"] += r.forged
@@ -107,6 +112,10 @@ def run_replication(args) -> int:
         for key in ("lost", "divergent", "nonlinearizable", "leaders"):
             totals[key] += len(getattr(r, key))
         totals["stuck"] += bool(r.stuck)
+        totals["wipes"] += r.wipes
+        totals["snapshots"] += r.snapshots_taken
+        totals["installs"] += r.installs
+        totals["state_mismatch"] += len(r.state_mismatch)
         if not r.ok:
             failing.append(seed)
             print(f"seed {seed} ({r.members} members):", flush=True)
@@ -114,6 +123,7 @@ def run_replication(args) -> int:
                 print(f"  {problem}")
             store = "" if args.store == "simdisk" else f" --store {args.store}"
             store += f" --outsider {args.outsider}" if args.outsider else ""
+            store += " --snapshots" if args.snapshots else ""
             store += _replay_options(args)
             print(f"  replay: python -m tools.simulate replication --seed {seed}{store}", flush=True)
         elif args.verbose:
@@ -125,6 +135,8 @@ def run_replication(args) -> int:
           f"divergent={totals['divergent']}, nonlinearizable={totals['nonlinearizable']}, "
           f"two_leaders={totals['leaders']}, stuck={totals['stuck']}"
           + (f", forged={totals['forged']}, outsider_effects={totals['outsider_effects']}" if args.outsider else "")
+          + (f", wipes={totals['wipes']}, snapshots_on_demand={totals['snapshots']}, "
+             f"installs={totals['installs']}, state_mismatch={totals['state_mismatch']}" if args.snapshots else "")
           + f" ({time.monotonic() - started:.1f}s)")
     return 1 if failing else 0
 
@@ -175,8 +187,14 @@ def main(argv: list[str] | None = None) -> int:
                            help="add forged frames from a peer without credentials: 'auth' (members use "
                                 "authMode=secret; plausible and out-of-range frames must have no effect) or "
                                 "'bounds' (no authentication; out-of-range values must have no effect)")
+            p.add_argument("--snapshots", action="store_true",
+                           help="members run a state machine, take snapshots and compact; members are wiped and "
+                                "return through InstallSnapshot; each machine is checked against the committed "
+                                "log (issue #22; simdisk only; default mix: SNAPSHOT_MIX)")
         p.set_defaults(func=func)
     args = parser.parse_args(argv)
+    if getattr(args, "snapshots", False) and args.store != "simdisk":
+        parser.error("--snapshots runs on simulated disks only (leave --store at simdisk)")
     raw = argv if argv is not None else sys.argv[1:]
     args.flush_latency_text = _option_text(raw, "--flush-latency")
     args.term_latency_text = _option_text(raw, "--term-latency")

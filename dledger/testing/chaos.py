@@ -25,6 +25,10 @@ class ChaosMix:
     crash_leader: float = 0.0
     crash: float = 0.3
     crash_leader_quick: float = 0.0
+    #: A member's log and snapshots are erased and it restarts empty (issue #22: it returns by InstallSnapshot).
+    wipe: float = 0.0
+    #: A member takes a snapshot now (``dledger snapshot``), compacting its log.
+    snapshot: float = 0.0
     mean_interval: float = 1.5
     restart_after: tuple[float, float] = (0.1, 2.0)
     quick_restart_after: tuple[float, float] = (0.0, 0.02)
@@ -59,8 +63,15 @@ class ChaosMix:
 class Chaos:
     """Injects faults into a running cluster until :meth:`calm` is called."""
 
-    def __init__(self, cluster, rng: random.Random, mix: ChaosMix = ChaosMix()):
+    def __init__(self, cluster, rng: random.Random, mix: ChaosMix = ChaosMix(), *, wiper=None, snapshotter=None):
+        """``wiper(member) -> bool`` erases a crashed-now member's store (False: not now, nothing done);
+        ``snapshotter(member)`` takes a snapshot on a running member.  Both are the simulation's own.
+        """
         self.cluster = cluster
+        self.wiper = wiper
+        self.snapshotter = snapshotter
+        self.wipes = 0
+        self.snapshots = 0
         self.rng = rng
         self.mix = mix
         self.active = False
@@ -69,7 +80,9 @@ class Chaos:
         self.max_down = majority(len(cluster.ids))
         kinds = [(self._partition, mix.partition), (self._block, mix.block), (self._heal, mix.heal),
                  (self._crash_leader, mix.crash_leader), (self._crash_any, mix.crash),
-                 (self._crash_leader_quick, mix.crash_leader_quick)]
+                 (self._crash_leader_quick, mix.crash_leader_quick),
+                 (self._wipe, mix.wipe if wiper is not None else 0.0),
+                 (self._snapshot, mix.snapshot if snapshotter is not None else 0.0)]
         self._kinds = [k for k, w in kinds if w > 0]
         self._weights = [w for _, w in kinds if w > 0]
 
@@ -110,6 +123,23 @@ class Chaos:
         if leader is not None:
             self.crash(leader, restart_after=self.mix.quick_restart_after)
             self.quick_restarts += 1
+
+    def _wipe(self, member: str | None = None, tries: int = 10) -> None:
+        """Wipe a member (the simulation's ``wiper`` may say "not now": then try again shortly, a few times)."""
+        member = member or self.rng.choice(self.cluster.ids)
+        if not self.active or member not in self.cluster.servers:
+            return
+        if self.wiper(member):
+            self.wipes += 1
+            self.cluster.clock.callLater(self.rng.uniform(*self.mix.restart_after), self._restart, member)
+        elif tries > 1:
+            self.cluster.clock.callLater(0.05, self._wipe, member, tries - 1)
+
+    def _snapshot(self) -> None:
+        member = self.rng.choice(self.cluster.ids)
+        if member in self.cluster.servers:
+            self.snapshots += 1
+            self.snapshotter(member)
 
     def crash(self, member: str, restart_after: tuple[float, float] | None = None) -> None:
         """Crash ``member`` now (if up and the schedule allows another member down) and restart it later."""

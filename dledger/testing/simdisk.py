@@ -160,6 +160,10 @@ class SimulatedDiskStore(MemoryLogStore):
         begin = super().compact(below_index)
         if begin != before:
             self._synced = 0
+            # Flushed entries stay flushed: write the new begin out now (as a store's checkpoint write would),
+            # or flushed_index would stay below entries that are durable until the next append (a follower
+            # with nothing more to store then never adopted the last commit index: the snapshot soak).
+            self.flush()
         return begin
 
     def reset_to_snapshot(self, index: int, term: int, next_pos: int) -> None:
