@@ -50,11 +50,12 @@ def queue_units(broker, topic: str, queue_id: int) -> list:
 
 
 def settled(cluster: Cluster, timeout: float = 20.0) -> bool:
-    """Run until every running member committed the leader's whole log and dispatched all of it."""
+    """Run until every running member committed the leader's whole log, dispatched it and applied it (metadata)."""
     def check():
         servers = list(cluster.servers.values())
         ends = {s.store.ledger_end_index for s in servers}
         committed = {s.store.committed_index for s in servers}
         return (len(ends) == 1 and committed == ends
-                and all(broker_for(s).lag() == 0 for s in servers))
+                and all(broker_for(s).lag() == 0 and broker_for(s).machine.caught_up(s.store.committed_index)
+                        for s in servers))
     return cluster.run_until(check, timeout)

@@ -304,3 +304,31 @@ def test_fast_and_full_dispatch_write_the_same_queues(tmp_path):
         d.close()
     assert views[0] == views[1]
     assert views[0][1] == 49 and sum(len(units) for _, _, units in views[0][0]) == 50
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_queue_restarts_after_records_the_log_no_longer_holds(tmp_path, verify):
+    """Entries skipped because the log now starts after them (compaction, an installed snapshot): each queue whose
+    units all lie before the log's begin restarts at its next unit; the old next offset goes to on_rebase."""
+    from dledger_rocketmq.bench_dispatch import make_entries
+    from dledger_rocketmq.consumequeue import ConsumeQueues
+    from dledger_rocketmq.dispatch import Dispatcher
+    entries = make_entries(36, 3, 16)  # queue offsets 0..11 in each of 3 queues
+    server = _FakeServer()
+    begin = [0]
+    server.store = type("Store", (), {"begin_position": lambda self: begin[0]})()
+    d = Dispatcher(server, tmp_path, file_size=20 * 10, verify_crc=verify)
+    d.queues = ConsumeQueues(tmp_path, file_size=20 * 10)
+    rebased = []
+    d.on_rebase = lambda topic, qid, nxt: rebased.append((topic, qid, nxt))
+    d.entries_committed(entries[:12])  # offsets 0..3 per queue
+    d.entries_committed(entries[24:27])  # 12..23 never delivered, the log still holds them: refused
+    assert [q.max_offset for q in d.queues.queues()] == [4, 4, 4] and rebased == []
+    begin[0] = entries[24].pos  # now the log starts at entry 24
+    d.entries_committed(entries[24:])
+    assert sorted(rebased) == [("BenchTopic", q, 4) for q in range(3)]
+    for qid in range(3):
+        q = d.queues.queue("BenchTopic", qid)
+        assert (q.min_offset, q.max_offset) == (8, 12)
+        assert [u.physical_offset for _, u in q.read(8, 100)] == [e.pos + 48 for e in entries[24 + qid::3]]
+    d.close()

@@ -50,6 +50,7 @@ def test_first_start_continues_the_plain_commitlog(plain, tmp_path):
     assert [decode_record(x).body for x in got.records][-1] == b"after" and got.next_begin_offset == 3
     assert sorted(p.name for p in (plain / "dledger-n0" / "data").iterdir()) == ["00000000000000065536"]
     assert b.server.store.retention.file_reserved_hours == float("inf")  # dledger files kept while old ones exist
+    assert b.server.snapshots.trailing >= 1 << 62  # and not compacted after a snapshot either
     cluster.crash("n0")
     cluster.restart("n0")  # a later start: divided from the first data file, nothing written to the old file
     b = master(cluster)

@@ -18,7 +18,7 @@ from enum import Enum
 from pathlib import Path
 
 from twisted.application.service import MultiService, Service
-from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, fail, gatherResults, maybeDeferred, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -34,21 +34,19 @@ from dledger_rocketmq.control import (
     KIND_ACL_CONFIG,
     KIND_GROUP_CONFIG,
     KIND_TOPIC_CONFIG,
-    METADATA_KINDS,
     OffsetCommit,
-    control_kind,
-    decode_control,
     encode_metadata,
     encode_offset_commits,
 )
 from dledger_rocketmq.dispatch import Dispatcher
+from dledger_rocketmq.machine import BrokerMachine, MachineFeed
 from dledger_rocketmq.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
     PROPERTY_DELAY_TIME_LEVEL,
     Address,
     MessageRecord,
 )
-from dledger_rocketmq.metadata import BrokerMetadata
+from dledger_rocketmq.metadata import BrokerMetadata, MetadataError
 from dledger_rocketmq.roles import MASTER, RoleManager
 from dledger_rocketmq.schedule import DelayedDelivery, ScheduleQueueReader, to_schedule
 from dledger_rocketmq.sync import SlaveSync, SyncKind
@@ -103,6 +101,71 @@ def queue_status(offset: int, min_offset: int, max_offset: int) -> tuple[GetStat
     if offset > max_offset:
         return GetStatus.OFFSET_OVERFLOW_BADLY, max_offset
     return None, offset
+
+
+def first_kept_offset(lo: int, hi: int, physical_at: Callable[[int], int], min_physical: int) -> int:
+    """The first queue offset in ``[lo, hi)`` whose record is still in the CommitLog (``hi`` if none).
+
+    A queue's units are in CommitLog order, so a binary search over
+    ``physical_at(queue offset)`` finds where the records compaction (or
+    retention) removed end: the queue's min offset as RocketMQ's
+    ``correctMinOffset`` moves it after CommitLog files are deleted.
+    """
+    if hi <= lo or physical_at(lo) >= min_physical:
+        return lo
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if physical_at(mid) < min_physical:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+class Progress:
+    """How far a member's broker is: the consume-queue dispatch *and* the metadata machine.
+
+    What the role manager waits on before a leader becomes master (both
+    caught up with the committed log: queues complete, tables complete).
+    """
+
+    def __init__(self, dispatcher: Dispatcher, machine: BrokerMachine) -> None:
+        self.dispatcher = dispatcher
+        self.machine = machine
+
+    @property
+    def dispatched_index(self) -> int:
+        return min(self.dispatcher.dispatched_index, self.machine.applied_index)
+
+    def caught_up(self, index: int) -> bool:
+        return self.dispatcher.caught_up(index) and self.machine.caught_up(index)
+
+    def lag(self) -> int:
+        return self.dispatcher.lag()
+
+    def wait_dispatched(self, index: int) -> Deferred:
+        """Fires once both reached ``index``; cancelling it cancels both waits."""
+        waits = [self.machine.wait_applied(index), self.dispatcher.wait_dispatched(index)]
+
+        def cancel(_):
+            for w in waits:
+                if not w.called:
+                    w.cancel()
+        d = Deferred(cancel)
+        left = [len(waits)]
+
+        def one(result):
+            if isinstance(result, Failure):
+                if not d.called:
+                    d.errback(result)
+                return None
+            left[0] -= 1
+            if left[0] == 0 and not d.called:
+                d.callback(self.dispatched_index)
+            return None
+        for w in waits:
+            w.addBoth(one)
+        return d
 
 
 def tag_matches(tag_codes: set[int] | None, unit_tags_code: int) -> bool:
@@ -169,8 +232,9 @@ class Broker(MultiService):
     (``fetch(SyncKind) -> Deferred`` of a GET_ALL_* body from the master) is
     what the broker port will provide; without it there is no sync, which
     consumer offsets do not need (they go through the log).  Delayed delivery
-    runs while master.  ``on_control`` replaces the dispatcher's control
-    callback (default: the consumer offset table's ``on_control``).
+    runs while master.  Control entries are applied by the metadata state
+    machine (``machine``, :mod:`~dledger_rocketmq.machine`); ``on_control``
+    is the dispatcher's control callback (default: nothing).
     """
 
     name = "rocketmq-broker"
@@ -192,15 +256,23 @@ class Broker(MultiService):
         self.io = io or getattr(server.store, "io", None) or diskio.INLINE
         self.meta = BrokerMetadata(self.root, cluster_name=options.cluster_name, broker_name=options.broker_name,
                                    clock=server.clock, io=self.io, persist_interval=options.persist_interval)
-        self.meta.before_snapshot = self._note_applied
         # Loaded while the member is built (part of its start under twistd): a damaged file without a usable
         # .bak raises MetadataError, a dledger StoreError, so the start fails with its one line and no
         # traceback (a plugin service failing later, in startService, is logged with one by dledger.services).
         self.meta.load()
         self.meta.setServiceParent(self)
+        #: The metadata as a state machine (name "rocketmq"): it applies the control entries, is snapshotted
+        #: and restored; the member's StateMachines feeds it (registered by the plugin's dledger_state_machines
+        #: hook), else the broker feeds it from the commit feed (:class:`~dledger_rocketmq.machine.MachineFeed`).
+        self.machine = BrokerMachine(self.meta, queue_state=self._queue_state, on_applied=self._metadata_applied,
+                                     store=server.store)
+        #: Control entries go to the machine; the dispatcher only indexes records (a custom ``on_control``
+        #: still receives them, as before).
         self.dispatcher = Dispatcher(server, self.root, file_size=options.consume_queue_file_size,
-                                     on_control=on_control or self._on_control)
-        self.roles = RoleManager(server, self.dispatcher, rebuild=self._rebuild_table,
+                                     on_control=on_control or (lambda index, body: None))
+        self.progress = Progress(self.dispatcher, self.machine)
+        self.dispatcher.on_rebase = self._queue_rebased
+        self.roles = RoleManager(server, self.progress, rebuild=self._rebuild_table,
                                  on_master=lambda m: self._tell(self.master_callbacks, "master"),
                                  on_slave=lambda m: self._tell(self.slave_callbacks, "slave"),
                                  timeout=options.master_wait_timeout)
@@ -208,6 +280,13 @@ class Broker(MultiService):
         if options.commitlog_dir:  # a plain CommitLog to continue (seed 003): before the store opens
             old, divided = oldlog.prepare(server, options.commitlog_dir.replace("{id}", server.self_id),
                                           options.commitlog_file_size or server.config.mapped_file_size_for_entry_data)
+            snapshots = getattr(server, "snapshots", None)
+            if old is not None and snapshots is not None and hasattr(snapshots, "trailing"):
+                # Like retention: no dledger file may go while old files exist (the first one's start is
+                # dividedCommitlogOffset); snapshots are still taken, the log is just not compacted.
+                snapshots.trailing = 1 << 62
+                log.info("{id}: old CommitLog files exist: the log is not compacted after snapshots",
+                         id=server.self_id)
         self.commitlog = CommitLog(server, store_host=self.store_host, max_message_size=options.max_message_size,
                                    divided=divided, old_reader=old, writable=self.roles.is_master)
         #: Called with the broker when it becomes master (start delayed delivery, stop the metadata sync) and
@@ -231,19 +310,29 @@ class Broker(MultiService):
         #: Topic name -> the callers waiting for its auto-creation entry in flight (one entry per name at a time).
         #: Topic/group creations in flight: (control kind, name) -> waiters (one log entry per name at a time).
         self._creating: dict[tuple[int, str], list[Deferred]] = {}
+        #: (topic, queue id) -> ((queue min, log's min physical offset), first kept offset): see _kept_min.
+        self._kept: dict[tuple[str, int], tuple[tuple[int, int], int]] = {}
 
     # -- service ---------------------------------------------------------------------------
+    def fed_by_core(self) -> bool:
+        """Whether the member's StateMachines (``server.snapshots``) feeds, snapshots and restores the machine."""
+        machines = getattr(self.server, "snapshots", None)
+        return machines is not None and self.machine in list(getattr(machines, "machines", ()))
+
     def startService(self):
-        """Recover dispatch (resuming early enough for unapplied control entries), start the children."""
+        """Recover dispatch (records after the last indexed one), feed the machine unless the core does, start."""
         self.root.mkdir(parents=True, exist_ok=True)
-        offsets = self.meta.offsets
-        start = self.dispatcher.recover(controls_from=offsets.applied_index + 1)
-        log.info("{id}: broker {name} on {root}: dispatch resumes at index {i} (queues {q}, consumer offsets "
-                 "applied up to index {a})", id=self.server.self_id, name=self.options.broker_name,
-                 root=str(self.root), i=start, q=len(self.dispatcher.queues.queues()), a=offsets.applied_index)
+        start = self.dispatcher.recover()
+        fed = self.fed_by_core()
+        log.info("{id}: broker {name} on {root}: dispatch resumes at index {i} (queues {q}); metadata applied up to "
+                 "index {a}, {how}", id=self.server.self_id, name=self.options.broker_name,
+                 root=str(self.root), i=start, q=len(self.dispatcher.queues.queues()), a=self.machine.applied_index,
+                 how="state machine 'rocketmq' (snapshots)" if fed else "fed from the commit feed (no snapshots)")
         if self.sync is None:
             log.info("{id}: slave metadata sync is off until the broker port exists (consumer offsets go through "
                      "the log and do not need it)", id=self.server.self_id)
+        if not fed:
+            self.server.add_commit_listener(MachineFeed(self.machine))
         self.server.add_commit_listener(self.dispatcher)
         super().startService()
         self._schedule_flush()
@@ -256,6 +345,7 @@ class Broker(MultiService):
         self._flush_timer = None
         self.roles.stop()
         self.dispatcher.fail_waiters(DLedgerError(ResponseCode.TERM_CHANGED, f"{self.server.self_id} is stopping"))
+        self.machine.fail_waiters(DLedgerError(ResponseCode.TERM_CHANGED, f"{self.server.self_id} is stopping"))
         d = self._stop_delivery()
         if self._flushing is not None:  # a round still syncing on a pool thread: the last flush comes after it
             flushing = self._flushing
@@ -271,36 +361,59 @@ class Broker(MultiService):
 
     # -- metadata ------------------------------------------------------------------------------
     def _on_control(self, index: int, body: bytes) -> object:
-        """Apply a committed control entry once: metadata kinds to the topic/group tables, every kind counted
-        by the offset table's applied index (which the restart replay starts after)."""
-        offsets = self.meta.offsets
-        if index > offsets.applied_index and control_kind(body) in METADATA_KINDS:
+        """Apply a committed control entry once (the machine's :meth:`~BrokerMachine.apply_control`)."""
+        return self.machine.apply_control(index, body)
+
+    def _metadata_applied(self, index: int, entry) -> None:
+        """A metadata entry changed the tables: say so for the ACL, tell ``metadata_callbacks`` otherwise."""
+        if entry.kind == KIND_ACL_CONFIG:
+            log.info("{id}: ACL from log index {i} in effect ({n} accounts, source {s})",
+                     id=self.server.self_id, i=index, n=len(self.meta.acl.config.accounts), s=self.meta.acl.source)
+            return
+        for cb in list(self.metadata_callbacks):
             try:
-                entry = decode_control(body)
-                changed = self.meta.apply_change(entry)
-            except ValueError as exc:  # malformed: every member skips it alike (the offset table logs it)
-                log.debug("metadata control entry {i} not applied: {e}", i=index, e=exc)
-            else:
-                if changed and entry.kind == KIND_ACL_CONFIG:
-                    log.info("{id}: ACL from log index {i} in effect ({n} accounts, source {s})",
-                             id=self.server.self_id, i=index, n=len(self.meta.acl.config.accounts),
-                             s=self.meta.acl.source)
-                elif changed:
-                    for cb in list(self.metadata_callbacks):
-                        try:
-                            cb(self, entry)
-                        except Exception:
-                            log.failure("{id}: metadata callback {cb!r} failed", id=self.server.self_id, cb=cb)
-        return offsets.on_control(index, body)
+                cb(self, entry)
+            except Exception:
+                log.failure("{id}: metadata callback {cb!r} failed", id=self.server.self_id, cb=cb)
 
-    def _note_applied(self) -> None:
-        """Before a snapshot: every control entry up to the dispatched index is in the table, so say so.
+    def _queue_rebased(self, topic: str, queue_id: int, next_offset: int) -> None:
+        bases = self.machine.queue_bases
+        bases[(topic, queue_id)] = max(bases.get((topic, queue_id), 0), next_offset)
 
-        Keeps the replay after a restart short when no control entry came for a while.
-        """
-        offsets, done = self.meta.offsets, self.dispatcher.dispatched_index
-        if done > offsets.applied_index:
-            offsets.applied_index = done
+    #: Seconds a snapshot waits for the consume-queue dispatch to reach its index before it fails (one line).
+    snapshot_dispatch_timeout = 60.0
+
+    def _queue_state(self, index: int) -> Deferred:
+        """For a snapshot at ``index``: the next offset of every consume queue once dispatch reached ``index``,
+        after the queues are flushed (their units for every entry the snapshot covers durable before
+        compaction may delete the entries; a periodic flush still running is waited for too)."""
+        wait = self.dispatcher.wait_dispatched(index)
+        timer = self.server.clock.callLater(self.snapshot_dispatch_timeout, wait.cancel)
+
+        def stop_timer(result):
+            if timer.active():
+                timer.cancel()
+            return result
+
+        def timed_out(failure):
+            failure.trap(CancelledError)
+            raise MetadataError(f"{self.server.self_id}: consume-queue dispatch did not reach index {index} "
+                                f"within {self.snapshot_dispatch_timeout:g} s (lag {self.dispatcher.lag()} bytes)")
+
+        def table(_):
+            queues = self.dispatcher.queues
+            out = dict(self.machine.queue_bases)
+            if queues is not None:
+                for q in queues.queues():
+                    key = (q.topic, q.queue_id)
+                    out[key] = max(out.get(key, 0), q.max_offset)
+            flushed = self.dispatcher.flush_with(self.server.blocking_io)
+            if self._flushing is not None:  # a periodic flush took queues before this one: wait for it too
+                periodic = Deferred()
+                self._flushing.addBoth(lambda r: (periodic.callback(None), r)[1])
+                flushed = gatherResults([flushed, periodic], consumeErrors=True)
+            return flushed.addCallback(lambda _: out)
+        return wait.addBoth(stop_timer).addErrback(timed_out).addCallback(table)
 
     @property
     def offsets(self):
@@ -386,7 +499,7 @@ class Broker(MultiService):
             if int(code) != int(ResponseCode.SUCCESS):
                 raise DLedgerError(ResponseCode(int(code)), f"control entry append answered {code}")
             index = resp.index
-            return self.dispatcher.wait_dispatched(index).addCallback(lambda _: index)
+            return self.machine.wait_applied(index).addCallback(lambda _: index)
         return d.addCallback(appended)
 
     # -- role duties ------------------------------------------------------------------------------
@@ -451,7 +564,10 @@ class Broker(MultiService):
     def _rebuild_table(self) -> None:
         """A new master's topic-queue table: the next offset of every consume queue (dispatch has caught up)."""
         queues = self.dispatcher.queues
-        self.commitlog.reset_offsets(queues.topic_queue_table() if queues is not None else {})
+        table = {f"{topic}-{qid}": nxt for (topic, qid), nxt in self.machine.queue_bases.items() if nxt > 0}
+        for key, nxt in (queues.topic_queue_table() if queues is not None else {}).items():
+            table[key] = max(table.get(key, 0), nxt)
+        self.commitlog.reset_offsets(table)
 
     # -- role --------------------------------------------------------------------------------
     @property
@@ -500,12 +616,37 @@ class Broker(MultiService):
         return queues.find(topic, queue_id) if queues is not None else None
 
     def max_offset(self, topic: str, queue_id: int) -> int:
+        """The queue's next offset; for a queue this member has no record of, its offset in the snapshot restored."""
         q = self._queue(topic, queue_id)
-        return q.max_offset if q is not None else 0
+        if q is None or q.empty:
+            base = self.machine.queue_bases.get((topic, queue_id), 0)
+            return max(base, q.max_offset if q is not None else 0)
+        return q.max_offset
 
     def min_offset(self, topic: str, queue_id: int) -> int:
+        """The first offset still readable: units whose record compaction (or retention) removed do not count."""
         q = self._queue(topic, queue_id)
-        return q.min_offset if q is not None else 0
+        if q is None or q.empty:
+            return self.max_offset(topic, queue_id)
+        return self._kept_min(q)
+
+    def _kept_min(self, q) -> int:
+        """:func:`first_kept_offset` of queue ``q``, remembered until the queue's min or the log's begin moves."""
+        lo, hi = q.min_offset, q.max_offset
+        min_physical = self.commitlog.min_physical_offset()
+        key = (q.topic, q.queue_id)
+        known = self._kept.get(key)
+        if known is not None and known[0] == (lo, min_physical) and known[1] < hi:
+            return known[1]
+
+        def physical_at(offset: int) -> int:
+            unit = q.get(offset)
+            return -1 if unit is None or unit.is_filler else unit.physical_offset
+        kept = first_kept_offset(lo, hi, physical_at, min_physical)
+        if len(self._kept) > 65536:
+            self._kept.clear()
+        self._kept[key] = ((lo, min_physical), kept)
+        return kept
 
     def get_message(self, phys_offset: int, size: int) -> bytes:
         """Raw committed record bytes at a physical offset (RocketMQ's ``getMessage(offset, size)``)."""
@@ -520,12 +661,18 @@ class Broker(MultiService):
         """
         q = self._queue(topic, queue_id)
         is_master = self.roles.is_master()
+        if q is None and (topic, queue_id) in self.machine.queue_bases:  # no record here since the snapshot
+            base = self.machine.queue_bases[(topic, queue_id)]
+            status, nxt = queue_status(offset, base, base)
+            nxt = next_offset_correction(offset, nxt, is_master=is_master,
+                                         offset_check_in_slave=self.options.offset_check_in_slave)
+            return GetResult(status or GetStatus.NO_MESSAGE_IN_QUEUE, [], nxt, base, base)
         if q is None:
             return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE,
                              [], next_offset_correction(offset, 0, is_master=is_master,
                                                         offset_check_in_slave=self.options.offset_check_in_slave),
                              0, 0)
-        lo, hi = q.min_offset, q.max_offset
+        lo, hi = self._kept_min(q), q.max_offset
         status, nxt = queue_status(offset, lo, hi)
         if status is not None:
             nxt = next_offset_correction(offset, nxt, is_master=is_master,

@@ -14,10 +14,13 @@ Recovery (:meth:`Dispatcher.recover`, at service start, store recovered):
 * units whose record is not wholly below the log's committed position are
   dropped (``truncate_physical``; a member that lost unflushed data);
 * dispatch resumes after the entry holding the last indexed record (its
-  index read from the entry header at ``physical offset - 48``); control
-  entries after it are delivered again (their application is idempotent:
-  consumer offsets never move backwards), records already indexed are
-  replays the queues skip.
+  index read from the entry header at ``physical offset - 48``), or at the
+  log's first entry; records already indexed are replays the queues skip.
+  Control entries go to ``on_control`` (the broker's metadata state machine
+  applies them itself, :mod:`dledger_rocketmq.machine`);
+* a queue whose units all index records the log no longer holds (compacted
+  away, or the log reset to an installed snapshot) restarts at its next
+  record (:meth:`Dispatcher._after_gap`).
 
 Queue appends are page-cache writes done inline on the reactor thread (a
 unit is 20 bytes): the units of one delivery are buffered per queue and
@@ -53,9 +56,11 @@ from dledger_rocketmq.consumequeue import (
     SCHEDULE_TOPIC,
     ConsumeQueues,
     Unit,
+    is_dispatched,
     is_dispatched_flag,
     tag_hash,
     tags_code_of,
+    unit_for,
 )
 from dledger_rocketmq.errors import CodecError, CorruptRecordError, StoreLayoutError
 from dledger_rocketmq.message import (
@@ -203,6 +208,27 @@ def resume_index(after_records: int, controls_from: int | None, log_begin: int) 
     return max(controls_from, log_begin, 0)
 
 
+def only_noops_between(store, done: int, index: int) -> bool:
+    """Whether the committed entries after ``done`` up to ``index`` are all NOOPs (which no feed delivers).
+
+    A feed's consumer that applied ``done`` is then as far as ``index``;
+    entries the log no longer holds (before its begin: compaction, a
+    snapshot installed) count as done.  Reads at most 64 entries.
+    """
+    if done >= index:
+        return True
+    begin = max(done + 1, store.ledger_begin_index, 0)
+    if index - begin >= 64 or index > store.committed_index:
+        return False
+    if begin > index:
+        return True
+    try:
+        rest = store.get_range(begin, index - begin + 1, 1 << 62)
+    except DLedgerError:
+        return False
+    return all(e.is_noop for e in rest if e.index <= index)
+
+
 @implementer(ICommitListener)
 class Dispatcher:
     """Feeds consume queues from committed entries; tracks what has been dispatched."""
@@ -216,6 +242,9 @@ class Dispatcher:
         self.max_open_files = max_open_files
         self.on_control = on_control or (lambda index, body: None)
         self.verify_crc = verify_crc
+        #: Called ``(topic, queue_id, next_offset)`` before a queue whose records the log no longer holds
+        #: restarts further on (see :meth:`_after_gap`): the broker keeps the offset as the queue's base.
+        self.on_rebase: Callable[[str, int, int], object] = lambda topic, queue_id, next_offset: None
         self.queues: ConsumeQueues | None = None
         #: Index of the last entry dispatched (-1: none) and the log position just past it.
         self.dispatched_index = -1
@@ -352,12 +381,12 @@ class Dispatcher:
                         if code is None:
                             code = self._tag_code(tags)
                         try:
-                            if queue.append_next(qoff, phys, size, code) and queue is not grown:
-                                touched[(queue.topic, qid)] = None
-                                grown = queue
+                            appended = queue.append_next(qoff, phys, size, code)
                         except CodecError as exc:
-                            self._warn.warn("bad-record", "{id}: entry {i} not dispatched: {exc}",
-                                            id=self.server.self_id, i=entry.index, exc=exc)
+                            appended = self._after_gap(queue, qoff, Unit(phys, size, code), entry.index, exc)
+                        if appended and queue is not grown:
+                            touched[(queue.topic, qid)] = None
+                            grown = queue
                         last = entry
                         continue
                 self._dispatch_one(queues, entry)
@@ -366,6 +395,26 @@ class Dispatcher:
             if last is not None:
                 self.dispatched_index = last.index
                 self.dispatched_position = last.pos + HEADER_SIZE + len(last.body)
+
+    def _after_gap(self, queue, queue_offset: int, unit: Unit, index: int, exc: CodecError) -> bool:
+        """A unit that does not follow its queue: if the queue's units all index records the log no longer
+        holds (entries before it were compacted away, or the log was reset to an installed snapshot, while this
+        member had not dispatched them), the queue restarts at the unit, as RocketMQ's queues do after CommitLog
+        files are deleted; otherwise the entry is not dispatched (logged, rate-limited).  True if appended."""
+        store = self.server.store
+        begin = store.begin_position() if hasattr(store, "begin_position") else 0
+        if (queue_offset > queue.max_offset and queue.max_physical_offset <= begin
+                and unit.physical_offset >= begin):
+            self._warn.warn("rebase", "{id}: consume queue {t}/{q} ends at offset {n} with records the log no longer "
+                            "holds (it starts at position {b}); restarting it at offset {o}",
+                            id=self.server.self_id, t=queue.topic, q=queue.queue_id, n=queue.max_offset, b=begin,
+                            o=queue_offset)
+            self.on_rebase(queue.topic, queue.queue_id, queue.max_offset)
+            queue.destroy()
+            return queue.append(queue_offset, unit, defer=True)
+        self._warn.warn("bad-record", "{id}: entry {i} not dispatched: {exc}", id=self.server.self_id, i=index,
+                        exc=exc)
+        return False
 
     def _cache_queue(self, queues: ConsumeQueues, topic: bytes, qid: int):
         """The queue of a raw topic name, remembered (None if the name is not UTF-8: the full decode reports it)."""
@@ -391,14 +440,19 @@ class Dispatcher:
             try:
                 if self.verify_crc:
                     record = decode_record(body, verify_crc=True)
-                    if queues.dispatch(record, defer=True):
-                        self._touched[(record.topic, record.queue_id)] = None
+                    found = ((record.topic, record.queue_id, record.queue_offset, unit_for(record, queues.levels))
+                             if is_dispatched(record) else None)
                 else:
                     found = index_fields(body, queues.levels)
-                    if found is not None:
-                        topic, qid, qoff, unit = found
-                        if queues.queue(topic, qid).append(qoff, unit, defer=True):
-                            self._touched[(topic, qid)] = None
+                if found is not None:
+                    topic, qid, qoff, unit = found
+                    queue = queues.queue(topic, qid)
+                    try:
+                        appended = queue.append(qoff, unit, defer=True)
+                    except CodecError as exc:
+                        appended = self._after_gap(queue, qoff, unit, entry.index, exc)
+                    if appended:
+                        self._touched[(topic, qid)] = None
             except CodecError as exc:
                 self._warn.warn("bad-record", "{id}: entry {i} not dispatched: {exc}",
                                 id=self.server.self_id, i=entry.index, exc=exc)
@@ -435,17 +489,7 @@ class Dispatcher:
         left between the last dispatched entry and ``index`` is read and
         must be NOOPs only.
         """
-        if self.dispatched_index >= index:
-            return True
-        store = self.server.store
-        begin = max(self.dispatched_index + 1, store.ledger_begin_index, 0)
-        if index - begin >= 64 or index > store.committed_index:
-            return False
-        try:
-            rest = store.get_range(begin, index - begin + 1, 1 << 62)
-        except DLedgerError:
-            return False
-        return all(e.is_noop for e in rest if e.index <= index)
+        return self.dispatched_index >= index or only_noops_between(self.server.store, self.dispatched_index, index)
 
     def wait_dispatched(self, index: int) -> Deferred:
         """Fires once every entry up to ``index`` has been dispatched (at once if already)."""

@@ -17,9 +17,11 @@ tables (which loses every consumer offset).  Writes are atomic
 (``dledger.diskio.write_atomic``: temp file, fsync, rename, ``.bak`` of the
 old content) and run through a ``BlockingIO``, so on a running member the
 fsyncs happen off the reactor thread; only files that changed are written.
-``consumerOffset.json.dledger`` (ours) records the last log index whose
-control entry the written offsets include, so a restarted member replays
-offset commits exactly once.
+``consumerOffset.json.dledger`` (ours) records the last log index the
+written tables include: where the metadata state machine
+(:mod:`dledger_rocketmq.machine`) starts when the member has no snapshot;
+with one, the snapshot is the source of truth and the files are its copy in
+RocketMQ's shapes.
 """
 
 from __future__ import annotations
@@ -251,6 +253,12 @@ class AclTable:
         self.config, self.source, self.file_source, self.timestamp = config, source, file_source, timestamp
         self.version += 1
         return True
+
+    def replace_with(self, other: AclTable) -> None:
+        """Take ``other``'s ACL in place (a snapshot restored; the port and name server hold this object)."""
+        self.config, self.source, self.file_source, self.timestamp = (other.config, other.source,
+                                                                      other.file_source, other.timestamp)
+        self.version += 1
 
     def to_json(self) -> str:
         return json.dumps({"acl": self.config.to_dict() if self.config is not None else None,

@@ -143,6 +143,16 @@ class ConsumerOffsetTable:
             self.applied_index = index
             return 0
 
+    def copy_table(self) -> dict[str, dict[int, int]]:
+        """``{"topic@group": {queue id: offset}}``, copied (a snapshot's frozen view)."""
+        return {k: dict(q) for k, q in self._table.items()}
+
+    def replace_all(self, table: Mapping[str, Mapping[int, int]], applied_index: int) -> None:
+        """Replace the whole table and the applied index (a snapshot restored); offsets may move backwards."""
+        self._table = {k: dict(q) for k, q in table.items()}
+        self.applied_index = applied_index
+        self.version += 1
+
     def merge(self, other: ConsumerOffsetTable) -> int:
         """Take ``other``'s offsets where they are ahead (a slave's sync from its master); never backwards."""
         return self.apply(other.items(), from_log=False)
@@ -211,6 +221,11 @@ class DelayOffsetTable:
         self._table[level] = offset
         self.version += 1
         return True
+
+    def replace_all(self, offsets: Mapping[int, int]) -> None:
+        """Replace every level's offset (a snapshot restored)."""
+        self._table = dict(offsets)
+        self.version += 1
 
     def merge(self, other: DelayOffsetTable) -> int:
         """Take ``other``'s offsets where they are ahead (a slave's sync); returns how many moved."""

@@ -11,6 +11,8 @@ feed once the store is recovered; its metadata persists as a child service),
 plus the broker port (:mod:`dledger_rocketmq.port`) when ``rocketmq.listen`` is set
 and the name-server registration (:mod:`dledger_rocketmq.registration`, which also
 gives the slave metadata sync its ``fetch``) when ``rocketmq.namesrvAddr`` is set.
+The broker's metadata is a state machine (:mod:`dledger_rocketmq.machine`),
+returned by ``dledger_state_machines``: snapshotted and restored with the log.
 The one exception to "inert": ``rocketmq.namesrvListen`` runs a name server
 (:mod:`dledger_rocketmq.namesrv`) inside the member even without the broker.
 """
@@ -299,6 +301,17 @@ def dledger_extra_options():
 def dledger_append_hooks(server):
     broker = broker_for(server)
     return [broker.commitlog.hook] if broker else []
+
+
+@hookimpl(optionalhook=True)
+def dledger_state_machines(server):
+    """The broker's metadata machine ("rocketmq"): restored from snapshots and fed by the member's state machines.
+
+    ``optionalhook``: on a dledger without the hook the broker feeds the
+    machine from the commit feed itself (no snapshots).
+    """
+    broker = broker_for(server)
+    return [broker.machine] if broker else []
 
 
 @hookimpl
