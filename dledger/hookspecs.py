@@ -49,6 +49,17 @@ def dledger_commit_listeners(server):
 
 
 @hookspec
+def dledger_state_machines(server):
+    """Return a list of ``IStateMachine`` to run on ``server`` (docs/snapshots.md, docs/plugins.md).
+
+    Called once when a server is built, before it starts: each machine is
+    restored from the newest snapshot and then fed the committed entries
+    after it, in lockstep with the others (``server.snapshots``).  Names must
+    be unique on a member; each is a section of every snapshot.
+    """
+
+
+@hookspec
 def dledger_extra_options():
     """Return a list of :class:`dledger.plugin_types.ExtraOption` this plugin accepts.
 

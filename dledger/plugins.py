@@ -365,6 +365,7 @@ class ServerExtensions:
     append_hooks: list
     commit_listeners: list
     leader_ready_listeners: list = dataclasses.field(default_factory=list)
+    state_machines: list = dataclasses.field(default_factory=list)
     request_handlers: list = dataclasses.field(default_factory=list)
 
 
@@ -380,6 +381,7 @@ def server_extensions(server: Any, pm: pluggy.PluginManager | None = None) -> Se
         flat(pm.hook.dledger_append_hooks(server=server)),
         flat(pm.hook.dledger_commit_listeners(server=server)),
         flat(pm.hook.dledger_leader_ready_listeners(server=server)),
+        flat(pm.hook.dledger_state_machines(server=server)),
         flat(pm.hook.dledger_request_handlers(server=server)),
     )
 

@@ -51,6 +51,7 @@ from dledger.replication.pending import PendingAppends
 from dledger.replication.pushcheck import append_window
 from dledger.replication.rules import damaged_leader_action
 from dledger.services import MemberServices
+from dledger.snapshot.machines import StateMachines
 from dledger.stats import ServerStats
 from dledger.store.guard import LogGuard
 
@@ -94,6 +95,8 @@ class DLedgerServer:
                                                                       config.max_batch_push_size),
                                           max_waiting=config.max_pending_size)
         self.commit_feed = CommitFeed(store, clock, self.self_id)
+        #: The state machines, their snapshots and the log compaction after each (:mod:`dledger.snapshot`).
+        self.snapshots = StateMachines.for_server(self)
         #: "Leader ready" events (:mod:`dledger.leader_ready`).
         self.leader_ready = LeaderReady(self)
         #: Plugin services (:mod:`dledger.services`): started after the member serves, stopped before it stops.
@@ -123,6 +126,8 @@ class DLedgerServer:
                 self.add_commit_listener(listener)
             for listener in ext.leader_ready_listeners:
                 self.add_leader_ready_listener(listener)
+            for machine in ext.state_machines:
+                self.add_state_machine(machine)
             for handler in ext.request_handlers:
                 self.add_request_handler(handler)
             plugins.add_services(self, self.services, plugin_manager)
@@ -193,6 +198,10 @@ class DLedgerServer:
         """Register an ``ILeaderReadyListener`` (told once per term this member leads with that term committed)."""
         self.leader_ready.add(listener)
 
+    def add_state_machine(self, machine) -> None:
+        """Register an ``IStateMachine`` (before :meth:`start`): restored from snapshots, fed committed entries."""
+        self.snapshots.add(machine)
+
     def add_request_handler(self, handler) -> None:
         """Serve a plugin request code (a :class:`dledger.plugin_types.RequestHandler`); ConfigError if it cannot be."""
         code = handler.code
@@ -218,7 +227,8 @@ class DLedgerServer:
         self.store.startup()
         if self.store.committed_index > self.store.ledger_end_index:
             raise AssertionError("store reports committed index past its end")
-        d = maybeDeferred(self.transport.start, self)
+        d = self.snapshots.start()  # restore the newest intact snapshot (or refuse to start, one line)
+        d.addCallback(lambda _: self.transport.start(self))
         d.addCallback(lambda _: self._started())
         d.addCallback(lambda _: self._start_services())
         return d
@@ -238,6 +248,7 @@ class DLedgerServer:
                  e=self.store.ledger_end_index, c=self.store.committed_index)
         self.elector.start()
         self.commit_feed.advanced()
+        self.snapshots.advanced()
         self.mending.start()
         if transfer.takes_preferred_check(self.self_id, self.config.preferred_leaders):
             self._preferred_timer = self.clock.callLater(self.elector.heartbeat, self._check_preferred_leader)
@@ -260,6 +271,7 @@ class DLedgerServer:
         self.pending.fail_all(ResponseCode.TERM_CHANGED)
         self.entry_handler.stop()
         self.commit_feed.stop()
+        self.snapshots.stop()
         self.flusher.stop()
         yield maybeDeferred(self.transport.stop)
         yield maybeDeferred(self.store.shutdown)
@@ -281,6 +293,7 @@ class DLedgerServer:
             self.replicator = None
         self.entry_handler.stop()
         self.commit_feed.stop()
+        self.snapshots.stop()
         self.flusher.stop()
         self.pending.fail_all(ResponseCode.TERM_CHANGED)
         self.transport.stop()
@@ -305,6 +318,7 @@ class DLedgerServer:
         """The committed index moved: answer appends, feed listeners, tell idle followers."""
         self.pending.resolve_upto(self.store.committed_index)
         self.commit_feed.advanced()
+        self.snapshots.advanced()
         self.leader_ready.check()
         if self.replicator is not None:
             self.replicator.schedule_pump()

@@ -187,6 +187,24 @@ def test_hook_dledger_commit_listeners(pm):
     assert [type(h) for h in plugins.server_extensions(SimpleNamespace(), pm).commit_listeners] == [Listener]
 
 
+def test_hook_dledger_state_machines(pm, tmp_path):
+    """State machines are asked for per server and reach ``server.snapshots``, fed committed entries."""
+    from dledger.testing import Cluster
+    from dledger.testing.statemachine import DictMachine
+
+    made = []
+    _register_server_plugin(pm, "dledger_state_machines", "sm", lambda s: made.append(DictMachine()) or made[-1])
+    assert [type(m) for m in plugins.server_extensions(SimpleNamespace(), pm).state_machines] == [DictMachine]
+    cluster = Cluster(1, plugin_manager=pm, store_base_dir=str(tmp_path))
+    cluster.start()
+    cluster.wait_for_leader()
+    d = cluster.client().append(b"k=v")
+    assert cluster.run_until(lambda: d.called, 5)
+    cluster.wait_applied()
+    assert cluster.servers["n0"].snapshots.machines == [made[-1]]
+    assert made[-1].data == {"k": "v"}
+
+
 def test_hook_dledger_extra_options(pm):
     """Plugin options get defaults, are coerced, and unknown [plugins] keys are refused."""
     class P:
