@@ -19,9 +19,15 @@ from dledger.testing import Cluster, isolated_plugin_manager
 from dledger.transport.inprocess import FaultSettings
 
 
-def kv_cluster(n=3, seed=1, **options):
-    options.setdefault("extras", {"kv.enabled": True})
-    return Cluster(n, seed=seed, plugin_manager=isolated_plugin_manager(kvplugin), **options)
+@pytest.fixture
+def kv_cluster(tmp_path):
+    """Groups running dledger's own plugins and the kv map only; snapshots in the test's own directory."""
+
+    def make(n=3, seed=1, **options):
+        options.setdefault("extras", {"kv.enabled": True})
+        return Cluster(n, seed=seed, plugin_manager=isolated_plugin_manager(kvplugin),
+                       store_base_dir=str(tmp_path / f"seed{seed}"), **options)
+    return make
 
 
 def machine(cluster, mid) -> KVMachine:
@@ -37,7 +43,7 @@ def result(cluster, d, what="the answer", timeout=30):
     return out[0]
 
 
-def test_a_put_on_the_leader_is_read_after_a_leader_change():
+def test_a_put_on_the_leader_is_read_after_a_leader_change(kv_cluster):
     """A get through the new leader sees the write acknowledged by the old one (ReadIndex + wait_applied)."""
     cluster = kv_cluster()
     cluster.start()
@@ -52,7 +58,7 @@ def test_a_put_on_the_leader_is_read_after_a_leader_change():
     assert result(cluster, kv.get("nothing", b"default")) == b"default"
 
 
-def test_cas_conflict_and_delete():
+def test_cas_conflict_and_delete(kv_cluster):
     """A cas that does not match changes nothing and answers with the value found; delete says what it removed."""
     cluster = kv_cluster()
     cluster.start()
@@ -71,7 +77,7 @@ def test_cas_conflict_and_delete():
     assert all(machine(cluster, m).data == {} for m in cluster.ids)
 
 
-def test_a_follower_refers_to_the_leader_and_bad_requests_are_refused():
+def test_a_follower_refers_to_the_leader_and_bad_requests_are_refused(kv_cluster):
     cluster = kv_cluster()
     cluster.start()
     leader = cluster.wait_for_leader()
@@ -88,7 +94,7 @@ def test_a_follower_refers_to_the_leader_and_bad_requests_are_refused():
     assert exc.value.code is ResponseCode.UNEXPECTED_ARGUMENT and "kv.write: not a kv entry" in exc.value.message
 
 
-def test_members_without_kv_enabled_answer_unsupported():
+def test_members_without_kv_enabled_answer_unsupported(kv_cluster):
     cluster = kv_cluster(extras={})
     cluster.start()
     cluster.wait_for_leader()
@@ -97,7 +103,7 @@ def test_members_without_kv_enabled_answer_unsupported():
     assert exc.value.code is ResponseCode.UNSUPPORTED
 
 
-def test_snapshot_and_restore_round_trip_through_the_members_state_machines(monkeypatch):
+def test_snapshot_and_restore_round_trip_through_the_members_state_machines(kv_cluster, monkeypatch):
     """A snapshot taken by the member (server.snapshots.take) holds the kv section; a restarted member restores
     it, then applies only the entries after it, and ends with the same map as the others."""
     restored = []
@@ -130,7 +136,7 @@ def test_snapshot_and_restore_round_trip_through_the_members_state_machines(monk
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_history_under_faults_is_linearizable(seed):
+def test_history_under_faults_is_linearizable(kv_cluster, seed):
     """Puts, cas and gets from three clients while messages are lost and duplicated, members crash and the
     group splits: the recorded history is explained by the converged log (kv_violations)."""
     rng = random.Random(seed)
