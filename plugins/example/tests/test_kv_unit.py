@@ -37,7 +37,7 @@ def op_id(n: int) -> bytes:
 def test_ops_round_trip(op):
     """Every operation decodes to itself, and its body starts with the magic and version."""
     body = codec.encode_op(op)
-    assert body[:3] == b"KV\x01" and codec.decode_op(body) == op
+    assert body[:4] == b"\xffKV\x01" and codec.decode_op(body) == op
 
 
 GOOD = codec.encode_op(Op("put", ID, "k", b"v"))
@@ -45,9 +45,9 @@ GOOD = codec.encode_op(Op("put", ID, "k", b"v"))
 
 @pytest.mark.parametrize("body, error", [
     (b'{"add": "a", "by": 1}', codec.NotKV), (b"", codec.NotKV),
-    (b"KV", "truncated"), (b"KV\x02" + GOOD[3:], "format version 2"),
-    (GOOD[:3] + b"X" + GOOD[4:], "unknown operation"), (GOOD[:-1], "truncated value"), (GOOD + b"x", "bytes after"),
-    (GOOD[:13] + b"\x00\x00" + GOOD[15:], "key length 0"),
+    (b"KV\x01P", codec.NotKV), (b"\xffKV", "truncated"), (b"\xffKV\x02" + GOOD[4:], "format version 2"),
+    (GOOD[:4] + b"X" + GOOD[5:], "unknown operation"), (GOOD[:-1], "truncated value"), (GOOD + b"x", "bytes after"),
+    (GOOD[:14] + b"\x00\x00" + GOOD[16:], "key length 0"),
     (codec.encode_op(Op("put", ID, "k", b"v")).replace(b"\x00\x01k", b"\x00\x01\xff"), "not UTF-8"),
     (codec.encode_op(Op("delete", ID, "k"))[:-1] + b"\x02", "truncated value"),
     (codec.encode_op(Op("delete", ID, "k"))[:-1] + b"\x04", "unknown flags"),
@@ -130,7 +130,7 @@ def test_foreign_and_bad_entries_are_skipped_with_a_rate_limited_line(capture_lo
     per minute; the member goes on applying."""
     clock = Clock()
     m = KVMachine(clock, "n0")
-    bad = b"KV\x09" + GOOD[3:]
+    bad = b"\xffKV\x09" + GOOD[4:]
     m.apply(entries(b'{"add": "x", "by": 1}', bad, bad, Op("put", ID, "a", b"1")))
     clock.advance(61)
     m.apply(entries(bad, start=4))

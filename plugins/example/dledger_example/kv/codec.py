@@ -2,7 +2,7 @@
 
 An entry body (also the body of a write request, which the leader appends as it is)::
 
-    b"KV" version(1) op(1) op_id(8) key_len(u16) key flags(1) [expected_len(u32) expected] [value_len(u32) value]
+    b"\xffKV" version(1) op(1) op_id(8) key_len(u16) key flags(1) [expected_len(u32) expected] [value_len(u32) value]
 
 ``op`` is ``P`` (put), ``D`` (delete) or ``C`` (compare-and-set); ``flags`` bit 0: an expected value
 follows (cas: the key must hold it; without it a cas requires the key to be absent), bit 1: a new value
@@ -10,7 +10,9 @@ follows (put; cas: set it, without it a cas deletes).  ``op_id`` is chosen by th
 across its retries: the machine applies an operation once even when the entry is in the log twice
 (a retried write, a duplicated request), and answers the retry with the first outcome.
 
-Versioned: a member applying an entry of a version it does not know skips it with a log line (a newer
+The magic starts with a byte no UTF-8 text (JSON, the example counters' bodies) and no RocketMQ record
+(whose first field is a positive size) starts with, so other applications' entries are never taken for
+kv entries.  Versioned: a member applying an entry of a version it does not know skips it with a log line (a newer
 member wrote it), as it skips any body that is not a kv entry.  Big-endian throughout.
 """
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-MAGIC = b"KV"
+MAGIC = b"\xffKV"
 VERSION = 1
 PUT, DELETE, CAS = b"P", b"D", b"C"
 OPS = {PUT: "put", DELETE: "delete", CAS: "cas"}
@@ -30,7 +32,7 @@ MAX_KEY = 1024
 #: The largest value the format can carry; the leader's limit is the ``kv.max_value`` option.
 MAX_VALUE = 2 ** 32 - 1
 
-_HEAD = struct.Struct(">2sBc8sH")  # magic, version, op, op_id, key length
+_HEAD = struct.Struct(">3sBc8sH")  # magic, version, op, op_id, key length
 _LEN = struct.Struct(">I")
 _REPLY = struct.Struct(">BqB")  # status, index, has value
 
@@ -112,7 +114,7 @@ def encode_op(op: Op) -> bytes:
 def decode_op(body: bytes) -> Op:
     """The operation an entry body holds; :class:`NotKV` if it is not a kv entry, ValueError if it is a broken one."""
     body = bytes(body)
-    if body[:2] != MAGIC:
+    if body[:3] != MAGIC:
         raise NotKV("not a kv entry")
     if len(body) < _HEAD.size + 1:
         raise ValueError(f"truncated: {len(body)} bytes")
