@@ -172,3 +172,22 @@ def test_history_under_faults_is_linearizable(kv_cluster, seed):
     assert kv_violations(history, log) == []
     first = {mid: machine(cluster, mid).data for mid in cluster.ids}
     assert all(data == first[cluster.ids[0]] for data in first.values())
+
+
+def test_deferred_dict_behaves_like_a_dict(kv_cluster):
+    """DeferredDict: set/get/contains/pop/cas with values through a codec (JSON here), Deferreds throughout."""
+    from dledger_example.kv.client import DeferredDict
+
+    cluster = kv_cluster()
+    cluster.start()
+    cluster.wait_for_leader()
+    d = DeferredDict(cluster.client(), codec="json")
+    assert result(cluster, d.set("cfg", {"size": 3, "tags": ["a"]})) is None
+    assert result(cluster, d.get("cfg")) == {"size": 3, "tags": ["a"]}
+    assert result(cluster, d.contains("cfg")) and not result(cluster, d.contains("other"))
+    assert result(cluster, d.cas("cfg", {"size": 3, "tags": ["a"]}, [1, 2])) is True
+    assert result(cluster, d.cas("cfg", {"size": 3}, None)) is False
+    assert result(cluster, d.pop("cfg")) == [1, 2]
+    assert result(cluster, d.pop("cfg", "gone")) == "gone"
+    with pytest.raises(KeyError):
+        result(cluster, d.pop("cfg"))

@@ -454,3 +454,51 @@ def test_the_log_check_agrees_with_the_exhaustive_search(seed):
             g = rng.choice(gets)
             g.reply = Reply(not g.reply.ok, g.reply.index, None if g.reply.ok else b"zz")
     assert (kv_violations(h, log) == []) == kv_linearizable(h)
+
+
+# -- ReplicatedDict over a blocking client ------------------------------------------------------------------
+class FakeBlockingClient:
+    """Answers kv requests from a KVMachine at once (what BlockingClient.request returns: the reply's bytes)."""
+
+    def __init__(self):
+        self.machine = KVMachine(Clock())
+        self.closed = False
+
+    def request(self, code, body, timeout=None, *, retry_ambiguous=False, member=None):
+        from dledger_example.kv.handlers import GET_CODE
+
+        assert retry_ambiguous  # writes carry an operation id: retrying them is safe
+        if code == GET_CODE:
+            return codec.encode_reply(self.machine.get(codec.decode_get(body)))
+        reply = self.machine.apply_entry(self.machine.applied_index + 1, body)
+        return codec.encode_reply(reply)
+
+    def close(self):
+        self.closed = True
+
+
+def test_replicated_dict_is_dict_like():
+    """d[k] = v, d[k] (KeyError if absent), in, get, del (KeyError if absent), pop, cas; a client passed in is
+    not closed by the dict."""
+    from dledger_example.kv.client import ReplicatedDict
+
+    fake = FakeBlockingClient()
+    with ReplicatedDict(client=fake) as d:
+        d["a"] = "1"
+        d.set("b", "2")
+        assert d["a"] == "1" and d.get("b") == "2" and "a" in d and "zz" not in d and 5 not in d
+        with pytest.raises(KeyError):
+            d["zz"]
+        assert d.cas("a", "1", "3") and not d.cas("a", "1", "4") and d["a"] == "3"
+        assert d.cas("c", None, "new") and not d.cas("c", None, "again")
+        del d["a"]
+        with pytest.raises(KeyError):
+            del d["a"]
+        assert d.pop("b") == "2" and d.pop("b", None) is None
+        assert d.read("c") == Reply(True, fake.machine.applied_index, b"new")
+    assert not fake.closed
+    with ReplicatedDict(client=FakeBlockingClient(), codec="bytes") as raw:
+        raw["k"] = b"\x00\xff"
+        assert raw["k"] == b"\x00\xff"
+    with pytest.raises(ValueError, match="needs peers and group"):
+        ReplicatedDict()

@@ -1,4 +1,5 @@
-"""Clients of the kv map: :class:`KVClient` returns Deferreds, :class:`ReplicatedDict` blocks and looks like a dict.
+"""Clients of the kv map: :class:`ReplicatedDict` blocks and looks like a dict, :class:`DeferredDict` is the same
+with Deferreds, :class:`KVClient` returns the raw :class:`Reply` (Deferreds).
 
 Both send the kv request codes through dledger's client (``DLedgerClient.request``), which finds the
 leader and follows redirects.  Gets are linearizable (the leader's ReadIndex).  Writes carry an
@@ -73,6 +74,49 @@ CODECS = {
 }
 
 
+def _codec(codec: Any) -> tuple:
+    return CODECS[codec] if isinstance(codec, str) else codec
+
+
+class DeferredDict:
+    """:class:`ReplicatedDict`'s calls for Twisted programs: each returns a Deferred (values through ``codec``).
+
+    ``DeferredDict(dledger_client)`` over a :class:`dledger.client.DLedgerClient` (``connect(peers, group)``
+    or a ``Cluster``'s client): ``get(k, default)``, ``contains(k)``, ``set(k, v)``, ``pop(k, default)``
+    (KeyError if absent and no default), ``cas(k, old, new)`` (True if set) -- the methods of PySyncObj's
+    ``ReplDict``, asynchronous.
+    """
+
+    _missing = object()
+
+    def __init__(self, client, codec: Any = "utf-8"):
+        self.kv = KVClient(client)
+        self._encode, self._decode = _codec(codec)
+
+    def get(self, key: str, default: Any = None) -> Deferred:
+        return self.kv.read(key).addCallback(lambda r: self._decode(r.value) if r.ok else default)
+
+    def contains(self, key: str) -> Deferred:
+        return self.kv.read(key).addCallback(lambda r: r.ok)
+
+    def set(self, key: str, value: Any) -> Deferred:
+        return self.kv.put(key, self._encode(value)).addCallback(lambda r: None)
+
+    def pop(self, key: str, default: Any = _missing) -> Deferred:
+        def popped(reply):
+            if reply.ok:
+                return self._decode(reply.value)
+            if default is DeferredDict._missing:
+                raise KeyError(key)
+            return default
+        return self.kv.delete(key).addCallback(popped)
+
+    def cas(self, key: str, expected: Any, new: Any) -> Deferred:
+        old = None if expected is None else self._encode(expected)
+        value = None if new is None else self._encode(new)
+        return self.kv.cas(key, old, value).addCallback(lambda r: r.ok)
+
+
 class ReplicatedDict:
     """A dict-like view of the group's kv map (blocking; like PySyncObj's ``ReplDict``): ``d[k] = v``, ``d[k]``,
     ``del d[k]``, ``k in d``, ``d.get(k)``, ``d.cas(k, old, new)``.
@@ -97,7 +141,7 @@ class ReplicatedDict:
         else:
             self._owns = False
         self.client = client
-        self._encode, self._decode = CODECS[codec] if isinstance(codec, str) else codec
+        self._encode, self._decode = _codec(codec)
 
     def _ask(self, code: int, body: bytes) -> Reply:
         return decode_reply(self.client.request(code, body, retry_ambiguous=True))
@@ -124,6 +168,10 @@ class ReplicatedDict:
 
     def __setitem__(self, key: str, value: Any) -> None:
         self._write(Op("put", new_op_id(), key, self._encode(value)))
+
+    def set(self, key: str, value: Any) -> None:
+        """``d[key] = value`` (PySyncObj's name)."""
+        self[key] = value
 
     def __delitem__(self, key: str) -> None:
         if not self._write(Op("delete", new_op_id(), key)).ok:
