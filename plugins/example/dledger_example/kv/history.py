@@ -129,8 +129,13 @@ def value_at(versions: list[tuple[int, bytes | None]], index: int) -> bytes | No
     return value
 
 
-def kv_violations(history: KVHistory, log: dict[int, bytes]) -> list[str]:
-    """What in ``history`` the committed ``log`` and real time cannot explain (empty: linearizable)."""
+def kv_violations(history: KVHistory, log) -> list[str]:
+    """What in ``history`` the committed ``log`` and real time cannot explain (empty: linearizable).
+
+    ``log``: ``{index: body}``, or the committed entries (what ``Cluster.converged()`` returns).
+    """
+    if not isinstance(log, dict):
+        log = {entry.index: entry.body for entry in log}
     problems: list[str] = []
     outcomes, versions = replay(log)
     index_of = {op_id: reply.index for op_id, reply in outcomes.items()}
