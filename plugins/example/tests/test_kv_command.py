@@ -104,3 +104,16 @@ def test_members_without_the_kv_map_get_a_hint(tmp_path):
     with pytest.raises(DLedgerError) as exc:
         run(cluster, command.get_command, key="k")
     assert exc.value.code is ResponseCode.UNSUPPORTED and "--plugin-opt kv.enabled=true" in exc.value.message
+
+
+@pytest.mark.parametrize("value, message", [("-1", "0 or more"), ("1.5", "whole number"), ("lots", "whole number"),
+                                           (True, "whole number")])
+def test_kv_max_value_is_checked_when_the_config_is_read(tmp_path, value, message):
+    """A bad kv.max_value is a one-line ConfigError naming the option, before any member is built."""
+    from dledger import plugins
+    from dledger.errors import ConfigError
+
+    pm = isolated_plugin_manager(kvplugin)
+    with pytest.raises(ConfigError, match=r"plugins\.kv\.max_value: bad value .*" + message):
+        plugins.resolve_extras({"kv": {"max_value": value}}, pm)
+    assert plugins.resolve_extras({"kv": {"max_value": "10"}}, pm)["kv.max_value"] == 10

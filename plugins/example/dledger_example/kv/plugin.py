@@ -20,13 +20,24 @@ from dledger_example.kv.machine import KVMachine
 MAX_VALUE = 1024 * 1024
 
 
+def byte_count(value) -> int:
+    """``kv.max_value``'s type: a whole number of bytes, 0 or more (ValueError otherwise: a one-line config error)."""
+    try:
+        number = int(value) if not isinstance(value, (bool, float)) else None
+    except ValueError:
+        number = None
+    if number is None or number < 0:
+        raise ValueError("expected a whole number of bytes, 0 or more")
+    return number
+
+
 @hookimpl
 def dledger_extra_options():
     """``kv.enabled`` and ``kv.max_value`` (``[plugins.kv]`` in the TOML file, ``--plugin-opt kv.NAME=VALUE``)."""
     return [
         ExtraOption("kv.enabled", False, "run the replicated kv map (dledger kv) on this member", bool),
         ExtraOption("kv.max_value", MAX_VALUE, "the largest value (and cas expected value), in bytes, the leader "
-                                               "accepts", int),
+                                               "accepts", byte_count),
     ]
 
 
@@ -35,10 +46,6 @@ class KV:
 
     def __init__(self, server):
         options = plugin_options(server.config, "kv")
-        if options["max_value"] < 0:
-            from dledger.errors import ConfigError
-
-            raise ConfigError(f"plugins.kv.max_value must be 0 or more, got {options['max_value']}")
         self.machine = KVMachine(server.clock, server.config.self_id)
         self.handlers = KVHandlers(server, self.machine, options["max_value"])
 
