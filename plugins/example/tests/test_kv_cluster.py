@@ -191,3 +191,26 @@ def test_deferred_dict_behaves_like_a_dict(kv_cluster):
     assert result(cluster, d.pop("cfg", "gone")) == "gone"
     with pytest.raises(KeyError):
         result(cluster, d.pop("cfg"))
+
+
+def test_automatic_snapshots_compact_the_log_and_a_restart_restores_the_map(kv_cluster):
+    """With snapshotThreshold small and no trailing entries the members snapshot the map as it grows and drop the
+    log below; a member restarted after that rebuilds its map from the snapshot and the few entries after it."""
+    cluster = kv_cluster(snapshot_threshold=10, trailing_entries=0)
+    cluster.start()
+    leader = cluster.wait_for_leader()
+    kv = KVClient(cluster.client())
+    for i in range(40):
+        result(cluster, kv.put(f"k{i % 7}", b"v%d" % i))
+    result(cluster, kv.cas("k0", b"v35", b"swapped"))
+    cluster.wait_applied()
+    follower = next(m for m in cluster.ids if m != leader)
+    store = cluster.servers[follower].store
+    assert store.ledger_begin_index > 10, "the log was not compacted"
+    cluster.crash(follower)
+    result(cluster, kv.put("k1", b"while down"))
+    cluster.restart(follower)
+    cluster.wait_applied()
+    expected = machine(cluster, leader).data
+    assert machine(cluster, follower).data == expected
+    assert expected["k0"][0] == b"swapped" and expected["k1"][0] == b"while down" and len(expected) == 7
