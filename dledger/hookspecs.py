@@ -98,6 +98,18 @@ def dledger_leader_ready_listeners(server):
     """
 
 
+@hookspec
+def dledger_request_handlers(server):
+    """Return a list of :class:`dledger.plugin_types.RequestHandler`: request codes ``server`` serves for this plugin.
+
+    Codes are in ``dledger.codes.PLUGIN_REQUEST_CODES`` (55000-55999); two handlers of one code, or a
+    code outside the range, stop the member from being built (one-line ConfigError).  Requests reach a
+    handler through the member's port like GET and APPEND: authenticated, and (with authentication on)
+    refused unless the connection holds the handler's ``role``.  Clients send them with
+    ``DLedgerClient.request(code, body)`` / ``BlockingClient.request``.
+    """
+
+
 @hookspec(historic=True)
 def dledger_add_hookspecs(pluginmanager):
     """Add new hook specifications: ``pluginmanager.add_hookspecs(module_or_class)`` (as pytest's ``pytest_addhooks``).

@@ -205,6 +205,17 @@ class ILeaderAware(Interface):
         """The id of the leader this member follows (itself when it leads), or None."""
 
 
+class IPluginRequests(Interface):
+    """A request handler that serves plugins' request codes (optional; ``dledger_request_handlers``).
+
+    The remoting connection asks it which role a plugin request code needs before it decodes the
+    request, as it looks up a core code's permission (docs/security.md).
+    """
+
+    def plugin_role(code: int):
+        """The role (``read``, ``write``, ``admin``, ``member``) a plugin's handler of ``code`` needs; None if none."""
+
+
 class ITransport(Interface):
     """Moves requests between members and from clients.
 

@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import random
 
-from twisted.internet.defer import Deferred, inlineCallbacks, maybeDeferred
+from twisted.internet.defer import Deferred, fail, inlineCallbacks, maybeDeferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from dledger import plugins, reads
-from dledger.codes import ResponseCode, Role
+from dledger.codes import PLUGIN_REQUEST_CODES, ResponseCode, Role
 from dledger.commit_feed import CommitFeed
 from dledger.diskio import INLINE, BlockingIO
 from dledger.election import transfer
 from dledger.election.elector import LeaderElector
 from dledger.election.state import MemberState
 from dledger.entry import Entry, without_noops
-from dledger.errors import DLedgerError
-from dledger.interfaces import IBatchRequestHandler, IDiskHealth, ILeaderAware
+from dledger.errors import ConfigError, DLedgerError
+from dledger.interfaces import IBatchRequestHandler, IDiskHealth, ILeaderAware, IPluginRequests
 from dledger.leader_ready import LeaderReady
 from dledger.mending import Mending
 from dledger.messages import (
@@ -37,11 +37,14 @@ from dledger.messages import (
     LeadershipTransferResponse,
     MetadataRequest,
     MetadataResponse,
+    PluginRequest,
+    PluginResponse,
     PushEntryRequest,
     SnapshotRequest,
     SnapshotResponse,
     VoteRequest,
 )
+from dledger.plugin_types import REQUEST_ROLES
 from dledger.ratelog import RateLimitedLog
 from dledger.replication import appends
 from dledger.replication.durability import Flusher
@@ -64,7 +67,7 @@ log = Logger()
 GET_MAX_BYTES = 4 * 1024 * 1024
 
 
-@implementer(IBatchRequestHandler, ILeaderAware)
+@implementer(IBatchRequestHandler, ILeaderAware, IPluginRequests)
 class DLedgerServer:
     """One member of a group."""
 
@@ -123,6 +126,9 @@ class DLedgerServer:
         self.mending = Mending(self, config, store, transport, clock)
         self.elector.observe(self._role_changed)
         self.running = False
+        #: Plugin request code -> :class:`dledger.plugin_types.RequestHandler` (``dledger_request_handlers``).
+        self.request_handlers: dict = {}
+        self._plugin_log = RateLimitedLog(log, clock, interval=60.0)
         if use_plugins:
             ext = plugins.server_extensions(self, plugin_manager)
             for handler in ext.role_change_handlers:
@@ -135,6 +141,8 @@ class DLedgerServer:
                 self.add_leader_ready_listener(listener)
             for machine in ext.state_machines:
                 self.add_state_machine(machine)
+            for handler in ext.request_handlers:
+                self.add_request_handler(handler)
             plugins.add_services(self, self.services, plugin_manager)
 
     @property
@@ -206,6 +214,25 @@ class DLedgerServer:
     def add_state_machine(self, machine) -> None:
         """Register an ``IStateMachine`` (before :meth:`start`): restored from snapshots, fed committed entries."""
         self.snapshots.add(machine)
+
+    def add_request_handler(self, handler) -> None:
+        """Serve a plugin request code (a :class:`dledger.plugin_types.RequestHandler`); ConfigError if it cannot be."""
+        code = handler.code
+        if code not in PLUGIN_REQUEST_CODES:
+            raise ConfigError(f"plugin request {handler.name!r}: code {code} is outside the plugins' range "
+                              f"{PLUGIN_REQUEST_CODES.start}-{PLUGIN_REQUEST_CODES.stop - 1}")
+        if handler.role not in REQUEST_ROLES:
+            raise ConfigError(f"plugin request {handler.name!r}: role {handler.role!r} is not one of "
+                              f"{', '.join(REQUEST_ROLES)}")
+        taken = self.request_handlers.get(code)
+        if taken is not None:
+            raise ConfigError(f"plugin requests {taken.name!r} and {handler.name!r} both use request code {code}")
+        self.request_handlers[code] = handler
+
+    def plugin_role(self, code: int) -> str | None:
+        """The role plugin request ``code`` needs (IPluginRequests: the connection's check); None if none serves it."""
+        handler = self.request_handlers.get(code)
+        return handler.role if handler is not None else None
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> Deferred:
@@ -417,6 +444,57 @@ class DLedgerServer:
 
         return self.elector.confirm_leadership().addCallback(confirmed)
 
+    def read_index(self) -> Deferred:
+        """Raft's ReadIndex for linearizable reads of state built from the log: fires with the index to wait for.
+
+        Confirms that this member still leads (a quorum answered a heartbeat of its term) and that its
+        term's first entry is committed; then every write acknowledged before the call is at or below
+        the committed index it fires with, so a state machine that has applied that index
+        (``server.snapshots.wait_applied(index)``) answers as of a moment after the call.  Fails with
+        NOT_LEADER (naming the leader this member knows) or LEADER_NOT_READY otherwise.  The decisions
+        are :mod:`dledger.reads`' (the GET path's, for a read at the committed index).
+        """
+        if not self.leads():
+            return fail(self.not_leader())
+        replicator = self.replicator
+
+        def confirmed(ok: bool):
+            committed = self.store.committed_index
+            after = reads.confirmed_read_decision(ok, self.replicator is replicator, committed, committed,
+                                                  replicator.term_start_index, self.self_id)
+            if after.action is not reads.ReadAction.SERVE:
+                raise self._read_refused(after)
+            return committed
+
+        return self.elector.confirm_leadership().addCallback(confirmed)
+
+    def handle_plugin_request(self, request: PluginRequest) -> Deferred:
+        """A plugin's request code: its handler's bytes, or its refusal as the reply's code and reason."""
+        code = request.request_code
+        handler = self.request_handlers.get(code)
+        if handler is None:
+            return fail(DLedgerError(ResponseCode.UNSUPPORTED, f"no plugin serves request code {code} on "
+                                                               f"{self.self_id}"))
+
+        def answered(body):
+            if not isinstance(body, (bytes, bytearray, memoryview)):
+                raise TypeError(f"plugin request {handler.name!r} answered {type(body).__name__}, not bytes")
+            return request.base_reply(PluginResponse, body=bytes(body))
+
+        def refused(failure: Failure):
+            exc = failure.value
+            if isinstance(exc, DLedgerError):
+                extra = {"leader_id": exc.leader_id} if exc.leader_id is not None else {}
+                return request.base_reply(PluginResponse, exc.code, reason=exc.message[:500] or None, **extra)
+            self._plugin_log.error(("plugin request", code), "{id}: plugin request {name!r} (code {code}) failed: "
+                                   "{error}; answering INTERNAL_ERROR", id=self.self_id, name=handler.name,
+                                   code=code, error=f"{type(exc).__name__}: {exc}")
+            return request.base_reply(PluginResponse, ResponseCode.INTERNAL_ERROR,
+                                      reason=f"{handler.name} failed ({type(exc).__name__})")
+
+        d = maybeDeferred(handler.handle, request.body or b"")
+        return d.addCallback(answered).addErrback(refused)
+
     def _read_refused(self, decision: reads.ReadDecision) -> DLedgerError:
         if decision.code is ResponseCode.NOT_LEADER:
             return self.not_leader()
@@ -604,6 +682,7 @@ class DLedgerServer:
         MetadataRequest: handle_metadata,
         LeadershipTransferRequest: handle_leadership_transfer,
         SnapshotRequest: handle_snapshot,
+        PluginRequest: handle_plugin_request,
     }
 
 
