@@ -37,6 +37,11 @@ def check_log_history(history: History, logs: dict[str, dict[int, bytes]], prefi
     ``prefix``: only bodies starting with it are the workload's (probes and NOOPs are not counted as duplicates).
     """
     log, problems = merge_committed(logs)
+    for op in history.acked:
+        missing = sorted(m for m, lg in logs.items() if lg.get(op.index) != op.body)
+        if missing:
+            problems.append(f"lost: append {op.body[:24]!r} acknowledged at {op.index} is not there on "
+                            f"{', '.join(missing)}")
     counts = Counter(b for b in log.values() if b.startswith(prefix))
     problems += [f"duplicated: {body[:24]!r} is in the log {n} times" for body, n in counts.items() if n > 1]
     reads: dict[int, bytes] = {}

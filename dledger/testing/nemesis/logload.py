@@ -4,8 +4,10 @@ Each client has its own connection (``dledger.client.connect``) with a 1 s reque
 attempts; appends are never retried once their fate is unknown (``at_least_once=False``: a TIMEOUT is an
 indeterminate operation in the history, as in Jepsen), so every body is in the log at most once. Reads ask
 for an index around the highest one seen so far (a little below: committed reads; a little above: the
-leader's ReadIndex path, where a stale leader would answer "not there yet"). A GET skips NOOPs, so a read
-is recorded at the index of the entry it returned.
+leader's ReadIndex path, where a stale leader would answer "not there yet"); half of them go through the
+client (which finds the leader), half straight to a random member, as from a client connected to that member
+(Jepsen's clients are bound to nodes): so a deposed leader that still believes it leads gets asked. A GET skips
+NOOPs, so a read is recorded at the index of the entry it returned.
 """
 
 from __future__ import annotations
@@ -58,7 +60,10 @@ class LogWorkload:
                 index = max(0, self.rng.randint(self.top - 3, self.top + 3))
                 op = self.history.invoke("get", name, now(), index=index)
                 try:
-                    entries = await client.get(index, 1)
+                    if self.rng.random() < 0.5:
+                        entries = await client.get(index, 1)
+                    else:  # as a client connected to one member: a stale leader answers it itself
+                        entries = await self._get_from(client, self.rng.choice(self.run.ids), index)
                 except DLedgerError as exc:
                     History.complete(op, now(), ok=False, error=exc.code.name)
                 else:
@@ -70,6 +75,15 @@ class LogWorkload:
             self.spans.append((op.invoked, op.completed, "ok" if op.ok else
                                "timeout" if op.error == "TIMEOUT" else "failed"))
             await deferLater(self.reactor, self.rng.uniform(0.002, 0.02), lambda: None)
+
+    async def _get_from(self, client: Any, member: str, index: int) -> list:
+        from dledger.codes import ResponseCode
+        from dledger.messages import GetEntriesRequest
+        req = GetEntriesRequest(group="g0", remote_id=member, begin_index=index, max_size=1)
+        resp = await client.transport.send(member, req, timeout=1.0)
+        if resp.response_code is not ResponseCode.SUCCESS:
+            raise DLedgerError(resp.response_code, f"GET {index} from {member}")
+        return resp.entries
 
     async def stop(self) -> None:
         self.running = False

@@ -101,7 +101,7 @@ class Nemesis:
         if who == "follower":
             others = [m for m in ids if m != leader and m not in self.killed and m not in self.stopped]
             return self.rng.choice(others) if others else None
-        if isinstance(who, tuple) and who and who[0] == "leader-of":
+        if isinstance(who, tuple) and who[0] == "leader-of":
             return leader if leader in who[1] else self.rng.choice(list(who[1]))
         return self.rng.choice(ids)
 
@@ -143,7 +143,7 @@ class Nemesis:
             self.stopped.clear()
             return f"SIGCONT {' '.join(done)}"
         if op == "kill":
-            m = await self.target(args[0])
+            m = await self.target(args if args[0] == "leader-of" else args[0])
             if m is None or m in self.killed:
                 return "kill: no target"
             procs.kill(m)
@@ -432,7 +432,7 @@ def run_in_process(spec: RunSpec) -> RunResult:
         if keep:
             if dest.exists():
                 shutil.rmtree(dest)
-            shutil.copytree(base, dest, ignore=shutil.ignore_patterns("n[0-9]*", "*.faketime"))
+            shutil.copytree(base, dest, ignore=shutil.ignore_patterns("dledger-*", "rocketmq-*", "*.faketime"))
             (dest / "nemesis.log").write_text("\n".join(run.log) + "\n", encoding="utf-8")
             result.dir = str(dest)
         out.joinpath(f"{dest.name}.json").write_text(json.dumps(asdict(result), indent=1), encoding="utf-8")
