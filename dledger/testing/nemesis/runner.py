@@ -199,7 +199,7 @@ class Run:
         self.spec, self.base, self.reactor = spec, base, reactor
         self.ids = [f"n{i}" for i in range(spec.members)]
         extra = ["namesrv"] if spec.workload == "broker" else []
-        self.net = NetNS(spec.tag or default_tag(), self.ids + extra + ["client"])
+        self.net = NetNS(spec.tag, self.ids + extra + ["client"])
         self.procs: Processes | None = None
         self.log: list[str] = []
         self.admin = None
@@ -378,17 +378,23 @@ def run_in_process(spec: RunSpec) -> RunResult:
     from twisted.internet import reactor as global_reactor
 
     out = Path(spec.out) if spec.out else None
-    base = Path(tempfile.mkdtemp(prefix=f"nemesis-{spec.workload}-{spec.seed}-"))
+    spec.tag = spec.tag or default_tag()
+    base = Path(tempfile.mkdtemp(prefix=f"nemesis-{spec.tag}-{spec.workload}-{spec.seed}-"))
     result = RunResult(spec.workload, spec.seed, spec.mutation)
     run = Run(spec, base, global_reactor)
     run.t0 = global_reactor.seconds()
     run.procs = Processes(run.net, base, mutation=spec.mutation, clock=True)
     started = time.monotonic()
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def on_term(signum, frame):
-        raise KeyboardInterrupt("SIGTERM")
-    signal.signal(signal.SIGTERM, on_term)
+        # Inside the reactor an exception would only be logged: stop it, and the run ends as interrupted.
+        if global_reactor.running:
+            global_reactor.callFromThread(global_reactor.stop)
+        else:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+    for sig in previous:
+        signal.signal(sig, on_term)
     failure: BaseException | None = None
     try:
         run.net.build()
@@ -418,7 +424,8 @@ def run_in_process(spec: RunSpec) -> RunResult:
             time.sleep(0.1)
         run.procs.kill_all()
         run.net.close()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if failure is None and run.workload_result is not None:
         try:
             _check(spec, run, result)
