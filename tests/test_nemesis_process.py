@@ -91,10 +91,10 @@ def _committed(run_dir):
 
 @pytest.mark.parametrize("seed", [11])
 def test_log_under_a_seeded_schedule_is_linearizable(tmp_path, seed):
-    """Five members, four clients, every fault kind once (clock kinds when libfaketime is installed): no anomaly
+    """Three members, four clients, a fault kind after another (clock kinds when libfaketime is installed): no anomaly
     by either checker, and the run did something (operations acknowledged, faults injected, some failing)."""
     result, printed = nemesis(tmp_path, f"nt{os.getpid() % 1000}{seed}", "--workload", "log", "--seed", str(seed),
-                              "--seconds", "14", "--members", "5")
+                              "--seconds", "12")
     run_dir = tmp_path / "out" / f"log-seed{seed}"
     history = read_ops(run_dir / "history.jsonl")
     assert result["anomalies"] == [] and result["stuck"] is None, printed
@@ -115,12 +115,12 @@ def test_broker_under_a_seeded_schedule_loses_nothing(tmp_path):
 
 
 def test_a_broken_build_fails_both_checkers(tmp_path):
-    """``lonely-commit`` (the leader counts an entry committed once it holds it) under SIGKILL of the leader:
-    acknowledged appends are lost, and both checkers say so."""
-    result, printed = nemesis(tmp_path, f"nm{os.getpid() % 1000}m", "--workload", "log", "--seed", "3",
-                              "--seconds", "8", "--kinds", "kill", "--mutation", "lonely-commit")
+    """``lonely-commit`` (the leader counts an entry committed once it holds it) with the leader cut off (seed 5's
+    first isolate targets the leader): what it acknowledges alone is lost at the heal, and both checkers say so."""
+    result, printed = nemesis(tmp_path, f"nm{os.getpid() % 1000}m", "--workload", "log", "--seed", "5",
+                              "--seconds", "6", "--kinds", "isolate", "--mutation", "lonely-commit")
     assert any(a.startswith("lost") for a in result["anomalies"]), printed
-    run_dir = tmp_path / "out" / "log-seed3-lonely-commit"
+    run_dir = tmp_path / "out" / "log-seed5-lonely-commit"
     assert independent_violations(read_ops(run_dir / "history.jsonl"), _committed(run_dir)) != []
 
 
