@@ -89,6 +89,12 @@ class BlockingClient:
         """Committed entries from ``index`` (at most ``count``; NOOPs skipped); ``member``: ask that one only."""
         return self._call(lambda: self._client.get(index, count, member=member), timeout)
 
+    def request(self, code: int, body: bytes = b"", timeout: float | None = None, *, retry_ambiguous: bool = False,
+                member: str | None = None) -> bytes:
+        """A plugin's request (``DLedgerClient.request``): the reply's bytes, or a DLedgerError with its reason."""
+        return self._call(lambda: self._client.request(code, body, retry_ambiguous=retry_ambiguous, member=member),
+                          timeout)
+
     def metadata(self, member: str | None = None, timeout: float | None = None) -> Any:
         """Detailed metadata (role, term, indexes) of ``member``, or of whichever member answers first."""
         return self._checked(self._call(lambda: self._client.metadata(member), timeout))

@@ -27,6 +27,7 @@ from dledger.messages import (
     GetEntriesRequest,
     LeadershipTransferRequest,
     MetadataRequest,
+    PluginRequest,
 )
 
 log = Logger()
@@ -105,8 +106,9 @@ class DLedgerClient:
                     raise nobody from None
             if code is ResponseCode.SUCCESS:
                 return resp
-            last_error = DLedgerError(code, f"from {target} (attempt {attempt + 1})",
-                                      leader_id=getattr(resp, "leader_id", None))
+            reason = getattr(resp, "reason", None)  # a plugin's one-line reason (PluginResponse)
+            last_error = DLedgerError(code, f"from {target} (attempt {attempt + 1})"
+                                      + (f": {reason}" if reason else ""), leader_id=getattr(resp, "leader_id", None))
             if code is ResponseCode.NOT_LEADER and resp is not None and resp.leader_id not in (None, target):
                 self.leader = resp.leader_id
                 continue
@@ -153,6 +155,27 @@ class DLedgerClient:
         resp = yield self._call(lambda m: GetEntriesRequest(group=self.group, remote_id=m, begin_index=index,
                                                             max_size=count), retry_ambiguous=True)
         return resp.entries
+
+    @inlineCallbacks
+    def request(self, code: int, body: bytes = b"", *, retry_ambiguous: bool = False, member: str | None = None):
+        """Send a plugin's request (``code`` in ``codes.PLUGIN_REQUEST_CODES``); fires with the reply's bytes.
+
+        Sent to the leader, following NOT_LEADER redirects and retrying the refusals that mean nothing
+        was done (:data:`SAFE_RETRY`); an outcome that may or may not have been done (TIMEOUT,
+        TERM_CHANGED, ...) fails unless ``retry_ambiguous`` (pass it for requests that only read, or
+        are idempotent).  Any other code fails with a :class:`DLedgerError` carrying the plugin's
+        reason.  ``member``: ask that member only, once (whatever its role; the plugin decides).
+        """
+        if member is not None:
+            req = PluginRequest(group=self.group, remote_id=member, request_code=code, body=body)
+            resp = yield self.transport.send(member, req, timeout=self.request_timeout)
+            if resp.response_code is not ResponseCode.SUCCESS:
+                raise DLedgerError(resp.response_code, f"from {member}" + (f": {resp.reason}" if resp.reason else ""),
+                                   leader_id=resp.leader_id)
+            return resp.body or b""
+        resp = yield self._call(lambda m: PluginRequest(group=self.group, remote_id=m, request_code=code, body=body),
+                                retry_ambiguous=retry_ambiguous)
+        return resp.body or b""
 
     def metadata(self, member: str | None = None) -> Deferred:
         """Metadata with role, term and log indexes from ``member`` (any member by default)."""

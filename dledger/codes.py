@@ -74,6 +74,12 @@ class RequestCode(enum.IntEnum):
     INSTALL_SNAPSHOT = 51006
 
 
+#: Request codes reserved for plugins (dledger extension): a plugin serves the ones it declares with the
+#: ``dledger_request_handlers`` hook (:class:`dledger.plugin_types.RequestHandler`); the frames carry a
+#: :class:`dledger.messages.PluginRequest`.  Java DLedger uses none of them.
+PLUGIN_REQUEST_CODES = range(55000, 56000)
+
+
 class Role(enum.Enum):
     """A member's role. Every member starts as CANDIDATE."""
 

@@ -131,6 +131,13 @@ class DLedgerConfig:
     truncate_damaged: bool = False  # dledger: let mmap recovery cut the log at damage it would refuse to cut
     scrub_interval_seconds: float = 86400.0  # dledger: seconds between background scrub passes (0: no scrub)
     scrub_bytes_per_second: int = 8 * MiB  # dledger: how fast a scrub pass reads the data files
+    # snapshots and compaction (issue #22, docs/snapshots.md); used only when a state machine is registered
+    snapshot_threshold: int = 8192  # entries applied since the last snapshot that trigger one (0: off; Java 1000)
+    snapshot_threshold_bytes: int = 256 * MiB  # dledger: bytes of entries since the last snapshot (0: off)
+    max_snapshot_reserved_num: int = 3  # complete snapshots kept (Java's maxSnapshotReservedNum)
+    trailing_entries: int = 10240  # dledger: entries kept below a snapshot's index when the log is compacted
+    snapshot_chunk_size: int = 256 * 1024  # dledger: bytes of one InstallSnapshot chunk
+    snapshot_file_size: int = 64 * MiB  # dledger: the most bytes of one snapshot chunk file
     # transport
     transport_type: str = "tcp"  # dledger: plugin name (tcp, inprocess, ...)
     listen: str = ""  # dledger: endpoint string; default tcp:<port of selfId>
@@ -375,6 +382,7 @@ def _validate(cfg: DLedgerConfig) -> None:
                           f"got {cfg.scrub_interval_seconds}")
     positive("scrub_bytes_per_second")
     _check_sizes(cfg)
+    _validate_snapshots(cfg)
     _validate_connection_limits(cfg)
     _validate_security(cfg)
 
@@ -419,6 +427,22 @@ def _check_sizes(cfg: DLedgerConfig) -> None:
                           f"maxFrameSize")
 
 
+
+
+def _validate_snapshots(cfg: DLedgerConfig) -> None:
+    """The snapshot options (issue #22): counts >= 0, at least one snapshot kept, chunks that fit a frame."""
+    for n in ("snapshot_threshold", "snapshot_threshold_bytes", "trailing_entries"):
+        if getattr(cfg, n) < 0:
+            raise ConfigError(f"{_camel(n)}: must be >= 0 (0 turns it off), got {getattr(cfg, n)}")
+    if cfg.max_snapshot_reserved_num < 1:
+        raise ConfigError(f"maxSnapshotReservedNum: must be >= 1 (the newest snapshot is always kept), "
+                          f"got {cfg.max_snapshot_reserved_num}")
+    if cfg.snapshot_file_size < 4096:
+        raise ConfigError(f"snapshotFileSize: must be at least 4096 bytes, got {cfg.snapshot_file_size}")
+    if not 1024 <= cfg.snapshot_chunk_size <= max_entry_size_for_frame(cfg.max_frame_size):
+        raise ConfigError(f"snapshotChunkSize: must be between 1024 and "
+                          f"{max_entry_size_for_frame(cfg.max_frame_size)} bytes (what one frame of maxFrameSize "
+                          f"{cfg.max_frame_size} carries), got {cfg.snapshot_chunk_size}")
 
 
 def _validate_connection_limits(cfg: DLedgerConfig) -> None:

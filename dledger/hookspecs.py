@@ -49,6 +49,17 @@ def dledger_commit_listeners(server):
 
 
 @hookspec
+def dledger_state_machines(server):
+    """Return a list of ``IStateMachine`` to run on ``server`` (docs/snapshots.md, docs/plugins.md).
+
+    Called once when a server is built, before it starts: each machine is
+    restored from the newest snapshot and then fed the committed entries
+    after it, in lockstep with the others (``server.snapshots``).  Names must
+    be unique on a member; each is a section of every snapshot.
+    """
+
+
+@hookspec
 def dledger_extra_options():
     """Return a list of :class:`dledger.plugin_types.ExtraOption` this plugin accepts.
 
@@ -84,6 +95,18 @@ def dledger_leader_ready_listeners(server):
     ``leader_ready(term)`` is called once per leadership in which this member leads
     *and* that leadership's first entry (the NOOP) is committed: every entry of
     earlier terms is committed then, so the leader's log is complete.
+    """
+
+
+@hookspec
+def dledger_request_handlers(server):
+    """Return a list of :class:`dledger.plugin_types.RequestHandler`: request codes ``server`` serves for this plugin.
+
+    Codes are in ``dledger.codes.PLUGIN_REQUEST_CODES`` (55000-55999); two handlers of one code, or a
+    code outside the range, stop the member from being built (one-line ConfigError).  Requests reach a
+    handler through the member's port like GET and APPEND: authenticated, and (with authentication on)
+    refused unless the connection holds the handler's ``role``.  Clients send them with
+    ``DLedgerClient.request(code, body)`` / ``BlockingClient.request``.
     """
 
 

@@ -205,6 +205,17 @@ class ILeaderAware(Interface):
         """The id of the leader this member follows (itself when it leads), or None."""
 
 
+class IPluginRequests(Interface):
+    """A request handler that serves plugins' request codes (optional; ``dledger_request_handlers``).
+
+    The remoting connection asks it which role a plugin request code needs before it decodes the
+    request, as it looks up a core code's permission (docs/security.md).
+    """
+
+    def plugin_role(code: int):
+        """The role (``read``, ``write``, ``admin``, ``member``) a plugin's handler of ``code`` needs; None if none."""
+
+
 class ITransport(Interface):
     """Moves requests between members and from clients.
 
@@ -355,6 +366,33 @@ class IRepairableLogStore(Interface):
 
     def repair_entry(entry):
         """Rewrite committed entry ``entry.index`` with the verified copy ``entry``; a Deferred firing when durable."""
+
+
+class ICompactingLogStore(ILogStore):
+    """Optional store capability: the log forgets what a snapshot holds (docs/snapshots.md).
+
+    Check with ``ICompactingLogStore.providedBy(store)``.  Compaction and
+    retention share one rule for what may go (:func:`dledger.store.retention.file_may_go`
+    for file stores): never an entry above the committed index, never the last entry.
+    """
+
+    snapshot_base = Attribute("``(index, term)`` of the last reset_to_snapshot, ``(-1, -1)`` if none.")
+
+    def compact(below_index: int) -> int:
+        """Delete what lies wholly below ``below_index`` (whole files for file stores); returns the new begin index.
+
+        Never deletes above the committed index nor the last entry; the new
+        begin index survives a restart (mmap: checkpoint and begin index
+        updated atomically, Java DLedger's layout kept).
+        """
+
+    def reset_to_snapshot(index: int, term: int, next_pos: int) -> None:
+        """Drop every entry: the log is empty *with a base* and survives a restart so.
+
+        Then ``ledger_begin_index = index + 1``, ``ledger_end_index = index``,
+        ``ledger_end_term = term``, ``committed_index = index``, and the next
+        append is entry ``index + 1`` at byte position ``next_pos``.
+        """
 
 
 class ISnapshotWriter(Interface):

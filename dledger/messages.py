@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, ClassVar
 
-from dledger.codes import PushType, RequestCode, ResponseCode, VoteResult
+from dledger.codes import PLUGIN_REQUEST_CODES, PushType, RequestCode, ResponseCode, VoteResult
 from dledger.entry import HEADER, HEADER_FIELDS, Entry
 
 
@@ -143,6 +143,28 @@ class MetadataResponse(RequestOrResponse):
     peer_disk: dict[str, str] | None = None
 
 
+# -- plugins ----------------------------------------------------------------
+
+@dataclass(slots=True, kw_only=True)
+class PluginRequest(RequestOrResponse):
+    """A request a plugin serves (dledger extension): ``request_code`` in ``codes.PLUGIN_REQUEST_CODES``.
+
+    The frame's header carries the code too (the remoting layer keeps the two equal); ``body`` is the
+    plugin's own bytes, which dledger never parses.
+    """
+
+    request_code: int = 0
+    body: bytes | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class PluginResponse(RequestOrResponse):
+    """A plugin's answer: its bytes, or a code with the plugin's one-line ``reason``."""
+
+    body: bytes | None = None
+    reason: str | None = None
+
+
 # -- replication ------------------------------------------------------------
 
 @dataclass(slots=True, kw_only=True)
@@ -203,10 +225,18 @@ RPCS: dict[RequestCode, tuple[type[RequestOrResponse], type[RequestOrResponse]]]
 }
 REQUEST_CODES: dict[type, RequestCode] = {req: code for code, (req, _) in RPCS.items()}
 RESPONSE_TYPES: dict[type, type] = {req: resp for req, resp in RPCS.values()}
+#: Every code of ``codes.PLUGIN_REQUEST_CODES`` carries these (the plugin's code is in the request).
+PLUGIN_RPC = (PluginRequest, PluginResponse)
+RESPONSE_TYPES[PluginRequest] = PluginResponse
 
 
-def request_code(request: RequestOrResponse) -> RequestCode:
-    """The remoting request code of a request object."""
+def request_code(request: RequestOrResponse) -> int:
+    """The remoting request code of a request object (a plugin request's own ``request_code``)."""
+    if type(request) is PluginRequest:
+        if request.request_code not in PLUGIN_REQUEST_CODES:
+            raise ValueError(f"plugin request code {request.request_code} is outside the plugins' range "
+                             f"{PLUGIN_REQUEST_CODES.start}-{PLUGIN_REQUEST_CODES.stop - 1}")
+        return request.request_code
     try:
         return REQUEST_CODES[type(request)]
     except KeyError:
@@ -292,7 +322,7 @@ FIELD_BOUNDS: dict[str, Bounds] = {
     "index_list": INDEX,  # each element
     "pos": POSITION,
     "count": SIZE, "total_size": SIZE,
-    "max_size": INT32, "code": INT32,
+    "max_size": INT32, "code": INT32, "request_code": INT32,
 }
 #: Bounds of a transported entry's fields: a placed entry has index, term and position >= 0.
 ENTRY_BOUNDS: dict[str, Bounds] = {

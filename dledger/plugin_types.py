@@ -61,3 +61,28 @@ class ExtraOption:
     def type_name(self) -> str:
         """What ``--help`` shows as the option's type."""
         return CORE_TYPES.get(self.coerce) or getattr(self.coerce, "__name__", "value")
+
+
+#: The roles a plugin request may need (docs/security.md): what a client's role in ``clientsFile`` grants.
+REQUEST_ROLES = ("read", "write", "admin", "member")
+
+
+@dataclass(frozen=True)
+class RequestHandler:
+    """A request code a plugin serves on a member (``dledger_request_handlers``).
+
+    ``code`` is in ``dledger.codes.PLUGIN_REQUEST_CODES`` (55000-55999); ``role`` is what a connection
+    must hold when authentication is on (``read``: a read client or better, ``write``, ``admin``,
+    ``member``: members only), checked before the request is decoded, exactly as for APPEND or GET;
+    ``handle(body)`` gets the request's bytes and returns the reply's bytes, or a Deferred of them.
+    A :class:`dledger.errors.DLedgerError` it raises (or fails with) is the reply's code, its message the
+    client's one-line reason (``NOT_LEADER`` with ``leader_id`` makes the client retry at the leader);
+    any other exception is INTERNAL_ERROR (logged, rate-limited).  ``name`` names the request in logs
+    and errors (``"kv.get"``).
+    """
+
+    code: int
+    name: str
+    role: str
+    handle: Callable[[bytes], Any]
+    description: str = ""

@@ -359,12 +359,14 @@ def options_help(pm: pluggy.PluginManager | None = None) -> str:
 
 @dataclass(frozen=True)
 class ServerExtensions:
-    """What plugins attach to one server: role-change handlers, append hooks and commit listeners."""
+    """What plugins attach to one server: role-change handlers, append hooks, commit listeners, request handlers."""
 
     role_change_handlers: list
     append_hooks: list
     commit_listeners: list
     leader_ready_listeners: list = dataclasses.field(default_factory=list)
+    state_machines: list = dataclasses.field(default_factory=list)
+    request_handlers: list = dataclasses.field(default_factory=list)
 
 
 def server_extensions(server: Any, pm: pluggy.PluginManager | None = None) -> ServerExtensions:
@@ -379,6 +381,8 @@ def server_extensions(server: Any, pm: pluggy.PluginManager | None = None) -> Se
         flat(pm.hook.dledger_append_hooks(server=server)),
         flat(pm.hook.dledger_commit_listeners(server=server)),
         flat(pm.hook.dledger_leader_ready_listeners(server=server)),
+        flat(pm.hook.dledger_state_machines(server=server)),
+        flat(pm.hook.dledger_request_handlers(server=server)),
     )
 
 

@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import random
 
-from twisted.internet.defer import Deferred, inlineCallbacks, maybeDeferred
+from twisted.internet.defer import Deferred, fail, inlineCallbacks, maybeDeferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from dledger import plugins, reads
-from dledger.codes import ResponseCode, Role
+from dledger.codes import PLUGIN_REQUEST_CODES, ResponseCode, Role
 from dledger.commit_feed import CommitFeed
 from dledger.diskio import INLINE, BlockingIO
 from dledger.election import transfer
 from dledger.election.elector import LeaderElector
 from dledger.election.state import MemberState
 from dledger.entry import Entry, without_noops
-from dledger.errors import DLedgerError
-from dledger.interfaces import IBatchRequestHandler, IDiskHealth, ILeaderAware
+from dledger.errors import ConfigError, DLedgerError
+from dledger.interfaces import IBatchRequestHandler, IDiskHealth, ILeaderAware, IPluginRequests
 from dledger.leader_ready import LeaderReady
 from dledger.mending import Mending
 from dledger.messages import (
@@ -36,9 +36,12 @@ from dledger.messages import (
     LeadershipTransferResponse,
     MetadataRequest,
     MetadataResponse,
+    PluginRequest,
+    PluginResponse,
     PushEntryRequest,
     VoteRequest,
 )
+from dledger.plugin_types import REQUEST_ROLES
 from dledger.ratelog import RateLimitedLog
 from dledger.replication import appends
 from dledger.replication.durability import Flusher
@@ -48,6 +51,7 @@ from dledger.replication.pending import PendingAppends
 from dledger.replication.pushcheck import append_window
 from dledger.replication.rules import damaged_leader_action
 from dledger.services import MemberServices
+from dledger.snapshot.machines import StateMachines
 from dledger.stats import ServerStats
 from dledger.store.guard import LogGuard
 
@@ -57,7 +61,7 @@ log = Logger()
 GET_MAX_BYTES = 4 * 1024 * 1024
 
 
-@implementer(IBatchRequestHandler, ILeaderAware)
+@implementer(IBatchRequestHandler, ILeaderAware, IPluginRequests)
 class DLedgerServer:
     """One member of a group."""
 
@@ -91,6 +95,8 @@ class DLedgerServer:
                                                                       config.max_batch_push_size),
                                           max_waiting=config.max_pending_size)
         self.commit_feed = CommitFeed(store, clock, self.self_id)
+        #: The state machines, their snapshots and the log compaction after each (:mod:`dledger.snapshot`).
+        self.snapshots = StateMachines.for_server(self)
         #: "Leader ready" events (:mod:`dledger.leader_ready`).
         self.leader_ready = LeaderReady(self)
         #: Plugin services (:mod:`dledger.services`): started after the member serves, stopped before it stops.
@@ -107,6 +113,9 @@ class DLedgerServer:
         self.mending = Mending(self, config, store, transport, clock)
         self.elector.observe(self._role_changed)
         self.running = False
+        #: Plugin request code -> :class:`dledger.plugin_types.RequestHandler` (``dledger_request_handlers``).
+        self.request_handlers: dict = {}
+        self._plugin_log = RateLimitedLog(log, clock, interval=60.0)
         if use_plugins:
             ext = plugins.server_extensions(self, plugin_manager)
             for handler in ext.role_change_handlers:
@@ -117,6 +126,10 @@ class DLedgerServer:
                 self.add_commit_listener(listener)
             for listener in ext.leader_ready_listeners:
                 self.add_leader_ready_listener(listener)
+            for machine in ext.state_machines:
+                self.add_state_machine(machine)
+            for handler in ext.request_handlers:
+                self.add_request_handler(handler)
             plugins.add_services(self, self.services, plugin_manager)
 
     @property
@@ -185,13 +198,37 @@ class DLedgerServer:
         """Register an ``ILeaderReadyListener`` (told once per term this member leads with that term committed)."""
         self.leader_ready.add(listener)
 
+    def add_state_machine(self, machine) -> None:
+        """Register an ``IStateMachine`` (before :meth:`start`): restored from snapshots, fed committed entries."""
+        self.snapshots.add(machine)
+
+    def add_request_handler(self, handler) -> None:
+        """Serve a plugin request code (a :class:`dledger.plugin_types.RequestHandler`); ConfigError if it cannot be."""
+        code = handler.code
+        if code not in PLUGIN_REQUEST_CODES:
+            raise ConfigError(f"plugin request {handler.name!r}: code {code} is outside the plugins' range "
+                              f"{PLUGIN_REQUEST_CODES.start}-{PLUGIN_REQUEST_CODES.stop - 1}")
+        if handler.role not in REQUEST_ROLES:
+            raise ConfigError(f"plugin request {handler.name!r}: role {handler.role!r} is not one of "
+                              f"{', '.join(REQUEST_ROLES)}")
+        taken = self.request_handlers.get(code)
+        if taken is not None:
+            raise ConfigError(f"plugin requests {taken.name!r} and {handler.name!r} both use request code {code}")
+        self.request_handlers[code] = handler
+
+    def plugin_role(self, code: int) -> str | None:
+        """The role plugin request ``code`` needs (IPluginRequests: the connection's check); None if none serves it."""
+        handler = self.request_handlers.get(code)
+        return handler.role if handler is not None else None
+
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> Deferred:
         """Recover the store, start serving and stand for election."""
         self.store.startup()
         if self.store.committed_index > self.store.ledger_end_index:
             raise AssertionError("store reports committed index past its end")
-        d = maybeDeferred(self.transport.start, self)
+        d = self.snapshots.start()  # restore the newest intact snapshot (or refuse to start, one line)
+        d.addCallback(lambda _: self.transport.start(self))
         d.addCallback(lambda _: self._started())
         d.addCallback(lambda _: self._start_services())
         return d
@@ -211,6 +248,7 @@ class DLedgerServer:
                  e=self.store.ledger_end_index, c=self.store.committed_index)
         self.elector.start()
         self.commit_feed.advanced()
+        self.snapshots.advanced()
         self.mending.start()
         if transfer.takes_preferred_check(self.self_id, self.config.preferred_leaders):
             self._preferred_timer = self.clock.callLater(self.elector.heartbeat, self._check_preferred_leader)
@@ -233,6 +271,7 @@ class DLedgerServer:
         self.pending.fail_all(ResponseCode.TERM_CHANGED)
         self.entry_handler.stop()
         self.commit_feed.stop()
+        self.snapshots.stop()
         self.flusher.stop()
         yield maybeDeferred(self.transport.stop)
         yield maybeDeferred(self.store.shutdown)
@@ -254,6 +293,7 @@ class DLedgerServer:
             self.replicator = None
         self.entry_handler.stop()
         self.commit_feed.stop()
+        self.snapshots.stop()
         self.flusher.stop()
         self.pending.fail_all(ResponseCode.TERM_CHANGED)
         self.transport.stop()
@@ -278,6 +318,7 @@ class DLedgerServer:
         """The committed index moved: answer appends, feed listeners, tell idle followers."""
         self.pending.resolve_upto(self.store.committed_index)
         self.commit_feed.advanced()
+        self.snapshots.advanced()
         self.leader_ready.check()
         if self.replicator is not None:
             self.replicator.schedule_pump()
@@ -372,6 +413,57 @@ class DLedgerServer:
             raise self._read_refused(after)
 
         return self.elector.confirm_leadership().addCallback(confirmed)
+
+    def read_index(self) -> Deferred:
+        """Raft's ReadIndex for linearizable reads of state built from the log: fires with the index to wait for.
+
+        Confirms that this member still leads (a quorum answered a heartbeat of its term) and that its
+        term's first entry is committed; then every write acknowledged before the call is at or below
+        the committed index it fires with, so a state machine that has applied that index
+        (``server.snapshots.wait_applied(index)``) answers as of a moment after the call.  Fails with
+        NOT_LEADER (naming the leader this member knows) or LEADER_NOT_READY otherwise.  The decisions
+        are :mod:`dledger.reads`' (the GET path's, for a read at the committed index).
+        """
+        if not self.leads():
+            return fail(self.not_leader())
+        replicator = self.replicator
+
+        def confirmed(ok: bool):
+            committed = self.store.committed_index
+            after = reads.confirmed_read_decision(ok, self.replicator is replicator, committed, committed,
+                                                  replicator.term_start_index, self.self_id)
+            if after.action is not reads.ReadAction.SERVE:
+                raise self._read_refused(after)
+            return committed
+
+        return self.elector.confirm_leadership().addCallback(confirmed)
+
+    def handle_plugin_request(self, request: PluginRequest) -> Deferred:
+        """A plugin's request code: its handler's bytes, or its refusal as the reply's code and reason."""
+        code = request.request_code
+        handler = self.request_handlers.get(code)
+        if handler is None:
+            return fail(DLedgerError(ResponseCode.UNSUPPORTED, f"no plugin serves request code {code} on "
+                                                               f"{self.self_id}"))
+
+        def answered(body):
+            if not isinstance(body, (bytes, bytearray, memoryview)):
+                raise TypeError(f"plugin request {handler.name!r} answered {type(body).__name__}, not bytes")
+            return request.base_reply(PluginResponse, body=bytes(body))
+
+        def refused(failure: Failure):
+            exc = failure.value
+            if isinstance(exc, DLedgerError):
+                extra = {"leader_id": exc.leader_id} if exc.leader_id is not None else {}
+                return request.base_reply(PluginResponse, exc.code, reason=exc.message[:500] or None, **extra)
+            self._plugin_log.error(("plugin request", code), "{id}: plugin request {name!r} (code {code}) failed: "
+                                   "{error}; answering INTERNAL_ERROR", id=self.self_id, name=handler.name,
+                                   code=code, error=f"{type(exc).__name__}: {exc}")
+            return request.base_reply(PluginResponse, ResponseCode.INTERNAL_ERROR,
+                                      reason=f"{handler.name} failed ({type(exc).__name__})")
+
+        d = maybeDeferred(handler.handle, request.body or b"")
+        return d.addCallback(answered).addErrback(refused)
 
     def _read_refused(self, decision: reads.ReadDecision) -> DLedgerError:
         if decision.code is ResponseCode.NOT_LEADER:
@@ -543,6 +635,7 @@ class DLedgerServer:
         GetEntriesRequest: handle_get,
         MetadataRequest: handle_metadata,
         LeadershipTransferRequest: handle_leadership_transfer,
+        PluginRequest: handle_plugin_request,
     }
 
 

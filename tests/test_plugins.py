@@ -187,6 +187,24 @@ def test_hook_dledger_commit_listeners(pm):
     assert [type(h) for h in plugins.server_extensions(SimpleNamespace(), pm).commit_listeners] == [Listener]
 
 
+def test_hook_dledger_state_machines(pm, tmp_path):
+    """State machines are asked for per server and reach ``server.snapshots``, fed committed entries."""
+    from dledger.testing import Cluster
+    from dledger.testing.statemachine import DictMachine
+
+    made = []
+    _register_server_plugin(pm, "dledger_state_machines", "sm", lambda s: made.append(DictMachine()) or made[-1])
+    assert [type(m) for m in plugins.server_extensions(SimpleNamespace(), pm).state_machines] == [DictMachine]
+    cluster = Cluster(1, plugin_manager=pm, store_base_dir=str(tmp_path))
+    cluster.start()
+    cluster.wait_for_leader()
+    d = cluster.client().append(b"k=v")
+    assert cluster.run_until(lambda: d.called, 5)
+    cluster.wait_applied()
+    assert cluster.servers["n0"].snapshots.machines == [made[-1]]
+    assert made[-1].data == {"k": "v"}
+
+
 def test_hook_dledger_extra_options(pm):
     """Plugin options get defaults, are coerced, and unknown [plugins] keys are refused."""
     class P:
@@ -571,6 +589,54 @@ def test_hook_dledger_bench_subjects(pm, monkeypatch):
     bench_parser = cli.build_parser()._subparsers._group_actions[0].choices["bench"]
     assert "hello-bench" in bench_parser.format_help()
     assert cli.main(["bench", "hello-bench", "--count", "3"]) == 13
+
+
+def test_hook_dledger_request_handlers(pm):
+    """A plugin's request codes are served by every member: the client reaches the leader, gets the handler's bytes
+    or its refusal with the reason; an unserved code is UNSUPPORTED; a bad code or a taken one stops the build."""
+    from dledger.codes import ResponseCode
+    from dledger.errors import DLedgerError
+    from dledger.plugin_types import RequestHandler
+    from dledger.testing import Cluster
+
+    class P:
+        @hookimpl
+        def dledger_request_handlers(self, server):
+            def echo(body):
+                if not server.leads():
+                    raise server.not_leader()
+                return server.read_index().addCallback(lambda index: body + f" {server.self_id} {index}".encode())
+
+            def refuse(body):
+                raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"no {body.decode()} here")
+            return [RequestHandler(55000, "test.echo", "read", echo), RequestHandler(55001, "test.refuse", "write",
+                                                                                     refuse)]
+    pm.register(P())
+    cluster = Cluster(3, seed=5, plugin_manager=pm)
+    cluster.start()
+    leader = cluster.wait_for_leader()
+    cluster.wait_applied()
+    client = cluster.client()
+    results = {}
+    for code, body in [(55000, b"hi"), (55001, b"cheese"), (55002, b"")]:
+        client.request(code, body).addBoth(lambda r, code=code: results.__setitem__(code - 55000, r))
+    cluster.wait_until(lambda: len(results) == 3, 10, "three answers")
+    committed = cluster.servers[leader].store.committed_index
+    assert results[0] == f"hi {leader} {committed}".encode()
+    assert results[1].value.code is ResponseCode.UNEXPECTED_ARGUMENT and "no cheese here" in results[1].value.message
+    assert results[2].value.code is ResponseCode.UNSUPPORTED
+    assert cluster.servers[leader].plugin_role(55001) == "write" and cluster.servers[leader].plugin_role(55002) is None
+    # A follower's read_index refuses: NOT_LEADER naming the leader.
+    follower = next(m for m in cluster.ids if m != leader)
+    failed = []
+    cluster.servers[follower].read_index().addErrback(failed.append)
+    assert failed and failed[0].value.code is ResponseCode.NOT_LEADER and failed[0].value.leader_id == leader
+    server = cluster.servers[leader]
+    for bad, why in [(RequestHandler(54999, "low", "read", bytes), "outside the plugins' range 55000-55999"),
+                     (RequestHandler(55000, "again", "read", bytes), "'test.echo' and 'again' both use request code"),
+                     (RequestHandler(55003, "who", "root", bytes), "role 'root' is not one of")]:
+        with pytest.raises(ConfigError, match=why):
+            server.add_request_handler(bad)
 
 
 # -- meta-tests ----------------------------------------------------------------

@@ -44,6 +44,45 @@ def test_auth_mode_none_allows_everything(code):
     assert decide("none", code, ANON).verdict is Verdict.ALLOW
 
 
+PLUGIN_TABLE = [  # (code, the role its handler declares, identity, verdict) with authentication on
+    (55000, "read", READ, Verdict.ALLOW), (55000, "read", ANON, Verdict.DENY), (55000, "read", MEMBER, Verdict.ALLOW),
+    (55001, "write", READ, Verdict.DENY), (55001, "write", WRITE, Verdict.ALLOW), (55001, "write", ANON_WRITE,
+                                                                                    Verdict.ALLOW),
+    (55002, "admin", WRITE, Verdict.DENY), (55002, "admin", ADMIN, Verdict.ALLOW),
+    (55003, "member", ADMIN, Verdict.DENY), (55003, "member", MEMBER, Verdict.ALLOW),
+    (55004, None, ADMIN, Verdict.DENY), (55004, None, MEMBER, Verdict.ALLOW),  # no plugin serves it: member-only
+    (52000, "read", READ, Verdict.DENY),  # outside the plugins' range a declared role counts for nothing
+]
+
+
+@pytest.mark.parametrize("code,role,identity,verdict", PLUGIN_TABLE)
+def test_plugin_request_codes_need_the_role_their_handler_declares(code, role, identity, verdict):
+    """A plugin's request code needs its handler's role; a code no plugin serves is member-only."""
+    assert decide("tls", code, identity, role).verdict is verdict
+    assert decide("secret", code, identity, role).verdict is verdict
+
+
+@pytest.mark.parametrize("ids,identity,refused", [
+    ({}, READ, False), (dict(remote_id="n0", group="g0"), WRITE, False), (dict(leader_id="n0"), WRITE, True),
+    (dict(local_id="n1"), MEMBER, False), (dict(local_id="n2"), MEMBER, True), ({}, MEMBER, False),
+])
+def test_plugin_request_ids_are_checked_as_client_codes(ids, identity, refused):
+    """Plugin requests follow the client codes' id rule: a client names no member, a member only itself."""
+    assert (policy.id_refusal(55000, ids, identity) is not None) is refused
+    assert decide_request("tls", 55000, identity, ids, None, "read").allowed is not refused
+
+
+def test_plugin_id_rule_covers_every_id_field_of_plugin_requests():
+    """PluginRequest's id fields are exactly the ones the plugin codes' rule names."""
+    import dataclasses
+
+    from dledger import messages
+
+    names = {f.name for f in dataclasses.fields(messages.PluginRequest) if f.name.endswith("_id") or f.name == "group"}
+    assert names == set(policy.PLUGIN_ID_RULE.fields)
+    assert policy.id_rule(55999) is policy.PLUGIN_ID_RULE and policy.id_rule(56000) is policy.DEFAULT_ID_RULE
+
+
 def test_every_request_code_has_a_permission():
     """Every code of codes.RequestCode is in the table (a new one must be placed on purpose)."""
     assert set(policy.REQUIRED) == set(C)

@@ -16,7 +16,7 @@ from dledger.codes import PushType, ResponseCode
 from dledger.config import make_config
 from dledger.entry import Entry
 from dledger.errors import DLedgerError
-from dledger.interfaces import IRequestHandler
+from dledger.interfaces import IPluginRequests, IRequestHandler
 from dledger.launcher import free_ports
 from dledger.security import certs
 from dledger.security.guard import ClientCredentials
@@ -211,6 +211,46 @@ async def test_tls_client_roles(reactor, certdir):
         await refused_with(admin.send(m.address, vote()))
         kinds = [type(r).__name__ for r in m.handler.seen]
         assert kinds == ["MetadataRequest", "GetEntriesRequest", "AppendEntryRequest", "LeadershipTransferRequest"]
+    finally:
+        await m.close()
+
+
+@implementer(IPluginRequests)
+class PluginRecorder(Recorder):
+    """A Recorder serving two plugin request codes: 55000 needs the read role, 55001 the write role."""
+
+    ROLES = {55000: "read", 55001: "write"}
+
+    def plugin_role(self, code):
+        return self.ROLES.get(code)
+
+
+@pytest_twisted.ensureDeferred
+async def test_tls_plugin_request_codes_need_their_handlers_role(reactor, certdir):
+    """A plugin's request code is checked like a core one: read may send a read code, not a write one; no
+    credentials, a code no plugin serves, or a client naming a member are refused before the handler."""
+    d = certdir[0]
+    m = Member(reactor, d)
+    m.handler = PluginRecorder()
+    await m.start()
+
+    def creds(name):
+        return ClientCredentials.for_client("g0", tls_ca=str(d / "ca.crt"), tls_cert=str(d / f"client-{name}.crt"),
+                                            tls_key=str(d / f"client-{name}.key"))
+
+    def plugin(code, **ids):
+        return messages.PluginRequest(group="g0", remote_id="n0", request_code=code, body=b"k", **ids)
+    try:
+        reader, writer = m.client(creds("reader")), m.client(creds("app1"))
+        anon = m.client(ClientCredentials.for_client("g0", tls_ca=str(d / "ca.crt")))
+        assert (await reader.send(m.address, plugin(55000))).code == ResponseCode.SUCCESS
+        await refused_with(reader.send(m.address, plugin(55001)))
+        assert (await writer.send(m.address, plugin(55001))).code == ResponseCode.SUCCESS
+        await refused_with(anon.send(m.address, plugin(55000)))
+        await refused_with(writer.send(m.address, plugin(55002)))  # served by no plugin: member-only
+        await refused_with(writer.send(m.address, plugin(55001, leader_id="n1")))
+        assert [(type(r).__name__, r.request_code, r.body) for r in m.handler.seen] == \
+            [("PluginRequest", 55000, b"k"), ("PluginRequest", 55001, b"k")]
     finally:
         await m.close()
 

@@ -134,8 +134,8 @@ class ServerGuard:
         session = secret.session_key(key, self.group, hello.kind, hello.name, hello.nonce, server_nonce)
         return identity, session, secret.welcome_body(server_nonce, secret.server_proof(session))
 
-    def decide(self, code: int, identity: Identity) -> Decision:
-        return policy.decide(self.auth_mode, code, identity)
+    def decide(self, code: int, identity: Identity, plugin_role: str | None = None) -> Decision:
+        return policy.decide(self.auth_mode, code, identity, plugin_role)
 
     def refused(self, peer_host: str, code: int, reason: str) -> None:
         """One rate-limited line per address and request code."""

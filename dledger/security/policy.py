@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from dledger.codes import RequestCode
+from dledger.codes import PLUGIN_REQUEST_CODES, RequestCode
 
 AUTH_MODES = ("none", "tls", "secret")
 #: Client roles (``clientsFile``) and what each may do; ``member`` is implied by a member credential.
@@ -52,8 +52,14 @@ _GRANTS: dict[str, frozenset[Permission]] = {
 }
 
 
-def required_permission(code: int) -> Permission:
-    """The permission request ``code`` needs (``MEMBER`` for a code not in :data:`REQUIRED`: deny by default)."""
+def required_permission(code: int, plugin_role: str | None = None) -> Permission:
+    """The permission request ``code`` needs (``MEMBER`` for a code not in :data:`REQUIRED`: deny by default).
+
+    A plugin request code (``codes.PLUGIN_REQUEST_CODES``) needs the role its handler declares
+    (``plugin_role``: ``read``, ``write``, ``admin`` or ``member``); one no plugin serves here needs ``MEMBER``.
+    """
+    if plugin_role is not None and code in PLUGIN_REQUEST_CODES:
+        return Permission(plugin_role)
     return REQUIRED.get(code, Permission.MEMBER)
 
 
@@ -160,11 +166,18 @@ ID_RULES: dict[int, IdRule] = {
                                                   "remote_id": _RECEIVER, "group": _GROUP}),
 }
 DEFAULT_ID_RULE = IdRule(**_MEMBER_CODE)
+#: Every plugin request code (``codes.PLUGIN_REQUEST_CODES``, a :class:`dledger.messages.PluginRequest`) is
+#: checked as the client codes are: a member names only itself, a client names no member.
+PLUGIN_ID_RULE = IdRule(free=_CLIENT_CODE)
 
 
 def id_rule(code: int) -> IdRule:
-    """The row of :data:`ID_RULES` for ``code`` (:data:`DEFAULT_ID_RULE` for a code it does not list)."""
-    return ID_RULES.get(code, DEFAULT_ID_RULE)
+    """The row of :data:`ID_RULES` for ``code`` (:data:`PLUGIN_ID_RULE` for a plugin's code,
+    :data:`DEFAULT_ID_RULE` for any other code it does not list)."""
+    rule = ID_RULES.get(code)
+    if rule is None:
+        return PLUGIN_ID_RULE if code in PLUGIN_REQUEST_CODES else DEFAULT_ID_RULE
+    return rule
 
 
 def request_ids(code: int, request: object) -> dict[str, str | None]:
@@ -204,16 +217,17 @@ def _json_name(name: str) -> str:
     return head + "".join(p.title() for p in rest)
 
 
-def decide(auth_mode: str, code: int, identity: Identity) -> Decision:
+def decide(auth_mode: str, code: int, identity: Identity, plugin_role: str | None = None) -> Decision:
     """May ``identity`` send request ``code`` at all?  (Asked before the request is decoded.)
 
     With ``authMode = none`` everything is allowed (Java DLedger's behaviour).  Otherwise the code's
-    permission (:func:`required_permission`) must be among the identity's grants.  METADATA without
+    permission (:func:`required_permission`; ``plugin_role``: the role a plugin's handler of ``code``
+    declares) must be among the identity's grants.  METADATA without
     READ is REDACTed, not refused: a client can still learn it reached the right group, but no peer map.
     """
     if auth_mode == "none":
         return ALLOW
-    need = required_permission(code)
+    need = required_permission(code, plugin_role)
     if need not in identity.grants:
         if code == RequestCode.METADATA:
             return Decision(Verdict.REDACT, f"{identity} has no read role: no peer map")
@@ -224,9 +238,9 @@ def decide(auth_mode: str, code: int, identity: Identity) -> Decision:
 
 
 def decide_request(auth_mode: str, code: int, identity: Identity, ids: dict[str, str | None],
-                   current_leader: str | None = None) -> Decision:
+                   current_leader: str | None = None, plugin_role: str | None = None) -> Decision:
     """:func:`decide`, then (once decoded) every id the request names (:func:`id_refusal`, :data:`ID_RULES`)."""
-    decision = decide(auth_mode, code, identity)
+    decision = decide(auth_mode, code, identity, plugin_role)
     if decision.verdict is not Verdict.ALLOW or auth_mode == "none":
         return decision
     why = id_refusal(code, ids, identity, current_leader)

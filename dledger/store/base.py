@@ -208,6 +208,21 @@ def plan_truncate(entry: Entry, begin: int, end: int, committed: int,
     return TruncateAction.RESET
 
 
+def compact_floor(below_index: int, begin: int, end: int, committed: int) -> int:
+    """The new begin index of a log compacted below ``below_index``: never past the committed index + 1, never
+    past the last entry (a log keeps its last entry, as retention keeps its last file), never backwards."""
+    if end < 0 or begin > end:
+        return begin
+    return max(begin, min(below_index, committed + 1, end))
+
+
+def check_snapshot_base(index: int, term: int, next_pos: int) -> None:
+    """A snapshot base must be a real entry: index, term and position >= 0."""
+    if index < 0 or term < 0 or next_pos < 0:
+        raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                           f"reset to snapshot at index {index} term {term} pos {next_pos}: all must be >= 0")
+
+
 def committed_after_recovery(saved_committed: int, begin: int, end: int) -> int:
     """What a reopened store claims committed: the saved value, at least what is below the log, never past its end."""
     if end < 0:

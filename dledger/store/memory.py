@@ -17,12 +17,18 @@ from zope.interface import implementer
 
 from dledger.entry import Entry
 from dledger.hookspecs import hookimpl
-from dledger.interfaces import IBatchLogStore, IPlainLogStore, IPositionReader, ITermVoteStore
+from dledger.interfaces import (
+    IBatchLogStore,
+    ICompactingLogStore,
+    IPlainLogStore,
+    IPositionReader,
+    ITermVoteStore,
+)
 from dledger.plugin_types import StoreType
 from dledger.store import base, positions
 
 
-@implementer(IPlainLogStore, IBatchLogStore, IPositionReader)
+@implementer(IPlainLogStore, IBatchLogStore, IPositionReader, ICompactingLogStore)
 class MemoryLogStore(positions.EntryPositionReader):
     """A list of entries plus the begin/end/committed bookkeeping."""
 
@@ -34,6 +40,8 @@ class MemoryLogStore(positions.EntryPositionReader):
         self.ledger_begin_index = -1
         self.committed_index = -1
         self._write_pos = 0
+        #: ``(index, term)`` of the last :meth:`reset_to_snapshot` (``(-1, -1)``: none).
+        self.snapshot_base = (-1, -1)
 
     @classmethod
     def from_config(cls, config, member_state, **_ignored) -> MemoryLogStore:
@@ -44,11 +52,15 @@ class MemoryLogStore(positions.EntryPositionReader):
     # -- bookkeeping ---------------------------------------------------------
     @property
     def ledger_end_index(self) -> int:
-        return self.ledger_begin_index + len(self._entries) - 1 if self._entries else -1
+        if self._entries:
+            return self.ledger_begin_index + len(self._entries) - 1
+        return self.snapshot_base[0] if self.ledger_begin_index == self.snapshot_base[0] + 1 else -1
 
     @property
     def ledger_end_term(self) -> int:
-        return self._entries[-1].term if self._entries else -1
+        if self._entries:
+            return self._entries[-1].term
+        return self.snapshot_base[1] if self.ledger_begin_index == self.snapshot_base[0] + 1 else -1
 
     @property
     def flushed_index(self) -> int:
@@ -115,11 +127,29 @@ class MemoryLogStore(positions.EntryPositionReader):
         self.committed_index = min(self.committed_index, self.ledger_end_index)
         return entry.index
 
+    # -- compaction (ICompactingLogStore) -------------------------------------
+    def compact(self, below_index: int) -> int:
+        """Drop the entries below ``below_index`` (never a committed one's successor, never the last entry)."""
+        below = base.compact_floor(below_index, self.ledger_begin_index, self.ledger_end_index, self.committed_index)
+        if below > self.ledger_begin_index:
+            del self._entries[:below - self.ledger_begin_index]
+            self.ledger_begin_index = below
+        return self.ledger_begin_index
+
+    def reset_to_snapshot(self, index: int, term: int, next_pos: int) -> None:
+        """Drop every entry: the log is empty with a base at ``index``/``term``; the next entry goes at ``next_pos``."""
+        base.check_snapshot_base(index, term, next_pos)
+        self._entries = []
+        self.snapshot_base = (index, term)
+        self.ledger_begin_index = index + 1
+        self.committed_index = index
+        self._write_pos = next_pos
+
     # -- reads ---------------------------------------------------------------
     def get(self, index: int) -> Entry:
         begin = self.ledger_begin_index
         if not self._entries or index < begin or index > self.ledger_end_index:
-            raise base.index_out_of_range(index, begin, self.ledger_end_index)
+            raise base.index_out_of_range(index, begin, self.ledger_end_index if self._entries else -1)
         return self._entries[index - begin]
 
     def get_range(self, begin_index: int, max_count: int, max_bytes: int) -> list[Entry]:

@@ -292,7 +292,7 @@ class Cluster:
             for mid in members if members is not None else list(self.servers):
                 s = self.servers.get(mid)
                 if s is None or s.store.ledger_end_index != end or s.store.committed_index != end \
-                        or not s.commit_feed.caught_up():
+                        or not s.commit_feed.caught_up() or not s.snapshots.caught_up():
                     return None
             return end + 1  # truthy even for index 0; turned back below
 

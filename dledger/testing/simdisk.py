@@ -59,6 +59,9 @@ class SimulatedDisk:
         self.entries: list = []
         self.begin = -1
         self.committed = -1
+        #: ``(index, term)`` and next position of the store's last reset_to_snapshot, once flushed.
+        self.snapshot_base = (-1, -1)
+        self.base_pos = 0
         self.store: SimulatedDiskStore | None = None
         self.clock = clock
         self.flush_latency = latency_source(flush_latency, rng) if clock is not None else (lambda: 0.0)
@@ -109,7 +112,9 @@ class SimulatedDisk:
 
     @property
     def end(self) -> int:
-        return self.begin + len(self.entries) - 1 if self.entries else -1
+        if self.entries:
+            return self.begin + len(self.entries) - 1
+        return self.snapshot_base[0] if self.snapshot_base[0] >= 0 and self.begin == self.snapshot_base[0] + 1 else -1
 
 
 class SimulatedDiskStore(MemoryLogStore):
@@ -121,6 +126,10 @@ class SimulatedDiskStore(MemoryLogStore):
         self.closed = False
         self._entries = list(disk.entries)
         self.ledger_begin_index = disk.begin if disk.entries else -1
+        if disk.snapshot_base[0] >= 0 and disk.begin >= disk.snapshot_base[0] + 1:
+            self.snapshot_base = disk.snapshot_base
+            self.ledger_begin_index = disk.begin
+            self._write_pos = disk.base_pos
         if self._entries:
             last = self._entries[-1]
             self._write_pos = last.pos + last.size
@@ -145,6 +154,19 @@ class SimulatedDiskStore(MemoryLogStore):
             self._synced = min(self._synced, entry.index - self.ledger_begin_index)
         return result
 
+    def compact(self, below_index: int) -> int:
+        """Compaction reaches the disk with the next flush (a crash before it keeps the old begin)."""
+        before = self.ledger_begin_index
+        begin = super().compact(below_index)
+        if begin != before:
+            self._synced = 0
+        return begin
+
+    def reset_to_snapshot(self, index: int, term: int, next_pos: int) -> None:
+        super().reset_to_snapshot(index, term, next_pos)
+        self._synced = 0
+        self._base_pos = next_pos
+
     def flush(self):
         """Make what the store holds now durable: at once, or after the disk's flush latency (a Deferred)."""
         if self.closed:
@@ -152,7 +174,8 @@ class SimulatedDiskStore(MemoryLogStore):
         self.flush_count += 1
         # What this flush carries is fixed now, as an fdatasync covers the writes made before it was called.
         base = self._synced
-        image = (self.ledger_begin_index, base, self._entries[base:], self.committed_index)
+        image = (self.ledger_begin_index, base, self._entries[base:], self.committed_index, self.snapshot_base,
+                 getattr(self, "_base_pos", 0))
         latency = self.disk.flush_latency()
         if latency <= 0 and not self.disk.held:
             self._land(image)
@@ -181,8 +204,9 @@ class SimulatedDiskStore(MemoryLogStore):
 
     def _land(self, image) -> None:
         """The flush that captured ``image`` completes: the disk holds it; recount what memory and disk share."""
-        begin, base, tail, committed = image
+        begin, base, tail, committed, snapshot_base, base_pos = image
         disk = self.disk
+        disk.snapshot_base, disk.base_pos = snapshot_base, base_pos
         if base == 0:
             disk.begin, disk.entries = begin, list(tail)
         else:

@@ -23,9 +23,9 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from dledger import messages
-from dledger.codes import ResponseCode
+from dledger.codes import PLUGIN_REQUEST_CODES, ResponseCode
 from dledger.errors import DLedgerError
-from dledger.interfaces import IBatchRequestHandler, ILeaderAware
+from dledger.interfaces import IBatchRequestHandler, ILeaderAware, IPluginRequests
 from dledger.messages import GetEntriesResponse
 from dledger.ratelog import RateLimitedLog
 from dledger.security import policy as auth_policy
@@ -510,7 +510,8 @@ class RemotingProtocol(Protocol):
         if guard is not None:
             leader = self.handler.current_leader() if ILeaderAware.providedBy(self.handler) else None
             decision = auth_policy.decide_request(guard.auth_mode, header.code, self.identity,
-                                                  auth_policy.request_ids(header.code, request), leader)
+                                                  auth_policy.request_ids(header.code, request), leader,
+                                                  self._plugin_role(header.code))
             if not decision.allowed:
                 self._refuse(header, decision.reason)
                 return
@@ -539,7 +540,7 @@ class RemotingProtocol(Protocol):
                 self.identity = guard.identify_tls(self.transport, self.peer_host)
             else:
                 self.identity = guard.anonymous()
-        decision = guard.decide(header.code, self.identity)
+        decision = guard.decide(header.code, self.identity, self._plugin_role(header.code))
         if decision.verdict is auth_policy.Verdict.ALLOW:
             return True
         if decision.verdict is auth_policy.Verdict.REDACT:
@@ -548,6 +549,12 @@ class RemotingProtocol(Protocol):
             return False
         self._refuse(header, decision.reason)
         return False
+
+    def _plugin_role(self, code: int) -> str | None:
+        """The role a plugin's request ``code`` needs on this member (None: a core code, or no plugin serves it)."""
+        if code in PLUGIN_REQUEST_CODES and IPluginRequests.providedBy(self.handler):
+            return self.handler.plugin_role(code)
+        return None
 
     def _refuse(self, header: Header, reason: str) -> None:
         """Answer NOT_AUTHORIZED with the reason, and log it (rate-limited per address and code)."""

@@ -28,7 +28,7 @@ from typing import Any
 import crc32c as _crc32c
 
 from dledger import messages
-from dledger.codes import RequestCode, ResponseCode
+from dledger.codes import PLUGIN_REQUEST_CODES, RequestCode, ResponseCode
 from dledger.entry import HEADER_SIZE, CodecError, EntryList, decode_entries, encode_entry_into, encoded_size
 from dledger.messages import AppendEntryRequest, GetEntriesResponse, PushEntryRequest, RequestOrResponse
 
@@ -782,6 +782,8 @@ _REQUEST_CLASSES = {int(code): request for code, (request, _) in messages.RPCS.i
 def request_class(header: Header) -> type[RequestOrResponse]:
     """The request class of a request header; :class:`UnknownRequestCodeError` if there is none."""
     cls = _REQUEST_CLASSES.get(header.code)
+    if cls is None and header.code in PLUGIN_REQUEST_CODES:
+        return messages.PluginRequest
     if cls is None:
         raise UnknownRequestCodeError(f"request code {header.code} is not supported", header)
     return cls
@@ -795,7 +797,10 @@ def decode_request(frame: Frame) -> RequestOrResponse:
     cls = request_class(header)
     encoding = header.body_encoding
     if encoding is None:
-        return decode_body(cls, frame.body, header)
+        request = decode_body(cls, frame.body, header)
+        if cls is messages.PluginRequest:
+            request.request_code = header.code  # the header's code is the one the guard checked
+        return request
     if encoding != BODY_BINARY:
         raise BodyError(f"body encoding {encoding!r} is not supported", header)
     if cls is PushEntryRequest:
@@ -824,7 +829,7 @@ def error_body(header: Header, code: ResponseCode) -> bytes:
     try:
         cls = messages.RPCS[RequestCode(header.code)][1]
     except (ValueError, KeyError):
-        cls = RequestOrResponse
+        cls = messages.PluginResponse if header.code in PLUGIN_REQUEST_CODES else RequestOrResponse
     return encode_body(cls(code=int(code)))
 
 
