@@ -31,7 +31,8 @@ def _parser() -> argparse.ArgumentParser:
                                             "(docs/testing.md \"Nemesis\"). Needs root.")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="one run: a group, a workload, a seeded fault schedule, the verdict")
-    r.add_argument("--workload", choices=("log", "broker"), default="log")
+    r.add_argument("--workload", choices=("log", "broker", "kv"), default="log",
+                   help="log: appends and reads; broker: RocketMQ producers/consumers; kv: the example kv map")
     r.add_argument("--seed", type=int, default=1)
     r.add_argument("--seconds", type=float, default=20.0, help="seconds of faults (then a quiet period)")
     r.add_argument("--members", type=int, default=3)
@@ -44,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("long", help="runs of SEGMENT seconds until SECONDS per workload; a summary per fault kind")
     g.add_argument("--seconds", type=float, default=1800.0)
     g.add_argument("--seed", type=int, default=1)
-    g.add_argument("--workloads", default="log broker")
+    g.add_argument("--workloads", default="log broker", help="space-separated: log, broker, kv")
     g.add_argument("--segment", type=float, default=90.0)
     g.add_argument("--members", type=int, default=0, help="default: 5 for the log, 3 for the broker")
     g.add_argument("--out", default="nemesis-runs")
@@ -81,6 +82,12 @@ def _run(args) -> int:
     except ValueError as exc:
         print(f"nemesis: {exc}", file=sys.stderr)
         return 2
+    if args.workload == "kv":
+        from dledger.testing.nemesis.kvload import available
+        why = available()
+        if why is not None:
+            print(f"nemesis: {why}", file=sys.stderr)
+            return 2
     result = run_in_process(spec)
     verdict = "PASS" if result.passed else "FAIL"
     print(f"{verdict} {spec.workload} seed={spec.seed} mutation={spec.mutation} ops={result.ops} ok={result.ok} "

@@ -34,7 +34,7 @@ GROUP = "g0"
 
 @dataclass
 class RunSpec:
-    workload: str = "log"  # log | broker
+    workload: str = "log"  # log | broker | kv
     seed: int = 1
     seconds: float = 20.0
     members: int = 3
@@ -277,6 +277,8 @@ async def _main(reactor: Any, spec: RunSpec, run: Run, result: RunResult) -> Non
     procs = run.procs
     for mid in run.ids:
         args = ["dledger", "--config", str(config), "--id", mid]
+        if spec.workload == "kv":
+            args += ["--plugin-opt", "kv.enabled=true"]
         if broker:
             addr = run.net.addrs[mid]
             args += ["--plugin-opt", f"rocketmq.listen=tcp:{BROKER_PORT}:interface={addr}",
@@ -297,6 +299,9 @@ async def _main(reactor: Any, spec: RunSpec, run: Run, result: RunResult) -> Non
     if broker:
         from dledger.testing.nemesis.brokerload import BrokerWorkload
         workload = BrokerWorkload(run, random.Random(spec.seed * 7919 + 1), spec.clients)
+    elif spec.workload == "kv":
+        from dledger.testing.nemesis.kvload import KVWorkload
+        workload = KVWorkload(run, peers, random.Random(spec.seed * 7919 + 1), spec.clients)
     else:
         from dledger.testing.nemesis.logload import LogWorkload
         workload = LogWorkload(run, peers, random.Random(spec.seed * 7919 + 1), spec.clients)
@@ -460,6 +465,10 @@ def _check(spec: RunSpec, run: Run, result: RunResult) -> None:
             {m: {str(i): b.decode("latin-1") for i, b in sorted(lg.items())} for m, lg in logs.items()}),
             encoding="utf-8")
         result.anomalies += check_log_history(workload, logs, prefix=b"nemesis ")
+    elif spec.workload == "kv":
+        from dledger.testing.nemesis.kvload import check_kv, write_kv_history
+        write_kv_history(run.base / "history.jsonl", workload)
+        result.anomalies += check_kv(workload, run.committed)
     else:
         from dledger.testing.nemesis.brokercheck import broker_anomalies
         events, final = workload
