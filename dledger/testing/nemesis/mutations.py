@@ -9,12 +9,14 @@ production member never runs one.
 stale-read         the leader answers a GET past its committed index with INDEX_OUT_OF_RANGE at
                    once, without the heartbeat round that confirms it still leads (no ReadIndex)
 lonely-commit      the leader counts an entry committed once it holds it itself (a quorum of one)
+vote-anything      a voter grants its vote whatever the candidate's log (no up-to-date check,
+                   Raft §5.4.1): a member that missed entries can be elected and truncate them
 =================  ===========================================================================
 """
 
 from __future__ import annotations
 
-MUTATIONS = ("stale-read", "lonely-commit")
+MUTATIONS = ("stale-read", "lonely-commit", "vote-anything")
 
 
 def install(name: str) -> None:
@@ -36,6 +38,14 @@ def install(name: str) -> None:
         def leader_commit_index(current, own, peer_marks, members, term_start_index):
             return max(current, own) if own >= term_start_index >= 0 else current
         leader.leader_commit_index = leader_commit_index
+    elif name == "vote-anything":
+        from dledger.election import elector
+
+        real_vote = elector.decide_vote
+
+        def decide_vote(view, candidate, term, ledger_end_term, ledger_end_index, is_self):
+            return real_vote(view, candidate, term, view.ledger_end_term, view.ledger_end_index, is_self)
+        elector.decide_vote = decide_vote
     else:
         raise ValueError(f"unknown mutation {name!r}: one of {', '.join(MUTATIONS)}")
 
