@@ -51,8 +51,11 @@ class BrokerWorkload:
             return route_masters(route) or None
         await self.run.wait_for(routed, 90, "a master in the name server's route")
 
+        probes = []
+
         async def created():
             try:
+                probes.append(self.reactor.seconds())  # every attempt may store it: each is a send event
                 await rc.send(TOPIC, b"nemesis probe")
                 route = await rc.route(TOPIC, fresh=True)
             except Exception:
@@ -60,6 +63,8 @@ class BrokerWorkload:
             return route_masters(route) or None
         await self.run.wait_for(created, 60, f"{TOPIC} on the broker", interval=0.3)
         rc.close()
+        self.events += [{"t": "send", "body": "nemesis probe", "attempt": k, "inv": t, "done": t, "ok": False}
+                        for k, t in enumerate(probes)]
         self.running = True
         loops = [self._produce(k) for k in range(self.producers)] + [self._consume(k) for k in range(self.consumers)]
         self.done = gatherResults([Deferred.fromCoroutine(c) for c in loops])
@@ -182,14 +187,9 @@ class BrokerWorkload:
     async def finish(self, result: Any) -> None:
         from dledger.testing.nemesis.runner import attribute
         final = await self.read_back()
-        sends = [e for e in self.events if e["t"] == "send"]
         result.ops = len(self.spans)
         result.ok = sum(1 for s in self.spans if s[2] == "ok")
         result.timeouts = sum(1 for s in self.spans if s[2] == "timeout")
         result.failed = result.ops - result.ok
         attribute(result, self.spans)
-        # The probe that created the topic is the workload's too (sent once).
-        self.events.insert(0, {"t": "send", "body": "nemesis probe", "attempt": 0, "inv": 0.0, "done": 0.0,
-                               "ok": False})
         self.run.workload_result = (self.events, final)
-        del sends

@@ -96,6 +96,11 @@ class Nemesis:
     async def target(self, who: Any) -> str | None:
         ids = self.run.ids
         leader = await self.run.leader()
+        if leader is None and who in ("leader", "follower"):  # mid-election: give it a moment
+            try:
+                leader = await self.run.wait_for(self.run.leader, 2.0, "a leader", interval=0.1)
+            except TimeoutError:
+                leader = None
         if who == "leader":
             return leader
         if who == "follower":
@@ -320,16 +325,18 @@ async def _main(reactor: Any, spec: RunSpec, run: Run, result: RunResult) -> Non
             nemesis.drift_tick() if nemesis.drifting else None
 
     for step in steps:
-        t_begin = None
+        t_begin, applied = None, False
         for action in sorted(step.actions, key=lambda a: a.at):
             await at(step.start + action.at)
             what = await nemesis.apply(action)
             run.note(f"{step.kind}: {what}")
             if t_begin is None:
-                t_begin = reactor.seconds()
-        result.windows.append((step.kind, t_begin, reactor.seconds()))
-        result.faults += 1
-        result.kinds.setdefault(step.kind, asdict(KindStats()))["injected"] += 1
+                t_begin, applied = reactor.seconds(), not what.endswith("no target")
+        stats = result.kinds.setdefault(step.kind, asdict(KindStats()))
+        if applied:  # a pause or kill of "the leader" while nobody leads did nothing: not counted
+            result.windows.append((step.kind, t_begin, reactor.seconds()))
+            result.faults += 1
+            stats["injected"] += 1
     await at(spec.seconds)
     nemesis.heal_all()
     run.note("healed everything")
