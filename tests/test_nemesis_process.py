@@ -31,14 +31,21 @@ pytestmark = [pytest.mark.process, pytest.mark.skipif(WHY is not None, reason=WH
 def nemesis(tmp_path, tag, *args, timeout=180):
     """Run ``python -m dledger.testing.nemesis run --keep ...``; its result dict, and what it printed."""
     out = tmp_path / "out"
-    before = set(leftovers("nm"))
+    before, links = set(leftovers("nm")), root_links()
     proc = subprocess.run([sys.executable, "-m", "dledger.testing.nemesis", "run", "--out", str(out), "--tag", tag,
                            "--keep", *args], capture_output=True, text=True, timeout=timeout)
     assert leftovers(tag) == [] and set(leftovers("nm")) <= before, "namespaces left behind"
+    assert root_links() <= links, "links left behind in the root namespace"
     assert processes_mentioning(f"nemesis-{tag}-") == [], "processes left behind"
     results = list(out.glob("*.json"))
     assert len(results) == 1, proc.stdout + proc.stderr
     return json.loads(results[0].read_text()), proc.stdout + proc.stderr
+
+
+def root_links() -> set[str]:
+    """The link names of the namespace the tests run in (the nemesis creates none here)."""
+    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
 
 
 def independent_violations(history, logs: dict[str, dict[int, bytes]]) -> list[str]:
