@@ -48,7 +48,7 @@ class KVWorkload:
 
         from dledger.client import connect
         self.running = True
-        self.clients = [connect(self.peers, "g0", reactor=self.reactor, request_timeout=1.0, connect_timeout=1.0,
+        self.clients = [connect(self.peers, "g0", reactor=self.reactor, request_timeout=2.0, connect_timeout=1.0,
                                 max_attempts=4, retry_delay=0.05) for _ in range(self.n)]
         kvs = [RecordingKV(KVClient(c), self.history, self.reactor, f"c{k}") for k, c in enumerate(self.clients)]
         self.done = gatherResults([Deferred.fromCoroutine(self._loop(k, kv)) for k, kv in enumerate(kvs)])

@@ -1,6 +1,6 @@
 """The log workload: several clients appending and reading concurrently, every operation in a history.
 
-Each client has its own connection (``dledger.client.connect``) with a 1 s request timeout and up to 4
+Each client has its own connection (``dledger.client.connect``) with a 2 s request timeout and up to 4
 attempts; appends are never retried once their fate is unknown (``at_least_once=False``: a TIMEOUT is an
 indeterminate operation in the history, as in Jepsen), so every body is in the log at most once. Reads ask
 for an index around the highest one seen so far (a little below: committed reads; a little above: the
@@ -36,7 +36,7 @@ class LogWorkload:
     async def start(self) -> None:
         from dledger.client import connect
         self.running = True
-        self.clients = [connect(self.peers, "g0", reactor=self.reactor, request_timeout=1.0, connect_timeout=1.0,
+        self.clients = [connect(self.peers, "g0", reactor=self.reactor, request_timeout=2.0, connect_timeout=1.0,
                                 max_attempts=4, retry_delay=0.05, at_least_once=False) for _ in range(self.n)]
         self.done = gatherResults([Deferred.fromCoroutine(self._loop(k, c)) for k, c in enumerate(self.clients)])
 
@@ -80,7 +80,7 @@ class LogWorkload:
         from dledger.codes import ResponseCode
         from dledger.messages import GetEntriesRequest
         req = GetEntriesRequest(group="g0", remote_id=member, begin_index=index, max_size=1)
-        resp = await client.transport.send(member, req, timeout=1.0)
+        resp = await client.transport.send(member, req, timeout=2.0)
         if resp.response_code is not ResponseCode.SUCCESS:
             raise DLedgerError(resp.response_code, f"GET {index} from {member}")
         return resp.entries
