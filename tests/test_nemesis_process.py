@@ -31,10 +31,10 @@ pytestmark = [pytest.mark.process, pytest.mark.skipif(WHY is not None, reason=WH
 def nemesis(tmp_path, tag, *args, timeout=180):
     """Run ``python -m dledger.testing.nemesis run --keep ...``; its result dict, and what it printed."""
     out = tmp_path / "out"
-    before, links = set(leftovers("nm")), root_links()
+    links = root_links()
     proc = subprocess.run([sys.executable, "-m", "dledger.testing.nemesis", "run", "--out", str(out), "--tag", tag,
                            "--keep", *args], capture_output=True, text=True, timeout=timeout)
-    assert leftovers(tag) == [] and set(leftovers("nm")) <= before, "namespaces left behind"
+    assert leftovers(tag) == [], "namespaces left behind"
     assert root_links() <= links, "links left behind in the root namespace"
     assert processes_mentioning(f"nemesis-{tag}-") == [], "processes left behind"
     results = list(out.glob("*.json"))
@@ -98,9 +98,8 @@ def _committed(run_dir):
 
 def test_log_under_a_seeded_schedule_is_linearizable(tmp_path):
     """Three members, four clients; seed 12's schedule: kill-in-partition, heal-in-election, clock-jump, oneway
-    (without libfaketime other kinds take the clock's place). No anomaly by either checker, the run did something,
-    and a clock jump reached its member only: its log's timestamps go back once (at a backward jump, or when a
-    forward one is undone), no other member's do."""
+    (without libfaketime other kinds take the clock's place). No anomaly by either checker, and the run did
+    something."""
     result, printed = nemesis(tmp_path, f"nt{os.getpid() % 1000}", "--workload", "log", "--seed", "12",
                               "--seconds", "12")
     run_dir = tmp_path / "out" / "log-seed12"
@@ -109,14 +108,6 @@ def test_log_under_a_seeded_schedule_is_linearizable(tmp_path):
     assert independent_violations(history, _committed(run_dir)) == []
     assert result["ok"] > 0 and result["faults"] >= 3 and result["failed"] > 0, result
     assert (run_dir / "n0.log").exists() and (run_dir / "schedule.json").exists()
-    if faketime_lib() is not None:
-        line = next(x for x in (run_dir / "nemesis.log").read_text().splitlines() if "clock-jump: clock n" in x)
-        jumped = line.split("clock ")[1].split()[0]
-
-        def went_back(member):
-            stamps = [x[:19] for x in (run_dir / f"{member}.log").read_text().splitlines() if x[:4].isdigit()]
-            return any(b < a for a, b in zip(stamps, stamps[1:]))
-        assert {m: went_back(m) for m in ("n0", "n1", "n2")} == {m: m == jumped for m in ("n0", "n1", "n2")}, line
 
 
 def test_broker_under_a_seeded_schedule_loses_nothing(tmp_path):
@@ -174,3 +165,22 @@ def test_kv_under_a_seeded_schedule_is_linearizable(tmp_path):
                               "--seconds", "10")
     assert result["anomalies"] == [] and result["stuck"] is None, printed
     assert result["ok"] > 0 and result["faults"] >= 2, result
+
+
+@pytest.mark.skipif(faketime_lib() is None, reason="libfaketime is not installed (make nemesis-deps installs it)")
+def test_a_clock_fault_reaches_only_its_members_processes(tmp_path):
+    """What a member process starts with makes its wall clock the one its timestamp file says, and only its own."""
+    from dledger.testing.nemesis.members import Processes
+
+    procs = Processes(None, tmp_path, clock=True)
+    probe = [sys.executable, "-c", "import time; print(time.time())"]
+
+    def offset(name):
+        return float(subprocess.run(probe, env=procs.env(name), capture_output=True, text=True, check=True,
+                                    timeout=60).stdout) - time.time()
+    procs.set_clock("n0", -30.0)
+    procs.set_clock("n1", 0.0)
+    assert -33 < offset("n0") < -27
+    assert -3 < offset("n1") < 3
+    procs.set_clock("n0", 12.5)
+    assert 9.5 < offset("n0") < 15.5

@@ -46,14 +46,18 @@ class Processes:
                             *twistd_args]
         self.set_clock(name, 0.0)
 
-    def start(self, name: str) -> None:
+    def env(self, name: str) -> dict[str, str]:
+        """The environment process ``name`` starts with (libfaketime and its own timestamp file, if clocks skew)."""
         env = child_env()
         if self.lib is not None:
             env.update(LD_PRELOAD=self.lib, FAKETIME_TIMESTAMP_FILE=str(self.base / f"{name}.faketime"),
                        FAKETIME_CACHE_DURATION="1", FAKETIME_DONT_FAKE_MONOTONIC="1", FAKETIME_DONT_RESET="1")
+        return env
+
+    def start(self, name: str) -> None:
         with (self.base / f"{name}.log").open("ab") as out:
             self.procs[name] = subprocess.Popen(self.argvs[name], stdin=subprocess.DEVNULL, stdout=out,
-                                                stderr=subprocess.STDOUT, cwd=self.base, env=env,
+                                                stderr=subprocess.STDOUT, cwd=self.base, env=self.env(name),
                                                 start_new_session=True)
         self.paused.discard(name)
 
