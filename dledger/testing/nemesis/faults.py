@@ -25,8 +25,8 @@ kill-in-partition       halves, then the majority side's leader is killed mid-pa
 heal-in-election        the leader is isolated, then healed 0.2-1.2 s later (mid-election)
 ======================  =================================================================
 
-Clients are never cut off: partitions are between members (and the name server
-for the broker), as Jepsen's control node reaches every node.
+Partitions are between members only: the clients and the broker's name server are
+never cut off, as Jepsen's control node reaches every node.
 """
 
 from __future__ import annotations

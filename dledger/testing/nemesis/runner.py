@@ -326,7 +326,8 @@ async def _main(reactor: Any, spec: RunSpec, run: Run, result: RunResult) -> Non
     async def at(t: float) -> None:
         while reactor.seconds() - start < t:
             await deferLater(reactor, min(0.25, t - (reactor.seconds() - start)), lambda: None)
-            nemesis.drift_tick() if nemesis.drifting else None
+            if nemesis.drifting:
+                nemesis.drift_tick()
 
     for step in steps:
         t_begin, applied = None, False
