@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # The stock JavaScript RocketMQ client (ali-ons) the broker layer's process tests drive; npm is on the machines.
 ALIONS := tools/alions/node_modules/.installed
 
-.PHONY: demo demo-rocketmq test lint soak clean
+.PHONY: demo demo-rocketmq test lint soak clean nemesis nemesis-deps
 
 $(STAMP): setup.py plugins/rocketmq/setup.py spark/setup.py plugins/example/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dledger needs Python >= 3.11")'
@@ -38,7 +38,7 @@ demo: $(STAMP)
 demo-rocketmq: $(STAMP)
 	$(PY) -m dledger_rocketmq.demo
 
-test: $(STAMP) $(ALIONS)
+test: $(STAMP) $(ALIONS) nemesis-deps
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
@@ -46,6 +46,25 @@ soak: $(STAMP)
 	$(PY) -m pytest -m slow
 	$(PY) -m tools.simulate election --seeds 100000
 	$(PY) -m tools.simulate replication --seeds 10000
+
+# The nemesis (docs/testing.md "Nemesis") runs members in network namespaces and skews their clocks with Debian's
+# libfaketime. Installed here when we are root with apt-get; otherwise the clock faults skip, saying why.
+nemesis-deps:
+	@if [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || command -v faketime >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get install -y -q faketime >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && \
+		apt-get install -y -q faketime >/dev/null 2>&1) || echo "nemesis: could not install faketime: clock faults will skip"; \
+	else echo "nemesis: faketime is not installed and we are not root: clock faults will skip"; fi
+
+# The long nemesis run: SECONDS of seeded faults per workload (log and broker), a summary table per fault type;
+# histories and member logs of failing runs under NEMESIS_OUT. Needs root (network namespaces).
+SECONDS ?= 1800
+SEED ?= 1
+WORKLOADS ?= log broker
+NEMESIS_OUT ?= nemesis-runs
+nemesis: $(STAMP) nemesis-deps
+	$(PY) -m dledger.testing.nemesis long --seconds $(SECONDS) --seed $(SEED) --workloads "$(WORKLOADS)" \
+		--out $(NEMESIS_OUT)
 
 clean:
 	rm -rf $(VENV) tools/alions/node_modules build *.egg-info plugins/rocketmq/build plugins/rocketmq/*.egg-info \

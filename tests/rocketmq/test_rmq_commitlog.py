@@ -221,3 +221,19 @@ def test_the_append_hook_stamps_the_store_time_after_either_born_host(tmp_path, 
     assert r.status is PutStatus.PUT_OK
     rec = decode_record(b.get_message(r.physical_offset, _size(b, r.physical_offset)))
     assert (rec.born_host, rec.body, rec.store_timestamp) == (born, b"hosted", int(put_at * 1000))
+
+
+def test_a_put_the_quorum_never_acknowledged_is_not_put_ok(tmp_path):
+    """Found by the nemesis (broker workload, seed 1): a master cut off from its followers answered PUT_OK for a
+    message no quorum ever held, and the next master gave its queue offset to another message.
+
+    dledger answers a pending append that does not commit with a *response* carrying WAIT_QUORUM_ACK_TIMEOUT or
+    TERM_CHANGED (its Deferred fires, it does not fail); the put must read that code, not the firing alone.
+    """
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    put(cluster, b, msg())
+    cluster.isolate(b.server.self_id)
+    result = put(cluster, b, msg(body=b"never held by a quorum"), timeout=30)
+    assert result.status is not PutStatus.PUT_OK, result
+    assert result.status in (PutStatus.OS_PAGECACHE_BUSY, PutStatus.UNKNOWN_ERROR, PutStatus.SERVICE_NOT_AVAILABLE)

@@ -321,10 +321,18 @@ class CommitLog:
                        queue_offset=first_offset, physical_offset=placed[0] if placed else -1, msg_ids=ids,
                        count=len(bodies))
 
+        def answered(resp):
+            # A pending append that does not commit is *answered* (WAIT_QUORUM_ACK_TIMEOUT, TERM_CHANGED), not
+            # failed: only SUCCESS means a quorum holds it (the nemesis found PUT_OK for a message no quorum held).
+            code = getattr(resp, "code", ResponseCode.SUCCESS)
+            if int(code) != int(ResponseCode.SUCCESS):
+                return PutResult(put_status_for(code), error=f"the append was answered {ResponseCode(int(code)).name}")
+            return ok
+
         def failed(f):
             code = getattr(f.value, "code", ResponseCode.UNKNOWN)
             return PutResult(put_status_for(code), error=str(f.value))
-        d.addCallbacks(lambda _: ok, failed)
+        d.addCallbacks(answered, failed)
         return d
 
     # -- reads ---------------------------------------------------------------------------------
