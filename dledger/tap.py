@@ -59,7 +59,8 @@ class Options(usage.Options):
         ["preset", None, None, f"timer preset applied first: {' or '.join(PRESETS)}"],
         ["flush-policy", None, None, "sync (fsync before acknowledging, default) or async (Java's behaviour)"],
         ["listen", None, None, "server endpoint for peers and clients (default tcp:<own port>:interface=<own host>)"],
-        ["metrics", None, None, "serve Prometheus metrics on this server endpoint, e.g. tcp:9108:interface=127.0.0.1"],
+        ["metrics", None, None, "serve Prometheus metrics (/metrics) and the status page (/status) on this server "
+                                "endpoint, e.g. tcp:9108:interface=127.0.0.1"],
         ["log-level", None, "info", f"lowest level logged: {', '.join(logfilter.LEVELS)} (default info; debug also "
                                     "shows vote rounds, connection chatter and the traceback of a start-up error)"],
     ]
@@ -356,6 +357,8 @@ class MemberService(service.Service):
         if self.metrics is not None and self.metrics.port is not None:
             host = self.metrics.port.getHost()
             parts.append(f"metrics http://{host.host}:{host.port}/metrics")
+            if getattr(self.metrics, "status", None) is not None:
+                parts.append(f"status http://{host.host}:{host.port}/status")
         st = server.store
         parts.append(f"log {st.ledger_begin_index}..{st.ledger_end_index} committed {st.committed_index} "
                      f"term {server.state.curr_term}")
@@ -444,12 +447,14 @@ def makeService(options: Options) -> service.MultiService:
     member = MemberService(config, reactor)
     if options["metrics"]:
         from dledger.metrics import MetricsService, make_registry
+        from dledger.status.board import StatusBoard
         from dledger.transport.listener import FdBudget, ListenerLimits
 
         registry = make_registry(lambda: member.server, reactor, config.group, config.self_id)
         FdBudget.shared().reserve_at_least(config.fd_reserve)
         member.metrics = MetricsService(options["metrics"], registry, reactor,
-                                        ListenerLimits.from_config(config).for_http())
+                                        ListenerLimits.from_config(config).for_http(),
+                                        status=StatusBoard(lambda: member.server, reactor))
         member.metrics.setServiceParent(top)
     member.setServiceParent(top)
     return top
