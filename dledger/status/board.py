@@ -21,7 +21,7 @@ from dledger.status.model import status_document
 log = Logger()
 
 #: How often the partition's used ratio is read (off the reactor thread).
-DISK_INTERVAL = 5.0
+DISK_INTERVAL = 2.0
 
 
 class StatusBoard:

@@ -27,6 +27,8 @@ def fmt(v: Any) -> str:
         return "yes"
     if v is False:
         return "no"
+    if isinstance(v, float):
+        return str(round(v, 3))
     return str(v)
 
 
@@ -65,7 +67,7 @@ def _spark(label: str, values: list, unit: str) -> str:
 
 def render_table(t: dict[str, Any]) -> str:
     rows = t["rows"]
-    out = [f"<h3>{escape(t['title'])}</h3>"]
+    out = [f"<h3>{escape(t['title'])}</h3>"] if t["title"] else []
     if len(rows) > PAGE_ROWS:
         out.append(f'<div class="pager">rows 1\u2013{PAGE_ROWS} of {len(rows)} (more with JavaScript)</div>')
     out.append(f'<table id="table-{escape(t["id"])}"><thead><tr>')
@@ -112,11 +114,11 @@ def render_content(doc: dict[str, Any]) -> str:
                + _spark("appended (as leader)", s["appends_per_s"], "entries/s")
                + _spark("append latency p99", s["latency_p99_ms"], "ms")
                + _spark("append latency mean", s["latency_mean_ms"], "ms") + "</div>")
-    events = {"id": "events", "title": "newest first",
+    events = {"id": "events", "title": "",
               "columns": ["when (s ago)", "term", "became", "leader", "reason"],
               "rows": [[round(doc["now"] - e["at"], 1), e["term"], e["role"], e["leader"], e["reason"]]
                        for e in doc["events"]]}
-    out.append("<h2>Elections and leadership changes</h2>" + render_table(events))
+    out.append("<h2>Elections and leadership changes (newest first)</h2>" + render_table(events))
     out += [render_section(sec) for sec in doc["sections"]]
     return "".join(out)
 

@@ -15,6 +15,7 @@
     if (v === null || v === undefined || v === "") return "\u2013";
     if (v === true) return "yes";
     if (v === false) return "no";
+    if (typeof v === "number" && !Number.isInteger(v)) return String(Math.round(v * 1000) / 1000);
     return String(v);
   }
   function cell(v) {
@@ -46,7 +47,7 @@
     var pages = Math.max(1, Math.ceil(rows.length / PAGE));
     var page = Math.min(ui.page[t.id] || 0, pages - 1);
     ui.page[t.id] = page;
-    var h = "<h3>" + esc(t.title) + "</h3>";
+    var h = t.title ? "<h3>" + esc(t.title) + "</h3>" : "";
     if (t.rows.length > PAGE) {
       h += '<div class="pager">rows ' + (rows.length ? page * PAGE + 1 : 0) + "\u2013" +
         Math.min(rows.length, (page + 1) * PAGE) + " of " + rows.length +
@@ -92,7 +93,7 @@
     h += '<h2>Recent history</h2><div class="sparks">' + spark("committed", s.commits_per_s, "entries/s") +
       spark("appended (as leader)", s.appends_per_s, "entries/s") + spark("append latency p99", s.latency_p99_ms, "ms") +
       spark("append latency mean", s.latency_mean_ms, "ms") + "</div>";
-    h += "<h2>Elections and leadership changes</h2>" + table({ id: "events", title: "newest first",
+    h += "<h2>Elections and leadership changes (newest first)</h2>" + table({ id: "events", title: "",
       columns: ["when (s ago)", "term", "became", "leader", "reason"],
       rows: doc.events.map(function (e) { return [Math.round((doc.now - e.at) * 10) / 10, e.term, e.role, e.leader, e.reason]; }) });
     doc.sections.forEach(function (sec) { h += section(sec); });
