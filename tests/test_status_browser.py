@@ -203,7 +203,7 @@ async def test_page_shows_a_leader_change_within_two_seconds_of_a_kill(tmp_path,
 
         watcher = next(m for m in ids if m != leader)
         await browser.navigate(f"http://127.0.0.1:{group.members[watcher].metrics_port}/status")
-        await wait(reactor, lambda: browser.evaluate("document.title.includes('/%s ')" % watcher), "the page to load")
+        await wait(reactor, lambda: browser.evaluate(f"document.title.includes('/{watcher} ')"), "the page to load")
         assert await wait(reactor, showing, "the follower's page to go live") == leader
 
         killed_at = reactor.seconds()
