@@ -64,12 +64,14 @@ class HeadlessBrowser:
     """One headless chromium with one page (see the module docstring)."""
 
     def __init__(self, reactor: Any, executable: str, profile_dir: str | Path, *, width: int = 1280,
-                 height: int = 1600, timeout: float = 20.0):
+                 height: int = 1600, timeout: float = 20.0, extra_args: tuple[str, ...] = ()):
         self.reactor = reactor
         self.executable = executable
         self.profile_dir = Path(profile_dir)
         self.width, self.height = width, height
         self.timeout = timeout
+        #: More chromium switches (e.g. ``--ignore-certificate-errors`` for a test CA the browser does not know).
+        self.extra_args = tuple(extra_args)
         self._next = 0
         self._calls: dict[int, Deferred] = {}
         self._pipe: _Pipe | None = None
@@ -81,7 +83,7 @@ class HeadlessBrowser:
         return [self.executable, "--headless=new", "--remote-debugging-pipe", "--no-first-run",
                 "--no-default-browser-check", "--disable-gpu", "--disable-dev-shm-usage", "--no-sandbox",
                 "--disable-extensions", "--disable-background-networking", "--disable-sync",
-                f"--user-data-dir={self.profile_dir}", f"--window-size={self.width},{self.height}", "about:blank"]
+                f"--user-data-dir={self.profile_dir}", f"--window-size={self.width},{self.height}", *self.extra_args, "about:blank"]
 
     async def start(self) -> None:
         """Start the browser and attach to its page."""
