@@ -83,7 +83,8 @@ class HeadlessBrowser:
         return [self.executable, "--headless=new", "--remote-debugging-pipe", "--no-first-run",
                 "--no-default-browser-check", "--disable-gpu", "--disable-dev-shm-usage", "--no-sandbox",
                 "--disable-extensions", "--disable-background-networking", "--disable-sync",
-                f"--user-data-dir={self.profile_dir}", f"--window-size={self.width},{self.height}", *self.extra_args, "about:blank"]
+                f"--user-data-dir={self.profile_dir}", f"--window-size={self.width},{self.height}", *self.extra_args,
+                "about:blank"]
 
     async def start(self) -> None:
         """Start the browser and attach to its page."""
