@@ -29,7 +29,7 @@ setup(
         "cryptography>=42",  # dledger certs init: a CA and member/client certificates
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-twisted>=1.14", "hypothesis>=6.100", "ruff>=0.6"],
+        "test": ["pytest>=8", "pytest-twisted>=1.14", "hypothesis>=6.100", "ruff>=0.6", "pyyaml>=6"],
         # `dledger bench ... --plot FILE.svg` only; the member never imports it.
         "plot": ["matplotlib>=3.7"],
     },
