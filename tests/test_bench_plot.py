@@ -112,3 +112,22 @@ def test_plot_argument_needs_a_known_suffix(tmp_path):
     out = subprocess.run([sys.executable, "-m", "dledger.cli", "bench", "cluster", "--plot", str(tmp_path / "x.txt")],
                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "suffix: .svg, .png, .pdf" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bench_plot_draws_a_saved_json_result_and_refuses_bad_input_in_one_line(tmp_path):
+    """dledger bench plot RESULT.json FILE.svg draws a saved result; a missing or non-JSON file is one line (exit 2)."""
+    pytest.importorskip("matplotlib", reason="the plot extra is not installed (pip install 'dledger[plot]')")
+    import json
+
+    saved = tmp_path / "result.json"
+    saved.write_text(json.dumps(results()))
+    cli = [sys.executable, "-m", "dledger.cli", "bench", "plot"]
+    out = subprocess.run([*cli, str(saved), str(tmp_path / "p.svg")], cwd=ROOT, env=child_env(), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "throughput, latency, failover" in out.stdout and "Failover timeline" in (tmp_path / "p.svg").read_text()
+    (tmp_path / "bad.json").write_text("not json")
+    for name, error in (("missing.json", "No such file"), ("bad.json", "not a 'dledger bench cluster --json'")):
+        out = subprocess.run([*cli, str(tmp_path / name), str(tmp_path / "q.svg")], cwd=ROOT, env=child_env(),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and error in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -16,6 +16,7 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="bench_command", metavar="SUBJECT")
     _register_store(sub)
     cluster_bench.register(sub)
+    _register_plot(sub)
     from dledger import plugins
 
     # Plugins' benchmarks, each on its own: one that fails is a line on stderr, the others still work.
@@ -44,6 +45,36 @@ def _register_store(sub) -> None:
     s.add_argument("--index-file-size", type=positive_int, default=160 << 20, metavar="BYTES")
     s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.set_defaults(func=cmd_bench_store)
+
+
+def _register_plot(sub) -> None:
+    from dledger.bench.plot import plot_path
+
+    s = sub.add_parser("plot", help="draw the plot of a saved 'dledger bench cluster --json' result",
+                       description="Draw throughput over time, latency percentiles and the failover timeline of a "
+                                   "result saved with 'dledger bench cluster --json > RESULT.json' (what --plot "
+                                   "draws at the end of a run). Needs matplotlib: pip install 'dledger[plot]'.")
+    s.add_argument("result", metavar="RESULT.json", help="the JSON object 'dledger bench cluster --json' printed")
+    s.add_argument("output", metavar="FILE.svg", type=plot_path, help="the plot to write (.svg, .png or .pdf)")
+    s.set_defaults(func=cmd_bench_plot)
+
+
+def cmd_bench_plot(args) -> int:
+    from dledger.bench import plot
+    from dledger.errors import ConfigError
+
+    try:
+        with open(args.result, encoding="utf-8") as fh:
+            result = json.load(fh)
+    except OSError as e:
+        raise ConfigError(f"{args.result}: {e.strerror}") from None
+    except ValueError as e:
+        raise ConfigError(f"{args.result}: not a 'dledger bench cluster --json' result: {e}") from None
+    if not isinstance(result, dict):
+        raise ConfigError(f"{args.result}: not a 'dledger bench cluster --json' result (not a JSON object)")
+    drawn = plot.write(result, args.output)
+    print(f"{args.output}: {', '.join(drawn)}")
+    return 0
 
 
 def cmd_bench_store(args) -> int:
