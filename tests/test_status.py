@@ -245,3 +245,23 @@ async def test_endpoint_serves_page_json_static_and_metrics(reactor):
     finally:
         await gatherResults([svc.stopService(), server.stop()])
     assert not board.sampler.loop.running
+
+
+def test_applied_index_is_the_slowest_commit_listener():
+    """Applied is the committed index without listeners, else one below the slowest listener's next index."""
+    class Feed:
+        def __init__(self, nexts):
+            self.nexts = nexts
+
+        def next_indexes(self):
+            return self.nexts
+
+    class Store:
+        committed_index = 10
+
+    class Server:
+        store = Store()
+
+    for nexts, applied in (([], 10), ([11, 4], 3), ([20], 10)):
+        Server.commit_feed = Feed(nexts)
+        assert model.applied_index(Server) == applied

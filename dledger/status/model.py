@@ -52,10 +52,10 @@ def member_role(member: str, *, self_id: str, role: str, leader: str | None, in_
 def applied_index(server: Any) -> int:
     """The highest index every commit listener has been given (the committed index when there is none)."""
     committed = server.store.committed_index
-    cursors = getattr(server.commit_feed, "_cursors", None) or []
-    if not cursors:
+    nexts = server.commit_feed.next_indexes()
+    if not nexts:
         return committed
-    return min(committed, min(c.next_index for c in cursors) - 1)
+    return min(committed, min(nexts) - 1)
 
 
 def member_status(server: Any, *, now: float, disk_used_ratio: float | None = None) -> dict[str, Any]:
