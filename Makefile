@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # The stock JavaScript RocketMQ client (ali-ons) the broker layer's process tests drive; npm is on the machines.
 ALIONS := tools/alions/node_modules/.installed
 
-.PHONY: demo demo-rocketmq test lint soak clean nemesis nemesis-deps
+.PHONY: demo demo-rocketmq test lint soak clean nemesis nemesis-deps systools
 
 $(STAMP): setup.py plugins/rocketmq/setup.py spark/setup.py plugins/example/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dledger needs Python >= 3.11")'
@@ -16,7 +16,7 @@ $(STAMP): setup.py plugins/rocketmq/setup.py spark/setup.py plugins/example/pypr
 	$(PY) -m pip install --quiet --upgrade pip 'setuptools>=70,<90' wheel
 	# editable_mode=compat keeps the repo root on sys.path, so twistd finds twisted/plugins/dledger_plugin.py;
 	# building without isolation uses the setuptools pinned above, which still has that mode.
-	$(PY) -m pip install --quiet --no-build-isolation -e '.[test]' --config-settings editable_mode=compat
+	$(PY) -m pip install --quiet --no-build-isolation -e '.[test,plot]' --config-settings editable_mode=compat
 	# The RocketMQ broker layer: its own distribution, a plugin in the 'dledger' entry-point group.
 	$(PY) -m pip install --quiet --no-build-isolation -e plugins/rocketmq --config-settings editable_mode=compat
 	# Spark ingest: its own distribution (pyspark and pyarrow are its dependencies, not dledger's), a plugin too.
@@ -38,7 +38,17 @@ demo: $(STAMP)
 demo-rocketmq: $(STAMP)
 	$(PY) -m dledger_rocketmq.demo
 
-test: $(STAMP) $(ALIONS) nemesis-deps
+# Debian's chromium (the status page's headless-browser test) and prometheus (promtool checks the alert rules),
+# installed where missing and apt-get can (root, a Debian system); where not, those tests skip with the reason.
+systools:
+	@command -v chromium >/dev/null && command -v promtool >/dev/null || { \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    (apt-get install -y -q --no-install-recommends chromium prometheus >/dev/null 2>&1 || \
+	     { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends chromium prometheus \
+	       >/dev/null 2>&1; }) || echo "systools: apt-get could not install chromium/prometheus; their tests skip"; \
+	  else echo "systools: no apt-get as root; the chromium and promtool tests skip"; fi; }
+
+test: $(STAMP) $(ALIONS) nemesis-deps systools
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 

@@ -17,7 +17,7 @@ setup(
     # puts the repository on sys.path with a static .pth, as compat mode does, instead of an import hook;
     # twistd scans sys.path for twisted/plugins/dledger_plugin.py, which an import hook never shows it.
     package_dir={"": "."},
-    package_data={"twisted": ["plugins/dledger_plugin.py"]},
+    package_data={"twisted": ["plugins/dledger_plugin.py"], "dledger.status": ["static/*"]},
     install_requires=[
         "twisted>=24.3",
         "zope.interface>=6",
@@ -29,7 +29,9 @@ setup(
         "cryptography>=42",  # dledger certs init: a CA and member/client certificates
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-twisted>=1.14", "hypothesis>=6.100", "ruff>=0.6"],
+        "test": ["pytest>=8", "pytest-twisted>=1.14", "hypothesis>=6.100", "ruff>=0.6", "pyyaml>=6"],
+        # `dledger bench ... --plot FILE.svg` only; the member never imports it.
+        "plot": ["matplotlib>=3.7"],
     },
     entry_points={
         "console_scripts": ["dledger = dledger.cli:main"],

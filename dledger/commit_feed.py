@@ -38,6 +38,10 @@ class CommitFeed:
         self._scheduled = None
         self._stopped = False
 
+    def next_indexes(self) -> list[int]:
+        """The next index each listener will be given (what the status page reports as applied)."""
+        return [c.next_index for c in self._cursors]
+
     def add(self, listener) -> None:
         start = max(int(listener.start_index()), 0)
         self._cursors.append(_Cursor(listener, start))

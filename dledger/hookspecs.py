@@ -143,3 +143,30 @@ def dledger_bench_subjects(subparsers):
     layer's ``dledger bench rocketmq``, the Spark ingest's ``dledger bench ingest``) live with their plugin
     but are found where operators look for benchmarks.
     """
+
+
+@hookspec
+def dledger_status_sections(server):
+    """Return a list of section providers for ``server``'s status page (``/status``, ``/status.json``).
+
+    Asked once per server when its status page is first read.  Each provider is called with no
+    arguments on the reactor thread every time the page polls (once a second per open page), and
+    returns a section or a list of them, made with :func:`dledger.status.model.section` and
+    :func:`~dledger.status.model.table` -- plain JSON data (``id``, ``title``, ``summary`` pairs,
+    ``tables`` of ``columns`` and ``rows``), which the page renders like the core's own, paged 25 rows
+    at a time.  Keep it cheap and read-only; a provider that raises is shown as unavailable (one
+    rate-limited log line) and never fails the page.  The broker plugin's topics, queues, consumer
+    groups and delayed messages are one (``dledger_rocketmq.status``).
+    """
+
+
+@hookspec
+def dledger_metric_families(server):
+    """Return a list of metric providers for ``server``'s Prometheus endpoint (``/metrics``).
+
+    Asked once per server when it is first scraped.  Each provider is called with no arguments on
+    the reactor thread at every scrape and returns an iterable of ``prometheus_client`` metric
+    families (``GaugeMetricFamily``, ``CounterMetricFamily``, ...), named after the plugin
+    (``rocketmq_*``) and labelled with ``group`` and ``self_id`` as the core's are.  A provider that
+    raises leaves its families out of that scrape (one rate-limited log line).
+    """

@@ -67,10 +67,15 @@ class Snapshot:
     appends: dict[str, int] = field(default_factory=dict)
     entries_appended: int = 0
     role_changes: int = 0
+    plugin_families: list = field(default_factory=list)
 
 
-def take_snapshot(server: Any) -> Snapshot:
-    """Read ``server`` (a :class:`~dledger.server.DLedgerServer`); call on the reactor thread."""
+def take_snapshot(server: Any, providers: list | None = None, on_error: Callable | None = None) -> Snapshot:
+    """Read ``server`` (a :class:`~dledger.server.DLedgerServer`); call on the reactor thread.
+
+    ``providers`` are the plugins' metric providers (``dledger_metric_families``); their families are
+    collected here, on the reactor thread, with the rest.
+    """
     cfg = server.config
     snap = Snapshot(cfg.group, cfg.self_id)
     state, store = server.state, server.store
@@ -81,7 +86,7 @@ def take_snapshot(server: Any) -> Snapshot:
     snap.begin, snap.end = store.ledger_begin_index, store.ledger_end_index
     snap.end_term = store.ledger_end_term
     snap.committed = store.committed_index
-    snap.store_bytes = _store_bytes(store)
+    snap.store_bytes = store_bytes(store)
     snap.pending = len(server.pending)
     snap.flushes = server.flusher.flushes
     snap.store_damaged = 1 if getattr(server, "damaged", None) is not None else 0
@@ -109,10 +114,16 @@ def take_snapshot(server: Any) -> Snapshot:
         snap.appends = dict(stats.appends)
         snap.entries_appended = stats.entries_appended
         snap.role_changes = stats.role_changes
+    for provider in providers or ():
+        try:
+            snap.plugin_families.extend(provider())
+        except Exception as e:
+            if on_error is not None:
+                on_error(provider, e)
     return snap
 
 
-def _store_bytes(store: Any) -> int:
+def store_bytes(store: Any) -> int:
     """Bytes of the data log from the first entry's position to the end of the last one."""
     if store.ledger_end_index < 0 or store.ledger_begin_index < 0:
         return 0
@@ -137,18 +148,43 @@ _HELP = {
 class MemberCollector:
     """A ``prometheus_client`` collector for one member; ``get_server()`` may return None before start."""
 
-    def __init__(self, get_server: Callable[[], Any], reactor: Any, group: str, self_id: str):
+    def __init__(self, get_server: Callable[[], Any], reactor: Any, group: str, self_id: str,
+                 plugin_manager: Any = None, use_plugins: bool = True):
         self.get_server = get_server
         self.reactor = reactor
         self.group = group
         self.self_id = self_id
+        self.plugin_manager = plugin_manager
+        self.use_plugins = use_plugins
+        self._providers: tuple[Any, list] = (None, [])
+        self._errors: Any = None
 
     def describe(self) -> list:
         return []  # do not collect at registration time (the reactor may not run yet)
 
     def _snapshot(self) -> Snapshot | None:
         server = self.get_server()
-        return take_snapshot(server) if server is not None else None
+        if server is None:
+            return None
+        return take_snapshot(server, self._providers_for(server), self._provider_failed)
+
+    def _providers_for(self, server: Any) -> list:
+        """The plugins' metric providers for ``server`` (``dledger_metric_families``), asked once per server."""
+        if not self.use_plugins:
+            return []
+        if self._providers[0] is not server:
+            from dledger import plugins
+
+            self._providers = (server, plugins.metric_providers(server, self.plugin_manager))
+        return self._providers[1]
+
+    def _provider_failed(self, provider: Any, exc: BaseException) -> None:
+        if self._errors is None:
+            from dledger.ratelog import RateLimitedLog
+
+            self._errors = RateLimitedLog(log, self.reactor, interval=60.0)
+        name = getattr(provider, "__qualname__", type(provider).__name__)
+        self._errors.warn(("metrics", name), "metric provider {name} failed: {exc}", name=name, exc=exc)
 
     def snapshot(self) -> Snapshot | None:
         if isInIOThread():
@@ -191,6 +227,7 @@ class MemberCollector:
                     1 if snap.disk_problem == "disk error" else 0)
         if snap.scrub is not None:
             yield from _scrub_metrics(snap.scrub, base, ids)
+        yield from snap.plugin_families
         lag = GaugeMetricFamily("dledger_lag_entries_count", "Entries the leader has that a follower is not known "
                                 "to hold (unknown: all of them; leader only)", labels=[*base, "remote_id"])
         for peer, value in sorted(snap.lag.items()):
@@ -250,10 +287,12 @@ def _buckets(h: Histogram) -> list[tuple[str, int]]:
     return [(floatToGoString(bound), n) for bound, n in h.cumulative()]
 
 
-def make_registry(get_server: Callable[[], Any], reactor: Any, group: str, self_id: str) -> CollectorRegistry:
-    """A registry of its own for one member (never the process-global one)."""
+def make_registry(get_server: Callable[[], Any], reactor: Any, group: str, self_id: str, *,
+                  plugin_manager: Any = None, use_plugins: bool = True) -> CollectorRegistry:
+    """A registry of its own for one member (never the process-global one); plugins add families through
+    ``dledger_metric_families`` unless ``use_plugins`` is false."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(MemberCollector(get_server, reactor, group, self_id))
+    registry.register(MemberCollector(get_server, reactor, group, self_id, plugin_manager, use_plugins))
     return registry
 
 
@@ -267,6 +306,11 @@ class QuietSite(Site):
 class MetricsService(service.Service):
     """Serves ``registry`` as Prometheus text on a server endpoint string (``tcp:9108:interface=127.0.0.1``).
 
+    With a ``status`` board (:class:`dledger.status.board.StatusBoard`; ``twistd dledger --metrics`` gives
+    one) the same site serves the status page: ``/metrics`` is Prometheus, ``/``, ``/status`` and
+    ``/status.json`` the page (:mod:`dledger.status.resource`), and the board samples while the
+    service runs.  Without one, every path answers Prometheus text, as before.
+
     The port goes through the process's connection guard (:mod:`dledger.transport.listener`): at most
     ``limits.max_connections`` connections, the idle and read timeouts, request bodies over
     ``limits.max_body`` refused before they are buffered, and the descriptor budget shared with every
@@ -275,11 +319,13 @@ class MetricsService(service.Service):
 
     name = "dledger-metrics"
 
-    def __init__(self, endpoint: str, registry: CollectorRegistry, reactor: Any, limits: Any = None):
+    def __init__(self, endpoint: str, registry: CollectorRegistry, reactor: Any, limits: Any = None,
+                 status: Any = None):
         from dledger.transport.listener import ListenerLimits
 
         self.endpoint = endpoint
         self.registry = registry
+        self.status = status
         self.reactor = reactor
         self.limits = limits if limits is not None else ListenerLimits().for_http()
         self.guard: Any = None
@@ -294,14 +340,24 @@ class MetricsService(service.Service):
         from dledger.transport.listener import ListenerGuard
 
         super().startService()
-        site = BoundedSite(MetricsResource(registry=self.registry), max_body=self.limits.max_body)
+        root = MetricsResource(registry=self.registry)
+        if self.status is not None:
+            from dledger.status.resource import StatusRoot
+
+            root = StatusRoot(root, self.status)
+            self.status.start()
+        site = BoundedSite(root, max_body=self.limits.max_body)
         self.guard = ListenerGuard("metrics port", self.limits, self.reactor)
         d = maybeDeferred(self.guard.listen, self.reactor, self.endpoint, site)
 
         def bound(port: Any) -> Any:
             self.port = port
-            log.info("serving Prometheus metrics on http://{host}:{port}/metrics", host=port.getHost().host,
-                     port=port.getHost().port)
+            where = f"{port.getHost().host}:{port.getHost().port}"
+            if self.status is not None:
+                log.info("serving Prometheus metrics on http://{where}/metrics and the status page on "
+                         "http://{where}/status", where=where)
+            else:
+                log.info("serving Prometheus metrics on http://{where}/metrics", where=where)
             self.listening.callback(port)
 
         def failed(f: Any) -> None:
@@ -313,6 +369,8 @@ class MetricsService(service.Service):
 
     def stopService(self) -> Deferred | None:
         super().stopService()
+        if self.status is not None:
+            self.status.stop()
         if self.guard is not None:
             self.guard.stop()
         port, self.port = self.port, None

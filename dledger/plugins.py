@@ -401,3 +401,17 @@ def add_services(server: Any, collection: Any, pm: pluggy.PluginManager | None =
             for svc in collection:
                 if id(svc) not in before:
                     origins[id(svc)] = impl.plugin_name
+
+
+def _providers(results: list) -> list:
+    return [item for items in reversed(results) for item in (items or ())]
+
+
+def status_providers(server: Any, pm: pluggy.PluginManager | None = None) -> list:
+    """The section providers every plugin offers for ``server``'s status page (``dledger_status_sections``)."""
+    return _providers((pm or get_plugin_manager()).hook.dledger_status_sections(server=server))
+
+
+def metric_providers(server: Any, pm: pluggy.PluginManager | None = None) -> list:
+    """The metric-family providers every plugin offers for ``server`` (``dledger_metric_families``)."""
+    return _providers((pm or get_plugin_manager()).hook.dledger_metric_families(server=server))

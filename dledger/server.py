@@ -117,6 +117,8 @@ class DLedgerServer:
         self.replicator: LeaderReplicator | None = None
         #: Monitoring counters; None (nothing recorded) until :meth:`enable_stats`.
         self.stats: ServerStats | None = None
+        #: The last role changes with their reasons (:mod:`dledger.status.events`); None until :meth:`enable_stats`.
+        self.role_events = None
         self._preferred_timer = None
         #: ``(index, reason)`` once this member found an entry of its own log unreadable (store damaged);
         #: cleared only by a restart (after the operator repaired the store).
@@ -188,8 +190,13 @@ class DLedgerServer:
     def enable_stats(self) -> ServerStats:
         """Start counting appends, reads and replication round trips (for :mod:`dledger.metrics`)."""
         if self.stats is None:
+            from dledger.status.events import RoleEvents
+
             self.stats = ServerStats(self.clock)
             self.elector.observe(self.stats.role_changed)
+            #: The last role changes with their reasons, for the status page (dledger.status).
+            self.role_events = RoleEvents(self.state, self.clock)
+            self.elector.observe(self.role_events.role_changed)
             self.client_appends.stats = self.stats
             if self.replicator is not None:
                 self.replicator.stats = self.stats

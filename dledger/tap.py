@@ -61,7 +61,8 @@ class Options(usage.Options):
         ["listen", None, None, "server endpoint for peers and clients (default tcp:<own port>:interface=<own host>)"],
         ["snapshot-threshold", None, None, "entries applied between automatic snapshots of the state machines "
                                            "(snapshotThreshold; 0: only on demand; docs/snapshots.md)"],
-        ["metrics", None, None, "serve Prometheus metrics on this server endpoint, e.g. tcp:9108:interface=127.0.0.1"],
+        ["metrics", None, None, "serve Prometheus metrics (/metrics) and the status page (/status) on this server "
+                                "endpoint, e.g. tcp:9108:interface=127.0.0.1"],
         ["log-level", None, "info", f"lowest level logged: {', '.join(logfilter.LEVELS)} (default info; debug also "
                                     "shows vote rounds, connection chatter and the traceback of a start-up error)"],
     ]
@@ -363,6 +364,8 @@ class MemberService(service.Service):
         if self.metrics is not None and self.metrics.port is not None:
             host = self.metrics.port.getHost()
             parts.append(f"metrics http://{host.host}:{host.port}/metrics")
+            if getattr(self.metrics, "status", None) is not None:
+                parts.append(f"status http://{host.host}:{host.port}/status")
         st = server.store
         parts.append(f"log {st.ledger_begin_index}..{st.ledger_end_index} committed {st.committed_index} "
                      f"term {server.state.curr_term}")
@@ -451,12 +454,14 @@ def makeService(options: Options) -> service.MultiService:
     member = MemberService(config, reactor)
     if options["metrics"]:
         from dledger.metrics import MetricsService, make_registry
+        from dledger.status.board import StatusBoard
         from dledger.transport.listener import FdBudget, ListenerLimits
 
         registry = make_registry(lambda: member.server, reactor, config.group, config.self_id)
         FdBudget.shared().reserve_at_least(config.fd_reserve)
         member.metrics = MetricsService(options["metrics"], registry, reactor,
-                                        ListenerLimits.from_config(config).for_http())
+                                        ListenerLimits.from_config(config).for_http(),
+                                        status=StatusBoard(lambda: member.server, reactor))
         member.metrics.setServiceParent(top)
     member.setServiceParent(top)
     return top

@@ -18,8 +18,13 @@ STORE = durable_store()
 def test_quick_cluster_benchmark_reports_every_phase(tmp_path):
     """A --quick run starts its group, runs each phase and prints one JSON object with a figure per phase."""
     phases = ["batch", "pipeline", "latency", "rss", "pysyncobj"] + (["failover"] if STORE else [])
+    try:
+        import matplotlib  # noqa: F401 (the plot extra: make test installs it)
+        plot = ["--plot", str(tmp_path / "run.svg")]
+    except ImportError:
+        plot = []
     out = subprocess.run([sys.executable, "-m", "dledger.cli", "bench", "cluster", "--quick", "--json",
-                          "--store", STORE or "memory", "--phases", ",".join(phases), "--dir", str(tmp_path)],
+                          "--store", STORE or "memory", "--phases", ",".join(phases), "--dir", str(tmp_path), *plot],
                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=150)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
@@ -31,6 +36,11 @@ def test_quick_cluster_benchmark_reports_every_phase(tmp_path):
         [fast] = result["failover"]
         assert fast["preset"] == "fast" and len(fast["trials_s"]) == 1 and fast["median_s"] > 0
     assert ".. " in out.stderr  # progress lines while it runs
+    assert result["batch"]["timeline"]["per_s"] and result["latency"]["percentiles"]["q"][-1] == 100.0
+    if plot:
+        svg = (tmp_path / "run.svg").read_text()
+        assert "Throughput over time" in svg and "Latency percentiles" in svg
+        assert ("Failover timeline" in svg) == bool(STORE) and "written to" in out.stderr
     text = format_results(result)
     assert "entries/s" in text and "latency at" in text
 

@@ -637,6 +637,67 @@ def test_hook_dledger_request_handlers(pm):
                      (RequestHandler(55003, "who", "root", bytes), "role 'root' is not one of")]:
         with pytest.raises(ConfigError, match=why):
             server.add_request_handler(bad)
+def test_hook_dledger_status_sections(pm):
+    """Section providers are asked once per server; each provider's sections reach /status.json, in order."""
+    from dledger.status.board import StatusBoard
+    from dledger.status.model import section
+    from dledger.testing import Cluster
+
+    asked = []
+
+    class P:
+        @hookimpl
+        def dledger_status_sections(self, server):
+            asked.append(server.self_id)
+            return [lambda: section("p1", f"sections of {server.self_id}", summary=[("term", server.state.curr_term)]),
+                    lambda: [section("p2", "two"), section("p3", "three")]]
+    pm.register(P())
+    cluster = Cluster(1, plugin_manager=pm)
+    cluster.start()
+    try:
+        cluster.wait_for_leader()
+        board = StatusBoard(lambda: cluster.servers["n0"], cluster.clock, pm)
+        first, second = board.document(), board.document()
+        term = cluster.servers["n0"].state.curr_term
+    finally:
+        cluster.stop()
+    assert asked == ["n0"]
+    assert [s["id"] for s in first["sections"]] == ["p1", "p2", "p3"]
+    assert first["sections"][0]["title"] == "sections of n0" and first["sections"][0]["summary"] == [["term", term]]
+    assert second["sections"] == first["sections"]
+
+
+def test_hook_dledger_metric_families(pm):
+    """Metric providers are asked once per server and their families appear in every scrape of it."""
+    from prometheus_client import generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+
+    from dledger.metrics import make_registry
+    from dledger.testing import Cluster
+
+    asked, scrapes = [], []
+
+    class P:
+        @hookimpl
+        def dledger_metric_families(self, server):
+            asked.append(server.self_id)
+
+            def families():
+                scrapes.append(1)
+                g = GaugeMetricFamily("myplugin_widgets", "Widgets", labels=["group", "self_id"])
+                g.add_metric([server.config.group, server.self_id], 42)
+                return [g]
+            return [families]
+    pm.register(P())
+    cluster = Cluster(1, plugin_manager=pm)
+    cluster.start()
+    try:
+        registry = make_registry(lambda: cluster.servers["n0"], cluster.clock, "g0", "n0", plugin_manager=pm)
+        texts = [generate_latest(registry).decode() for _ in range(2)]
+    finally:
+        cluster.stop()
+    assert asked == ["n0"] and len(scrapes) == 2
+    assert all('myplugin_widgets{group="g0",self_id="n0"} 42.0' in t for t in texts)
 
 
 # -- meta-tests ----------------------------------------------------------------

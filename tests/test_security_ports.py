@@ -87,3 +87,33 @@ async def test_metrics_endpoint_serves_over_ssl_endpoint(reactor, certdir):
         assert "dledger_test_total 3.0" in text
     finally:
         await svc.stopService()
+
+
+@pytest_twisted.ensureDeferred
+async def test_metrics_endpoint_over_ssl_accepts_clients_offering_alpn(reactor, certdir):
+    """Browsers and curl offer ALPN: the guarded ssl: metrics/status port negotiates http/1.1 instead of failing
+    the handshake with "internal error" (the guard's factory hid the Site's ALPN protocols from TLS)."""
+    from dledger.metrics import MetricsService
+
+    registry = CollectorRegistry()
+    Counter("dledger_alpn_total", "a counter", registry=registry).inc(1)
+    svc = MetricsService(ssl_endpoint(certdir), registry, reactor)
+    svc.startService()
+    try:
+        listening = await svc.listening
+        ctx = ssl.create_default_context(cafile=str(certdir / "ca.crt"))
+        ctx.set_alpn_protocols(["h2", "http/1.1"])
+
+        def get():
+            with socket.create_connection(("127.0.0.1", listening.getHost().port), timeout=5) as raw:
+                with ctx.wrap_socket(raw, server_hostname="localhost") as s:
+                    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                    data = b""
+                    while chunk := s.recv(65536):
+                        data += chunk
+                    return s.selected_alpn_protocol(), data
+
+        protocol, data = await deferToThread(get)
+        assert protocol == "http/1.1" and b"dledger_alpn_total 1.0" in data
+    finally:
+        await svc.stopService()

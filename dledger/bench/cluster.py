@@ -105,6 +105,9 @@ def register(bench_subparsers) -> None:
     p.add_argument("--dir", dest="directory", help="directory for stores and logs (default: a temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the directory afterwards")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    p.add_argument("--plot", metavar="FILE.svg", type=_plot_path,
+                   help="also draw throughput over time, latency percentiles and the failover timeline into FILE "
+                        "(.svg, .png or .pdf; needs matplotlib: pip install 'dledger[plot]')")
     p.add_argument("--tls", action="store_true",
                    help="run the load phases in interleaved rounds on a plain group and on a group with mutual TLS "
                         "(authMode=tls) and report both with their ratio (docs/security.md)")
@@ -138,9 +141,30 @@ def options_from_args(args) -> Options:
     return opts
 
 
+def _plot_path(value: str) -> str:
+    from dledger.bench.plot import plot_path
+
+    return plot_path(value)
+
+
 def cmd_bench_cluster(args) -> int:
     opts = options_from_args(args)
-    return run_benchmark(lambda reactor, say: run(reactor, opts, say), format_results, as_json=opts.json)
+    plot = getattr(args, "plot", None)
+    if plot:
+        from dledger.bench import plot as plotting
+
+        plotting.require()  # a missing extra is one line before the run, not after it
+    kept: list[dict] = []
+
+    async def go(reactor: Any, say: Any) -> dict:
+        kept.append(await run(reactor, opts, say))
+        return kept[-1]
+
+    status = run_benchmark(go, format_results, as_json=opts.json)
+    if plot and kept:
+        drawn = plotting.write(kept[-1], plot)
+        progress(f"plot ({', '.join(drawn)}) written to {plot}")
+    return status
 
 
 async def run(reactor: Any, opts: Options, say=progress) -> dict:

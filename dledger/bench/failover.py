@@ -11,6 +11,7 @@ from twisted.internet.defer import Deferred
 
 from dledger.bench.load import pause
 from dledger.bench.runner import progress
+from dledger.bench.timeline import failover_trial
 from dledger.errors import DLedgerError
 from dledger.launcher import LocalGroup
 
@@ -66,6 +67,7 @@ async def measure_failover(reactor: Any, base: Path, opts: Options, preset: str)
                        group=opts.group, reactor=reactor)
     admin = group.client(request_timeout=0.5)
     times: list[float] = []
+    timelines: list[dict] = []
     prober = None
     try:
         await group.start_and_wait(30)
@@ -88,6 +90,9 @@ async def measure_failover(reactor: Any, base: Path, opts: Options, preset: str)
             group.kill(leader)
             ok = await prober.success_after(killed_at, 60, not_by=leader)
             times.append(ok - killed_at)
+            await pause(reactor, 0.5)  # the timeline goes on a little past the recovery
+            timelines.append({"killed": leader, **failover_trial(prober.successes, prober.answered_by, killed_at, ok,
+                                                                 after=0.5)})
             progress(f"failover ({preset}): trial {trial + 1}: next append acknowledged after {times[-1]:.3f} s")
             group.start(leader)
             await group.wait_ready(admin, leader, 30)
@@ -99,7 +104,8 @@ async def measure_failover(reactor: Any, base: Path, opts: Options, preset: str)
         group.close()
     times_sorted = sorted(times)
     return {"preset": preset, "trials_s": times, "median_s": times_sorted[len(times_sorted) // 2] if times else None,
-            "min_s": times_sorted[0] if times else None, "max_s": times_sorted[-1] if times else None}
+            "min_s": times_sorted[0] if times else None, "max_s": times_sorted[-1] if times else None,
+            "timelines": timelines}
 
 
 async def _caught_up(group: LocalGroup, client: Any, mid: str) -> None:

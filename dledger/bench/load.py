@@ -15,6 +15,7 @@ from twisted.internet.protocol import Protocol
 from twisted.internet.task import LoopingCall
 
 from dledger.bench.runner import progress
+from dledger.bench.timeline import LatencySeries, RateSeries, percentile_curve
 from dledger.codes import ResponseCode
 from dledger.config import parse_peers
 from dledger.errors import DLedgerError
@@ -89,6 +90,7 @@ class Loader:
         measure_from, end = start + warmup, start + warmup + duration
         st = {"acked": 0, "requests": 0, "errors": {}, "outstanding": 0}
         finished: Deferred = Deferred()
+        timeline = RateSeries(start)  # warm-up included: the plot shows the ramp
 
         def issue() -> None:
             st["outstanding"] += 1
@@ -98,6 +100,8 @@ class Loader:
             st["outstanding"] -= 1
             now = reactor.seconds()
             if code == ResponseCode.SUCCESS:
+                if now <= end:
+                    timeline.add(now, count)
                 if measure_from <= now <= end:
                     st["acked"] += count
                     st["requests"] += 1
@@ -126,7 +130,8 @@ class Loader:
         finally:
             ticker.stop()
         return {"entries_per_s": st["acked"] / duration, "requests_per_s": st["requests"] / duration,
-                "bodies_per_request": count, "in_flight": in_flight, "errors": st["errors"]}
+                "bodies_per_request": count, "in_flight": in_flight, "errors": st["errors"],
+                "timeline": {**timeline.to_dict(), "warmup_s": warmup}}
 
     async def open_loop(self, rate: int, duration: float, warmup: float) -> dict:
         """Offer ``rate`` one-entry appends per second; latency from each request's scheduled time."""
@@ -134,6 +139,7 @@ class Loader:
         start = reactor.seconds()
         measure_from, end = start + warmup, start + warmup + duration
         latencies: list[float] = []
+        timeline = LatencySeries(start)
         st = {"sent": 0, "outstanding": 0, "errors": 0, "acked": 0}
         finished: Deferred = Deferred()
 
@@ -152,8 +158,10 @@ class Loader:
         def replied(code: int | None, scheduled: float) -> None:
             st["outstanding"] -= 1
             if code == ResponseCode.SUCCESS:
+                latency = reactor.seconds() - scheduled
+                timeline.add(scheduled, latency)
                 if scheduled >= measure_from:
-                    latencies.append(reactor.seconds() - scheduled)
+                    latencies.append(latency)
                     st["acked"] += 1
             else:
                 st["errors"] += 1
@@ -177,7 +185,8 @@ class Loader:
         latencies.sort()
         return {"offered_per_s": rate, "achieved_per_s": st["acked"] / duration, "errors": st["errors"],
                 "p50_ms": _pct(latencies, 0.50), "p99_ms": _pct(latencies, 0.99), "p999_ms": _pct(latencies, 0.999),
-                "max_ms": latencies[-1] * 1e3 if latencies else None, "samples": len(latencies)}
+                "max_ms": latencies[-1] * 1e3 if latencies else None, "samples": len(latencies),
+                "timeline": {**timeline.to_dict(), "warmup_s": warmup}, "percentiles": percentile_curve(latencies)}
 
     async def close(self) -> None:
         if self.raw is not None:

@@ -19,6 +19,7 @@ def register(subparsers) -> None:
     cluster_bench.register(sub)
     _register_snapshot(sub)
     install_bench.register(sub)
+    _register_plot(sub)
     from dledger import plugins
 
     # Plugins' benchmarks, each on its own: one that fails is a line on stderr, the others still work.
@@ -100,6 +101,33 @@ def cmd_bench_snapshot(args) -> int:
                 return int(exc.code)
         r = out[0]
         print(snap_bench.to_json({"cost": r}) if args.json else snap_bench.format_cost(r))
+def _register_plot(sub) -> None:
+    from dledger.bench.plot import plot_path
+
+    s = sub.add_parser("plot", help="draw the plot of a saved 'dledger bench cluster --json' result",
+                       description="Draw throughput over time, latency percentiles and the failover timeline of a "
+                                   "result saved with 'dledger bench cluster --json > RESULT.json' (what --plot "
+                                   "draws at the end of a run). Needs matplotlib: pip install 'dledger[plot]'.")
+    s.add_argument("result", metavar="RESULT.json", help="the JSON object 'dledger bench cluster --json' printed")
+    s.add_argument("output", metavar="FILE.svg", type=plot_path, help="the plot to write (.svg, .png or .pdf)")
+    s.set_defaults(func=cmd_bench_plot)
+
+
+def cmd_bench_plot(args) -> int:
+    from dledger.bench import plot
+    from dledger.errors import ConfigError
+
+    try:
+        with open(args.result, encoding="utf-8") as fh:
+            result = json.load(fh)
+    except OSError as e:
+        raise ConfigError(f"{args.result}: {e.strerror}") from None
+    except ValueError as e:
+        raise ConfigError(f"{args.result}: not a 'dledger bench cluster --json' result: {e}") from None
+    if not isinstance(result, dict):
+        raise ConfigError(f"{args.result}: not a 'dledger bench cluster --json' result (not a JSON object)")
+    drawn = plot.write(result, args.output)
+    print(f"{args.output}: {', '.join(drawn)}")
     return 0
 
 

@@ -56,6 +56,7 @@ class EntryDispatcher(Progress):
         self.peer = peer
         self._retry = None
         self.down_since: float | None = None  # when the follower stopped answering (None: it answers)
+        self.last_contact: float | None = None  # when it last answered (the status page shows it)
         self.failures = 0  # requests that failed since then
         self.behind = False  # an info line said it is more than BEHIND_LOG_ENTRIES behind
         #: "disk full" / "disk error" while the follower refuses our entries for that (issue 21), else None.
@@ -96,6 +97,7 @@ class EntryDispatcher(Progress):
 
     def _answering(self) -> None:
         self.in_contact = True
+        self.last_contact = self.leader.clock.seconds()
         if self.down_since is not None:
             lead = self.leader
             lead.down_summaries.forget(self.peer)

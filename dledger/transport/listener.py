@@ -37,11 +37,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from twisted.internet.defer import Deferred, maybeDeferred
-from twisted.internet.interfaces import IHandshakeListener
+from twisted.internet.interfaces import IHandshakeListener, IProtocolNegotiationFactory
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
-from zope.interface import implementer
+from zope.interface import directlyProvides, implementer
 
 from dledger.ratelog import RateLimitedLog
 from dledger.timing import due
@@ -435,6 +435,14 @@ class GuardedFactory(WrappingFactory):
     def __init__(self, guard: ListenerGuard, wrapped: Any):
         super().__init__(wrapped)
         self.guard = guard
+        if IProtocolNegotiationFactory.providedBy(wrapped):
+            # TLS (an ssl: endpoint) asks the factory it wraps -- this one -- for the ALPN protocols; with none,
+            # Twisted's ALPN callback fails every client that offers ALPN (browsers, curl: "internal error").
+            directlyProvides(self, IProtocolNegotiationFactory)
+
+    def acceptableProtocols(self) -> list[bytes]:
+        """The wrapped factory's ALPN protocols (``twisted.web``'s Site: ``http/1.1``, and ``h2`` with h2)."""
+        return list(self.wrappedFactory.acceptableProtocols())
 
     def buildProtocol(self, addr: Any) -> GuardedProtocol | None:
         host = str(getattr(addr, "host", addr))

@@ -393,3 +393,21 @@ def dledger_bench_subjects(subparsers):
     from dledger_rocketmq import bench
 
     bench.register(subparsers)
+
+
+@hookimpl
+def dledger_status_sections(server):
+    """The broker's topics, queues, consumer groups and delayed messages on the status page."""
+    from dledger_rocketmq import status
+
+    broker = broker_for(server)
+    return [status.status_provider(server, broker, lambda: port_for(server))] if broker else []
+
+
+@hookimpl
+def dledger_metric_families(server):
+    """``rocketmq_*`` gauges: dispatch lag, queue max offsets, consumer offsets and lag, delayed messages."""
+    from dledger_rocketmq import status
+
+    broker = broker_for(server)
+    return [status.metrics_provider(server, broker, lambda: port_for(server))] if broker else []
