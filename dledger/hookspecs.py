@@ -87,6 +87,17 @@ def dledger_leader_ready_listeners(server):
     """
 
 
+@hookspec
+def dledger_metrics(server):
+    """Return Prometheus metric families (``prometheus_client.core.*MetricFamily``) for ``server``'s scrape.
+
+    Called on the reactor thread each time the member's metrics endpoint
+    (``twistd dledger --metrics``) is scraped, after dledger's own metrics;
+    read the plugin's state, do not block.  Label every series with ``group``
+    and ``self_id`` as dledger's own are.
+    """
+
+
 @hookspec(historic=True)
 def dledger_add_hookspecs(pluginmanager):
     """Add new hook specifications: ``pluginmanager.add_hookspecs(module_or_class)`` (as pytest's ``pytest_addhooks``).

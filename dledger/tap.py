@@ -447,6 +447,9 @@ def makeService(options: Options) -> service.MultiService:
         from dledger.transport.listener import FdBudget, ListenerLimits
 
         registry = make_registry(lambda: member.server, reactor, config.group, config.self_id)
+        from dledger.plugin_metrics import PluginMetricsCollector  # plugins' metrics (dledger_metrics hook)
+
+        registry.register(PluginMetricsCollector(lambda: member.server, reactor))
         FdBudget.shared().reserve_at_least(config.fd_reserve)
         member.metrics = MetricsService(options["metrics"], registry, reactor,
                                         ListenerLimits.from_config(config).for_http())

@@ -411,3 +411,76 @@ class BrokerStatsManager:
 
 def _item_body(s: Snapshot) -> dict:
     return {"avgpt": s.avgpt, "sum": s.sum, "tps": s.tps}
+
+
+# -- Prometheus -------------------------------------------------------------------------------------------------
+
+def metric_families(stats: BrokerStatsManager, group: str, self_id: str) -> list:
+    """The statistics as Prometheus metric families (the ``dledger_metrics`` hook), labelled like dledger's own.
+
+    Counters since the member started: ``rocketmq_messages_put_total`` / ``rocketmq_message_bytes_put_total``
+    (per topic), ``rocketmq_put_failures_total``, ``rocketmq_messages_pulled_total`` (per topic and consumer
+    group), ``rocketmq_pulls_total`` (``result`` found / miss).  Gauges as mqadmin shows them:
+    ``rocketmq_put_tps`` and ``rocketmq_get_transferred_tps`` (``window`` 10s / 60s / 600s, absent until
+    known), ``rocketmq_put_latency_ms`` (``quantile`` 0.99 / 0.999, the previous minute),
+    ``rocketmq_topic_put_tps`` and ``rocketmq_consume_tps`` (the last minute, per topic and per topic and
+    group), ``rocketmq_messages_put_at_midnight`` / ``rocketmq_messages_pulled_at_midnight`` (``day`` today /
+    yesterday).
+    """
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    base, ids = ["group", "self_id"], [group, self_id]
+    store = stats.store
+    put = CounterMetricFamily("rocketmq_messages_put", "Messages stored by sends (a batch counts each message)",
+                              labels=[*base, "topic"])
+    put_bytes = CounterMetricFamily("rocketmq_message_bytes_put", "Bytes of the records stored by sends",
+                                    labels=[*base, "topic"])
+    for topic, n in sorted(store.put_times.items()):
+        put.add_metric([*ids, topic], n)
+        put_bytes.add_metric([*ids, topic], store.put_sizes.get(topic, 0))
+    failed = CounterMetricFamily("rocketmq_put_failures", "Send requests whose put failed", labels=base)
+    failed.add_metric(ids, store.put_failed)
+    pulls = CounterMetricFamily("rocketmq_pulls", "Pull requests answered, by whether messages were found",
+                                labels=[*base, "result"])
+    pulls.add_metric([*ids, "found"], store.get_found)
+    pulls.add_metric([*ids, "miss"], store.get_miss)
+    pulled = CounterMetricFamily("rocketmq_messages_pulled", "Messages handed to consumers",
+                                 labels=[*base, "topic", "consumer_group"])
+    consume_tps = GaugeMetricFamily("rocketmq_consume_tps", "Messages per second handed to a consumer group "
+                                    "over the last minute (mqadmin consumerProgress's Consume TPS)",
+                                    labels=[*base, "topic", "consumer_group"])
+    for key, item in sorted(stats.sets[GROUP_GET_NUMS].items()):
+        topic, _, cgroup = key.rpartition("@")
+        pulled.add_metric([*ids, topic, cgroup], item.value)
+        tps = item.minute().tps
+        consume_tps.add_metric([*ids, topic, cgroup], tps if tps == tps else 0.0)
+    topic_tps = GaugeMetricFamily("rocketmq_topic_put_tps", "Messages per second put to a topic over the last "
+                                  "minute (mqadmin statsAll's InTPS)", labels=[*base, "topic"])
+    for topic, item in sorted(stats.sets[TOPIC_PUT_NUMS].items()):
+        tps = item.minute().tps
+        topic_tps.add_metric([*ids, topic], tps if tps == tps else 0.0)
+    rates = []
+    for name, key, doc in (("rocketmq_put_tps", "put", "Messages put per second (brokerStatus putTps)"),
+                           ("rocketmq_get_transferred_tps", "transferred",
+                            "Messages pulled per second (brokerStatus getTransferedTps)")):
+        g = GaugeMetricFamily(name, doc, labels=[*base, "window"])
+        for span in TPS_SPANS:
+            rate = store.rate(key, span)
+            if rate is not None and rate == rate:
+                g.add_metric([*ids, f"{span}s"], rate)
+        rates.append(g)
+    latency = GaugeMetricFamily("rocketmq_put_latency_ms", "Put latency percentiles over the previous minute "
+                                "(brokerStatus putLatency99 / putLatency999)", labels=[*base, "quantile"])
+    for px in (0.99, 0.999):
+        latency.add_metric([*ids, str(px)], percentile(store.last_buckets, px))
+    midnight_put = GaugeMetricFamily("rocketmq_messages_put_at_midnight", "Messages put since start, as counted "
+                                     "at the last two midnights (clusterList's #InTotalYest / #InTotalToday)",
+                                     labels=[*base, "day"])
+    midnight_put.add_metric([*ids, "today"], stats.put_today_morning)
+    midnight_put.add_metric([*ids, "yesterday"], stats.put_yesterday_morning)
+    midnight_get = GaugeMetricFamily("rocketmq_messages_pulled_at_midnight", "Messages pulled since start, as "
+                                     "counted at the last two midnights", labels=[*base, "day"])
+    midnight_get.add_metric([*ids, "today"], stats.get_today_morning)
+    midnight_get.add_metric([*ids, "yesterday"], stats.get_yesterday_morning)
+    return [put, put_bytes, failed, pulls, pulled, consume_tps, topic_tps, *rates, latency, midnight_put,
+            midnight_get]

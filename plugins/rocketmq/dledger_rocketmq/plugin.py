@@ -369,6 +369,17 @@ def dledger_services(server, collection):
 
 
 @hookimpl
+def dledger_metrics(server):
+    """The broker port's runtime statistics as Prometheus metrics (dledger_rocketmq.brokerstats)."""
+    port = _ports.get(server)
+    if port is None:
+        return []
+    from dledger_rocketmq.brokerstats import metric_families
+
+    return metric_families(port.broker_stats, server.config.group, server.self_id)
+
+
+@hookimpl
 def dledger_cli_commands(subparsers):
     from dledger_rocketmq import cli
 
