@@ -34,7 +34,7 @@ from test_rmq_java_process import (
     stop_child,
     uniq_key,
 )
-from twisted.internet import utils
+from twisted.internet import task, utils
 
 from dledger.launcher import child_env, free_ports
 
@@ -76,7 +76,7 @@ def fields(text: str) -> set[str]:
     for line in text.splitlines():
         line = line.rstrip()
         if line.startswith("#"):
-            out.update("#" + c.strip() for c in re.split(r"\s{2,}|\s(?=#)", line) if c.strip().lstrip("#"))
+            out.update(c.strip() for c in re.split(r"\s{2,}|\s(?=#)", line) if c.strip().lstrip("#"))
             continue
         m = re.match(r"^([A-Za-z][A-Za-z0-9_ ./-]*?)\s*:\s", line)
         if m and not line.startswith(("\tat ", "Caused by")):
@@ -113,6 +113,11 @@ async def prepare(reactor, host_port: int, uniq: str):
                                                                    "expressionType": "TAG"}]}]}
         header, _ = await c.request(34, {}, json.dumps(heartbeat).encode())
         assert header.code == 0, header.remark
+        # clients heartbeat every 30 s; a broker forgets a silent one after 120 s (the commands take minutes)
+        beat = task.LoopingCall(lambda: c.request(34, {}, json.dumps(heartbeat).encode()).addErrback(lambda _: None))
+        beat.clock = reactor
+        beat.start(20.0, now=False)
+        c.heartbeat_loop = beat
         await c.pull(GROUP, TOPIC, 1, 0, 32)
         await c.commit_offset(GROUP, TOPIC, 1, 2)
         return sent.msg_id, c
@@ -212,10 +217,11 @@ async def test_mqadmin_on_a_real_java_group_and_on_ours_gives_the_same_fields(tm
                 problems.append(f"{name}: exit java {jcode} ours {ocode}; only java {sorted(jf - of)}; "
                                 f"only ours {sorted(of - jf)}\n--- java\n{jout[-1500:]}\n--- ours\n{oout[-1500:]}")
         with capsys.disabled():
-            print("\nmqadmin, real 4.9.8 group vs ours:\n  " + "\n  ".join(report))
+            print("\nmqadmin, real 4.9.8 group vs ours:\n  " + "\n  ".join(report), flush=True)
         assert not problems, "\n\n".join(problems)
     finally:
         for c in clients:
+            c.heartbeat_loop.stop()
             c.close()
         await admin.close()
         await group.stop_all()
