@@ -17,7 +17,12 @@ to a broker:
 - queries: SEARCH_OFFSET_BY_TIMESTAMP (29), GET_EARLIEST_MSG_STORETIME (32),
   VIEW_MESSAGE_BY_ID (33), QUERY_MESSAGE (12, a bounded scan of the topic's
   queues instead of an index file), GET_BROKER_RUNTIME_INFO (28),
-  GET_TOPIC_STATS_INFO (202), GET_CONSUME_STATS (208).
+  GET_TOPIC_STATS_INFO (202), GET_CONSUME_STATS (208);
+- statistics and who is connected (mqadmin statsAll, brokerConsumeStats,
+  producerConnection, queryMsgById's message track): VIEW_BROKER_STATS_DATA
+  (315), GET_BROKER_CONSUME_STATS (317), QUERY_TOPIC_CONSUME_BY_WHO (300),
+  GET_PRODUCER_CONNECTION_LIST (204).  The figures are the port's
+  :class:`~dledger_rocketmq.brokerstats.BrokerStatsManager` (``port.broker_stats``).
 
 The decisions and body formats are in :mod:`dledger_rocketmq.admin`.
 """
