@@ -80,12 +80,15 @@ async def test_two_dledger_members_and_a_java_dledger_member(tmp_path, reactor, 
             bodies.append(body)
 
     async def leader_anywhere():
-        for mid in ("n0", "n1", "n2"):
-            if mid != "n2" and not group.members[mid].running:
+        """The leader as our members see it (a Java member's metadata has no role: its followers name it)."""
+        for mid in ("n0", "n1"):
+            if not group.members[mid].running:
                 continue
             meta = await group.metadata(client, mid)
             if meta is not None and meta.role == Role.LEADER.name:
                 return mid
+            if meta is not None and meta.role == Role.FOLLOWER.name and meta.leader_id == "n2":
+                return "n2"
         return None
 
     try:
@@ -106,7 +109,7 @@ async def test_two_dledger_members_and_a_java_dledger_member(tmp_path, reactor, 
         await append(3, "after")
         got = []
         for index in range(0, 64):
-            if len([b for b in got if b in bodies]) == len(bodies):
+            if set(bodies) <= set(got):
                 break
             try:
                 entries = await client.get(index)
@@ -116,7 +119,8 @@ async def test_two_dledger_members_and_a_java_dledger_member(tmp_path, reactor, 
         with capsys.disabled():
             print(f"\nmixed dledger/Java DLedger group: first leader {first}, after two kills {second}, "
                   f"{len(bodies)} entries appended and read back")
-        assert [b for b in got if b in set(bodies)] == bodies
+        # an append retried after a timeout may be stored twice (at least once): first occurrences, in order
+        assert list(dict.fromkeys(b for b in got if b in set(bodies))) == bodies
     finally:
         await client.close()
         await group.stop_all()
