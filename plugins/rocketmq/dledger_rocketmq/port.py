@@ -673,6 +673,8 @@ class BrokerPort(service.Service):
         failure = settle(report=False)
         if failure is not None:
             self.running = 0
+            if self._stats_loop is not None and self._stats_loop.running:
+                self._stats_loop.stop()
             failure.raiseException()
 
     def start_stats(self, clock: Any) -> None:
