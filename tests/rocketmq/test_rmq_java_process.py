@@ -391,7 +391,9 @@ async def test_mqadmin_commands_against_our_group_and_the_java_namesrv(tmp_path,
         fields = line.split()
         hour, space = float(fields[-2]), float(fields[-1])
         assert 0.0 <= hour < 0.1 and 0.0 < space < 1.0, line
-        assert space == pytest.approx(float(status["commitLogDiskRatio"]), abs=1e-3)
+        # the ratio is RocketMQ's full double (not rounded to 2 places); the disk is shared, so it moves
+        assert len(status["commitLogDiskRatio"].split(".")[1]) > 4, status["commitLogDiskRatio"]
+        assert space == pytest.approx(float(status["commitLogDiskRatio"]), abs=0.02)
         assert "broker-admin" in on_java_ns["out"], on_java_ns["text"][-2000:]
         # the message track: queryMsgById knows the group that consumed the message
         assert f"MessageTrack [consumerGroup={GROUP}, trackType=CONSUMED" in results["queryMsgById"]["out"]
