@@ -212,7 +212,8 @@ def test_stats_replayed(tmp_path):
     table = fastjson.loads(info.body)["table"]
     assert len(table) == len(fastjson.loads(want.body)["table"])
     assert table["brokerVersionDesc"] == "V4_9_8" and int(table["commitLogMaxOffset"]) > 0
-    assert float(table["putTps"].split()[0]) == 0.0 and float(table["commitLogDiskRatio"]) >= 0
+    # a broker up less than 10 s has no 10 s rate yet: RocketMQ's putTps is then blank (mqadmin reads 0)
+    assert table["putTps"].split() == [] and float(table["commitLogDiskRatio"]) >= 0
     assert int(table["earliestMessageTimeStamp"]) > 0
 
 

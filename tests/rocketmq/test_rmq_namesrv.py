@@ -295,6 +295,21 @@ def test_unregister_and_cluster_topic_lists(ns):
     assert fastjson.loads(c.ask(106).body)["clusterAddrTable"] == {"C": ["h"]}
 
 
+def test_delete_topic_in_namesrv(ns):
+    """DELETE_TOPIC_IN_NAMESRV (216, the second half of mqadmin deleteTopic): the route goes until a broker
+    registers the topic again; an unknown topic is fine, a request without a topic is SYSTEM_ERROR."""
+    c = Conn(ns)
+    data = topics_body()
+    c.ask(103, register_ext("m:1", 0, data), data)
+    assert c.ask(105, {"topic": "T"}).header.code == 0
+    assert c.ask(216, {"topic": "T"}).header.code == 0
+    assert c.ask(105, {"topic": "T"}).header.code == 17 and json.loads(c.ask(206).body) == {"topicList": []}
+    assert c.ask(216, {"topic": "Nope"}).header.code == 0
+    assert c.ask(216, {}).header.code == 1
+    c.ask(103, register_ext("m:1", 0, topics_body(counter=2)), topics_body(counter=2))
+    assert c.ask(105, {"topic": "T"}).header.code == 0
+
+
 def test_missing_field_is_system_error(ns):
     """A register request without brokerAddr is answered SYSTEM_ERROR naming the field."""
     c = Conn(ns)

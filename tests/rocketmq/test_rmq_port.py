@@ -381,6 +381,7 @@ def test_port_in_use_fails_the_start(reactor):
         with pytest.raises(CannotListenError):
             port.startService()
         assert not port.running and port.listening_port is None
+        assert not port._stats_loop.running  # no statistics timer left behind on the reactor
         assert (yield port.listening) is None
     finally:
         yield taken.stopListening()

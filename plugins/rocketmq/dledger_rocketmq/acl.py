@@ -87,7 +87,8 @@ ADMIN_CODES = frozenset({UPDATE_AND_CREATE_TOPIC, UPDATE_BROKER_CONFIG, UPDATE_A
                          DELETE_ACL_CONFIG, UPDATE_GLOBAL_WHITE_ADDRS_CONFIG, INVOKE_BROKER_TO_RESET_OFFSET})
 #: Codes only an admin account may send to the name server (what changes routes; RocketMQ's name server has no
 #: ACL at all).
-NAMESRV_ADMIN_CODES = frozenset({REGISTER_BROKER, UNREGISTER_BROKER, QUERY_DATA_VERSION})
+#: DELETE_TOPIC_IN_NAMESRV (216, mqadmin deleteTopic) takes a topic's route away: admin too.
+NAMESRV_ADMIN_CODES = frozenset({REGISTER_BROKER, UNREGISTER_BROKER, QUERY_DATA_VERSION, 216})
 
 #: Codes :func:`needs` maps to resources.
 MAPPED_CODES = frozenset({SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE, CONSUMER_SEND_MSG_BACK, PULL_MESSAGE,
@@ -96,7 +97,8 @@ MAPPED_CODES = frozenset({SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE, CON
 #: Codes the broker port answers that touch no single topic or group (reads of offsets, stats, runtime info, the
 #: slave-sync bodies, ordered-consumer locks): a valid signature of any account is enough, as in RocketMQ.  A code
 #: the port answers must be in MAPPED_CODES, ADMIN_CODES or here (tests/rocketmq/test_rmq_acl.py checks).
-SIGNATURE_ONLY = frozenset({21, 28, 29, 30, 31, 32, 33, 37, 40, 41, 42, 43, 45, 201, 202, 203, 208, 307})
+SIGNATURE_ONLY = frozenset({21, 28, 29, 30, 31, 32, 33, 37, 40, 41, 42, 43, 45, 201, 202, 203, 204, 208, 300, 307,
+                            315, 317})
 
 EXCEPTION = "org.apache.rocketmq.acl.common.AclException"
 WHERE = "org.apache.rocketmq.acl.plain.PlainPermissionManager"

@@ -228,10 +228,56 @@ class QueueProgress:
 
 def consume_stats_body(broker_name: str, queues: Iterable[QueueProgress], consume_tps: float = 0.0) -> bytes:
     """GET_CONSUME_STATS's ConsumeStats: ``{"consumeTps":d,"offsetTable":{MessageQueue: OffsetWrapper}}``."""
+    return consume_stats_json(broker_name, queues, consume_tps).encode()
+
+
+def consume_stats_json(broker_name: str, queues: Iterable[QueueProgress], consume_tps: float = 0.0) -> str:
+    """One ConsumeStats as fastjson writes it (the body of GET_CONSUME_STATS, an element of 317's lists)."""
     entries = {(broker_name, p.queue_id, p.topic): {"brokerOffset": p.broker_offset,
                                                     "consumerOffset": p.consumer_offset,
                                                     "lastTimestamp": p.last_timestamp} for p in queues}
-    return (f'{{"consumeTps":{java_double(consume_tps)},"offsetTable":{mq_table_json(entries)}}}').encode()
+    return f'{{"consumeTps":{java_double(consume_tps)},"offsetTable":{mq_table_json(entries)}}}'
+
+
+def consume_stats_list_body(broker_addr: str, groups: Mapping[str, list[str]], total_diff: int) -> bytes:
+    """GET_BROKER_CONSUME_STATS's ConsumeStatsList: ``groups`` maps each group to its ConsumeStats texts
+    (:func:`consume_stats_json`), one ``{group: [..]}`` map per group as RocketMQ builds it."""
+    items = ",".join(f"{{{fastjson.dumps(g)}:[{','.join(stats)}]}}" for g, stats in groups.items())
+    return (f'{{"brokerAddr":{fastjson.dumps(broker_addr)},"consumeStatsList":[{items}],'
+            f'"totalDiff":{total_diff}}}').encode()
+
+
+def group_list_body(groups: Iterable[str]) -> bytes:
+    """QUERY_TOPIC_CONSUME_BY_WHO's GroupList: ``{"groupList":[..]}`` in the HashSet's order."""
+    order = fastjson.java_map_order(sorted(set(groups)), 16, concurrent=False)
+    return fastjson.dumps({"groupList": order}).encode()
+
+
+def broker_stats_body(view: Mapping[str, Mapping[str, float]]) -> bytes:
+    """VIEW_BROKER_STATS_DATA's BrokerStatsData: statsDay / statsHour / statsMinute, each {avgpt, sum, tps}."""
+    def item(s: Mapping[str, float]) -> str:
+        return f'{{"avgpt":{java_double(s["avgpt"])},"sum":{int(s["sum"])},"tps":{java_double(s["tps"])}}}'
+    return ("{" + ",".join(f'"{k}":{item(view[k])}' for k in ("statsDay", "statsHour", "statsMinute"))
+            + "}").encode()
+
+
+def producer_connection_body(connections: Iterable[Mapping[str, Any]]) -> bytes:
+    """GET_PRODUCER_CONNECTION_LIST's ProducerConnection: ``{"connectionSet":[Connection..]}``."""
+    return fastjson.dumps({"connectionSet": [dict(sorted(c.items())) for c in connections]}).encode()
+
+
+def disk_ratio(total: int, free: int) -> str:
+    """commitLogDiskRatio as RocketMQ reports it: (total - free) / total as a Java double (-1 if unknown).
+
+    ``free`` is what Java's ``File.getFreeSpace`` gives (``f_bfree``, reserved blocks included);
+    ``mqadmin clusterList`` prints it as #SPACE with 4 decimals.
+    """
+    return java_double((total - free) / total) if total > 0 else "-1"
+
+
+def hours_since(now_ms: int, earliest_ms: int) -> str:
+    """``clusterList``'s #Hour: hours since ``earliestMessageTimeStamp``, as mqadmin computes and prints it."""
+    return f"{(now_ms - earliest_ms) / 1000.0 / 60.0 / 60.0:2.2f}"
 
 
 # -- GET_BROKER_RUNTIME_INFO ------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ Brokers register (REGISTER_BROKER 103, JSON or zlib-compressed body,
 ``bodyCrc32`` checked; QUERY_DATA_VERSION 322; UNREGISTER_BROKER 104) and
 clients and ``mqadmin`` ask for routes (GET_ROUTEINFO_BY_TOPIC 105),
 clusters (GET_BROKER_CLUSTER_INFO 106) and topics
-(GET_ALL_TOPIC_LIST_FROM_NAMESERVER 206); any other code is answered
+(GET_ALL_TOPIC_LIST_FROM_NAMESERVER 206); mqadmin deleteTopic removes a topic's route
+(DELETE_TOPIC_IN_NAMESRV 216, an admin code with ACL); any other code is answered
 REQUEST_CODE_NOT_SUPPORTED.  The decisions and the table are
 :mod:`dledger_rocketmq.routes`; this module moves frames (the broker port's
 protocol and header codec, :mod:`dledger_rocketmq.port`) and time: a broker
@@ -57,6 +58,7 @@ UNREGISTER_BROKER = 104
 GET_ROUTEINFO_BY_TOPIC = 105
 GET_BROKER_CLUSTER_INFO = 106
 GET_ALL_TOPIC_LIST_FROM_NAMESERVER = 206
+DELETE_TOPIC_IN_NAMESRV = 216
 QUERY_DATA_VERSION = 322
 
 DEFAULT_LISTEN = "tcp:9876"
@@ -121,6 +123,7 @@ class NameServer(service.Service):
             REGISTER_BROKER: self._register, UNREGISTER_BROKER: self._unregister,
             GET_ROUTEINFO_BY_TOPIC: self._route, GET_BROKER_CLUSTER_INFO: self._cluster_info,
             GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self._topic_list, QUERY_DATA_VERSION: self._query_data_version,
+            DELETE_TOPIC_IN_NAMESRV: self._delete_topic,
         }
 
     # -- service ------------------------------------------------------------------------------
@@ -261,6 +264,14 @@ class NameServer(service.Service):
 
     def _topic_list(self, req: Request) -> Reply:
         return Reply(SUCCESS, None, None, routes.topic_list_body(self.table.topic_list()))
+
+    def _delete_topic(self, req: Request) -> Reply:
+        topic = req.ext.get("topic")
+        if not topic:
+            return Reply(SYSTEM_ERROR, "the request lacks the field 'topic'")
+        if self.table.delete_topic(topic):
+            log.info("name server: topic {t} deleted (mqadmin)", t=topic)
+        return Reply(SUCCESS)
 
     def _query_data_version(self, req: Request) -> Reply:
         version = routes.parse_data_version(req.body)

@@ -406,8 +406,19 @@ def dledger_status_sections(server):
 
 @hookimpl
 def dledger_metric_families(server):
-    """``rocketmq_*`` gauges: dispatch lag, queue max offsets, consumer offsets and lag, delayed messages."""
+    """``rocketmq_*`` families: dispatch lag, queue max offsets, consumer offsets and lag, delayed messages
+    (dledger_rocketmq.status), and the broker port's runtime statistics (dledger_rocketmq.brokerstats)."""
     from dledger_rocketmq import status
 
     broker = broker_for(server)
-    return [status.metrics_provider(server, broker, lambda: port_for(server))] if broker else []
+    if not broker:
+        return []
+
+    def runtime_stats():
+        port = _ports.get(server)
+        if port is None:
+            return []
+        from dledger_rocketmq.brokerstats import metric_families
+
+        return metric_families(port.broker_stats, server.config.group, server.self_id)
+    return [status.metrics_provider(server, broker, lambda: port_for(server)), runtime_stats]

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from twisted.application import service
-from twisted.internet import protocol
+from twisted.internet import protocol, task
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
@@ -54,6 +54,7 @@ from dledger.transport.remoting import (
 )
 from dledger_rocketmq.batch import batch_records, batch_views, decode_batch
 from dledger_rocketmq.broker import GetResult, GetStatus
+from dledger_rocketmq.brokerstats import BrokerStatsManager
 from dledger_rocketmq.commitlog import PutResult, PutStatus
 from dledger_rocketmq.consumequeue import tag_hash
 from dledger_rocketmq.control import OffsetCommit
@@ -600,6 +601,12 @@ class BrokerPort(service.Service):
         self.connections: set[BrokerPortProtocol] = set()
         self.listening_port = None
         self.stats = _Stats()
+        #: RocketMQ's runtime statistics (BrokerStatsManager, StoreStatsService, BrokerStats) of this member's
+        #: sends and pulls, sampled every second while the port runs (dledger_rocketmq.brokerstats).
+        options = getattr(broker, "options", None)
+        self.broker_stats = BrokerStatsManager(self.now_ms(),
+                                               cluster=getattr(options, "cluster_name", "DefaultCluster"))
+        self._stats_loop: task.LoopingCall | None = None
         #: Where a slave learns the current master's broker address (a registration.MasterFetcher, set by the
         #: plugin when rocketmq.namesrvAddr is set): dledger_rocketmq.forward relays sends to it.
         self.master_fetcher = None
@@ -630,6 +637,7 @@ class BrokerPort(service.Service):
 
         super().startService()
         reactor = self.reactor or self.broker.server.clock
+        self.start_stats(reactor)
         # Every listener goes through dledger's connection guard: caps, the process's descriptor budget,
         # handshake/read/idle timeouts, rate-limited lines (issue #21).
         self.listener_guard = ListenerGuard("broker port", self.limits, reactor)
@@ -665,10 +673,20 @@ class BrokerPort(service.Service):
         failure = settle(report=False)
         if failure is not None:
             self.running = 0
+            if self._stats_loop is not None and self._stats_loop.running:
+                self._stats_loop.stop()
             failure.raiseException()
+
+    def start_stats(self, clock: Any) -> None:
+        """Sample the runtime statistics every second on ``clock`` (startService does; until stopService)."""
+        self._stats_loop = task.LoopingCall(lambda: self.broker_stats.tick(self.now_ms()))
+        self._stats_loop.clock = clock
+        self._stats_loop.start(1.0, now=True)
 
     def stopService(self):
         super().stopService()
+        if self._stats_loop is not None and self._stats_loop.running:
+            self._stats_loop.stop()
         for callback in list(self.stop_callbacks):
             try:
                 callback()
@@ -764,9 +782,19 @@ class BrokerPort(service.Service):
         except CodecError as exc:
             return Reply(MESSAGE_ILLEGAL, f"the batch is malformed: {exc}", dict(SEND_EXTRA))
 
+        began = self.now_ms()
+
+        def counted(result: PutResult) -> PutResult:
+            size = template.size
+            if items is not None:  # each record: the template's fixed part and topic, its own body and properties
+                fixed = size - len(template.body) - len(template.properties)
+                size = sum(fixed + len(b) + len(p) for b, p, _ in items)
+            self.broker_stats.on_put(args.topic, result.count or 1, size, self.now_ms() - began, result.ok)
+            return result
+
         def store(_=None):
             d = broker.put_batch(template, items) if items is not None else broker.put_message(template)
-            return d.addCallback(send_reply)
+            return d.addCallback(counted).addCallback(send_reply)
         if create is None:
             return store()
         # Auto-creation goes through the log (a control entry every member applies), then the message.
@@ -805,5 +833,9 @@ class BrokerPort(service.Service):
         """Read the queue now and answer as PullMessageProcessor does without suspending."""
         broker = self.broker
         result = broker.get_messages(args.group, args.topic, args.queue_id, args.offset, args.max_nums, tag_codes)
+        if result.status is GetStatus.FOUND:
+            self.broker_stats.on_get(args.group, args.topic, len(result.records), sum(map(len, result.records)))
+        else:
+            self.broker_stats.on_get(args.group, args.topic, 0, 0)
         return pull_reply(args, result, is_master=broker.role == "MASTER",
                           offset_check_in_slave=broker.options.offset_check_in_slave)

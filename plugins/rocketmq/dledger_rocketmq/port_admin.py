@@ -17,14 +17,19 @@ to a broker:
 - queries: SEARCH_OFFSET_BY_TIMESTAMP (29), GET_EARLIEST_MSG_STORETIME (32),
   VIEW_MESSAGE_BY_ID (33), QUERY_MESSAGE (12, a bounded scan of the topic's
   queues instead of an index file), GET_BROKER_RUNTIME_INFO (28),
-  GET_TOPIC_STATS_INFO (202), GET_CONSUME_STATS (208).
+  GET_TOPIC_STATS_INFO (202), GET_CONSUME_STATS (208);
+- statistics and who is connected (mqadmin statsAll, brokerConsumeStats,
+  producerConnection, queryMsgById's message track): VIEW_BROKER_STATS_DATA
+  (315), GET_BROKER_CONSUME_STATS (317), QUERY_TOPIC_CONSUME_BY_WHO (300),
+  GET_PRODUCER_CONNECTION_LIST (204).  The figures are the port's
+  :class:`~dledger_rocketmq.brokerstats.BrokerStatsManager` (``port.broker_stats``).
 
 The decisions and body formats are in :mod:`dledger_rocketmq.admin`.
 """
 
 from __future__ import annotations
 
-import shutil
+import os
 import struct
 from typing import Any
 
@@ -32,7 +37,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from dledger.errors import DLedgerError
-from dledger_rocketmq import admin
+from dledger_rocketmq import admin, fastjson
 from dledger_rocketmq.commitlog import store_timestamp_position
 from dledger_rocketmq.control import (
     KIND_GROUP_CONFIG,
@@ -72,6 +77,10 @@ GET_TOPIC_STATS_INFO = 202
 DELETE_SUBSCRIPTIONGROUP = 207
 GET_CONSUME_STATS = 208
 DELETE_TOPIC_IN_BROKER = 215
+GET_PRODUCER_CONNECTION_LIST = 204
+QUERY_TOPIC_CONSUME_BY_WHO = 300
+VIEW_BROKER_STATS_DATA = 315
+GET_BROKER_CONSUME_STATS = 317
 
 #: UPDATE_AND_CREATE_TOPIC's success remark, as a 4.9.8 broker sends it (it never sets one).
 NOT_SET = "not set any response code"
@@ -105,7 +114,9 @@ class AdminHandlers:
             SEARCH_OFFSET_BY_TIMESTAMP: self.search_offset, GET_EARLIEST_MSG_STORETIME: self.earliest_time,
             VIEW_MESSAGE_BY_ID: self.view_message, QUERY_MESSAGE: self.query_message,
             GET_BROKER_RUNTIME_INFO: self.runtime_info, GET_TOPIC_STATS_INFO: self.topic_stats,
-            GET_CONSUME_STATS: self.consume_stats,
+            GET_CONSUME_STATS: self.consume_stats, QUERY_TOPIC_CONSUME_BY_WHO: self.consume_by_who,
+            VIEW_BROKER_STATS_DATA: self.view_stats, GET_BROKER_CONSUME_STATS: self.broker_consume_stats,
+            GET_PRODUCER_CONNECTION_LIST: self.producer_connections,
         })
 
     # -- reading the store ---------------------------------------------------------------------------
@@ -280,23 +291,83 @@ class AdminHandlers:
             offsets[i] = (lo, hi, ts)
         return Reply(SUCCESS, None, None, admin.topic_stats_body(self.broker.options.broker_name, topic, offsets))
 
+    def group_progress(self, group: str, topic: str, queue_count_key: str = "readQueueNums"
+                       ) -> list[admin.QueueProgress] | None:
+        """Each queue's broker offset, the group's offset and the last consumed store time (None: no topic)."""
+        broker = self.broker
+        config = broker.meta.topics.get(topic)
+        if config is None:
+            return None
+        progress = []
+        for i in range(int(config.get(queue_count_key, 0))):
+            consumer = max(broker.query_offset(group, topic, i), 0)
+            last = self.unit_store_time(topic, i, consumer - 1) if consumer > 0 else 0
+            progress.append(admin.QueueProgress(topic, i, max(broker.max_offset(topic, i), 0), consumer,
+                                                max(last, 0)))
+        return progress
+
     def consume_stats(self, req: Request) -> Reply:
         group = ext_str(req.ext, "consumerGroup")
         wanted = req.ext.get("topic")
         broker = self.broker
         offsets = broker.meta.offsets
         topics = [wanted] if wanted else sorted({c.topic for c in offsets.items() if c.group == group})
-        progress = []
+        progress, tps = [], 0.0
         for topic in topics:
-            config = broker.meta.topics.get(topic)
-            if config is None:
+            queues = self.group_progress(group, topic)
+            if queues is None:
                 continue
-            for i in range(int(config.get("readQueueNums", 0))):
-                consumer = max(broker.query_offset(group, topic, i), 0)
-                last = self.unit_store_time(topic, i, consumer - 1) if consumer > 0 else 0
-                progress.append(admin.QueueProgress(topic, i, max(broker.max_offset(topic, i), 0), consumer,
-                                                    max(last, 0)))
-        return Reply(SUCCESS, None, None, admin.consume_stats_body(broker.options.broker_name, progress))
+            progress.extend(queues)
+            tps += self.port.broker_stats.group_get_tps(group, topic)
+        return Reply(SUCCESS, None, None, admin.consume_stats_body(broker.options.broker_name, progress, tps))
+
+    def consume_by_who(self, req: Request) -> Reply:
+        """QUERY_TOPIC_CONSUME_BY_WHO: the groups online subscribing to the topic, and those with offsets in it."""
+        topic = ext_str(req.ext, "topic")
+        groups = {c.group for c in self.broker.meta.offsets.items() if c.topic == topic}
+        registry = getattr(getattr(self.port, "sessions", None), "registry", None)
+        if registry is not None:
+            groups.update(g for g, info in registry.consumers.items() if topic in info.subscriptions)
+        return Reply(SUCCESS, None, None, admin.group_list_body(groups))
+
+    def view_stats(self, req: Request) -> Reply:
+        """VIEW_BROKER_STATS_DATA: one BrokerStatsManager item's minute, hour and day windows."""
+        name, key = ext_str(req.ext, "statsName"), ext_str(req.ext, "statsKey")
+        view = self.port.broker_stats.view(name, key)
+        if view is None:
+            return Reply(SYSTEM_ERROR, f"The stats <{name}> <{key}> not exist")
+        return Reply(SUCCESS, None, None, admin.broker_stats_body(view))
+
+    def broker_consume_stats(self, req: Request) -> Reply:
+        """GET_BROKER_CONSUME_STATS (mqadmin brokerConsumeStats): every subscription group's ConsumeStats per topic
+        it has offsets in (with ``isOrder``, ordered topics only), and the sum of their lags."""
+        broker = self.broker
+        is_order = str(req.ext.get("isOrder", "false")).lower() == "true"
+        by_group: dict[str, list[str]] = {}
+        total_diff = 0
+        offsets = list(broker.meta.offsets.items())
+        for group in fastjson.java_map_order(broker.meta.groups.table, 1024):  # subscriptionGroupTable's order
+            texts = []
+            for topic in sorted({c.topic for c in offsets if c.group == group}):
+                config = broker.meta.topics.get(topic)
+                if config is None or (is_order and not config.get("order", False)):
+                    continue
+                queues = self.group_progress(group, topic, "writeQueueNums") or []
+                total_diff += sum(q.broker_offset - q.consumer_offset for q in queues)
+                texts.append(admin.consume_stats_json(broker.options.broker_name, queues,
+                                                      self.port.broker_stats.group_get_tps(group, topic)))
+            by_group[group] = texts
+        addr = str(broker.store_host)
+        return Reply(SUCCESS, None, None, admin.consume_stats_list_body(addr, by_group, total_diff))
+
+    def producer_connections(self, req: Request) -> Reply:
+        """GET_PRODUCER_CONNECTION_LIST (mqadmin producerConnection): the group's producer connections."""
+        group = ext_str(req.ext, "producerGroup")
+        registry = getattr(getattr(self.port, "sessions", None), "registry", None)
+        members = registry.producers.get(group) if registry is not None else None
+        if not members:
+            return Reply(SYSTEM_ERROR, f"the producer group[{group}] not exist")
+        return Reply(SUCCESS, None, None, admin.producer_connection_body(c.to_json() for c in members.values()))
 
     def runtime_info(self, req: Request) -> Reply:
         broker = self.broker
@@ -310,13 +381,13 @@ class AdminHandlers:
             "dispatchBehindBytes": str(broker.lag()),
             "earliestMessageTimeStamp": str(self.earliest_store_time()),
         }
-        stats = self.port.stats.by_code
-        values["putMessageTimesTotal"] = str(sum(stats.get(c, 0) for c in (10, 310, 320)))
+        values.update(self.port.broker_stats.runtime_values())
         try:
-            usage = shutil.disk_usage(broker.root)
-            ratio = f"{usage.used / usage.total:.2f}" if usage.total else "0.00"
+            st = os.statvfs(broker.root)
+            total, free = st.f_blocks * st.f_frsize, st.f_bfree * st.f_frsize
+            ratio = admin.disk_ratio(total, free)
             values.update(commitLogDiskRatio=ratio, consumeQueueDiskRatio=ratio,
-                          commitLogDirCapacity=admin.capacity_text(usage.total, usage.free))
+                          commitLogDirCapacity=admin.capacity_text(total, free))
         except OSError:
             values.update(commitLogDiskRatio="-1", consumeQueueDiskRatio="-1", commitLogDirCapacity="unknown")
         key = f"commitLogDiskRatio_{broker.root}"

@@ -353,6 +353,7 @@ class ClientSessions:
 
         def done(result):
             if getattr(result, "ok", False):
+                self.port.broker_stats.on_send_back(args.group, original.topic)
                 return Reply(SUCCESS)
             return Reply(SYSTEM_ERROR, result.status.name)
         return d.addCallback(done)

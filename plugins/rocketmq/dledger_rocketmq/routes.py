@@ -415,6 +415,11 @@ class RouteTable:
                     for c in fastjson.java_map_order(self.clusters, CLUSTER_TABLE_CAPACITY, concurrent=False)}
         return {"brokerAddrTable": brokers, "clusterAddrTable": clusters}
 
+    def delete_topic(self, topic: str) -> bool:
+        """RouteInfoManager.deleteTopic (mqadmin deleteTopic / deleteSubGroup's retry topic): the topic's queue
+        data goes; a broker that still has the topic brings it back with its next registration, as in RocketMQ."""
+        return self.topic_queues.pop(topic, None) is not None
+
     def topic_list(self) -> list[str]:
         """Every topic with a route, in the order RocketMQ writes them (its TopicList is a default HashSet)."""
         return fastjson.java_map_order(self.topic_queues, SET_CAPACITY, concurrent=False)
