@@ -416,7 +416,7 @@ def _item_body(s: Snapshot) -> dict:
 # -- Prometheus -------------------------------------------------------------------------------------------------
 
 def metric_families(stats: BrokerStatsManager, group: str, self_id: str) -> list:
-    """The statistics as Prometheus metric families (a ``dledger_metric_families`` provider), labelled as dledger labels its own.
+    """The statistics as Prometheus metric families (a ``dledger_metric_families`` provider), labelled as the core's.
 
     Counters since the member started: ``rocketmq_messages_put_total`` / ``rocketmq_message_bytes_put_total``
     (per topic), ``rocketmq_put_failures_total``, ``rocketmq_messages_pulled_total`` (per topic and consumer
