@@ -102,6 +102,8 @@ def test_followers_report_no_lag_and_stats_are_off_by_default(cluster):
     """A follower has no lag series, and a member without enable_stats() records nothing (no histograms)."""
     leader = cluster.wait_for_leader()
     follower = next(s for m, s in cluster.servers.items() if m != leader)
+    # A member becomes a follower at the leader's first heartbeat, which may come after wait_for_leader returns.
+    assert cluster.run_until(lambda: follower.state.role.value == "FOLLOWER")
     assert follower.stats is None
     snap = take_snapshot(follower)
     assert snap.role == "FOLLOWER" and snap.lag == {} and snap.histograms == {}
