@@ -97,7 +97,8 @@ class DLedgerServer:
         self.commit_feed = CommitFeed(store, clock, self.self_id)
         #: What each peer is (dledger or Java DLedger): InstallSnapshot and compaction ask (issue #22).
         self.peer_kinds = PeerKinds(self.self_id, config.group, list(config.members), transport, clock,
-                                    timeout=config.max_push_time_out_ms / 1000.0)
+                                    timeout=config.max_push_time_out_ms / 1000.0,
+                                    on_all_dledger=self._peers_take_snapshots)
         #: The state machines, their snapshots and the log compaction after each (:mod:`dledger.snapshot`).
         self.snapshots = StateMachines.for_server(self, peers_take_snapshots=self.peer_kinds.all_take_snapshots)
         #: The follower's side of InstallSnapshot (:mod:`dledger.replication.snapshot_receive`).
@@ -301,6 +302,13 @@ class DLedgerServer:
                                                on_store_damaged=self.store_damaged, stats=self.stats,
                                                snapshot_store=self._snapshot_store(), peer_kinds=self.peer_kinds)
             self.replicator.start()
+
+    def _peers_take_snapshots(self) -> None:
+        """Every peer is now known to be a dledger member: a snapshot taken while one might have been Java
+        (start-up, say) compacts the log now rather than at the next snapshot."""
+        newest = self.snapshots.snapshot_store.newest()
+        if newest is not None and self.running:
+            self.snapshots.compact(newest.index)
 
     def _snapshot_store(self):
         """The member's SnapshotStore (``server.snapshots.snapshot_store``): the leader sends its newest."""

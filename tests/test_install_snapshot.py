@@ -205,3 +205,99 @@ def test_install_only_from_the_current_leader(tmp_path):
             s.snapshot_receive.handle(req)
         assert info.value.code is code
     assert s.store.snapshot_base == (-1, -1)
+
+
+# -- the leader's SnapshotSend on its own (task.Clock, fake store and transport) ------------------------
+
+class _Store:
+    def __init__(self):
+        self.reads = []
+
+    def read_file(self, manifest, path, offset, size):
+        from twisted.internet.defer import Deferred
+        d = Deferred()
+        self.reads.append((d, size))
+        return d
+
+    def hold(self, manifest):
+        pass
+
+    def release(self, manifest):
+        pass
+
+
+def _sender(files=((2048,),)):
+    from twisted.internet import task
+    from twisted.internet.defer import Deferred
+
+    from dledger.replication.snapshot_send import SnapshotSend
+    from dledger.snapshot.manifest import FileInfo, Manifest, Section
+
+    manifest = Manifest(10, 1, 100, ("n0",), (Section("dict", (FileInfo("dict/000000", 2048, 0),)),))
+    clock, store, sent, outcome = task.Clock(), _Store(), [], []
+
+    def send(req, timeout):
+        d = Deferred()
+        sent.append((req, d))
+        return d
+
+    s = SnapshotSend(peer="n1", manifest=manifest, snapshot_store=store, send=send,
+                     request_base=lambda: dict(group="g0", term=2, leader_id="n0"), clock=clock, timeout=1.0,
+                     poll_interval=0.5, chunk_size=1024, window=4, on_done=outcome.append,
+                     on_failed=lambda why, unsupported: outcome.append(why))
+    return s, clock, store, sent, outcome
+
+
+def _answer(req, **kw):
+    from dledger.messages import InstallSnapshotResponse
+    return InstallSnapshotResponse(snapshot_index=req.snapshot_index, snapshot_term=req.snapshot_term, **kw)
+
+
+def test_sender_never_waits_with_nothing_pending():
+    """A reply that ends the transfer while a (now stale) chunk is being read still leads to a poll, then done.
+
+    Found by the snapshot soak (seed 5219): the stale read's completion only tried to send, the dispatcher
+    then waited in INSTALL for good.
+    """
+    s, clock, store, sent, outcome = _sender()
+    s.start()
+    status, d = sent.pop()
+    d.callback(_answer(status, next_path="dict/000000", next_offset=0))
+    read0, _ = store.reads.pop(0)
+    read0.callback(b"a" * 1024)  # chunk 0 goes out; chunk 1 is being read
+    chunk0, d0 = sent.pop()
+    assert chunk0.offset == 0 and s.reading
+    d0.callback(_answer(chunk0))  # the follower has everything already (no next place): nothing more to send
+    read1, _ = store.reads.pop(0)
+    read1.callback(b"b" * 1024)  # stale now
+    assert not sent and clock.getDelayedCalls(), "nothing in flight and nothing scheduled"
+    clock.advance(0.5)
+    poll, dp = sent.pop()
+    assert poll.path is None
+    dp.callback(_answer(poll, installed=True))
+    assert outcome and outcome[0].index == 10
+
+
+def test_sender_streams_a_window_and_resends_after_a_rewind():
+    """At most ``window`` chunks unanswered; a follower asking for an earlier place gets it again from there."""
+    s, clock, store, sent, outcome = _sender()
+    s.window = 1
+    s.start()
+    status, d = sent.pop()
+    d.callback(_answer(status, next_path="dict/000000", next_offset=0))
+    store.reads.pop(0)[0].callback(b"a" * 1024)
+    assert len(sent) == 1 and not store.reads  # window 1: the next chunk waits for the answer
+    chunk0, d0 = sent.pop()
+    d0.callback(_answer(chunk0, next_path="dict/000000", next_offset=0))  # not taken: send it again
+    store.reads.pop(0)[0].callback(b"a" * 1024)
+    again, d1 = sent.pop()
+    assert again.offset == 0
+    d1.callback(_answer(again, next_path="dict/000000", next_offset=1024))
+    store.reads.pop(0)[0].callback(b"b" * 1024)
+    last, d2 = sent.pop()
+    assert last.offset == 1024
+    d2.callback(_answer(last, installing=True))
+    clock.advance(0.5)
+    poll, dp = sent.pop()
+    dp.callback(_answer(poll, installed=True))
+    assert outcome and outcome[0].index == 10

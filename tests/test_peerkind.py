@@ -105,3 +105,19 @@ def test_unreachable_peer_is_asked_again_and_unsupported_marks_java():
     assert kinds.kind("n1") is J and not kinds.may_install("n1")
     kinds.stop()
     assert not clock.getDelayedCalls()
+
+
+def test_all_dledger_is_announced_once():
+    """When the last unknown peer turns out dledger, on_all_dledger runs (a snapshot taken before may compact)."""
+    clock = task.Clock()
+    calls = []
+    transport = FakeTransport({"n1": MetadataResponse(role="LEADER"), "n2": DLedgerError(ResponseCode.TIMEOUT, "")})
+    kinds = PeerKinds("n0", "g", ["n0", "n1", "n2"], transport, clock, probe_interval=1,
+                      on_all_dledger=lambda: calls.append(clock.seconds()))
+    kinds.start()
+    assert calls == []
+    transport.answers["n2"] = MetadataResponse(role="FOLLOWER")
+    clock.advance(1)
+    clock.advance(1)
+    assert calls == [1.0]
+    kinds.stop()

@@ -7,6 +7,7 @@ import json
 import sys
 
 from dledger.bench import cluster as cluster_bench
+from dledger.bench import install as install_bench
 from dledger.bench import store as store_bench
 from dledger.commands.argtypes import non_negative_int, positive_int
 
@@ -16,6 +17,7 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="bench_command", metavar="SUBJECT")
     _register_store(sub)
     cluster_bench.register(sub)
+    install_bench.register(sub)
     from dledger import plugins
 
     # Plugins' benchmarks, each on its own: one that fails is a line on stderr, the others still work.

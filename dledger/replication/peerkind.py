@@ -70,7 +70,7 @@ class PeerKinds:
     """The kind of each peer of ``self_id``, learnt by probing (METADATA detail) and from InstallSnapshot answers."""
 
     def __init__(self, self_id: str, group: str, peers: Sequence[str], transport, clock, *,
-                 timeout: float = 3.0, probe_interval: float = PROBE_INTERVAL):
+                 timeout: float = 3.0, probe_interval: float = PROBE_INTERVAL, on_all_dledger=None):
         self.self_id = self_id
         self.group = group
         self.peers = [p for p in peers if p != self_id]
@@ -83,6 +83,8 @@ class PeerKinds:
         self._asking: set[str] = set()
         self._java_next: dict[str, float] = {}  # when a Java peer is asked again (it may have been upgraded)
         self.running = False
+        #: Called once every peer is known to be dledger (a snapshot taken before may compact the log now).
+        self.on_all_dledger = on_all_dledger
 
     # -- what the rest of the member asks -----------------------------------------------------
     def kind(self, peer: str) -> PeerKind:
@@ -103,12 +105,15 @@ class PeerKinds:
         old = self.kinds[peer]
         new = merged(old, kind)
         if new is not old:
+            before = self.all_take_snapshots()
             self.kinds[peer] = new
             level = log.warn if new is PeerKind.JAVA else log.info
             level("{id}: peer {peer} is a {what} member{more}", id=self.self_id, peer=peer,
                   what="Java DLedger" if new is PeerKind.JAVA else "dledger",
                   more=" (it never gets a snapshot, and this member keeps its whole log: see 'Mixed groups' "
                        "in docs/snapshots.md)" if new is PeerKind.JAVA else "")
+            if not before and self.all_take_snapshots() and self.on_all_dledger is not None:
+                self.on_all_dledger()
 
     def saw_unsupported(self, peer: str) -> None:
         """``peer`` answered InstallSnapshot with UNSUPPORTED."""

@@ -127,7 +127,7 @@ class SnapshotSend:
         if self.finished:
             return
         if gen != self.round:  # the transfer moved elsewhere while reading: this chunk is not wanted now
-            self.pump()
+            self._next_step()
             return
         if len(data) != chunk.size:
             self._fail(f"reading {chunk.path} of snapshot {self.manifest.dirname} at {chunk.offset} gave "
@@ -167,28 +167,36 @@ class SnapshotSend:
             return
         if resp.installing:
             self.installing = True
-            if self.in_flight == 0:
+        elif not self.installing:  # once the follower has every byte, a late "next place" changes nothing
+            wanted = (resp.next_path, resp.next_offset) if resp.next_path is not None else None
+            try:
+                wanted = rules.normalize(self.files, wanted)
+                action = rules.reply_action(self.files, chunk, wanted, self.pos) if self.started \
+                    else ReplyAction.SKIP
+            except ValueError as exc:
+                self._fail(f"the follower wants a place this snapshot does not have: {exc}")
+                return
+            if not self.started:
+                self.started = True
+                log.info("{id}: InstallSnapshot of {name} to {peer}: {have} of {total} bytes already there",
+                         id=self._base().get("local_id"), name=self.manifest.dirname, peer=self.peer,
+                         have=rules.ordinal(self.files, wanted), total=self.total)
+            if action in (ReplyAction.REWIND, ReplyAction.SKIP):
+                self.round += 1
+                self.in_flight = 0
+                self.pos = wanted
+        self._next_step()
+
+    def _next_step(self) -> None:
+        """Send what comes next; with every byte sent (or the follower installing), poll once nothing is pending.
+
+        Never a state with nothing in flight and nothing scheduled: the dispatcher would wait for good.
+        """
+        if self.finished:
+            return
+        if self.installing or self.pos is None:
+            if self.in_flight == 0 and not self.reading:
                 self._schedule_poll()
-            return
-        wanted = (resp.next_path, resp.next_offset) if resp.next_path is not None else None
-        try:
-            wanted = rules.normalize(self.files, wanted)
-            action = rules.reply_action(self.files, chunk, wanted, self.pos) if self.started else ReplyAction.SKIP
-        except ValueError as exc:
-            self._fail(f"the follower wants a place this snapshot does not have: {exc}")
-            return
-        if not self.started:
-            self.started = True
-            log.info("InstallSnapshot of {name} to {peer}: {have} of {total} bytes already there",
-                     name=self.manifest.dirname, peer=self.peer, have=rules.ordinal(self.files, wanted),
-                     total=self.total)
-        if action in (ReplyAction.REWIND, ReplyAction.SKIP):
-            self.round += 1
-            self.in_flight = 0
-            self.pos = wanted
-        if self.pos is None and self.in_flight == 0 and not self.reading:
-            # Everything sent and answered, yet the follower did not say it installs: ask again shortly.
-            self._schedule_poll()
             return
         self.pump()
 

@@ -155,15 +155,23 @@ class SimulatedDiskStore(MemoryLogStore):
         return result
 
     def compact(self, below_index: int) -> int:
-        """Compaction reaches the disk with the next flush (a crash before it keeps the old begin)."""
+        """Compaction reaches the disk at once (a store deletes whole files and rewrites its checkpoint, fsynced).
+
+        What was durable stays durable: the disk drops the same leading entries and ``_synced`` shifts with
+        them.  (Resetting it to 0 made every remaining entry count as unflushed: ``flushed_index`` stayed
+        below durable entries until the next append -- a follower then never adopted the last commit --
+        and a torn crash could replace durable entries with a prefix of them: found by the snapshot soak.)
+        """
         before = self.ledger_begin_index
         begin = super().compact(below_index)
-        if begin != before:
-            self._synced = 0
-            # Flushed entries stay flushed: write the new begin out now (as a store's checkpoint write would),
-            # or flushed_index would stay below entries that are durable until the next append (a follower
-            # with nothing more to store then never adopted the last commit index: the snapshot soak).
-            self.flush()
+        dropped = begin - before
+        if dropped > 0:
+            disk = self.disk
+            if disk.begin == before and len(disk.entries) >= dropped:
+                disk.begin, disk.entries = begin, disk.entries[dropped:]
+                self._synced = max(0, self._synced - dropped)
+            else:  # the disk holds another image (a reset not flushed yet): the next flush rewrites it all
+                self._synced = 0
         return begin
 
     def reset_to_snapshot(self, index: int, term: int, next_pos: int) -> None:

@@ -120,9 +120,8 @@ def _pump(step, size: int | None) -> Deferred:
             d = step(k, left)
             result: list = []
             d.addBoth(result.append)
-            if not result:  # not yet: go on when it fires
-                d.addCallback(lambda n: (advance(n), run()))
-                d.addErrback(done.errback)
+            if not result:  # not yet: go on when it fires (its value is in ``result``, taken by addBoth)
+                d.addCallback(lambda _, got=result: later(got[0]))
                 return
             if isinstance(result[0], Failure):
                 done.errback(result[0])
@@ -130,6 +129,14 @@ def _pump(step, size: int | None) -> Deferred:
             if not advance(result[0]):
                 done.callback(None)
                 return
+
+    def later(outcome) -> None:
+        if isinstance(outcome, Failure):
+            done.errback(outcome)
+        elif advance(outcome):
+            run()
+        else:
+            done.callback(None)
 
     def advance(n) -> bool:
         if state["left"] is None:
