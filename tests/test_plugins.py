@@ -573,6 +573,40 @@ def test_hook_dledger_bench_subjects(pm, monkeypatch):
     assert cli.main(["bench", "hello-bench", "--count", "3"]) == 13
 
 
+def test_hook_dledger_metrics():
+    """dledger_metrics: each plugin's families in the member's scrape (dledger.plugin_metrics); a plugin that
+    raises is left out of the scrape, nothing is asked before the member exists."""
+    import pluggy
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+    from twisted.internet.task import Clock
+
+    from dledger.plugin_metrics import PluginMetricsCollector
+
+    class Good:
+        @hookimpl
+        def dledger_metrics(self, server):
+            g = GaugeMetricFamily("plugin_value", "a value", labels=["self_id"])
+            g.add_metric([server.self_id], 7)
+            return [g]
+
+    class Bad:
+        @hookimpl
+        def dledger_metrics(self, server):
+            raise RuntimeError("boom")
+
+    manager = pluggy.PluginManager("dledger")
+    manager.add_hookspecs(hookspecs)
+    manager.register(Good(), "good")
+    manager.register(Bad(), "bad")
+    holder = {"server": None}
+    registry = CollectorRegistry()
+    registry.register(PluginMetricsCollector(lambda: holder["server"], Clock(), manager))
+    assert "plugin_value" not in generate_latest(registry).decode()
+    holder["server"] = type("S", (), {"self_id": "n0"})()
+    assert 'plugin_value{self_id="n0"} 7.0' in generate_latest(registry).decode()
+
+
 # -- meta-tests ----------------------------------------------------------------
 
 HOOKS = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("dledger_")]
