@@ -637,6 +637,8 @@ def test_hook_dledger_request_handlers(pm):
                      (RequestHandler(55003, "who", "root", bytes), "role 'root' is not one of")]:
         with pytest.raises(ConfigError, match=why):
             server.add_request_handler(bad)
+
+
 def test_hook_dledger_status_sections(pm):
     """Section providers are asked once per server; each provider's sections reach /status.json, in order."""
     from dledger.status.board import StatusBoard
@@ -668,7 +670,8 @@ def test_hook_dledger_status_sections(pm):
 
 
 def test_hook_dledger_metric_families(pm):
-    """Metric providers are asked once per server and their families appear in every scrape of it."""
+    """Metric providers are asked once per server and their families appear in every scrape of it; a provider
+    that raises is left out of the scrape, the others still answer."""
     from prometheus_client import generate_latest
     from prometheus_client.core import GaugeMetricFamily
 
@@ -687,7 +690,10 @@ def test_hook_dledger_metric_families(pm):
                 g = GaugeMetricFamily("myplugin_widgets", "Widgets", labels=["group", "self_id"])
                 g.add_metric([server.config.group, server.self_id], 42)
                 return [g]
-            return [families]
+
+            def broken():
+                raise RuntimeError("boom")
+            return [broken, families]
     pm.register(P())
     cluster = Cluster(1, plugin_manager=pm)
     cluster.start()
