@@ -10,42 +10,37 @@ from __future__ import annotations
 
 import random
 
-from twisted.internet.defer import Deferred, fail, inlineCallbacks, maybeDeferred
+from twisted.internet.defer import Deferred, inlineCallbacks, maybeDeferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from dledger import plugins, reads
-from dledger.codes import PLUGIN_REQUEST_CODES, ResponseCode, Role
+from dledger import plugins, readpath
+from dledger.codes import ResponseCode, Role
 from dledger.commit_feed import CommitFeed
 from dledger.diskio import INLINE, BlockingIO
-from dledger.election import transfer
 from dledger.election.elector import LeaderElector
+from dledger.election.handover import Handover
 from dledger.election.state import MemberState
-from dledger.entry import Entry, without_noops
-from dledger.errors import ConfigError, DLedgerError
-from dledger.interfaces import IBatchRequestHandler, IDiskHealth, ILeaderAware, IPluginRequests
+from dledger.errors import DLedgerError
+from dledger.interfaces import IBatchRequestHandler, ILeaderAware, IPluginRequests
 from dledger.leader_ready import LeaderReady
 from dledger.mending import Mending
 from dledger.messages import (
     AppendEntryRequest,
     GetEntriesRequest,
-    GetEntriesResponse,
     HeartBeatRequest,
     InstallSnapshotRequest,
     LeadershipTransferRequest,
-    LeadershipTransferResponse,
     MetadataRequest,
     MetadataResponse,
     PluginRequest,
-    PluginResponse,
     PushEntryRequest,
     SnapshotRequest,
-    SnapshotResponse,
     VoteRequest,
 )
-from dledger.plugin_types import REQUEST_ROLES
-from dledger.ratelog import RateLimitedLog
+from dledger.plugin_requests import PluginRequests
+from dledger.readpath import ReadPath
 from dledger.replication import appends
 from dledger.replication.durability import Flusher
 from dledger.replication.follower import EntryHandler
@@ -53,18 +48,16 @@ from dledger.replication.leader import LeaderReplicator
 from dledger.replication.peerkind import PeerKinds
 from dledger.replication.pending import PendingAppends
 from dledger.replication.pushcheck import append_window
-from dledger.replication.rules import damaged_leader_action
 from dledger.replication.snapshot_receive import SnapshotReceive
 from dledger.services import MemberServices
 from dledger.snapshot.machines import StateMachines
-from dledger.snapshot.store import SnapshotError
 from dledger.stats import ServerStats
 from dledger.store.guard import LogGuard
 
 log = Logger()
 
-#: Byte budget of one GET reply.
-GET_MAX_BYTES = 4 * 1024 * 1024
+#: Byte budget of one GET reply (kept here for callers that imported it from the server).
+GET_MAX_BYTES = readpath.GET_MAX_BYTES
 
 
 @implementer(IBatchRequestHandler, ILeaderAware, IPluginRequests)
@@ -119,18 +112,19 @@ class DLedgerServer:
         self.stats: ServerStats | None = None
         #: The last role changes with their reasons (:mod:`dledger.status.events`); None until :meth:`enable_stats`.
         self.role_events = None
-        self._preferred_timer = None
         #: ``(index, reason)`` once this member found an entry of its own log unreadable (store damaged);
         #: cleared only by a restart (after the operator repaired the store).
         self.damaged: tuple[int, str] | None = None
-        self._damage_log = RateLimitedLog(log, clock, interval=60.0)
         #: Damaged committed entries rewritten from another member's copy, and the scrub (dledger.mending).
         self.mending = Mending(self, config, store, transport, clock)
         self.elector.observe(self._role_changed)
         self.running = False
-        #: Plugin request code -> :class:`dledger.plugin_types.RequestHandler` (``dledger_request_handlers``).
-        self.request_handlers: dict = {}
-        self._plugin_log = RateLimitedLog(log, clock, interval=60.0)
+        #: The request codes plugins serve here (:mod:`dledger.plugin_requests`).
+        self.plugin_requests = PluginRequests(self.self_id, clock)
+        #: GETs and ReadIndex (:mod:`dledger.readpath`).
+        self.reads = ReadPath(self)
+        #: Leadership transfers: requested, to a preferred leader, away from a damaged store (:mod:`.handover`).
+        self.handover = Handover(self)
         if use_plugins:
             ext = plugins.server_extensions(self, plugin_manager)
             for handler in ext.role_change_handlers:
@@ -224,22 +218,16 @@ class DLedgerServer:
 
     def add_request_handler(self, handler) -> None:
         """Serve a plugin request code (a :class:`dledger.plugin_types.RequestHandler`); ConfigError if it cannot be."""
-        code = handler.code
-        if code not in PLUGIN_REQUEST_CODES:
-            raise ConfigError(f"plugin request {handler.name!r}: code {code} is outside the plugins' range "
-                              f"{PLUGIN_REQUEST_CODES.start}-{PLUGIN_REQUEST_CODES.stop - 1}")
-        if handler.role not in REQUEST_ROLES:
-            raise ConfigError(f"plugin request {handler.name!r}: role {handler.role!r} is not one of "
-                              f"{', '.join(REQUEST_ROLES)}")
-        taken = self.request_handlers.get(code)
-        if taken is not None:
-            raise ConfigError(f"plugin requests {taken.name!r} and {handler.name!r} both use request code {code}")
-        self.request_handlers[code] = handler
+        self.plugin_requests.add(handler)
 
     def plugin_role(self, code: int) -> str | None:
         """The role plugin request ``code`` needs (IPluginRequests: the connection's check); None if none serves it."""
-        handler = self.request_handlers.get(code)
-        return handler.role if handler is not None else None
+        return self.plugin_requests.role(code)
+
+    @property
+    def request_handlers(self) -> dict:
+        """Plugin request code -> :class:`dledger.plugin_types.RequestHandler` (``dledger_request_handlers``)."""
+        return self.plugin_requests.handlers
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> Deferred:
@@ -267,12 +255,12 @@ class DLedgerServer:
                  group=self.config.group, term=self.state.curr_term, b=self.store.ledger_begin_index,
                  e=self.store.ledger_end_index, c=self.store.committed_index)
         self.elector.start()
-        self.peer_kinds.start()
+        if self.snapshots.machines:
+            self.peer_kinds.start()  # only snapshots need to know the peers' kinds: no probes without them
         self.commit_feed.advanced()
         self.snapshots.advanced()
         self.mending.start()
-        if transfer.takes_preferred_check(self.self_id, self.config.preferred_leaders):
-            self._preferred_timer = self.clock.callLater(self.elector.heartbeat, self._check_preferred_leader)
+        self.handover.start()
 
     @inlineCallbacks
     def stop(self):
@@ -281,21 +269,7 @@ class DLedgerServer:
             return
         yield self.services.stop()  # plugin services may still use the member until they have stopped
         self.running = False
-        self.leader_ready.stop()
-        self.elector.stop()
-        self.peer_kinds.stop()
-        self.snapshot_receive.stop()
-        self.mending.stop()
-        if self._preferred_timer is not None and self._preferred_timer.active():
-            self._preferred_timer.cancel()
-        if self.replicator is not None:
-            self.replicator.stop()
-            self.replicator = None
-        self.pending.fail_all(ResponseCode.TERM_CHANGED)
-        self.entry_handler.stop()
-        self.commit_feed.stop()
-        self.snapshots.stop()
-        self.flusher.stop()
+        self._halt()
         yield maybeDeferred(self.transport.stop)
         yield maybeDeferred(self.store.shutdown)
         # A term/vote write still in flight (on the thread pool) finishes before its store is closed.
@@ -308,20 +282,20 @@ class DLedgerServer:
         """Stop dead, as a killed process would: no flush, no goodbye (for tests and simulations)."""
         self.running = False
         self.services.stop()  # not awaited: a killed process's services just vanish (their timers stop here)
-        self.leader_ready.stop()
-        self.elector.stop()
-        self.peer_kinds.stop()
-        self.snapshot_receive.stop()
-        self.mending.stop()
+        self._halt()
+        self.transport.stop()
+
+    def _halt(self) -> None:
+        """Stop every timer and part of the member (not the transport or store) and fail pending appends."""
+        for part in (self.leader_ready, self.elector, self.peer_kinds, self.snapshot_receive, self.mending,
+                     self.handover):
+            part.stop()
         if self.replicator is not None:
             self.replicator.stop()
             self.replicator = None
-        self.entry_handler.stop()
-        self.commit_feed.stop()
-        self.snapshots.stop()
-        self.flusher.stop()
+        for part in (self.entry_handler, self.commit_feed, self.snapshots, self.flusher):
+            part.stop()
         self.pending.fail_all(ResponseCode.TERM_CHANGED)
-        self.transport.stop()
 
     # -- role changes -------------------------------------------------------------------
     def _role_changed(self, term: int, role: Role) -> None:
@@ -423,202 +397,33 @@ class DLedgerServer:
         return result
 
     def handle_get(self, request: GetEntriesRequest):
-        """Committed entries from ``beginIndex``: at most ``maxSize`` of them (0 means 1), NOOPs left out.
-
-        Entries at or below the committed index never change, so they are
-        served at once.  Before saying an index is *not* committed yet the
-        leader confirms it still leads and that its own term's first entry is
-        committed (Raft's ReadIndex), so a deposed leader never answers a
-        stale INDEX_OUT_OF_RANGE; a follower serves ``followerRead`` GETs from
-        its own committed prefix.  The decisions are :mod:`dledger.reads`'.
-        """
-        store = self.store
-        begin, want = request.begin_index, max(1, request.max_size)
-        replicator = self.replicator
-        decision = reads.read_decision(self.leads(), request.follower_read is True, begin, store.ledger_begin_index,
-                                       store.committed_index, self.self_id)
-        if decision.action is reads.ReadAction.SERVE:
-            return self._read(begin, want)
-        if decision.action is reads.ReadAction.REFUSE:
-            raise self._read_refused(decision)
-
-        def confirmed(ok: bool):
-            after = reads.confirmed_read_decision(ok, self.replicator is replicator, begin, store.committed_index,
-                                                  replicator.term_start_index, self.self_id)
-            if after.action is reads.ReadAction.SERVE:
-                return self._read(begin, want)
-            raise self._read_refused(after)
-
-        return self.elector.confirm_leadership().addCallback(confirmed)
+        """Committed entries from ``beginIndex`` (:meth:`dledger.readpath.ReadPath.handle_get`)."""
+        return self.reads.handle_get(request)
 
     def read_index(self) -> Deferred:
-        """Raft's ReadIndex for linearizable reads of state built from the log: fires with the index to wait for.
-
-        Confirms that this member still leads (a quorum answered a heartbeat of its term) and that its
-        term's first entry is committed; then every write acknowledged before the call is at or below
-        the committed index it fires with, so a state machine that has applied that index
-        (``server.snapshots.wait_applied(index)``) answers as of a moment after the call.  Fails with
-        NOT_LEADER (naming the leader this member knows) or LEADER_NOT_READY otherwise.  The decisions
-        are :mod:`dledger.reads`' (the GET path's, for a read at the committed index).
-        """
-        if not self.leads():
-            return fail(self.not_leader())
-        replicator = self.replicator
-
-        def confirmed(ok: bool):
-            committed = self.store.committed_index
-            after = reads.confirmed_read_decision(ok, self.replicator is replicator, committed, committed,
-                                                  replicator.term_start_index, self.self_id)
-            if after.action is not reads.ReadAction.SERVE:
-                raise self._read_refused(after)
-            return committed
-
-        return self.elector.confirm_leadership().addCallback(confirmed)
+        """Raft's ReadIndex: a Deferred of the index a linearizable read waits for (:meth:`.ReadPath.read_index`)."""
+        return self.reads.read_index()
 
     def handle_plugin_request(self, request: PluginRequest) -> Deferred:
         """A plugin's request code: its handler's bytes, or its refusal as the reply's code and reason."""
-        code = request.request_code
-        handler = self.request_handlers.get(code)
-        if handler is None:
-            return fail(DLedgerError(ResponseCode.UNSUPPORTED, f"no plugin serves request code {code} on "
-                                                               f"{self.self_id}"))
-
-        def answered(body):
-            if not isinstance(body, (bytes, bytearray, memoryview)):
-                raise TypeError(f"plugin request {handler.name!r} answered {type(body).__name__}, not bytes")
-            return request.base_reply(PluginResponse, body=bytes(body))
-
-        def refused(failure: Failure):
-            exc = failure.value
-            if isinstance(exc, DLedgerError):
-                extra = {"leader_id": exc.leader_id} if exc.leader_id is not None else {}
-                return request.base_reply(PluginResponse, exc.code, reason=exc.message[:500] or None, **extra)
-            self._plugin_log.error(("plugin request", code), "{id}: plugin request {name!r} (code {code}) failed: "
-                                   "{error}; answering INTERNAL_ERROR", id=self.self_id, name=handler.name,
-                                   code=code, error=f"{type(exc).__name__}: {exc}")
-            return request.base_reply(PluginResponse, ResponseCode.INTERNAL_ERROR,
-                                      reason=f"{handler.name} failed ({type(exc).__name__})")
-
-        d = maybeDeferred(handler.handle, request.body or b"")
-        return d.addCallback(answered).addErrback(refused)
-
-    def _read_refused(self, decision: reads.ReadDecision) -> DLedgerError:
-        if decision.code is ResponseCode.NOT_LEADER:
-            return self.not_leader()
-        return decision.error(self.state.leader_id)
-
-    def _read(self, begin: int, want: int):
-        """:meth:`_read_now`, with a damaged entry repaired first (:meth:`dledger.mending.Mending.read`)."""
-        return self.mending.read(begin, want, self._read_now)
-
-    def _read_now(self, begin: int, want: int) -> GetEntriesResponse:
-        store = self.store
-        committed = store.committed_index
-        started = self.clock.seconds() if self.stats is not None else 0.0
-        out: list[Entry] = []
-        while begin <= committed and not out:
-            entries = store.get_range(begin, min(want, committed - begin + 1), GET_MAX_BYTES)
-            out = without_noops(entries)
-            begin = entries[-1].index + 1
-        if self.stats is not None:
-            self.stats.read_done(started)
-        return GetEntriesResponse(group=self.config.group, entries=out)
+        return self.plugin_requests.handle(request)
 
     def handle_metadata(self, request: MetadataRequest) -> MetadataResponse:
-        """The peer map and leader (Java's shape); ``detail`` adds role, term and log indexes."""
-        resp = MetadataResponse(group=self.config.group, leader_id=self.state.leader_id,
-                                peers={p.id: p.address for p in self.config.members.values()})
-        if request.detail:
-            resp.term = self.state.curr_term
-            resp.role = self.state.role.name
-            resp.ledger_begin_index = self.store.ledger_begin_index
-            resp.ledger_end_index = self.store.ledger_end_index
-            resp.committed_index = self.store.committed_index
-            resp.disk = getattr(self.store, "disk_problem", None) if IDiskHealth.providedBy(self.store) else None
-            if self.leads():
-                resp.peer_disk = self.replicator.peer_disk_problems() or None
-        return resp
+        """The peer map and leader (Java's shape); ``detail`` adds role, term and log indexes (:mod:`.readpath`)."""
+        return self.reads.metadata(request)
 
     def append(self, body: bytes) -> Deferred:
         """Embedded use: append ``body`` on this member (which must be the leader)."""
         return maybeDeferred(self.handle_append, AppendEntryRequest(group=self.config.group, body=body))
 
     def handle_snapshot(self, request: SnapshotRequest) -> Deferred:
-        """Take a snapshot now (``dledger snapshot``, admin role); a refusal carries its one-line reason."""
-
-        def taken(manifest):
-            return request.base_reply(SnapshotResponse, index=manifest.index, snapshot_term=manifest.term,
-                                      snapshot_bytes=manifest.size, ledger_begin_index=self.store.ledger_begin_index)
-
-        def refused(failure):
-            failure.trap(SnapshotError)
-            code = ResponseCode.UNSUPPORTED if not self.snapshots.machines else ResponseCode.INTERNAL_ERROR
-            return request.base_reply(SnapshotResponse, code, error=failure.getErrorMessage()[:500])
-
-        return self.snapshots.take().addCallbacks(taken, refused)
+        """Take a snapshot now (``dledger snapshot``, admin role): :meth:`.StateMachines.handle_request`."""
+        return self.snapshots.handle_request(request)
 
     # -- leadership transfer -------------------------------------------------------------------
     def handle_leadership_transfer(self, request: LeadershipTransferRequest) -> Deferred:
-        """Transfer leadership (leader side) or take it (transferee side), as Java DLedger does."""
-        if request.transfer_id == self.self_id:
-            return self._transfer_from_here(request)
-        if request.transferee_id == self.self_id:
-            return self.elector.take_leadership(request)
-        raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
-                           f"transfer {request.transfer_id} -> {request.transferee_id} does not involve {self.self_id}")
-
-    def _transfer_from_here(self, request: LeadershipTransferRequest) -> Deferred:
-        """The leader side: stop appends, wait until ``target`` holds our end, ask it to take over (SPEC §3).
-
-        Whether it may start and whether a failure ends it are :mod:`dledger.election.transfer`'s decisions.
-        """
-        st = self.state
-        target = request.transferee_id
-        leads = self.leads()
-        refusal = transfer.transfer_refusal(target, self.self_id, st.member_set, leads, request.term, st.curr_term,
-                                            st.transferee, self.store.ledger_end_index,
-                                            self.replicator.peer_watermark(target) if leads else -1,
-                                            self.config.max_leadership_transfer_wait_index)
-        if refusal is not None:
-            if refusal[0] is ResponseCode.NOT_LEADER:
-                raise self.not_leader()
-            raise DLedgerError(*refusal)
-        term = st.curr_term
-        st.transferee = target
-        replicator = self.replicator
-        end = self.store.ledger_end_index
-        log.info("{id}: transferring leadership to {to} (term {term}, end index {end})", id=self.self_id,
-                 to=target, term=term, end=end)
-        timeout = self.clock.callLater(self.config.leadership_transfer_wait_timeout / 1000.0,
-                                       lambda: caught.called or caught.errback(
-                                           DLedgerError(ResponseCode.TAKE_LEADERSHIP_FAILED,
-                                                        f"{target} did not catch up in time")))
-        caught = replicator.wait_peer(target, end)
-
-        def ask(_):
-            if timeout.active():
-                timeout.cancel()
-            take = LeadershipTransferRequest(group=self.config.group, term=term, leader_id=self.self_id,
-                                             local_id=self.self_id, remote_id=target, transfer_id=self.self_id,
-                                             transferee_id=target, take_leadership_ledger_index=end)
-            return self.transport.send(target, take, timeout=self.config.leadership_transfer_wait_timeout / 1000.0
-                                       + self.elector.vote_timeout)
-
-        def done(result):
-            if timeout.active():
-                timeout.cancel()
-            if isinstance(result, LeadershipTransferResponse) and result.response_code is ResponseCode.SUCCESS:
-                return result
-            if transfer.transfer_failure_resumes(st.transferee, target, st.curr_term, term):
-                st.transferee = None
-            if isinstance(result, LeadershipTransferResponse):
-                return result
-            code = result.value.code if isinstance(result.value, DLedgerError) else ResponseCode.INTERNAL_ERROR
-            return LeadershipTransferResponse(code=int(code), term=st.curr_term)
-
-        caught.addCallback(ask)
-        caught.addBoth(done)
-        return caught
+        """Transfer leadership (leader side) or take it (transferee side) (:mod:`dledger.election.handover`)."""
+        return self.handover.handle(request)
 
     def store_damaged(self, index: int, exc: Exception) -> None:
         """An entry of our log cannot be read (e.g. its body CRC fails): stop leading, stop standing.
@@ -641,41 +446,7 @@ class DLedgerServer:
             log.error("{id}: store damaged: entry {index} cannot be read ({why}); this member will hand over "
                       "leadership and not stand for election until its store is repaired and it is restarted",
                       id=self.self_id, index=index, why=why)
-        st = self.state
-        if not self.leads() or st.transferee is not None:
-            return
-        known = {peer: self.replicator.peer_known(peer) for peer in st.peers}
-        action = damaged_leader_action(index, self.store.ledger_end_index, known,
-                                       self.config.max_leadership_transfer_wait_index)
-        if action.transfer_to is None:
-            self._damage_log.warn("no-transfer", "{id}: store damaged but leadership cannot be handed over yet: "
-                                  "{why}", id=self.self_id, why=action.why)
-            return
-        log.info("{id}: store damaged: transferring leadership to {to} ({why})", id=self.self_id,
-                 to=action.transfer_to, why=action.why)
-        req = LeadershipTransferRequest(group=self.config.group, term=st.curr_term, transfer_id=self.self_id,
-                                        transferee_id=action.transfer_to)
-        maybeDeferred(self.handle_leadership_transfer, req).addErrback(lambda f: None)
-
-    def _check_preferred_leader(self) -> None:
-        """As leader, hand leadership to a live, caught-up preferred member (Java's preferredLeaderIds)."""
-        self._preferred_timer = None
-        if not self.running:
-            return
-        st = self.state
-        replicator = self.replicator
-        preferred = self.config.preferred_leaders
-        leads = self.leads()
-        marks = {pid: replicator.peer_watermark(pid) for pid in preferred} if leads else {}
-        pid = transfer.preferred_transferee(self.self_id, preferred, leads, st.transferee is not None,
-                                            st.peers_live, self.store.ledger_end_index, marks,
-                                            self.config.max_leadership_transfer_wait_index)
-        if pid is not None:
-            log.info("{id}: preferred leader {pid} is live and caught up: transferring", id=self.self_id, pid=pid)
-            req = LeadershipTransferRequest(group=self.config.group, term=st.curr_term, transfer_id=self.self_id,
-                                            transferee_id=pid)
-            maybeDeferred(self.handle_leadership_transfer, req).addErrback(lambda f: None)
-        self._preferred_timer = self.clock.callLater(self.elector.heartbeat, self._check_preferred_leader)
+        self.handover.away_from_damage(index)
 
     _handlers = {
         VoteRequest: lambda self, r: self.elector.handle_vote(r),

@@ -27,10 +27,12 @@ from twisted.internet.defer import Deferred, fail, gatherResults, inlineCallback
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from dledger.codes import ResponseCode
 from dledger.diskio import format_bytes
 from dledger.entry import without_noops
 from dledger.errors import DLedgerError, StoreError
 from dledger.interfaces import ICompactingLogStore, IStateMachine
+from dledger.messages import SnapshotRequest, SnapshotResponse
 from dledger.snapshot import rules
 from dledger.snapshot.manifest import NAME_RE, Manifest
 from dledger.snapshot.store import SnapshotDamaged, SnapshotError, SnapshotStore
@@ -312,6 +314,20 @@ class StateMachines:
                 d.callback(None)
 
     # -- snapshots -------------------------------------------------------------------------------
+    def handle_request(self, request: SnapshotRequest) -> Deferred:
+        """``dledger snapshot`` (admin role): take one now; a refusal carries its one-line reason."""
+
+        def taken(manifest):
+            return request.base_reply(SnapshotResponse, index=manifest.index, snapshot_term=manifest.term,
+                                      snapshot_bytes=manifest.size, ledger_begin_index=self.store.ledger_begin_index)
+
+        def refused(failure):
+            failure.trap(SnapshotError)
+            code = ResponseCode.UNSUPPORTED if not self.machines else ResponseCode.INTERNAL_ERROR
+            return request.base_reply(SnapshotResponse, code, error=failure.getErrorMessage()[:500])
+
+        return self.take().addCallbacks(taken, refused)
+
     def take(self) -> Deferred:
         """Snapshot every machine at the applied index (Deferred of the :class:`Manifest`); then compact and prune.
 
