@@ -13,10 +13,11 @@ what the peer answers:
 * any InstallSnapshot answer of SUCCESS: only dledger answers the code.
 
 The decisions are the pure functions at the top; :class:`PeerKinds` only asks
-and remembers; a member probes only if it runs state machines (without them it never
-snapshots or compacts, and no transcript or plain-log group pays for the probes).  A peer not known yet is treated as "may be Java" by
-``all_take_snapshots`` (compaction waits) but is still sent a snapshot when
-it needs one (the answer tells).
+and remembers; a member probes only if it runs state machines (without them it
+never snapshots or compacts, and no plain-log group pays for the probes).  A
+peer not known yet is treated as "may be Java" by ``all_take_snapshots``
+(compaction waits) but is still sent a snapshot when it needs one (the answer
+tells).
 """
 
 from __future__ import annotations

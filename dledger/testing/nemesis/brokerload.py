@@ -185,7 +185,7 @@ class BrokerWorkload:
             rc.close()
 
     async def finish(self, result: Any) -> None:
-        from dledger.testing.nemesis.runner import attribute
+        from dledger.testing.nemesis.tally import attribute
         final = await self.read_back()
         result.ops = len(self.spans)
         result.ok = sum(1 for s in self.spans if s[2] == "ok")

@@ -87,7 +87,7 @@ class KVWorkload:
         await gatherResults([c.close() for c in self.clients])
 
     async def finish(self, result: Any) -> None:
-        from dledger.testing.nemesis.runner import attribute
+        from dledger.testing.nemesis.tally import attribute
         ops = self.history.ops
         result.ops = len(ops)
         result.ok = sum(1 for op in ops if op.reply is not None)

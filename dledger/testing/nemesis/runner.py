@@ -377,18 +377,6 @@ async def read_committed(run: Run, config_path: Path) -> dict[str, dict[int, byt
     return out
 
 
-def attribute(result: RunResult, op_spans: list[tuple[float, float | None, str]]) -> None:
-    """Count each operation under every fault kind whose window it overlapped (failures and timeouts too)."""
-    for invoked, completed, outcome in op_spans:
-        end = completed if completed is not None else invoked
-        for kind, lo, hi in result.windows:
-            if lo is not None and invoked <= hi and end >= lo:
-                k = result.kinds[kind]
-                k["ops"] += 1
-                k["failed"] += outcome != "ok"
-                k["timeouts"] += outcome == "timeout"
-
-
 def run_in_process(spec: RunSpec) -> RunResult:
     """Build, run, check and clean up one run (this process moves into the clients' namespace: call it in a
     process of its own -- ``python -m dledger.testing.nemesis run``)."""
