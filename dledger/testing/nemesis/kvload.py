@@ -19,6 +19,8 @@ from typing import Any
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater
 
+from dledger.testing.nemesis.workload import ClientWorkload
+
 KEYS = [f"k{i}" for i in range(4)]
 
 
@@ -31,26 +33,17 @@ def available() -> str | None:
     return None
 
 
-class KVWorkload:
+class KVWorkload(ClientWorkload):
     def __init__(self, run: Any, peers: str, rng: random.Random, clients: int):
         from dledger_example.kv.history import KVHistory
-        self.run, self.peers, self.rng, self.n = run, peers, rng, clients
-        self.reactor = run.reactor
-        self.history = KVHistory()
-        self.running = False
-        self.spans: list[tuple[float, float | None, str]] = []
-        self.done: Deferred | None = None
-        self.clients: list = []
+        super().__init__(run, peers, rng, clients, KVHistory())
 
     async def start(self) -> None:
         from dledger_example.kv.client import KVClient
         from dledger_example.kv.history import RecordingKV
 
-        from dledger.client import connect
-        self.running = True
-        self.clients = [connect(self.peers, "g0", reactor=self.reactor, request_timeout=2.0, connect_timeout=1.0,
-                                max_attempts=4, retry_delay=0.05) for _ in range(self.n)]
-        kvs = [RecordingKV(KVClient(c), self.history, self.reactor, f"c{k}") for k, c in enumerate(self.clients)]
+        clients = self.connect()
+        kvs = [RecordingKV(KVClient(c), self.history, self.reactor, f"c{k}") for k, c in enumerate(clients)]
         self.done = gatherResults([Deferred.fromCoroutine(self._loop(k, kv)) for k, kv in enumerate(kvs)])
 
     async def _loop(self, k: int, kv: Any) -> None:
@@ -80,21 +73,10 @@ class KVWorkload:
                 self.spans.append((op.invoked, op.completed, outcome))
             await deferLater(self.reactor, self.rng.uniform(0.002, 0.02), lambda: None)
 
-    async def stop(self) -> None:
-        self.running = False
-        if self.done is not None:
-            await self.done
-        await gatherResults([c.close() for c in self.clients])
-
     async def finish(self, result: Any) -> None:
-        from dledger.testing.nemesis.tally import attribute
         ops = self.history.ops
-        result.ops = len(ops)
-        result.ok = sum(1 for op in ops if op.reply is not None)
-        result.timeouts = sum(1 for op in ops if "TIMEOUT" in (op.error or ""))
-        result.failed = result.ops - result.ok
-        attribute(result, self.spans)
-        self.run.workload_result = self.history
+        self.tally(result, sum(1 for op in ops if op.reply is not None),
+                   sum(1 for op in ops if "TIMEOUT" in (op.error or "")))
 
 
 def check_kv(history: Any, logs: dict[str, dict[int, bytes]]) -> list[str]:

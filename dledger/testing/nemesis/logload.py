@@ -20,25 +20,19 @@ from twisted.internet.task import deferLater
 
 from dledger.errors import DLedgerError
 from dledger.testing.checker import History
+from dledger.testing.nemesis.workload import ClientWorkload
 
 
-class LogWorkload:
+class LogWorkload(ClientWorkload):
+    at_least_once = False  # an append of unknown outcome is never resent: each body is in the log at most once
+
     def __init__(self, run: Any, peers: str, rng: random.Random, clients: int):
-        self.run, self.peers, self.rng, self.n = run, peers, rng, clients
-        self.reactor = run.reactor
-        self.history = History()
-        self.running = False
+        super().__init__(run, peers, rng, clients, History())
         self.top = 0
-        self.spans: list[tuple[float, float | None, str]] = []
-        self.done: Deferred | None = None
-        self.clients: list = []
 
     async def start(self) -> None:
-        from dledger.client import connect
-        self.running = True
-        self.clients = [connect(self.peers, "g0", reactor=self.reactor, request_timeout=2.0, connect_timeout=1.0,
-                                max_attempts=4, retry_delay=0.05, at_least_once=False) for _ in range(self.n)]
-        self.done = gatherResults([Deferred.fromCoroutine(self._loop(k, c)) for k, c in enumerate(self.clients)])
+        clients = self.connect()
+        self.done = gatherResults([Deferred.fromCoroutine(self._loop(k, c)) for k, c in enumerate(clients)])
 
     async def _loop(self, k: int, client: Any) -> None:
         seq = 0
@@ -85,18 +79,6 @@ class LogWorkload:
             raise DLedgerError(resp.response_code, f"GET {index} from {member}")
         return resp.entries
 
-    async def stop(self) -> None:
-        self.running = False
-        if self.done is not None:
-            await self.done
-        await gatherResults([c.close() for c in self.clients])
-
     async def finish(self, result: Any) -> None:
-        from dledger.testing.nemesis.tally import attribute
         ops = self.history.ops
-        result.ops = len(ops)
-        result.ok = sum(1 for op in ops if op.ok)
-        result.timeouts = sum(1 for op in ops if op.error == "TIMEOUT")
-        result.failed = result.ops - result.ok
-        attribute(result, self.spans)
-        self.run.workload_result = self.history
+        self.tally(result, sum(1 for op in ops if op.ok), sum(1 for op in ops if op.error == "TIMEOUT"))
