@@ -129,8 +129,8 @@ class StampPos:
         buffer[body_offset:body_offset + 8] = entry.pos.to_bytes(8, "big")
 
 
-class LogStoreContract:
-    """Every rule a log store must follow. Subclass and provide ``open_store``."""
+class _CoreContract:
+    """The rules every log store follows: appends, follower appends, truncation, reads, committed index, reopen."""
 
     persistent = False
     data_file_size = 1024
@@ -460,6 +460,10 @@ class LogStoreContract:
         expect_code(ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN, again.get, 499)
         fired(again.shutdown())
 
+
+class _CompactionContract:
+    """ICompactingLogStore: compaction and snapshot bases (the test methods use the core contract's fixtures)."""
+
     # -- compaction and snapshot bases (ICompactingLogStore) ------------------
     @pytest.fixture
     def compacting_store(self, store):
@@ -602,6 +606,10 @@ class LogStoreContract:
             assert [again.get(i) for i in range(again.ledger_begin_index, 60)] == stored[again.ledger_begin_index:]
         fired(again.shutdown())
 
+
+class _BatchContract:
+    """IBatchLogStore, for the stores that provide it (uses the core contract's fixtures)."""
+
     # -- batches (IBatchLogStore, for the stores that provide it) ------------
     @pytest.fixture
     def batch_store(self, store):
@@ -710,3 +718,11 @@ class LogStoreContract:
         state.lead(2)
         self.expect_batch_error(ResponseCode.NOT_FOLLOWER, guard.append_batch_as_follower, entries, 2, "n1")
         assert batch_store.ledger_end_index == -1
+
+
+class LogStoreContract(_CoreContract, _CompactionContract, _BatchContract):
+    """Every rule a log store must follow. Subclass and provide ``open_store``.
+
+    Three parts (each a class of its own, so each stays readable): the core rules, compaction and
+    snapshot bases, and batches; a store that lacks an optional interface skips that part's tests.
+    """
