@@ -224,11 +224,6 @@ class DLedgerServer:
         """The role plugin request ``code`` needs (IPluginRequests: the connection's check); None if none serves it."""
         return self.plugin_requests.role(code)
 
-    @property
-    def request_handlers(self) -> dict:
-        """Plugin request code -> :class:`dledger.plugin_types.RequestHandler` (``dledger_request_handlers``)."""
-        return self.plugin_requests.handlers
-
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> Deferred:
         """Recover the store, start serving and stand for election."""
@@ -311,7 +306,7 @@ class DLedgerServer:
                                                transport=self.transport, clock=self.clock, flusher=self.flusher,
                                                on_committed=self.committed_advanced,
                                                on_store_damaged=self.store_damaged, stats=self.stats,
-                                               snapshot_store=self._snapshot_store(), peer_kinds=self.peer_kinds)
+                                               snapshot_store=self.snapshots.snapshot_store, peer_kinds=self.peer_kinds)
             self.replicator.start()
 
     def _peers_take_snapshots(self) -> None:
@@ -320,10 +315,6 @@ class DLedgerServer:
         newest = self.snapshots.snapshot_store.newest()
         if newest is not None and self.running:
             self.snapshots.compact(newest.index)
-
-    def _snapshot_store(self):
-        """The member's SnapshotStore (``server.snapshots.snapshot_store``): the leader sends its newest."""
-        return self.snapshots.snapshot_store
 
     def committed_advanced(self) -> None:
         """The committed index moved: answer appends, feed listeners, tell idle followers."""

@@ -426,7 +426,7 @@ def run_in_process(spec: RunSpec) -> RunResult:
         run.procs.terminate_all()
         deadline = time.monotonic() + 20
         while any(run.procs.running(n) for n in run.procs.procs) and time.monotonic() < deadline:
-            time.sleep(0.1)
+            time.sleep(0.1)  # allowed: the harness's clean-up after its reactor stopped, not the core
         run.procs.kill_all()
         run.net.close()
         for sig, handler in previous.items():
