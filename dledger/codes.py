@@ -73,6 +73,7 @@ class RequestCode(enum.IntEnum):
     LEADERSHIP_TRANSFER = 51005
     INSTALL_SNAPSHOT = 51006
     SNAPSHOT = 50100  # dledger: an admin asks a member to take a snapshot now (``dledger snapshot``)
+    MEMBERS = 50101  # dledger: list or change the group's configuration (``dledger members``, issue #23)
 
 
 #: Request codes reserved for plugins (dledger extension): a plugin serves the ones it declares with the

@@ -178,6 +178,9 @@ class DLedgerConfig:
     max_batch_push_size: int = MiB  # bytes per push (Java: 4 KiB); each push is a flush round on a follower
     max_pending_size: int = 1000  # in-flight pushes per follower
     enable_fast_advance_commit_index: bool = True  # dledger: NOOP at term start (Java: off)
+    # membership change (issue #23, docs/operations.md "Replacing a member")
+    join_existing: bool = False  # dledger: this member joins a running group: a learner until the log says otherwise
+    learner_promote_lag: int = 1000  # dledger: a learner to be a voter is promoted within this lag (-1: never)
     # plugins may add options; they arrive here, validated against their declarations
     extras: Mapping[str, Any] = field(default_factory=dict)
 
@@ -383,6 +386,7 @@ def _validate(cfg: DLedgerConfig) -> None:
     positive("scrub_bytes_per_second")
     _check_sizes(cfg)
     _validate_snapshots(cfg)
+    _validate_membership(cfg)
     _validate_connection_limits(cfg)
     _validate_security(cfg)
 
@@ -427,6 +431,13 @@ def _check_sizes(cfg: DLedgerConfig) -> None:
                           f"maxFrameSize")
 
 
+
+
+def _validate_membership(cfg: DLedgerConfig) -> None:
+    """The membership options (issue #23): a promotion lag of -1 (never automatically) or more."""
+    if cfg.learner_promote_lag < -1:
+        raise ConfigError(f"learnerPromoteLag: must be -1 (promote only by command) or >= 0 entries, "
+                          f"got {cfg.learner_promote_lag}")
 
 
 def _validate_snapshots(cfg: DLedgerConfig) -> None:

@@ -448,3 +448,34 @@ class IStateMachine(Interface):
 
     def restore(reader) -> object:
         """Replace the whole state with the one in the section (an :class:`ISnapshotReader`); returns a Deferred."""
+
+
+class IMembership(Interface):
+    """The group's configuration as one member sees it (``server.membership``; issue #23).
+
+    The configuration lives in the log (entries of magic ``CONFIG_CHANGE``): the one in force is the
+    newest in this member's log, committed or not, else the snapshot's, else the bootstrap ``--peers``
+    (:func:`dledger.membership.rules.in_force`).  Plugins (the RocketMQ broker) observe it to follow
+    members joining and leaving.
+    """
+
+    configuration = Attribute("The :class:`dledger.membership.configuration.Configuration` in force.")
+
+    def committed() -> bool:
+        """The configuration in force is committed (no change in flight)."""
+
+    def observe(callback) -> None:
+        """Call ``callback(old, new)`` after every change of the configuration in force.
+
+        Changes come from an appended configuration entry, a truncation that removed one, or a snapshot
+        installed; the callback runs on the reactor thread and must not block.
+        """
+
+    def propose(change) -> object:
+        """On the leader: a Deferred of the new configuration once the change (a
+        :class:`dledger.membership.rules.Change`) is committed.
+
+        Fails with a :class:`dledger.errors.DLedgerError` whose message is the one-line refusal
+        (:func:`dledger.membership.rules.refusal`) when the change cannot be proposed now; NOT_LEADER on
+        a follower.
+        """

@@ -276,6 +276,37 @@ class SnapshotResponse(RequestOrResponse):
     error: str | None = None
 
 
+# -- membership change (dledger extension; code 50101, issue #23) ----------------
+
+@dataclass(slots=True, kw_only=True)
+class MembersRequest(RequestOrResponse):
+    """List (``op`` "list", any member answers) or change the configuration (the leader; admin role).
+
+    ``op``: list, add, promote, remove (``dledger.membership.rules.Op``); ``member_id`` and, for add,
+    ``address`` (``host:port``) and ``learner`` (stay a learner until promoted).
+    """
+
+    op: str = "list"
+    member_id: str | None = None
+    address: str | None = None
+    learner: bool | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class MembersResponse(RequestOrResponse):
+    """The configuration in force on the answering member (after the change, once committed).
+
+    ``configuration`` is the configuration's JSON (``Configuration.to_json``: members with id, address,
+    role); ``config_index`` the index of its entry (0: the bootstrap ``--peers``); ``error`` the one-line
+    refusal when the code is not SUCCESS.
+    """
+
+    configuration: dict | None = None
+    config_index: int = -1
+    committed_index: int = -1
+    error: str | None = None
+
+
 #: request code -> (request class, response class)
 RPCS: dict[RequestCode, tuple[type[RequestOrResponse], type[RequestOrResponse]]] = {
     RequestCode.METADATA: (MetadataRequest, MetadataResponse),
@@ -287,6 +318,7 @@ RPCS: dict[RequestCode, tuple[type[RequestOrResponse], type[RequestOrResponse]]]
     RequestCode.LEADERSHIP_TRANSFER: (LeadershipTransferRequest, LeadershipTransferResponse),
     RequestCode.SNAPSHOT: (SnapshotRequest, SnapshotResponse),
     RequestCode.INSTALL_SNAPSHOT: (InstallSnapshotRequest, InstallSnapshotResponse),
+    RequestCode.MEMBERS: (MembersRequest, MembersResponse),
 }
 REQUEST_CODES: dict[type, RequestCode] = {req: code for code, (req, _) in RPCS.items()}
 RESPONSE_TYPES: dict[type, type] = {req: resp for req, resp in RPCS.values()}
@@ -389,7 +421,7 @@ FIELD_BOUNDS: dict[str, Bounds] = {
     "count": SIZE, "total_size": SIZE,
     "max_size": INT32, "code": INT32, "request_code": INT32,
     "snapshot_term": TERM, "snapshot_bytes": Bounds(0, MAX_POS, "byte count"),
-    "snapshot_index": INDEX, "offset": POSITION, "next_offset": POSITION,
+    "snapshot_index": INDEX, "offset": POSITION, "next_offset": POSITION, "config_index": INDEX,
 }
 #: Bounds of a transported entry's fields: a placed entry has index, term and position >= 0.
 ENTRY_BOUNDS: dict[str, Bounds] = {
