@@ -45,12 +45,18 @@ def test_added_member_is_a_learner_until_caught_up_then_promoted_automatically()
 
 def test_learner_never_votes_stands_or_counts():
     c = _grown(learner_promote_lag=-1)  # promoted only by command
-    address = c.add_member("n3")
-    c.change(Change(Op.ADD, "n3", address, learner=True))
+    for mid in ("n3", "n4"):
+        c.change(Change(Op.ADD, mid, c.add_member(mid), learner=True))
     c.run(5)
-    assert not c.configuration().is_voter("n3")
+    assert c.configuration().learners == ("n3", "n4")
     lid = c.leader()
-    # Two voters of three gone: the learner's acknowledgement must not make a quorum.
+    term = c.servers[lid].state.curr_term
+    # A learner asking for votes (in a much higher term) is refused, and moves nobody's term.
+    vote = VoteRequest(group="g0", term=term + 100, ledger_end_term=99, ledger_end_index=10 ** 6,
+                       leader_id="n3", local_id="n3", remote_id=lid)
+    reply = _settled(c.servers[lid].handle_request(vote))
+    assert reply.vote_result is VoteResult.REJECT_UNKNOWN_LEADER and c.servers[lid].state.curr_term == term
+    # Two voters of three gone: the leader and two learners hold the entry, 3 of 5 members but 1 of 3 voters.
     others = [m for m in ("n0", "n1", "n2") if m != lid]
     c.crash(others[0])
     c.crash(others[1])
@@ -59,11 +65,11 @@ def test_learner_never_votes_stands_or_counts():
     d.addErrback(lambda f: None)  # never committed: the client gives up in the end
     c.run(10)
     assert c.servers[lid].store.committed_index == before
-    assert c.servers["n3"].store.ledger_end_index > before  # the learner holds the entry, yet nothing commits
+    assert all(c.servers[m].store.ledger_end_index > before for m in ("n3", "n4"))  # held, yet not committed
     c.crash(lid)
-    c.run(30)  # no leader left among the voters: the learner times out but never asks for votes
-    assert c.servers["n3"].elector.vote_rounds == 0
-    assert c.servers["n3"].state.role is not Role.LEADER
+    c.run(30)  # no leader left among the voters: the learners time out but never ask for votes
+    assert all(c.servers[m].elector.vote_rounds == 0 for m in ("n3", "n4"))
+    assert all(c.servers[m].state.role is not Role.LEADER for m in ("n3", "n4"))
     del d
 
 
