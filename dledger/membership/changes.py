@@ -47,6 +47,7 @@ class MembershipChanges:
         self._promoting: str | None = None  # the learner whose promotion was logged last
         self._stepping_down = 0  # heartbeats since a removed leader's removal committed
         self._removed_logged = False
+        self._asking: list[tuple[Change, Deferred]] | None = None  # changes waiting for the peers' kinds
         self.running = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -90,7 +91,34 @@ class MembershipChanges:
         return LeaderView(server.self_id, config, server.store.committed_index, own_term, live, java)
 
     def propose(self, change: Change) -> Deferred:
-        """A Deferred of the new configuration once ``change`` is committed (IMembership.propose)."""
+        """A Deferred of the new configuration once ``change`` is committed (IMembership.propose).
+
+        Members whose kind (dledger or Java DLedger) is not known yet are asked first (METADATA with
+        detail, :meth:`PeerKinds.probe`): a group with a Java member refuses every change.
+        """
+        server = self.server
+        if not server.leads():
+            return fail(server.not_leader())
+        kinds = server.peer_kinds
+        unknown = [p for p in self.membership.configuration.ids
+                   if p != server.self_id and kinds.kind(p).value == "unknown"]
+        if not unknown and self._asking is None:
+            return self._propose(change)
+        d: Deferred = Deferred()
+        first = self._asking is None
+        if first:  # changes asked meanwhile wait for the same answers, and go in order
+            self._asking = []
+        self._asking.append((change, d))
+        if first:
+            kinds.probe(unknown).addBoth(self._kinds_known)
+        return d
+
+    def _kinds_known(self, _result) -> None:
+        asked, self._asking = self._asking or [], None
+        for change, d in asked:
+            self._propose(change).chainDeferred(d)
+
+    def _propose(self, change: Change) -> Deferred:
         server = self.server
         if not server.leads():
             return fail(server.not_leader())
