@@ -52,24 +52,30 @@ class MembershipChanges:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
+        """Follow the role: the heartbeat check (promotion, a removed leader's handover) runs while it leads."""
         self.running = True
         self.server.elector.observe(self._role_changed)
-        self._arm()
 
     def stop(self) -> None:
         self.running = False
+        self._cancel()
+        self._fail_waiting("member stopped")
+
+    def _cancel(self) -> None:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
-        self._fail_waiting("member stopped")
 
     def _arm(self) -> None:
-        if self.running:
+        if self.running and self._timer is None:
             self._timer = self.server.clock.callLater(self.server.elector.heartbeat, self._tick)
 
     def _role_changed(self, term: int, role: Role) -> None:
         self._stepping_down = 0
-        if role is not Role.LEADER:
+        if role is Role.LEADER:
+            self._arm()
+        else:
+            self._cancel()
             self._fail_waiting(f"leadership lost (now {role.name} in term {term})")
 
     def _fail_waiting(self, why: str) -> None:
@@ -192,6 +198,8 @@ class MembershipChanges:
     # -- once a heartbeat ---------------------------------------------------------------------------------
     def _tick(self) -> None:
         self._timer = None
+        if self.server.state.role is not Role.LEADER:
+            return
         try:
             if self.server.leads():
                 self._promote_due()
