@@ -444,9 +444,14 @@ class LeaderElector:
     def handle_heartbeat(self, request: HeartBeatRequest) -> HeartBeatResponse | Deferred:
         """Answer a heartbeat (SPEC §3); held (a Deferred) while a term/vote write is in flight."""
         st = self.state
-        # The leader we follow in this term keeps our ear while it removes itself (until that change commits).
-        members = st.member_set if st.leader_id is None or st.leader_id in st.member_set \
-            else st.member_set | {st.leader_id}
+        # The leader we follow in this term keeps our ear while it removes itself (until that change commits);
+        # a learner (one that joined with --peers that lack today's leader, say) follows whoever leads: it
+        # learns the configuration from that leader's log, and a leader won its votes from the voters.
+        members = st.member_set
+        if not st.votes:
+            members = members | {request.leader_id}
+        elif st.leader_id is not None and st.leader_id not in members:
+            members = members | {st.leader_id}
         view = self.view(members)
         decision = decide_heartbeat(view, request.leader_id, request.term)
         if decision.action is Action.REFRESH_LEADER:
