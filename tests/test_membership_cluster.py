@@ -290,3 +290,20 @@ def test_the_first_change_asks_the_peers_kinds_first_and_a_java_member_refuses_i
         refused = _settled(d)
         assert refused.value.code is ResponseCode.CONFIG_CHANGE_REFUSED and "Java DLedger" in refused.value.message
     assert leader.membership.configuration.index == 0
+
+
+def test_a_member_that_was_away_follows_a_leader_its_log_has_not_heard_of():
+    """n2 misses n3's addition; n3 then leads: n2 hears n3's heartbeats (Java: UNKNOWN_MEMBER) and catches up."""
+    c = _grown(seed=6)
+    lid = c.leader()
+    away = next(m for m in ("n0", "n1", "n2") if m != lid)
+    c.isolate(away)
+    c.change(Change(Op.ADD, "n3", c.add_member("n3")))
+    c.wait_until(lambda: c.configuration().is_voter("n3") and c.servers[c.leader()].membership.committed(), 30,
+                 "n3 promoted")
+    c.servers[c.leader()].handover.hand_to("n3")
+    c.wait_until(lambda: c.stable_leader() == "n3", 30, "n3 leads")
+    assert "n3" not in c.servers[away].membership.configuration.ids
+    c.heal()
+    c.append_committed([b"c"])  # waits for every member of n3's configuration, the one that was away included
+    assert c.servers[away].state.leader_id == "n3" and c.configuration(away) == c.configuration("n3")
