@@ -74,6 +74,7 @@ async def finish(group: LocalGroup, admin, load: WriteLoad, bound: float, outage
     check = load.check(e.body for e in logs[group.ids[0]].entries)
     assert check.ok, check.describe()
     assert check.acknowledged >= 100, check.describe()
+    print(f"\n{check.describe()}; longest gaps: " + ", ".join(f"{what} {o.seconds:.3f}s" for what, o in outages))
     worst = max(outages, key=lambda o: o[1].seconds)
     assert worst[1].seconds < bound, (f"{worst[0]}: no acknowledged append for {worst[1].seconds:.2f}s, bound "
                                       f"{bound:.2f}s ({OUTAGE_ELECTIONS} election timeouts); all: "
