@@ -62,12 +62,12 @@ class FakeGroup:
             return succeed(MembersResponse(code=ResponseCode.NOT_LEADER, leader_id=self.leader))
         if self.refuse_next:
             why, self.refuse_next = self.refuse_next, None
-            return succeed(MembersResponse(code=ResponseCode.ILLEGAL_MEMBER_STATE, leader_id=self.leader, error=why))
+            return succeed(MembersResponse(code=ResponseCode.CONFIG_CHANGE_REFUSED, leader_id=self.leader, error=why))
         change = Change(Op(req.op), req.member_id, req.address or "", bool(req.learner))
         view = LeaderView(self.leader, self.config, self.committed, True, self.live())
         why, new = refusal(view, change)
         if why is not None:
-            return succeed(MembersResponse(code=ResponseCode.ILLEGAL_MEMBER_STATE, leader_id=self.leader, error=why))
+            return succeed(MembersResponse(code=ResponseCode.CONFIG_CHANGE_REFUSED, leader_id=self.leader, error=why))
         self.end += 1
         self.committed = self.end
         self.config = new.at(self.end, 1)
