@@ -80,6 +80,11 @@ async def voters(admin, group: LocalGroup) -> tuple[str, ...]:
     return view.configuration.voters
 
 
+async def outage(load: WriteLoad, began: float):
+    """The longest gap from ``began`` to the first acknowledgement from now on (the whole outage)."""
+    return load.longest_gap(began, await load.resumed(load.reactor.seconds()))
+
+
 async def finish(group: LocalGroup, admin, load: WriteLoad, bound: float, outages: list) -> None:
     """Stop the load, let the members converge and stop them; check the logs and the outages."""
     await load.stop()
@@ -126,7 +131,7 @@ async def test_replace_every_member_of_a_live_group_under_write_load(tmp_path, r
             assert old not in view.configuration.ids and view.configuration.is_voter(new.id)
             load.learn(view.configuration)
             group.retire(old)
-            outages.append((f"replace {old} by {new.id}", load.longest_gap(began, reactor.seconds())))
+            outages.append((f"replace {old} by {new.id}", await outage(load, began)))
         assert await voters(admin, group) == ("n3", "n4", "n5")
         settled = reactor.seconds()
         await group.wait_for(lambda: load.acks_between(settled, reactor.seconds()) >= 30, 30,
@@ -167,7 +172,7 @@ async def test_grow_a_group_from_three_to_five_and_back_to_three(tmp_path, react
 
             await group.wait_for(promoted, 60, f"{new.id} to be promoted", interval=0.1)
             load.learn((await admin.members()).configuration)
-            outages.append((f"add {new.id}", load.longest_gap(began, reactor.seconds())))
+            outages.append((f"add {new.id}", await outage(load, began)))
         code, text = await in_process(reactor, members_commands.do_list, "members", "list", "--json",
                                       *group_args(group))
         assert code == 0, text
@@ -187,7 +192,7 @@ async def test_grow_a_group_from_three_to_five_and_back_to_three(tmp_path, react
                 view = await admin.remove_member(old)
                 assert old not in view.configuration.ids
             group.retire(old)
-            outages.append((f"remove {old}", load.longest_gap(began, reactor.seconds())))
+            outages.append((f"remove {old}", await outage(load, began)))
         remaining = await voters(admin, group)
         assert len(remaining) == 3 and leader not in remaining
         settled = reactor.seconds()
@@ -222,7 +227,7 @@ async def test_replace_every_member_twice_while_it_runs(tmp_path, reactor, reque
                 await admin.replace_member(old, new.id, group.address(new.id))
                 load.learn((await admin.members()).configuration)
                 group.retire(old)
-                outages.append((f"replace {old} by {new.id}", load.longest_gap(began, reactor.seconds())))
+                outages.append((f"replace {old} by {new.id}", await outage(load, began)))
         settled = reactor.seconds()
         await group.wait_for(lambda: load.acks_between(settled, reactor.seconds()) >= 30, 30, "appends")
         await finish(group, admin, load, bound, outages)

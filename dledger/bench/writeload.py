@@ -107,6 +107,21 @@ class WriteLoad:
         for c in self._clients:
             c.learn(configuration)
 
+    async def resumed(self, after: float, timeout: float = 60.0) -> float:
+        """The time of the first acknowledgement later than ``after`` (waiting for it, up to ``timeout``).
+
+        A window that is to hold a whole outage ends there: cut at the change's answer, it would miss
+        the part of the outage that comes after (a removed leader handing over).
+        """
+        deadline = self.reactor.seconds() + timeout
+        while True:
+            later = [t for t in self.acked.values() if t > after]
+            if later:
+                return min(later)
+            if self.reactor.seconds() >= deadline:
+                raise TimeoutError(f"no acknowledged append within {timeout:g}s after the change")
+            await deferLater(self.reactor, 0.01, lambda: None)
+
     def acks_between(self, start: float, end: float) -> int:
         return sum(1 for t in self.acked.values() if start <= t <= end)
 
