@@ -11,13 +11,13 @@ import io
 import json
 
 import pytest
+from test_cli_errors import DOWN, GROUP, dledger, one_line
+from test_client_members import FakeGroup, client_of, run
 from twisted.internet import task
 
 from dledger import cli
 from dledger.commands import client as client_commands
 from dledger.commands import members as members_commands
-from tests.test_cli_errors import DOWN, GROUP, dledger, one_line
-from tests.test_client_members import FakeGroup, client_of, run
 
 
 def args_of(**kw) -> argparse.Namespace:
