@@ -143,8 +143,9 @@ async def test_metadata_lists_every_member(reactor, group):
     """metadata without --member prints the leader and one line per member with role, term and indexes."""
     status, out, _ = await cli(reactor, group, "metadata")
     lines = out.splitlines()
-    assert status == 0 and lines[0] == f"group g0, leader {group.leader()}"
+    assert status == 0 and lines[0] == f"group g0, leader {group.leader()}, configuration entry 0"
     assert len(lines) == 4 and sum("LEADER" in line for line in lines[1:]) == 1
+    assert all(line.split()[2] == "voter" for line in lines[1:]), "each member's place in the configuration"
     status, out, _ = await cli(reactor, group, "metadata", "--member", group.follower(), "--json")
     meta = json.loads(out)
     assert meta["member"] == group.follower() and meta["role"] == "FOLLOWER" and meta["leader"] == group.leader()
