@@ -1,0 +1,251 @@
+"""Broker members coming and going (issue #23 item 6): broker ids, registration gated on catch-up, removal.
+
+Pure decisions as tables; the gate driven on ``task.Clock`` against a real in-memory name server
+(:class:`dledger_rocketmq.namesrv.NameServer` over iosim) with a fake ``server.membership``.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from dledger_rocketmq import registration
+from dledger_rocketmq.membership import Action, MemberRegistration, registration_step
+from dledger_rocketmq.namesrv import NameServer
+from dledger_rocketmq.registration import Registration
+from dledger_rocketmq.roles import JOINED_BASE, RoleManager, joined_broker_id, member_broker_id, transfer_targets
+from test_rmq_registration import Net, fake_broker, settle
+from twisted.internet import task
+from twisted.internet.defer import Deferred
+
+from dledger.membership.configuration import Configuration, MemberInfo, MemberRole
+
+# -- broker ids -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("self_id, bootstrap, joined, expect", [
+    ("n0", ["n0", "n1", "n2"], False, 1),
+    ("n3", ["n0", "n1", "n2", "n3"], True, 4),  # a member added later: its number, whoever else is there
+    ("n7", ["n3", "n7"], True, 8),  # the --peers a joining member was given do not matter
+    ("alpha", ["gamma", "alpha", "beta"], False, 1),  # bootstrap members keep their position (as before)
+    ("gamma", ["gamma", "alpha", "beta"], False, 3),
+])
+def test_member_broker_id(self_id, bootstrap, joined, expect):
+    """Broker ids do not depend on the configuration in force: n<k> -> k + 1; others their bootstrap position."""
+    assert member_broker_id(self_id, bootstrap, joined=joined) == expect
+
+
+def test_joined_member_with_an_unnumbered_id_gets_a_stable_id_above_the_positions():
+    """'delta' joining {alpha, beta, gamma} must not take position 3 (gamma's) nor move when members change."""
+    a = member_broker_id("delta", ["alpha", "beta", "gamma", "delta"], joined=True)
+    b = member_broker_id("delta", ["delta", "epsilon"], joined=True)
+    assert a == b == joined_broker_id("delta") >= JOINED_BASE
+    assert joined_broker_id("delta") != joined_broker_id("epsilon")
+
+
+def _server(self_id="n3", peers=("n0", "n1", "n2", "n3"), join=True, membership=None):
+    config = SimpleNamespace(members={p: None for p in peers}, join_existing=join, group="g")
+    return SimpleNamespace(self_id=self_id, config=config, state=SimpleNamespace(member_set=frozenset(peers)),
+                           clock=task.Clock(), membership=membership)
+
+
+def test_role_manager_slave_id_uses_the_bootstrap_peers_not_the_configuration():
+    """The id is fixed when the member starts: a later configuration without some member does not move it."""
+    server = _server("zeta", peers=("alpha", "zeta"), join=False)
+    server.state.member_set = frozenset({"zeta"})  # whatever the member set becomes
+    assert RoleManager(server, None).slave_id == 2
+    server.config.join_existing = True
+    assert RoleManager(server, None).slave_id == joined_broker_id("zeta")
+
+
+def _config(*members, index=0):
+    return Configuration(tuple(MemberInfo(m.rstrip("?"), f"127.0.0.1:{20911 + i}",
+                                          MemberRole.LEARNER if m.endswith("?") else MemberRole.VOTER)
+                               for i, m in enumerate(members)), index, 1 if index else 0)
+
+
+def test_leadership_is_handed_only_to_voters():
+    """A master that cannot finish its switch hands over to a voter, never to a learner (learners never lead)."""
+    membership = SimpleNamespace(configuration=_config("n0", "n1", "n2?", index=5))
+    server = _server("n0", membership=membership)
+    server.state.peers = ("n1", "n2")
+    assert transfer_targets(server) == ["n1"]
+    server.membership = None
+    assert transfer_targets(server) == ["n1", "n2"]
+
+
+# -- when to register --------------------------------------------------------------------------------------------
+
+R, W, X = Action.REGISTER, Action.WAIT, Action.WITHDRAW
+
+
+@pytest.mark.parametrize("is_master, member, voter, config_index, committed, dispatched, latched, action, why", [
+    (True, False, False, 9, 0, False, False, R, "master"),  # a removed leader masters until it steps down
+    (False, False, False, 9, 9, True, True, X, "removed"),
+    (False, False, False, 9, 9, True, False, X, "removed"),
+    (False, True, True, 0, 0, True, False, R, "caught up"),  # a bootstrap member: as before
+    (False, True, False, 7, 7, True, False, W, "learner"),
+    (False, True, True, 12, 11, False, False, W, "not committed"),
+    (False, True, True, 12, 12, False, False, W, "not dispatched"),
+    (False, True, True, 12, 12, True, False, R, "caught up"),
+    (False, True, True, 15, 13, False, True, R, "registered member"),  # a later change does not unregister it
+    (False, True, False, 15, 13, False, True, R, "registered member"),
+])
+def test_registration_step(is_master, member, voter, config_index, committed, dispatched, latched, action, why):
+    """Register a slave only once it is a voter whose promotion is committed and dispatched here; removed: withdraw."""
+    got, reason = registration_step(is_master=is_master, member=member, voter=voter, config_index=config_index,
+                                    committed=committed, dispatched=dispatched, latched=latched)
+    assert got is action and why in reason
+
+
+# -- the gate against a name server --------------------------------------------------------------------------------
+
+class FakeMembership:
+    """``server.membership`` as the contract has it: the configuration in force, observers called (old, new)."""
+
+    def __init__(self, config: Configuration):
+        self.configuration = config
+        self.observers = []
+
+    def observe(self, callback):
+        self.observers.append(callback)
+
+    def committed(self) -> bool:
+        return True
+
+    def change(self, config: Configuration) -> None:
+        old, self.configuration = self.configuration, config
+        for cb in self.observers:
+            cb(old, config)
+
+
+class FakeProgress:
+    def __init__(self):
+        self.dispatched = 0
+        self.waits: list[tuple[int, Deferred]] = []
+
+    def caught_up(self, index):
+        return self.dispatched >= index
+
+    def wait_dispatched(self, index):
+        d = Deferred()
+        self.waits.append((index, d))
+        return d
+
+    def advance(self, index):
+        self.dispatched = index
+        for i, d in list(self.waits):
+            if i <= index and not d.called:
+                d.callback(index)
+
+
+@pytest.fixture
+def net(monkeypatch):
+    n = Net()
+    monkeypatch.setattr(registration, "connect_client", n.connect)
+    return n
+
+
+def joining_member(tmp_path, clock, membership):
+    b = fake_broker(tmp_path, clock, addr="10.0.0.4:10911", broker_id=4)
+    b.server.self_id = "n3"
+    b.server.membership = membership
+    b.server.store = SimpleNamespace(committed_index=0)
+    b.progress = FakeProgress()
+    return b
+
+
+def test_new_member_registers_only_once_caught_up_and_removal_unregisters(tmp_path, net):
+    """A learner is not in the route; the promoted voter appears once its promotion is committed and dispatched;
+    removed, it sends UNREGISTER_BROKER and stops its heartbeat; a truncated removal puts it back."""
+    clock = task.Clock()
+    ns = NameServer("tcp:9876", reactor=clock)
+    net.servers["127.0.0.1:9876"] = ns.factory
+    membership = FakeMembership(_config("n0", "n1", "n2", "n3?", index=10))
+    b = joining_member(tmp_path, clock, membership)
+    reg = Registration(b, ["127.0.0.1:9876"], period=30.0, reactor=clock)
+    gate = MemberRegistration(b)
+    gate.attach(reg)
+    codes = []
+    real = ns.handle
+    ns.handle = lambda conn, header, body: (codes.append(header.code), real(conn, header, body))
+    reg.startService()
+    settle(clock, net, 60.0)
+    assert codes == [] and "10.0.0.4:10911" not in ns.table.live  # a learner: never registered
+    assert gate.status()["registration"] == "wait"
+
+    membership.change(_config("n0", "n1", "n2", "n3", index=14))  # promoted (entry 14, not committed here yet)
+    settle(clock, net, 5.0)
+    assert codes == [] and "committed" in gate.reason
+    b.server.store.committed_index = 14
+    b.progress.advance(13)
+    settle(clock, net, 5.0)
+    assert codes == []  # committed, but the queues are not dispatched up to the promotion yet
+    b.progress.advance(14)
+    settle(clock, net)
+    assert codes == [registration.REGISTER_BROKER]
+    assert ns.table.brokers["g"]["brokerAddrs"] == {4: "10.0.0.4:10911"}
+
+    membership.change(_config("n0", "n2", "n3", index=20))  # n1 leaves: n3 stays registered, no catch-up wait
+    settle(clock, net, 31.0)
+    assert codes.count(registration.UNREGISTER_BROKER) == 0 and codes.count(registration.REGISTER_BROKER) >= 2
+
+    membership.change(_config("n0", "n2", index=25))  # n3 removed
+    settle(clock, net)
+    assert codes[-1] == registration.UNREGISTER_BROKER
+    assert "10.0.0.4:10911" not in ns.table.live and ns.table.brokers == {}
+    n = len(codes)
+    settle(clock, net, 90.0)
+    assert len(codes) == n  # no heartbeat after removal
+
+    b.server.store.committed_index = 24
+    membership.change(_config("n0", "n2", "n3", index=20))  # the removal was truncated away: back, caught up again
+    b.progress.advance(24)
+    settle(clock, net)
+    assert codes[-1] == registration.REGISTER_BROKER and ns.table.brokers["g"]["brokerAddrs"] == {4: "10.0.0.4:10911"}
+    reg.stopService()
+    settle(clock, net)
+
+
+def test_removed_master_withdraws_once_it_steps_down(tmp_path, net):
+    """A leader removing itself stays master (id 0) until it steps down, then unregisters and goes quiet."""
+    clock = task.Clock()
+    ns = NameServer("tcp:9876", reactor=clock)
+    net.servers["127.0.0.1:9876"] = ns.factory
+    membership = FakeMembership(_config("n0", "n1", "n2", "n3"))
+    b = joining_member(tmp_path, clock, membership)
+    b.role, b.broker_id = "MASTER", 0
+    reg = Registration(b, ["127.0.0.1:9876"], period=30.0, reactor=clock)
+    MemberRegistration(b).attach(reg)
+    reg.startService()
+    settle(clock, net)
+    assert ns.table.masters("g") == ["10.0.0.4:10911"]
+    membership.change(_config("n0", "n1", "n2", index=30))
+    settle(clock, net, 31.0)
+    assert ns.table.masters("g") == ["10.0.0.4:10911"]  # still the master until the change commits
+    b.role, b.broker_id = "SLAVE", 4
+    for cb in b.slave_callbacks:
+        cb(b)
+    settle(clock, net)
+    assert ns.table.brokers == {} and "10.0.0.4:10911" not in ns.table.live
+    registrations = reg.registrations
+    settle(clock, net, 60.0)
+    assert reg.registrations == registrations
+    reg.stopService()
+    settle(clock, net)
+
+
+def test_without_membership_the_gate_is_open(tmp_path, net):
+    """A dledger without ``server.membership``: registration as before (at start, no wait)."""
+    clock = task.Clock()
+    ns = NameServer("tcp:9876", reactor=clock)
+    net.servers["127.0.0.1:9876"] = ns.factory
+    b = joining_member(tmp_path, clock, None)
+    del b.server.membership
+    reg = Registration(b, ["127.0.0.1:9876"], period=30.0, reactor=clock)
+    MemberRegistration(b).attach(reg)
+    reg.startService()
+    settle(clock, net)
+    assert reg.registrations == 1 and ns.table.brokers["g"]["brokerAddrs"] == {4: "10.0.0.4:10911"}
+    reg.stopService()
+    settle(clock, net)
