@@ -22,6 +22,7 @@ from dledger.errors import ConfigError, DLedgerError, StoreError
 COMMAND_MODULES = [
     "dledger.commands.demo",
     "dledger.commands.client",
+    "dledger.commands.members",
     "dledger.commands.info",
     "dledger.commands.store",
     "dledger.commands.bench",

@@ -26,6 +26,7 @@ from dledger.messages import (
     AppendEntryRequest,
     GetEntriesRequest,
     LeadershipTransferRequest,
+    MembersRequest,
     MetadataRequest,
     PluginRequest,
     SnapshotRequest,
@@ -56,7 +57,8 @@ class DLedgerClient:
         self.transport = transport
         self.owns_transport = owns_transport
         self.group = group
-        self.members = list(members)
+        #: The member ids this client asks (grows when :meth:`members` shows new ones).
+        self.member_ids = list(members)
         self.clock = clock
         self.request_timeout = request_timeout
         self.max_attempts = max_attempts
@@ -73,7 +75,7 @@ class DLedgerClient:
     def _guess(self) -> str:
         if self.leader is not None:
             return self.leader
-        member = self.members[self._next % len(self.members)]
+        member = self.member_ids[self._next % len(self.member_ids)]
         self._next += 1
         return member
 
@@ -83,9 +85,9 @@ class DLedgerClient:
             self._unreachable.pop(member, None)
             return None
         self._unreachable[member] = error.message
-        if not all(m in self._unreachable for m in self.members):
+        if not all(m in self._unreachable for m in self.member_ids):
             return None
-        return DLedgerError(ResponseCode.NETWORK_ERROR, unreachable_message(self.transport, self.members,
+        return DLedgerError(ResponseCode.NETWORK_ERROR, unreachable_message(self.transport, self.member_ids,
                                                                             self._unreachable))
 
     @inlineCallbacks
@@ -107,7 +109,8 @@ class DLedgerClient:
                     raise nobody from None
             if code is ResponseCode.SUCCESS:
                 return resp
-            reason = getattr(resp, "reason", None)  # a plugin's one-line reason (PluginResponse)
+            # a plugin's one-line reason (PluginResponse), a member's refusal (MembersResponse)
+            reason = getattr(resp, "reason", None) or getattr(resp, "error", None)
             last_error = DLedgerError(code, f"from {target} (attempt {attempt + 1})"
                                       + (f": {reason}" if reason else ""), leader_id=getattr(resp, "leader_id", None))
             if code is ResponseCode.NOT_LEADER and resp is not None and resp.leader_id not in (None, target):
@@ -212,6 +215,85 @@ class DLedgerClient:
             raise DLedgerError(resp.response_code, resp.error or f"snapshot on {member}",
                                leader_id=resp.leader_id)
         return resp
+
+    # -- membership (issue #23; docs/operations.md "Replacing a member") ---------------------------
+    @inlineCallbacks
+    def members(self, member: str | None = None):
+        """The group's configuration: a :class:`dledger.member_changes.MembersView` (members with roles, committed?).
+
+        Asked of the leader when one is known, else of any member (``op`` list is answered by every
+        member, from its own log); ``member``: ask that member only, once.  The addresses of members the
+        client did not know (added since it was made) are learnt, so it can follow a leader there.
+        """
+        from dledger.member_changes import MembersView
+
+        if member is not None:
+            req = MembersRequest(group=self.group, remote_id=member, op="list")
+            resp = yield self.transport.send(member, req, timeout=self.request_timeout)
+            if resp.response_code is not ResponseCode.SUCCESS:
+                raise DLedgerError(resp.response_code, resp.error or f"members from {member}",
+                                   leader_id=resp.leader_id)
+            answered = member
+        else:
+            asked: list[str] = []
+
+            def make(m: str) -> MembersRequest:
+                asked.append(m)
+                return MembersRequest(group=self.group, remote_id=m, op="list")
+
+            resp = yield self._call(make, retry_ambiguous=True)
+            answered = asked[-1]
+        view = MembersView.from_response(resp, answered)
+        self.learn(view.configuration)
+        return view
+
+    def learn(self, configuration) -> None:
+        """Add the members of ``configuration`` this client does not know yet (their id and address)."""
+        known = getattr(self.transport, "members", None)
+        for m in configuration.members:
+            if isinstance(known, dict) and m.id not in known:
+                known[m.id] = m.address
+                remoting = getattr(self.transport, "remoting", None)
+                if remoting is not None:
+                    remoting.expected_peers[m.address] = m.id
+            if m.id not in self.member_ids and (not isinstance(known, dict) or m.id in known):
+                self.member_ids.append(m.id)
+
+    def add_member(self, member_id: str, address: str, learner: bool = False) -> Deferred:
+        """Add ``member_id`` at ``address`` (``host:port``) as a learner; fires with the new MembersView once committed.
+
+        The leader promotes it to voter by itself once it is within ``learnerPromoteLag`` entries,
+        unless ``learner`` (then only :meth:`promote_member` does).  The new member must be running
+        with ``joinExisting`` (``twistd dledger --join``).  A refusal is a DLedgerError with the leader's
+        one-line reason.
+        """
+        return self._change("add", member_id, address=address, learner=learner)
+
+    def promote_member(self, member_id: str) -> Deferred:
+        """Make learner ``member_id`` a voter; fires with the new MembersView once committed."""
+        return self._change("promote", member_id)
+
+    def remove_member(self, member_id: str) -> Deferred:
+        """Remove ``member_id`` (voter or learner; the leader itself steps down and hands over)."""
+        return self._change("remove", member_id)
+
+    def replace_member(self, old: str, new_id: str, new_address: str, *, progress=None,
+                       catch_up_timeout: float = 600.0, poll: float = 0.2) -> Deferred:
+        """Add ``new_id``, wait until it is a voter (promoting it if the leader does not), then remove ``old``.
+
+        One change at a time; ``progress(line)`` is called with each step (the CLI prints them).
+        Fires with the final MembersView.  See :class:`dledger.member_changes.Replacement`.
+        """
+        from dledger.member_changes import Replacement
+
+        return Deferred.fromCoroutine(Replacement(self, progress=progress, catch_up_timeout=catch_up_timeout,
+                                                  poll=poll).run(old, new_id, new_address))
+
+    def _change(self, op: str, member_id: str, *, address: str | None = None,
+                learner: bool | None = None) -> Deferred:
+        from dledger.member_changes import change_call
+
+        return Deferred.fromCoroutine(change_call(self, op, member_id, address=address, learner=learner))
 
     def find_leader(self) -> Deferred:
         """The leader's detailed metadata (asks around until a member says it is the leader)."""

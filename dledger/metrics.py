@@ -68,6 +68,9 @@ class Snapshot:
     entries_appended: int = 0
     role_changes: int = 0
     plugin_families: list = field(default_factory=list)
+    #: The configuration in force: ``(member id, "voter" | "learner", awaiting automatic promotion)``.
+    members: list[tuple[str, str, bool]] = field(default_factory=list)
+    config_index: int = 0
 
 
 def take_snapshot(server: Any, providers: list | None = None, on_error: Callable | None = None) -> Snapshot:
@@ -94,6 +97,7 @@ def take_snapshot(server: Any, providers: list | None = None, on_error: Callable
     mending = getattr(server, "mending", None)
     scrubber = mending.scrubber if mending is not None else None
     snap.scrub = dataclasses.replace(scrubber.stats) if scrubber is not None else None
+    snap.members, snap.config_index = configuration_rows(server)
     replicator = server.replicator
     if replicator is not None and state.role is Role.LEADER:
         for peer in state.peers:
@@ -121,6 +125,18 @@ def take_snapshot(server: Any, providers: list | None = None, on_error: Callable
             if on_error is not None:
                 on_error(provider, e)
     return snap
+
+
+def configuration_rows(server: Any) -> tuple[list[tuple[str, str, bool]], int]:
+    """The configuration in force (``server.membership``, issue #23) as rows, and its entry's index.
+
+    A server without membership tracking runs on its ``--peers``: every member a voter, index 0.
+    """
+    membership = getattr(server, "membership", None)
+    config = getattr(membership, "configuration", None)
+    if config is None:
+        return [(mid, "voter", False) for mid in server.config.members], 0
+    return [(m.id, m.role.value, bool(m.promote and not m.voter)) for m in config.members], config.index
 
 
 def store_bytes(store: Any) -> int:
@@ -225,6 +241,7 @@ class MemberCollector:
                     "(diskFullRatio, or a write that failed with ENOSPC)", 1 if snap.disk_problem == "disk full" else 0)
         yield gauge("dledger_store_disk_error", "1 while this member's store refuses appends after a write error",
                     1 if snap.disk_problem == "disk error" else 0)
+        yield from _member_metrics(snap, base, ids)
         if snap.scrub is not None:
             yield from _scrub_metrics(snap.scrub, base, ids)
         yield from snap.plugin_families
@@ -269,6 +286,25 @@ _SCRUB = (
     ("unrepaired", "Damaged entries the scrub found that no member could supply an intact copy of (left as they are)"),
     ("read_errors", "Scrub reads that failed (the entries were not verified)"),
 )
+
+
+def _member_metrics(snap: Snapshot, base: list[str], ids: list[str]) -> Iterator:
+    """``dledger_members{member,role}`` (1 per member of the configuration in force, issue #23), the
+    configuration's entry index, and the learners the leader is to promote once they caught up."""
+    members = GaugeMetricFamily("dledger_members", "1 per member of the configuration in force, with its role "
+                                "(voter or learner)", labels=[*base, "member", "role"])
+    pending = GaugeMetricFamily("dledger_member_promotion_pending", "1 per learner the leader promotes to voter "
+                                "once it is within learnerPromoteLag entries", labels=[*base, "member"])
+    for mid, role, promote in snap.members:
+        members.add_metric([*ids, mid, role], 1)
+        if promote:
+            pending.add_metric([*ids, mid], 1)
+    yield members
+    yield pending
+    g = GaugeMetricFamily("dledger_members_config_index", "Index of the entry of the configuration in force (0: "
+                          "the bootstrap --peers)", labels=base)
+    g.add_metric(ids, snap.config_index)
+    yield g
 
 
 def _scrub_metrics(stats: Any, base: list[str], ids: list[str]) -> Iterator:

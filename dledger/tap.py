@@ -73,6 +73,9 @@ class Options(usage.Options):
                                    "re-fetched from the leader); config option truncateDamaged"],
         ["adopt-store", None, "take over a store whose identity record names another group or member, and "
                               "rewrite the record (a deliberate move; see docs/operations.md)"],
+        ["join", None, "join a running group (joinExisting): with an empty store, start as a learner of --peers "
+                       "(the running members and this one) and wait for 'dledger members add' on the leader; "
+                       "see docs/operations.md \"Growing a group\""],
     ]
 
     def __init__(self) -> None:
@@ -133,6 +136,8 @@ def build_config(options: Options) -> DLedgerConfig:
         overrides["truncate_damaged"] = True
     if options["adopt-store"]:
         overrides["adopt_store"] = True
+    if options["join"]:
+        overrides["join_existing"] = True
     if options["snapshot-threshold"] is not None:
         text = options["snapshot-threshold"]
         if not text.strip().isdigit():

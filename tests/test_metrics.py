@@ -1,5 +1,7 @@
 """Prometheus metrics: cheap histograms, the per-member collector, and the HTTP endpoint of a running member."""
 
+from types import SimpleNamespace
+
 import pytest
 import pytest_twisted
 from prometheus_client import generate_latest
@@ -145,3 +147,34 @@ async def test_metrics_endpoint_serves_prometheus_text(reactor):
         assert "dledger_append_entry_latency_bucket" in text and 'le="1e+07"' in text and 'le="+Inf"' in text
     finally:
         await gatherResults([svc.stopService(), server.stop()])
+
+
+def test_members_gauge_reports_the_configuration_in_force(cluster):
+    """dledger_members{member,role}: 1 per member (the bootstrap --peers: every one a voter, index 0)."""
+    leader = cluster.wait_for_leader()
+    server = cluster.servers[leader]
+    parsed = samples(generate_latest(make_registry(lambda: server, cluster.clock, "g0", leader)).decode())
+    ids = {"group": "g0", "self_id": leader}
+    for mid in cluster.servers:
+        assert value(parsed, "dledger_members", member=mid, role="voter", **ids) == 1
+    assert sum(1 for name, _labels in parsed if name == "dledger_members") == len(cluster.servers)
+    assert value(parsed, "dledger_members_config_index", **ids) == getattr(
+        getattr(server, "membership", None), "configuration", SimpleNamespace(index=0)).index
+
+
+def test_members_gauge_shows_learners_and_the_ones_to_be_promoted():
+    """A configuration with a learner to promote and one kept a learner: roles and the pending promotion."""
+    from dledger.membership.configuration import Configuration, MemberInfo, MemberRole
+    from dledger.metrics import Snapshot, _member_metrics, configuration_rows
+
+    config = Configuration((MemberInfo("n0", "h:1"), MemberInfo("n3", "h:4", MemberRole.LEARNER, promote=True),
+                            MemberInfo("n4", "h:5", MemberRole.LEARNER)), index=42, term=3)
+    server = SimpleNamespace(membership=SimpleNamespace(configuration=config), config=None)
+    rows, index = configuration_rows(server)
+    assert rows == [("n0", "voter", False), ("n3", "learner", True), ("n4", "learner", False)] and index == 42
+    snap = Snapshot("g0", "n0", members=rows, config_index=index)
+    families = {f.name: f for f in _member_metrics(snap, ["group", "self_id"], ["g0", "n0"])}
+    got = {(s.labels["member"], s.labels["role"]) for s in families["dledger_members"].samples}
+    assert got == {("n0", "voter"), ("n3", "learner"), ("n4", "learner")}
+    assert [s.labels["member"] for s in families["dledger_member_promotion_pending"].samples] == ["n3"]
+    assert families["dledger_members_config_index"].samples[0].value == 42

@@ -33,7 +33,8 @@ KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "boo
             "quantile", "limitk", "limit_ratio"}
 #: What the issue asks the rules to watch.
 REQUIRED_ALERTS = {"DLedgerNoLeader", "DLedgerFollowerLag", "DLedgerDiskFull", "DLedgerStoreDamaged",
-                   "DLedgerFrequentElections", "RocketMQDispatchLag", "RocketMQConsumerLag"}
+                   "DLedgerFrequentElections", "RocketMQDispatchLag", "RocketMQConsumerLag",
+                   "DLedgerLearnerNotPromoted"}
 
 
 def metric_names(expr: str) -> set[str]:

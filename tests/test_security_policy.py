@@ -28,6 +28,9 @@ TABLE = [
     (C.METADATA, ANON, Verdict.REDACT), (C.GET, ANON, Verdict.DENY), (C.APPEND, ANON, Verdict.DENY),
     (C.APPEND, ANON_WRITE, Verdict.ALLOW), (C.METADATA, ANON_WRITE, Verdict.ALLOW),
     (52000, ADMIN, Verdict.DENY), (52000, ANON, Verdict.DENY), (52000, MEMBER, Verdict.ALLOW),
+    # membership (issue #23): list and changes need the admin role
+    (C.MEMBERS, ADMIN, Verdict.ALLOW), (C.MEMBERS, WRITE, Verdict.DENY), (C.MEMBERS, READ, Verdict.DENY),
+    (C.MEMBERS, ANON_WRITE, Verdict.DENY), (C.MEMBERS, MEMBER, Verdict.ALLOW),
 ]
 
 
@@ -115,6 +118,7 @@ IDS = [  # (code, ids the request names, identity, current leader, refused?)
     (C.METADATA, {}, MEMBER, None, False), (C.APPEND, dict(remote_id="n0", group="g9"), MEMBER, None, False),
     (C.APPEND, dict(local_id="n2"), MEMBER, None, True), (C.APPEND, dict(local_id="n0"), WRITE, None, True),
     (C.GET, dict(remote_id="n0"), READ, None, False), (C.METADATA, dict(leader_id="n0"), ANON_WRITE, None, True),
+    (C.MEMBERS, dict(remote_id="n0", member_id="n3"), ADMIN, "n0", False),
 ]
 
 

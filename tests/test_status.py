@@ -265,3 +265,24 @@ def test_applied_index_is_the_slowest_commit_listener():
     for nexts, applied in (([], 10), ([11, 4], 3), ([20], 10)):
         Server.commit_feed = Feed(nexts)
         assert model.applied_index(Server) == applied
+
+
+def test_members_are_the_configuration_in_force_with_each_ones_membership(cluster):
+    """The members table lists the configuration (learners marked), not the bootstrap --peers."""
+    from types import SimpleNamespace
+
+    from dledger.membership.configuration import Configuration, MemberInfo, MemberRole
+
+    leader = cluster.wait_for_leader()
+    doc = _board(cluster, leader).document()
+    assert {r["membership"] for r in doc["members"]} == {"voter"}
+    server = cluster.servers[leader]
+    config = Configuration(tuple(MemberInfo(mid, server.config.members[mid].address) for mid in cluster.ids)
+                           + (MemberInfo("n9", "127.0.0.1:9", MemberRole.LEARNER, promote=True),), index=7)
+    stand_in = SimpleNamespace(config=server.config, membership=SimpleNamespace(configuration=config))
+    rows, index = model.configuration_members(stand_in)
+    assert rows[-1] == ("n9", "127.0.0.1:9", "learner, to be promoted") and index == 7
+    html = page.render_page({**_doc(), "configuration": {"index": 7, "committed": False},
+                             "members": [{**_doc()["members"][0], "membership": "learner, to be promoted"}]})
+    assert "configuration entry 7 (not committed yet: a change is in flight)" in html
+    assert "<td>learner, to be promoted</td>" in html

@@ -228,6 +228,15 @@ def test_adopt_store_flag_and_config_option(tmp_path):
     assert parse("--config", str(cfg), "--id", "n0", "--peers", PEERS).config.adopt_store is True
 
 
+def test_join_flag_and_config_option(tmp_path):
+    """--join (or joinExisting in the config file) sets join_existing (issue #23); off by default."""
+    assert parse("--id", "n0", "--peers", PEERS).config.join_existing is False
+    assert parse("--id", "n0", "--peers", PEERS, "--join").config.join_existing is True
+    cfg = tmp_path / "j.toml"
+    cfg.write_text("joinExisting = true\n")
+    assert parse("--config", str(cfg), "--id", "n0", "--peers", PEERS).config.join_existing is True
+
+
 def test_snapshot_options_from_the_command_line_and_the_config_file(tmp_path):
     """--snapshot-threshold sets snapshotThreshold; the other snapshot options come from the TOML file, checked."""
     assert parse("--id", "n0", "--peers", PEERS, "--snapshot-threshold", "0").config.snapshot_threshold == 0

@@ -370,7 +370,7 @@ async def do_metadata(client, args, out) -> int:
         check(resp)
         return resp
 
-    members = [args.member] if args.member else client.members
+    members = [args.member] if args.member else client.member_ids
     answers: dict[str, Any] = {}
     credentials = getattr(getattr(client.transport, "remoting", None), "credentials", None)
     for mid in members:
@@ -389,6 +389,13 @@ async def do_metadata(client, args, out) -> int:
              f"{args.member}: {meta_text(resp, args.member)}; leader {resp.leader_id}")
         return 0
     leader = next((r.leader_id for r in answers.values() if not isinstance(r, DLedgerError) and r.leader_id), None)
+    config = await configuration_of(client, leader, answers)
+    for mid in config.ids if config is not None else ():
+        if mid not in answers:  # a member added since --peers was written: ask it too
+            try:
+                answers[mid] = await ask(mid)
+            except DLedgerError as exc:
+                answers[mid] = exc
     addresses = client.transport.members
     # What the leader last heard from its followers' disks: shown even for a member that does not answer.
     lead_says = answers.get(leader)
@@ -398,20 +405,45 @@ async def do_metadata(client, args, out) -> int:
                               if isinstance(r, DLedgerError)
                               else {"address": addresses[mid], **meta_json(r, mid, peer_disk.get(mid))})
                         for mid, r in answers.items()}
-        print(json.dumps({"group": client.group, "leader": leader, "members": members_json}, sort_keys=True),
-              file=out)
+        for mid, doc in members_json.items():
+            doc["membership"] = membership_of(config, mid)
+        print(json.dumps({"group": client.group, "leader": leader, "members": members_json,
+                          "configIndex": config.index if config is not None else None}, sort_keys=True), file=out)
     else:
-        print(f"group {client.group}, leader {leader or '(none known)'}", file=out)
+        print(f"group {client.group}, leader {leader or '(none known)'}"
+              + (f", configuration entry {config.index}" if config is not None else ""), file=out)
         for mid, r in answers.items():
             if isinstance(r, DLedgerError):
                 what = f"unreachable: {describe_error(r)}" + (f"; leader says {peer_disk[mid]}" if mid in peer_disk
                                                               else "")
             else:
                 what = meta_text(r, mid, peer_disk.get(mid))
-            print(f"  {mid:4} {addresses[mid]:21} {what}", file=out)
+            membership = membership_of(config, mid)
+            print(f"  {mid:4} {addresses[mid]:21} " + (f"{membership:11} " if membership else "") + what, file=out)
     if all(isinstance(r, DLedgerError) for r in answers.values()):
         return 1
     return 0
+
+
+async def configuration_of(client, leader: str | None, answers: dict[str, Any]) -> Any:
+    """The configuration (members and roles) from the leader, else the first member that answers; None if
+    nobody serves it (a Java DLedger member, an older dledger, a client without the admin role)."""
+    asked = [leader] if leader in answers else []
+    asked += [mid for mid, r in answers.items() if mid != leader and not isinstance(r, DLedgerError)]
+    for mid in asked:
+        try:
+            return (await client.members(member=mid)).configuration
+        except DLedgerError:
+            continue
+    return None
+
+
+def membership_of(config: Any, member: str) -> str | None:
+    """``voter``, ``learner`` or ``not a member`` in the configuration; None when it is not known."""
+    if config is None:
+        return None
+    m = config.get(member)
+    return "not a member" if m is None else m.role.value
 
 
 def check(resp: Any) -> None:
@@ -455,9 +487,9 @@ def infer_role(resp: Any, member: str) -> str:
 async def do_snapshot(client, args, out) -> int:
     from dledger.diskio import format_bytes
 
-    members = [args.member] if args.member else client.members
-    if args.member and args.member not in client.members:
-        raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{args.member} is not one of {', '.join(client.members)}")
+    members = [args.member] if args.member else client.member_ids
+    if args.member and args.member not in client.member_ids:
+        raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{args.member} is not one of {', '.join(client.member_ids)}")
     status = 0
     for mid in members:
         try:

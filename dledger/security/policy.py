@@ -26,7 +26,7 @@ class Permission(enum.Enum):
 
     READ = "read"      # GET, METADATA with the peer map
     WRITE = "write"    # APPEND
-    ADMIN = "admin"    # LEADERSHIP_TRANSFER from a client, SNAPSHOT (later: membership changes)
+    ADMIN = "admin"    # LEADERSHIP_TRANSFER from a client, SNAPSHOT, MEMBERS (list and change the configuration)
     MEMBER = "member"  # VOTE, HEART_BEAT, PUSH, PULL, INSTALL_SNAPSHOT and every code not listed below
 
 
@@ -37,6 +37,9 @@ REQUIRED: dict[int, Permission] = {
     RequestCode.APPEND: Permission.WRITE,
     RequestCode.LEADERSHIP_TRANSFER: Permission.ADMIN,
     RequestCode.SNAPSHOT: Permission.ADMIN,
+    # One code for "list" and the changes, decided before the request is decoded: admin for all of them.  A
+    # read-only client sees the members' roles in METADATA (``dledger metadata``) instead.
+    RequestCode.MEMBERS: Permission.ADMIN,
     RequestCode.VOTE: Permission.MEMBER,
     RequestCode.HEART_BEAT: Permission.MEMBER,
     RequestCode.PULL: Permission.MEMBER,
@@ -155,6 +158,9 @@ ID_RULES: dict[int, IdRule] = {
     RequestCode.APPEND: IdRule(free=_CLIENT_CODE),
     RequestCode.GET: IdRule(free=_CLIENT_CODE),
     RequestCode.SNAPSHOT: IdRule(free=_CLIENT_CODE),
+    RequestCode.MEMBERS: IdRule(free={**_CLIENT_CODE,
+                                      "member_id": "the member to add, promote or remove: the admin's choice, "
+                                                   "checked by the leader against the configuration"}),
     RequestCode.VOTE: IdRule(**_MEMBER_CODE),
     RequestCode.HEART_BEAT: IdRule(**_MEMBER_CODE),
     RequestCode.PULL: IdRule(**_MEMBER_CODE),

@@ -5,7 +5,8 @@ The document (``docs/operations.md`` "The status page" lists the fields)::
     {"group", "self_id", "now", "running",
      "member":  {role, term, leader, begin, end, end_term, committed, applied, pending, store_bytes,
                  disk_used_ratio, disk_problem, store_damaged, scrub},
-     "members": [{id, address, self, role, lag, last_contact_s, in_contact, disk_problem}],
+     "members": [{id, address, self, role, membership, lag, last_contact_s, in_contact, disk_problem}],
+     "configuration": {index, committed}              (the configuration in force; issue #23)
      "events":  [{at, term, role, leader, reason}]     (newest first),
      "series":  {t, commits_per_s, appends_per_s, latency_mean_ms, latency_p50_ms, latency_p99_ms},
      "sections": [section, ...]}                      (from plugins: ``dledger_status_sections``)
@@ -15,6 +16,8 @@ A *section* is plain data so that the page renders any plugin's alike::
     {"id", "title", "summary": [[label, value], ...],
      "tables": [{"id", "title", "columns": [...], "rows": [[...], ...]}]}
 
+``members`` lists the configuration in force (``membership``: voter, or learner -- "learner, to be
+promoted" while the leader waits for it to catch up), not the bootstrap ``--peers``.
 A member knows its own state exactly; the leader also knows each follower's lag and last contact.
 A follower's page shows the leader it follows; the other members' roles read ``?`` there.
 """
@@ -58,6 +61,19 @@ def applied_index(server: Any) -> int:
     return min(committed, min(nexts) - 1)
 
 
+def configuration_members(server: Any) -> tuple[list[tuple[str, str, str]], int]:
+    """``([(id, address, membership)], entry index)`` of the configuration in force on ``server``.
+
+    ``membership`` is ``voter``, ``learner`` or ``learner, to be promoted``; a server without membership
+    tracking (``server.membership``) runs on its ``--peers``, every one a voter, index 0.
+    """
+    config = getattr(getattr(server, "membership", None), "configuration", None)
+    if config is None:
+        return [(mid, peer.address, "voter") for mid, peer in server.config.members.items()], 0
+    return [(m.id, m.address, m.role.value + (", to be promoted" if m.promote and not m.voter else ""))
+            for m in config.members], config.index
+
+
 def member_status(server: Any, *, now: float, disk_used_ratio: float | None = None) -> dict[str, Any]:
     """The ``member`` and ``members`` parts of the document for ``server``."""
     cfg, state, store = server.config, server.state, server.store
@@ -79,11 +95,12 @@ def member_status(server: Any, *, now: float, disk_used_ratio: float | None = No
     dispatchers = getattr(server.replicator, "dispatchers", {}) if role == "LEADER" and server.replicator else {}
     in_contact = {p: bool(d.in_contact) for p, d in dispatchers.items()}
     members = []
-    for mid, peer in cfg.members.items():
-        row = {"id": mid, "address": peer.address, "self": mid == cfg.self_id,
+    rows, config_index = configuration_members(server)
+    for mid, address, membership in rows:
+        row = {"id": mid, "address": address, "self": mid == cfg.self_id,
                "role": member_role(mid, self_id=cfg.self_id, role=role, leader=state.leader_id,
                                    in_contact=in_contact),
-               "lag": None, "last_contact_s": None, "in_contact": None, "disk_problem": None}
+               "membership": membership, "lag": None, "last_contact_s": None, "in_contact": None, "disk_problem": None}
         d = dispatchers.get(mid)
         if d is not None:
             row["lag"] = lag_entries(store.ledger_begin_index, store.ledger_end_index, d.known_index())
@@ -95,7 +112,8 @@ def member_status(server: Any, *, now: float, disk_used_ratio: float | None = No
             row["lag"] = 0 if role == "LEADER" else None
             row["disk_problem"] = me["disk_problem"]
         members.append(row)
-    return {"member": me, "members": members}
+    configuration = {"index": config_index, "committed": config_index <= store.committed_index}
+    return {"member": me, "members": members, "configuration": configuration}
 
 
 def plugin_sections(providers: Iterable[Callable[[], Any]], on_error: Callable[[Any, BaseException], None]

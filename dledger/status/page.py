@@ -86,6 +86,15 @@ def render_section(s: dict[str, Any]) -> str:
     return f'<details data-section="{escape(s["id"])}" open><summary>{escape(s["title"])}</summary>{body}</details>'
 
 
+def _configuration(c: dict[str, Any] | None) -> str:
+    """``configuration entry 12 (committed)`` above the members table; nothing for an older document."""
+    if not c:
+        return ""
+    where = "the bootstrap --peers" if c["index"] == 0 else f"entry {c['index']}"
+    state = "committed" if c["committed"] else "not committed yet: a change is in flight"
+    return f'<p class="sub" id="configuration">configuration {escape(where)} ({state})</p>'
+
+
 def render_content(doc: dict[str, Any]) -> str:
     """The page's body: what ``status.js`` re-renders on each poll."""
     m = doc["member"]
@@ -99,14 +108,16 @@ def render_content(doc: dict[str, Any]) -> str:
                 ("applied", m["applied"]), ("pending appends", m["pending"]),
                 ("store", f"{m['store_type']}, {m['store_bytes']} bytes"), ("disk used", usage),
                 ("disk state", m["disk_problem"] or "ok"), ("store damaged", m["store_damaged"] or "no")]),
-           '<h2>Members</h2><table id="members"><thead><tr><th>member</th><th>address</th><th>role</th>'
+           f'<h2>Members</h2>{_configuration(doc.get("configuration"))}'
+           '<table id="members"><thead><tr><th>member</th><th>address</th><th>role</th><th>membership</th>'
            "<th>lag (entries)</th><th>last contact (s ago)</th><th>disk</th></tr></thead><tbody>"]
     for r in doc["members"]:
         me = ' class="self"' if r["self"] else ""
         disk = r["disk_problem"] or ("\u2013" if r["role"] == "?" else "ok")
         out.append(f'<tr data-member="{escape(r["id"])}"{me}><td>{escape(r["id"])}'
                    f'{" (this page)" if r["self"] else ""}</td><td>{escape(r["address"])}</td>'
-                   f'<td class="role-{escape(r["role"])}">{escape(r["role"])}</td>{_cell(r["lag"])}'
+                   f'<td class="role-{escape(r["role"])}">{escape(r["role"])}</td>'
+                   f'<td>{escape(fmt(r.get("membership")))}</td>{_cell(r["lag"])}'
                    f'{_cell(r["last_contact_s"])}<td>{escape(disk)}</td></tr>')
     out.append("</tbody></table>")
     s = doc["series"]

@@ -81,11 +81,17 @@
     h += kv([["log", m.begin + " .. " + m.end + " (last term " + m.end_term + ")"], ["committed", m.committed],
       ["applied", m.applied], ["pending appends", m.pending], ["store", m.store_type + ", " + m.store_bytes + " bytes"],
       ["disk used", usage], ["disk state", m.disk_problem || "ok"], ["store damaged", m.store_damaged || "no"]]);
-    h += "<h2>Members</h2><table id=\"members\"><thead><tr><th>member</th><th>address</th><th>role</th>" +
+    h += "<h2>Members</h2>";
+    var c = doc.configuration;
+    if (c) {
+      h += '<p class="sub" id="configuration">configuration ' + (c.index === 0 ? "the bootstrap --peers" : "entry " + esc(c.index)) +
+        " (" + (c.committed ? "committed" : "not committed yet: a change is in flight") + ")</p>";
+    }
+    h += "<table id=\"members\"><thead><tr><th>member</th><th>address</th><th>role</th><th>membership</th>" +
       "<th>lag (entries)</th><th>last contact (s ago)</th><th>disk</th></tr></thead><tbody>";
     doc.members.forEach(function (r) {
       h += '<tr data-member="' + esc(r.id) + '"' + (r.self ? ' class="self"' : "") + "><td>" + esc(r.id) + (r.self ? " (this page)" : "") +
-        "</td><td>" + esc(r.address) + '</td><td class="role-' + esc(r.role) + '">' + esc(r.role) + "</td>" + cell(r.lag) +
+        "</td><td>" + esc(r.address) + '</td><td class="role-' + esc(r.role) + '">' + esc(r.role) + "</td><td>" + esc(fmt(r.membership)) + "</td>" + cell(r.lag) +
         cell(r.last_contact_s) + "<td>" + esc(r.disk_problem || (r.role === "?" ? "\u2013" : "ok")) + "</td></tr>";
     });
     h += "</tbody></table>";
