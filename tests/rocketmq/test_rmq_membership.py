@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from dledger_rocketmq import registration
-from dledger_rocketmq.membership import Action, MemberRegistration, registration_step
+from dledger_rocketmq.membership import Action, MemberRegistration, departed_broker_ids, registration_step
 from dledger_rocketmq.namesrv import NameServer
 from dledger_rocketmq.registration import Registration
 from dledger_rocketmq.roles import JOINED_BASE, RoleManager, joined_broker_id, member_broker_id, transfer_targets
@@ -249,3 +249,53 @@ def test_without_membership_the_gate_is_open(tmp_path, net):
     assert reg.registrations == 1 and ns.table.brokers["g"]["brokerAddrs"] == {4: "10.0.0.4:10911"}
     reg.stopService()
     settle(clock, net)
+
+
+@pytest.mark.parametrize("old, new, expect", [
+    (("n0", "n1", "n2"), ("n0", "n2"), {"n1": 2}),
+    (("n0", "n1", "n2"), ("n1", "n2"), {}),  # this member (n0) leaving: it withdraws itself
+    (("n0", "alpha"), ("n0",), {"alpha": None}),  # no n<k>: the master cannot know its id
+    (("n0", "n1"), ("n0", "n1", "n3"), {}),
+])
+def test_departed_broker_ids(old, new, expect):
+    assert departed_broker_ids(_config(*old), _config(*new), "n0") == expect
+
+
+def test_master_unregisters_a_removed_member_that_does_not_know_it(tmp_path, net):
+    """A removed member cut off from the group keeps registering; the master, once the removal commits,
+    unregisters the address the name server lists for its broker id."""
+    clock = task.Clock()
+    ns = NameServer("tcp:9876", reactor=clock)
+    net.servers["127.0.0.1:9876"] = ns.factory
+    membership = FakeMembership(_config("n0", "n1", "n2"))
+    committed = [True]
+    membership.committed = lambda: committed[0]
+    m = joining_member(tmp_path, clock, membership)
+    m.server.self_id, m.role, m.broker_id = "n0", "MASTER", 0
+    m.server.clock = clock
+    reg = Registration(m, ["127.0.0.1:9876"], period=30.0, reactor=clock)
+    gate = MemberRegistration(m)
+    gate.attach(reg)
+    zombie = fake_broker(tmp_path, clock, addr="10.0.0.2:10911", broker_id=2)
+    rz = Registration(zombie, ["127.0.0.1:9876"], period=30.0, reactor=clock)  # never learns of its removal
+    reg.startService()
+    rz.startService()
+    settle(clock, net)
+    assert brokers_of(ns) == {0: "10.0.0.4:10911", 2: "10.0.0.2:10911"}
+    committed[0] = False
+    membership.change(_config("n0", "n2", index=9))
+    settle(clock, net, 3.0)
+    assert 2 in brokers_of(ns)  # not before the removal commits
+    committed[0] = True
+    settle(clock, net, 2.0)
+    assert brokers_of(ns) == {0: "10.0.0.4:10911"} and "10.0.0.2:10911" not in ns.table.live
+    assert gate.withdrawn_by_master == [("n1", 2, "10.0.0.2:10911")]
+    reg.stopService()
+    rz.stopService()
+    settle(clock, net)
+    assert clock.getDelayedCalls() == [] or all(not c.active() for c in clock.getDelayedCalls())
+
+
+def brokers_of(ns) -> dict:
+    data = ns.table.brokers.get("g")
+    return dict(data["brokerAddrs"]) if data else {}

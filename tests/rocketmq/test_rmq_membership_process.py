@@ -18,11 +18,11 @@ with their ids.  About 40 s; the ``slow`` variant (DLEDGER_SLOW=1 or ``-m slow``
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 import pytest_twisted
+from dledger_rocketmq import fastjson
 from dledger_rocketmq.client import RocketMQError, connect
 from dledger_rocketmq.localgroup import broker_port_args, wait_for_master
 from dledger_rocketmq.namesrv import NameServer
@@ -197,7 +197,7 @@ async def test_replace_a_slave_then_the_master_under_load(tmp_path, reactor, cap
             header, body = await c.request(106, {})
         finally:
             c.close()
-        info = json.loads(body)
+        info = fastjson.loads(body)
         assert header.code == 0
         assert {int(k): v for k, v in info["brokerAddrTable"][BROKER]["brokerAddrs"].items()} == expect
 

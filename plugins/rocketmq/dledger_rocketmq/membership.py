@@ -25,7 +25,10 @@ module observes.  What the broker layer does about it:
   stop routing to it.  A removed leader stays master until the change commits and it steps down, then
   withdraws.  A removal truncated away (it never committed) puts the member back: it registers again.
   A removed member that is dead has no connection to the name servers, which dropped it when its
-  connection closed.
+  connection closed.  And the master, once a removal is committed, unregisters the removed member's
+  broker id from every name server itself (the address the name server lists for that id): a removed
+  member that never learns of its removal (cut off from the group) is dropped from the route too,
+  until it registers again.
 
 The decision is the pure function :func:`registration_step` (table tests); :class:`MemberRegistration`
 moves events and calls :class:`~dledger_rocketmq.registration.Registration`.
@@ -38,14 +41,36 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from dledger_rocketmq.roles import MASTER
+from dledger.ratelog import RateLimitedLog
+from dledger_rocketmq import fastjson
+from dledger_rocketmq.port import SUCCESS
+from dledger_rocketmq.roles import MASTER, numbered_id
 
 log = Logger(namespace="dledger_rocketmq.membership")
+
+GET_BROKER_CLUSTER_INFO = 106
+UNREGISTER_BROKER = 104
+#: Seconds between the master's checks whether a removal committed, and how many checks at most.
+DEPARTED_CHECK = 1.0
+DEPARTED_TRIES = 120
 
 class Action(Enum):
     REGISTER = "register"
     WAIT = "wait"
     WITHDRAW = "withdraw"
+
+
+def departed_broker_ids(old, new, self_id: str) -> dict[str, int | None]:
+    """Members ``old`` has and ``new`` does not (but this one) -> their broker id (None: not ``n<k>``, unknown)."""
+    gone = [m for m in old.ids if new.get(m) is None and m != self_id]
+    return {m: (k + 1 if (k := numbered_id(m)) is not None else None) for m in gone}
+
+
+def listed_address(cluster_info: dict, broker_name: str, broker_id: int) -> str | None:
+    """The address a name server's cluster info lists for ``broker_id`` of ``broker_name`` (None: none)."""
+    data = (cluster_info.get("brokerAddrTable") or {}).get(broker_name) or {}
+    addrs = data.get("brokerAddrs") or {}
+    return addrs.get(str(broker_id)) or addrs.get(broker_id)
 
 
 def registration_step(*, is_master: bool, member: bool, voter: bool, config_index: int, committed: int,
@@ -88,6 +113,11 @@ class MemberRegistration:
         self._waiting: Any = None  # the dispatch wait for the configuration entry
         self._waiting_for = -1
         self._observed = False
+        self.departed: dict[str, int | None] = {}  # removed members the master still has to unregister
+        self._departed_timer: Any = None
+        self._departed_tries = 0
+        self.withdrawn_by_master: list[tuple[str, int, str]] = []  # (member, broker id, address): tests, logs
+        self._log = RateLimitedLog(log, self.server.clock, interval=60.0)
 
     @property
     def membership(self) -> Any:
@@ -97,6 +127,7 @@ class MemberRegistration:
         """Gate ``registration`` and follow the configuration (called once, when the member is built)."""
         self.registration = registration
         registration.gate = self.allows
+        registration.on_stop = self.cancel
         membership = self.membership
         if membership is not None and not self._observed:
             self._observed = True
@@ -137,7 +168,66 @@ class MemberRegistration:
             self.latched = False  # put back (a truncated removal) it waits for catch-up again
             log.info("{id}: removed from the group's configuration (entry {i}): unregistering from the name "
                      "servers once no longer master", id=me, i=new.index)
+        gone = departed_broker_ids(old, new, me)
+        for m in list(self.departed):
+            if new.get(m) is not None:  # back (a truncated removal): nothing to unregister
+                del self.departed[m]
+        self.departed.update(gone)
+        if self.departed:
+            self._departed_tries = 0
+            self._schedule_departed()
         self.kick()
+
+    # -- the master unregisters removed members ---------------------------------------------------------------
+    def _schedule_departed(self) -> None:
+        if self._departed_timer is None or not self._departed_timer.active():
+            self._departed_timer = self.server.clock.callLater(DEPARTED_CHECK, self._check_departed)
+
+    def _check_departed(self) -> None:
+        """Once the removal is committed, the master unregisters the removed members' broker ids."""
+        self._departed_timer = None
+        reg, membership = self.registration, self.membership
+        if not self.departed or reg is None or not reg.running or membership is None:
+            return
+        self._departed_tries += 1
+        if self.broker.role != MASTER or not membership.committed():
+            if self._departed_tries < DEPARTED_TRIES:
+                self._schedule_departed()
+            else:
+                self.departed.clear()  # not master (or not committed) for two minutes: the new master's job
+            return
+        departed, self.departed = self.departed, {}
+        for member, broker_id in departed.items():
+            if broker_id is None:
+                self._log.info(("unknown id", member), "{id}: removed member {m} has no broker id of the form n<k>: "
+                               "it unregisters itself, or the name servers drop it 120 s after its last "
+                               "registration", id=self.server.self_id, m=member)
+                continue
+            for addr in reg.namesrv_addrs:
+                self._unregister_departed(addr, member, broker_id)
+
+    def _unregister_departed(self, namesrv: str, member: str, broker_id: int) -> None:
+        reg, b = self.registration, self.broker
+        d = reg.namesrv_client(namesrv)
+        d.addCallback(lambda c: c.request(GET_BROKER_CLUSTER_INFO, {}).addCallback(lambda reply: (c, reply)))
+
+        def listed(result: Any) -> Any:
+            c, (header, body) = result
+            if header.code != SUCCESS:
+                return None
+            addr = listed_address(fastjson.loads(body), b.options.broker_name, broker_id)
+            if addr is None or addr == b.options.store_host:
+                return None
+            self.withdrawn_by_master.append((member, broker_id, addr))
+            log.info("{id}: unregistering removed member {m} (broker id {b}, {a}) from name server {n}",
+                     id=self.server.self_id, m=member, b=broker_id, a=addr, n=namesrv)
+            return c.request(UNREGISTER_BROKER, {"brokerId": str(broker_id), "clusterName": b.options.cluster_name,
+                                                 "brokerAddr": addr, "brokerName": b.options.broker_name})
+
+        def failed(f: Any) -> None:
+            self._log.warn(("departed", namesrv), "{id}: could not unregister removed member {m} from name server "
+                           "{n}: {e}", id=self.server.self_id, m=member, n=namesrv, e=f.getErrorMessage())
+        d.addCallback(listed).addErrback(failed)
 
     def kick(self) -> None:
         """Re-decide now: register (at once) or withdraw."""
@@ -154,10 +244,14 @@ class MemberRegistration:
         d.addCallbacks(lambda _: self.kick(), lambda f: None)
 
     def cancel(self) -> None:
+        """Stop waiting (the dispatch wait, the departed-member checks)."""
         if self._waiting is not None and not self._waiting.called:
             self._waiting.cancel()
         self._waiting = None
         self._waiting_for = -1
+        if self._departed_timer is not None and self._departed_timer.active():
+            self._departed_timer.cancel()
+        self._departed_timer = None
 
     def status(self) -> dict[str, object]:
         """For ``dledger status`` / tests: the gate's last decision."""

@@ -247,6 +247,7 @@ class Registration(service.Service):
         #: waits for catch-up, a removed one withdraws); a closed gate unregisters a broker that was registered.
         self.gate: Callable[[], bool] = lambda: True
         self.registered = False  # REGISTER_BROKER sent and not withdrawn since
+        self.on_stop: Callable[[], object] = lambda: None  # the gate's clean-up (its timers)
 
     def _clock(self) -> Any:
         return self.reactor or self.broker.server.clock
@@ -268,6 +269,7 @@ class Registration(service.Service):
             if timer is not None and timer.active():
                 timer.cancel()
         self._timer = self._soon = None
+        self.on_stop()
         self.fetcher.stop()
         server = self.broker.server
         if not getattr(server, "running", True):  # crash(): a killed process says no goodbye
@@ -359,6 +361,7 @@ class Registration(service.Service):
         return defer.DeferredList(sends)
 
     def _client(self, addr: str) -> defer.Deferred:
+        """The connection to name server ``addr`` (made at first use, kept; a Deferred of the client)."""
         c = self.clients.get(addr)
         if c is not None and c.connected:
             return defer.succeed(c)
@@ -369,6 +372,8 @@ class Registration(service.Service):
             return client
         return connect_client(self._clock(), a.host, a.port, timeout=self.timeout,
                               credentials=self.credentials).addCallback(made)
+
+    namesrv_client = _client
 
     def _register(self, addr: str, ext: dict[str, str], body: bytes, tag: Any, is_master: bool) -> defer.Deferred:
         d = self._client(addr)
