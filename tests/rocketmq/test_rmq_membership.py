@@ -84,6 +84,7 @@ R, W, X = Action.REGISTER, Action.WAIT, Action.WITHDRAW
     (False, False, False, 9, 9, True, True, X, "removed"),
     (False, False, False, 9, 9, True, False, X, "removed"),
     (False, True, True, 0, 0, True, False, R, "caught up"),  # a bootstrap member: as before
+    (False, True, True, 0, -1, True, False, R, "caught up"),  # ... even before anything is committed
     (False, True, False, 7, 7, True, False, W, "learner"),
     (False, True, True, 12, 11, False, False, W, "not committed"),
     (False, True, True, 12, 12, False, False, W, "not dispatched"),
@@ -182,7 +183,7 @@ def test_new_member_registers_only_once_caught_up_and_removal_unregisters(tmp_pa
     settle(clock, net, 5.0)
     assert codes == []  # committed, but the queues are not dispatched up to the promotion yet
     b.progress.advance(14)
-    settle(clock, net)
+    settle(clock, net, 1.0)  # the next catch-up check
     assert codes == [registration.REGISTER_BROKER]
     assert ns.table.brokers["g"]["brokerAddrs"] == {4: "10.0.0.4:10911"}
 
@@ -201,7 +202,7 @@ def test_new_member_registers_only_once_caught_up_and_removal_unregisters(tmp_pa
     b.server.store.committed_index = 24
     membership.change(_config("n0", "n2", "n3", index=20))  # the removal was truncated away: back, caught up again
     b.progress.advance(24)
-    settle(clock, net)
+    settle(clock, net, 1.0)
     assert codes[-1] == registration.REGISTER_BROKER and ns.table.brokers["g"]["brokerAddrs"] == {4: "10.0.0.4:10911"}
     reg.stopService()
     settle(clock, net)

@@ -53,6 +53,9 @@ UNREGISTER_BROKER = 104
 #: Seconds between the master's checks whether a removal committed, and how many checks at most.
 DEPARTED_CHECK = 1.0
 DEPARTED_TRIES = 120
+#: Seconds between checks of a voter waiting for catch-up (a configuration entry at the end of the log is
+#: never delivered to the dispatcher, so no dispatch wait would fire for it).
+CATCH_UP_CHECK = 0.5
 
 class Action(Enum):
     REGISTER = "register"
@@ -90,7 +93,7 @@ def registration_step(*, is_master: bool, member: bool, voter: bool, config_inde
     if not voter:
         return Action.WAIT, ("a learner: registers once the leader promoted it to voter (its log within "
                              "learnerPromoteLag of the leader's)")
-    if committed < config_index:
+    if config_index > 0 and committed < config_index:  # index 0: the bootstrap --peers, no entry to commit
         return Action.WAIT, f"the configuration entry {config_index} that made it a voter is not committed here yet"
     if not dispatched:
         return Action.WAIT, f"its consume queues are not dispatched up to entry {config_index} yet"
@@ -110,8 +113,7 @@ class MemberRegistration:
         self.registration: Any = None
         self.latched = False
         self.action, self.reason = Action.REGISTER, "no membership change in this dledger"
-        self._waiting: Any = None  # the dispatch wait for the configuration entry
-        self._waiting_for = -1
+        self._waiting: Any = None  # the next catch-up check
         self._observed = False
         self.departed: dict[str, int | None] = {}  # removed members the master still has to unregister
         self._departed_timer: Any = None
@@ -149,7 +151,7 @@ class MemberRegistration:
         if action is Action.REGISTER and me is not None:
             self.latched = True
         if action is Action.WAIT and me is not None and me.voter:
-            self._wait_dispatch(index)  # the dispatch reaches the entry only once it is committed here
+            self._recheck()  # until committed and dispatched here (a learner waits for its promotion instead)
         return action, reason
 
     def allows(self) -> bool:
@@ -235,20 +237,19 @@ class MemberRegistration:
         if reg is not None and reg.running:
             reg.register_all()
 
-    def _wait_dispatch(self, index: int) -> None:
-        if self._waiting is not None and not self._waiting.called and self._waiting_for == index:
-            return
-        self.cancel()
-        self._waiting_for = index
-        d = self._waiting = self.broker.progress.wait_dispatched(index)
-        d.addCallbacks(lambda _: self.kick(), lambda f: None)
+    def _recheck(self) -> None:
+        if self._waiting is None or not self._waiting.active():
+            self._waiting = self.server.clock.callLater(CATCH_UP_CHECK, self._rechecked)
+
+    def _rechecked(self) -> None:
+        self._waiting = None
+        self.kick()
 
     def cancel(self) -> None:
-        """Stop waiting (the dispatch wait, the departed-member checks)."""
-        if self._waiting is not None and not self._waiting.called:
+        """Stop the timers (the catch-up checks, the departed-member checks)."""
+        if self._waiting is not None and self._waiting.active():
             self._waiting.cancel()
         self._waiting = None
-        self._waiting_for = -1
         if self._departed_timer is not None and self._departed_timer.active():
             self._departed_timer.cancel()
         self._departed_timer = None
