@@ -223,6 +223,13 @@ async def test_replace_a_slave_then_the_master_under_load(tmp_path, reactor, cap
             print(f"\nrocketmq membership (process): {len(producer.acked)} acknowledged sends; {slave} replaced "
                   f"by n3, master {old_master} replaced by n4, new master {new_master}; route {expect}")
         assert registered_as_learner == []
+        for mid in ("n3", "n4"):  # each new member waited as a learner, then for its promotion, then registered
+            steps = [line.split("name-server registration: ", 1)[1].split(" (")[0]
+                     for line in group.log_lines(mid, "name-server registration:")]
+            assert steps[:1] == ["wait"] and "register" in steps, (mid, steps)
+            assert any("a learner" in line for line in group.log_lines(mid, "registration: wait")), mid
+        for mid in (slave, old_master):
+            assert group.log_lines(mid, "registration: withdraw"), mid
         assert lost == [] and moved == []
     finally:
         if producer is not None:

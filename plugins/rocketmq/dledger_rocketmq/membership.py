@@ -157,7 +157,7 @@ class MemberRegistration:
     def allows(self) -> bool:
         """The Registration's gate: True to register now (False: withdraw if registered, else wait)."""
         action, reason = self.decide()
-        if (action, reason) != (self.action, self.reason):
+        if action is not self.action or (action is Action.WAIT and reason != self.reason):
             log.info("{id}: name-server registration: {a} ({why})", id=self.server.self_id, a=action.value,
                      why=reason)
         self.action, self.reason = action, reason
