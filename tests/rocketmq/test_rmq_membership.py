@@ -300,3 +300,72 @@ def test_master_unregisters_a_removed_member_that_does_not_know_it(tmp_path, net
 def brokers_of(ns) -> dict:
     data = ns.table.brokers.get("g")
     return dict(data["brokerAddrs"]) if data else {}
+
+
+# -- an in-process broker group (virtual time) whose members change ------------------------------------------------
+
+def test_in_process_group_replaces_a_slave_and_the_new_member_becomes_master(tmp_path, net):
+    """n3 joins: not in the route as a learner; once promoted and caught up it is slave 4 holding every message;
+    n1 removed: unregistered; then the master removed: leadership moves, and n3 as master serves everything."""
+    from dledger_rocketmq.message import decode_record
+    from dledger_rocketmq.plugin import broker_for, registration_for
+    from dledger_rocketmq.port import BrokerPort
+    from rmq_cluster_util import msg, put, queue_units
+    from test_rmq_registration import group_with_namesrv, run, serve_sync
+
+    from dledger.membership.rules import Change, Op
+
+    cluster, ns = group_with_namesrv(tmp_path, net, **{"rocketmq.masterWaitTimeout": 5.0})
+    addr = {f"n{k}": f"127.0.0.1:{30911 + k}" for k in range(4)}
+
+    def master():
+        found = [m for m, s in cluster.servers.items() if broker_for(s).role == "MASTER"]
+        return found[0] if len(found) == 1 else None
+    assert run(cluster, net, lambda: master() is not None and len(brokers_of_group(ns)) == 3)
+    m = master()
+    for i in range(30):
+        assert put(cluster, broker_for(cluster.servers[m]), msg(body=b"before-%d" % i)).ok
+    extras = {**cluster.configs["n0"].extras, "rocketmq.storeHost": addr["n3"]}
+    address = cluster.add_member("n3", extras=extras)
+    b3 = broker_for(cluster.servers["n3"])
+    port = BrokerPort(b3, "tcp:0")
+    serve_sync(port, b3)
+    net.servers[addr["n3"]] = port.factory
+    cluster.change(Change(Op.ADD, "n3", address, learner=True))  # stays a learner until promoted
+    run(cluster, net, lambda: False, 10.0)
+    assert addr["n3"] not in brokers_of_group(ns).values()  # a learner is never in the route
+    assert "learner" in registration_for(cluster.servers["n3"]).gate.__self__.reason
+    for i in range(20):
+        assert put(cluster, broker_for(cluster.servers[m]), msg(body=b"while-learner-%d" % i)).ok
+    cluster.change(Change(Op.PROMOTE, "n3"))
+    assert run(cluster, net, lambda: brokers_of_group(ns).get(4) == addr["n3"], 10)
+    # when it registered, everything committed before its promotion was in its queues
+    assert len(queue_units(b3, "T", 0)) >= 50
+
+    slave = next(x for x in ("n0", "n1", "n2") if x != m)
+    cluster.change(Change(Op.REMOVE, slave))
+    assert run(cluster, net, lambda: addr[slave] not in brokers_of_group(ns).values(), 10)
+    cluster.crash(slave)
+
+    if master() != "n3":  # hand the master role to n3 by removing the master (it hands over to a voter)
+        old = master()
+        cluster.change(Change(Op.REMOVE, old))
+        assert run(cluster, net, lambda: master() is not None and master() != old, 30)
+        if master() != "n3":
+            from dledger.messages import LeadershipTransferRequest
+            s = cluster.servers[master()]
+            s.handle_leadership_transfer(LeadershipTransferRequest(group=s.config.group, term=s.state.curr_term,
+                                                                   transfer_id=s.self_id, transferee_id="n3"))
+        assert run(cluster, net, lambda: master() == "n3", 30)
+        assert run(cluster, net, lambda: addr[old] not in brokers_of_group(ns).values(), 10)
+    assert run(cluster, net, lambda: brokers_of_group(ns).get(0) == addr["n3"], 10)
+    r = put(cluster, b3, msg(body=b"after"))
+    assert r.ok and run(cluster, net, lambda: len(queue_units(b3, "T", 0)) == 51, 5)
+    got = b3.get_messages("g", "T", 0, 0, 100)
+    bodies = [decode_record(rec).body for rec in got.records]
+    assert bodies == [b"before-%d" % i for i in range(30)] + [b"while-learner-%d" % i for i in range(20)] + [b"after"]
+
+
+def brokers_of_group(ns) -> dict:
+    data = ns.table.brokers.get("RaftNode00")
+    return dict(data["brokerAddrs"]) if data else {}
