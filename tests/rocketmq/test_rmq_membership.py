@@ -369,3 +369,19 @@ def test_in_process_group_replaces_a_slave_and_the_new_member_becomes_master(tmp
 def brokers_of_group(ns) -> dict:
     data = ns.table.brokers.get("RaftNode00")
     return dict(data["brokerAddrs"]) if data else {}
+
+
+def test_status_page_shows_the_registration_decision(tmp_path, monkeypatch):
+    """The broker's status section says whether the member registered, waits (and why) or withdrew."""
+    from dledger_rocketmq import status
+
+    membership = FakeMembership(_config("n0", "n1", "n3?", index=7))
+    b = joining_member(tmp_path, task.Clock(), membership)
+    gate = MemberRegistration(b)
+    gate.allows()
+    monkeypatch.setattr(status, "read_view", lambda broker, port: status.BrokerView(
+        broker_name="g", cluster_name="C", role="SLAVE", dispatch_lag_bytes=0, dispatched_index=-1))
+    provider = status.status_provider(b.server, b, lambda: None, lambda: gate)
+    summary = dict(provider()[0]["summary"])
+    assert summary["name-server registration"].startswith("wait (a learner")
+    assert "name-server registration" not in dict(status.status_provider(b.server, b, lambda: None)()[0]["summary"])

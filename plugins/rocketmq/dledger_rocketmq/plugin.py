@@ -411,7 +411,8 @@ def dledger_status_sections(server):
     from dledger_rocketmq import status
 
     broker = broker_for(server)
-    return [status.status_provider(server, broker, lambda: port_for(server))] if broker else []
+    return [status.status_provider(server, broker, lambda: port_for(server), lambda: member_gate_for(server))] \
+        if broker else []
 
 
 @hookimpl
