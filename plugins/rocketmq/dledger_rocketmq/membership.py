@@ -57,6 +57,7 @@ DEPARTED_TRIES = 120
 #: never delivered to the dispatcher, so no dispatch wait would fire for it).
 CATCH_UP_CHECK = 0.5
 
+
 class Action(Enum):
     REGISTER = "register"
     WAIT = "wait"
@@ -174,7 +175,8 @@ class MemberRegistration:
         for m in list(self.departed):
             if new.get(m) is not None:  # back (a truncated removal): nothing to unregister
                 del self.departed[m]
-        self.departed.update(gone)
+        if self.broker.role == MASTER:  # only the master cleans up after removed members
+            self.departed.update(gone)
         if self.departed:
             self._departed_tries = 0
             self._schedule_departed()
@@ -192,11 +194,14 @@ class MemberRegistration:
         if not self.departed or reg is None or not reg.running or membership is None:
             return
         self._departed_tries += 1
-        if self.broker.role != MASTER or not membership.committed():
+        if self.broker.role != MASTER:
+            self.departed.clear()  # no longer master: the new master's members unregister themselves
+            return
+        if not membership.committed():
             if self._departed_tries < DEPARTED_TRIES:
                 self._schedule_departed()
             else:
-                self.departed.clear()  # not master (or not committed) for two minutes: the new master's job
+                self.departed.clear()  # not committed in two minutes: leave it to the removed member
             return
         departed, self.departed = self.departed, {}
         for member, broker_id in departed.items():
