@@ -107,6 +107,29 @@ class BlockingClient:
         """Move leadership to member ``to``; the LeadershipTransferResponse."""
         return self._call(lambda: self._client.transfer(to), timeout)
 
+    # membership (issue #23): DLedgerClient's calls, each waiting for its Deferred
+    def members(self, member: str | None = None, timeout: float | None = None) -> Any:
+        """The configuration (a :class:`dledger.member_changes.MembersView`) from the leader, or ``member``."""
+        return self._call(lambda: self._client.members(member), timeout)
+
+    def add_member(self, member_id: str, address: str, learner: bool = False, timeout: float | None = None) -> Any:
+        """Add a member started with ``--join``; the new MembersView once committed."""
+        return self._call(lambda: self._client.add_member(member_id, address, learner), timeout)
+
+    def promote_member(self, member_id: str, timeout: float | None = None) -> Any:
+        return self._call(lambda: self._client.promote_member(member_id), timeout)
+
+    def remove_member(self, member_id: str, timeout: float | None = None) -> Any:
+        return self._call(lambda: self._client.remove_member(member_id), timeout)
+
+    def replace_member(self, old: str, new_id: str, new_address: str, *, progress=None,
+                       catch_up_timeout: float = 600.0) -> Any:
+        """Add, wait until a voter, remove (``DLedgerClient.replace_member``); ``progress`` runs on the
+        client's reactor thread.  Waits up to ``catch_up_timeout`` plus the time of the three changes."""
+        return self._call(lambda: self._client.replace_member(old, new_id, new_address, progress=progress,
+                                                              catch_up_timeout=catch_up_timeout),
+                          catch_up_timeout + 3 * self.timeout)
+
     @property
     def thread_alive(self) -> bool:
         """The client's reactor thread runs (False once :meth:`close` returned)."""

@@ -243,6 +243,17 @@ class DLedgerClient:
 
             resp = yield self._call(make, retry_ambiguous=True)
             answered = asked[-1]
+            leader = resp.leader_id
+            if leader and leader != answered and leader in getattr(self.transport, "members", {}):
+                # A follower's copy may lag behind by a change in flight: the leader's is the one in force.
+                try:
+                    mine = yield self.transport.send(leader, MembersRequest(group=self.group, remote_id=leader,
+                                                                            op="list"),
+                                                     timeout=self.request_timeout)
+                    if mine.response_code is ResponseCode.SUCCESS:
+                        resp, answered = mine, leader
+                except DLedgerError:
+                    pass  # the follower's answer stands
         view = MembersView.from_response(resp, answered)
         self.learn(view.configuration)
         return view

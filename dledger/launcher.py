@@ -122,7 +122,9 @@ class LocalGroup:
         ports = free_ports(n * (2 if metrics else 1), host)
         self.members = {mid: Member(mid, ports[i], ports[n + i] if metrics else None, self.base_dir / f"{mid}.log")
                         for i, mid in enumerate(self.ids)}
-        self.peers = ";".join(f"{mid}-{host}:{m.port}" for mid, m in self.members.items())
+        #: Members removed from the group (:meth:`retire`), by id: their stores stay readable.
+        self.retired: dict[str, Member] = {}
+        self._set_peers()
         settings: dict[str, Any] = {"preset": preset, "group": group, "peers": self.peers, "storeType": store,
                                     "storeBaseDir": str(self.base_dir), "flushPolicy": flush_policy,
                                     **LOCAL_FILE_SIZES, **(options or {})}
@@ -141,6 +143,49 @@ class LocalGroup:
             args += ["--metrics", f"tcp:{m.metrics_port}:interface={self.host}"]
         return args + list(self.member_args.get(mid, ()))
 
+    # -- membership change (issue #23) ------------------------------------------------------
+    def new_member(self, mid: str | None = None) -> Member:
+        """A member to join the running group (not started): its own free port(s), started with ``--join``.
+
+        Its bootstrap ``--peers`` are the group's current members and itself (``joinExisting``: a learner
+        until ``dledger members add`` on the leader and the leader's promotion).  Start it with
+        :meth:`start`; the group's :attr:`peers` (what :meth:`client` connects to) include it from now on.
+        """
+        taken = set(self.members) | set(self.retired)
+        if mid is None:
+            mid = next(f"n{i}" for i in range(len(taken) + 1) if f"n{i}" not in taken)
+        elif mid in taken:
+            raise ValueError(f"{mid} is already a member id of this group")
+        ports = free_ports(2 if any(m.metrics_port for m in self.members.values()) else 1, self.host)
+        member = Member(mid, ports[0], ports[1] if len(ports) > 1 else None, self.base_dir / f"{mid}.log")
+        self.members[mid] = member
+        self.ids.append(mid)
+        self._set_peers()
+        self.member_args[mid] = [*self.member_args.get(mid, ()), "--peers", self.peers, "--join"]
+        self.configs[mid] = make_config(file=self.config_path, self_id=mid, peers=self.peers, join_existing=True)
+        return member
+
+    def address(self, mid: str) -> str:
+        """``host:port`` of member ``mid`` (what ``dledger members add ID=HOST:PORT`` takes)."""
+        m = self.members.get(mid) or self.retired[mid]
+        return f"{self.host}:{m.port}"
+
+    def retire(self, mid: str) -> Member:
+        """Forget member ``mid`` once it was removed from the configuration: kill it if it still runs.
+
+        It leaves :attr:`ids`, :attr:`peers` and the waits; its record stays in :attr:`retired` (its
+        store can still be read with :meth:`read_log`).
+        """
+        self.kill(mid)
+        member = self.members.pop(mid)
+        self.retired[mid] = member
+        self.ids.remove(mid)
+        self._set_peers()
+        return member
+
+    def _set_peers(self) -> None:
+        self.peers = ";".join(f"{mid}-{self.host}:{m.port}" for mid, m in self.members.items())
+
     def start(self, *ids: str) -> None:
         """Start members (all by default) that are not running; their output is appended to ``<id>.log``."""
         for mid in ids or self.ids:
@@ -155,7 +200,7 @@ class LocalGroup:
 
     def signal(self, mid: str, sig: int) -> None:
         """Send ``sig`` to member ``mid``'s process group (nothing if it is not running)."""
-        m = self.members[mid]
+        m = self.members.get(mid) or self.retired[mid]
         if m.running:
             try:
                 os.killpg(m.proc.pid, sig)
@@ -165,8 +210,9 @@ class LocalGroup:
     def kill(self, mid: str) -> None:
         """``kill -9`` member ``mid``: no flush, no goodbye."""
         self.signal(mid, signal.SIGKILL)
-        if self.members[mid].proc is not None:
-            self.members[mid].proc.wait(5)  # SIGKILL cannot be caught: this returns at once
+        m = self.members.get(mid) or self.retired.get(mid)
+        if m is not None and m.proc is not None:
+            m.proc.wait(5)  # SIGKILL cannot be caught: this returns at once
 
     async def wait_exit(self, mid: str, timeout: float) -> int:
         """The exit status of ``mid`` once it exited (negative: killed by that signal); TimeoutError if not in time."""
@@ -192,7 +238,7 @@ class LocalGroup:
 
     def kill_all(self) -> None:
         """SIGKILL every member still running and reap it (safe to call any time, twice, or at exit)."""
-        for mid in self.ids:
+        for mid in [*self.ids, *self.retired]:
             try:
                 self.kill(mid)
             except (OSError, subprocess.TimeoutExpired):
@@ -223,8 +269,21 @@ class LocalGroup:
         options.setdefault("credentials", self.client_credentials)
         return connect(self.peers, self.group, reactor=self.reactor, **options)
 
+    def teach(self, client: Any, *ids: str) -> None:
+        """Give ``client`` (made before they joined) the addresses of members ``ids`` (all by default)."""
+        known = getattr(client.transport, "members", None)
+        if not isinstance(known, dict):
+            return
+        for mid in ids or self.ids:
+            if mid in self.members and mid not in known:
+                known[mid] = self.address(mid)
+                client.transport.remoting.expected_peers[known[mid]] = mid
+            if mid not in client.member_ids:
+                client.member_ids.append(mid)
+
     async def metadata(self, client: Any, mid: str, timeout: float = 0.5) -> Any:
         """Member ``mid``'s detailed metadata, or None if it does not answer."""
+        self.teach(client, mid)
         try:
             return await client.transport.send(mid, _metadata_request(self.group, mid), timeout=timeout)
         except DLedgerError:
@@ -312,7 +371,7 @@ class LocalGroup:
 
     async def read_log(self, mid: str) -> StoredLog:
         """Member ``mid``'s log, read from its store files (the member must be stopped)."""
-        if self.members[mid].running:
+        if (self.members.get(mid) or self.retired[mid]).running:
             raise RuntimeError(f"{mid} is running; stop it before reading its store")
         return await read_stored_log(self.configs[mid])
 

@@ -188,7 +188,7 @@ class Replacement:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"{new_id} is already a member at "
                                                                  f"{existing.address}, not {new_address}")
         if existing is None:
-            say(f"adding {new_id}={new_address} as a learner (configuration entry {config.index} -> new)")
+            say(f"adding {new_id}={new_address} as a learner (members: {', '.join(config.ids)})")
             view = await client.add_member(new_id, new_address)
             say(f"added {new_id}: configuration entry {view.configuration.index} committed")
         else:

@@ -103,3 +103,25 @@ def test_every_action_has_help(capsys):
 def test_members_of_a_group_that_is_down_is_one_line():
     proc = dledger("members", "list", "--peers", DOWN, "--group", "g0", "--timeout", "0.5")
     assert proc.returncode == 1 and one_line(proc.stderr).startswith("dledger: NETWORK_ERROR (302): cannot connect")
+
+
+def test_a_refusal_is_one_line_on_stderr_and_exit_1_or_json(monkeypatch):
+    """Through the command's own runner (parser, client, error report): the leader's reason, one line."""
+    from twisted.internet.defer import Deferred
+
+    import dledger.client
+
+    clock, group = task.Clock(), FakeGroup()
+    monkeypatch.setattr(dledger.client, "connect", lambda *a, **kw: client_of(group, clock))
+    for extra, check in ((), "stderr"), (("--json",), "json"):
+        args = cli.build_parser().parse_args(["members", "remove", "n7", *GROUP, *extra])
+        out, err = io.StringIO(), io.StringIO()
+        status = run(clock, Deferred.fromCoroutine(client_commands.run_command(
+            clock, members_commands.do_remove, args, out, err)))
+        assert status == 1
+        if check == "stderr":
+            line = one_line(err.getvalue().encode())
+            assert line.startswith("dledger: CONFIG_CHANGE_REFUSED (432): ") and "n7 is not a member" in line
+        else:
+            doc = json.loads(out.getvalue())
+            assert doc["error"]["code"] == "CONFIG_CHANGE_REFUSED" and "n7 is not a member" in doc["error"]["message"]

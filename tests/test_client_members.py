@@ -37,6 +37,7 @@ class FakeGroup:
         self.refuse_next: str | None = None  # a passing refusal once
         self.learner_end: dict[str, int] = {}
         self.members = {m.id: m.address for m in BASE.members}
+        self.stale: dict[str, Configuration] = {}  # members whose copy lags behind the leader's
 
     def live(self) -> frozenset[str]:
         return frozenset(m for m in self.config.ids if m not in self.down) | {"n3", "n4"} - self.down
@@ -52,17 +53,21 @@ class FakeGroup:
                                             ledger_begin_index=0, ledger_end_index=end, committed_index=end))
         assert isinstance(req, MembersRequest)
         if req.op == "list":
+            if peer in self.stale:
+                old = self.stale[peer]
+                return succeed(MembersResponse(leader_id=self.leader, configuration=old.to_json(),
+                                               config_index=old.index, committed_index=old.index))
             return succeed(self.answer())
         if peer != self.leader:
             return succeed(MembersResponse(code=ResponseCode.NOT_LEADER, leader_id=self.leader))
         if self.refuse_next:
             why, self.refuse_next = self.refuse_next, None
-            return succeed(MembersResponse(code=ResponseCode.ILLEGAL_MEMBER_STATE, leader_id=self.leader, error=why))
+            return succeed(MembersResponse(code=ResponseCode.CONFIG_CHANGE_REFUSED, leader_id=self.leader, error=why))
         change = Change(Op(req.op), req.member_id, req.address or "", bool(req.learner))
         view = LeaderView(self.leader, self.config, self.committed, True, self.live())
         why, new = refusal(view, change)
         if why is not None:
-            return succeed(MembersResponse(code=ResponseCode.ILLEGAL_MEMBER_STATE, leader_id=self.leader, error=why))
+            return succeed(MembersResponse(code=ResponseCode.CONFIG_CHANGE_REFUSED, leader_id=self.leader, error=why))
         self.end += 1
         self.committed = self.end
         self.config = new.at(self.end, 1)
@@ -112,6 +117,16 @@ def test_list_returns_the_configuration_with_roles_and_whether_it_is_committed()
     assert [m.id for m in view.configuration.members] == ["n0", "n1", "n2"]
     assert view.committed and view.role("n1") == "voter" and view.role("n9") is None
     assert view.to_json()["members"][0] == {"id": "n0", "address": "127.0.0.1:20911", "role": "voter"}
+
+
+def test_list_answered_by_a_lagging_follower_is_asked_again_of_the_leader():
+    clock, group = task.Clock(), FakeGroup()
+    group.leader = "n2"
+    run(clock, client_of(group, clock).add_member("n3", "127.0.0.1:20914"))
+    group.stale["n0"] = BASE
+    view = run(clock, client_of(group, clock).members())  # a new client asks n0 first
+    assert [peer for peer, req in group.sent[-2:]] == ["n0", "n2"]
+    assert view.member == "n2" and view.role("n3") == "learner"
 
 
 def test_add_follows_the_leader_and_the_client_learns_the_new_address():

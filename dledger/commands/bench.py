@@ -8,6 +8,7 @@ import sys
 
 from dledger.bench import cluster as cluster_bench
 from dledger.bench import install as install_bench
+from dledger.bench import members as members_bench
 from dledger.bench import store as store_bench
 from dledger.commands.argtypes import non_negative_int, positive_int
 
@@ -19,6 +20,7 @@ def register(subparsers) -> None:
     cluster_bench.register(sub)
     _register_snapshot(sub)
     install_bench.register(sub)
+    members_bench.register(sub)
     _register_plot(sub)
     from dledger import plugins
 

@@ -419,7 +419,7 @@ async def do_metadata(client, args, out) -> int:
             else:
                 what = meta_text(r, mid, peer_disk.get(mid))
             membership = membership_of(config, mid)
-            print(f"  {mid:4} {addresses[mid]:21} " + (f"{membership:11} " if membership else "") + what, file=out)
+            print(f"  {mid:4} {addresses[mid]:21} " + (f"{membership:12} " if membership else "") + what, file=out)
     if all(isinstance(r, DLedgerError) for r in answers.values()):
         return 1
     return 0
