@@ -204,6 +204,7 @@ async def test_grow_a_group_from_three_to_five_and_back_to_three(tmp_path, react
         group.close()
 
 
+@pytest.mark.slow
 @pytest_twisted.ensureDeferred
 async def test_replace_every_member_twice_while_it_runs(tmp_path, reactor, request):
     """Slow: six replacements of running members (the leader among them, handing over), under load."""

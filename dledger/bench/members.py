@@ -42,6 +42,7 @@ PUSH_TIMEOUT_MS = 5000
 class Options:
     size_mib: int = 1024
     entry_kib: int = 64
+    max_pending: int = 1000
     directory: str | None = None
     keep: bool = False
     json: bool = False
@@ -57,6 +58,9 @@ def register(bench_subparsers) -> None:
     p.add_argument("--size-mib", type=positive_int, default=1024,
                    help="MiB of entries the learner catches up on (default 1024: 1 GiB)")
     p.add_argument("--entry-kib", type=positive_int, default=64, help="size of those entries in KiB (default 64)")
+    p.add_argument("--max-pending", type=positive_int, default=1000,
+                   help="maxPendingSize of the group: pushes in flight to one follower (default 1000, the option's "
+                        "default)")
     p.add_argument("--quick", action="store_true", help="a tiny run (8 MiB; keeps the benchmark working in tests)")
     p.add_argument("--dir", dest="directory", help="directory for stores and logs (default: a temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the directory afterwards")
@@ -65,7 +69,7 @@ def register(bench_subparsers) -> None:
 
 
 def cmd_bench_members(args) -> int:
-    opts = Options(size_mib=8 if args.quick else args.size_mib, entry_kib=args.entry_kib,
+    opts = Options(size_mib=8 if args.quick else args.size_mib, entry_kib=args.entry_kib, max_pending=args.max_pending,
                    directory=args.directory, keep=args.keep, json=args.json)
     if durable_store() is None:
         raise ConfigError("dledger bench members needs a durable store (pip install dledger[mmap])")
@@ -105,7 +109,7 @@ async def join(group: LocalGroup, admin: Any) -> str:
 async def run(reactor: Any, opts: Options, say=progress) -> dict:
     base = Path(opts.directory) if opts.directory else Path(tempfile.mkdtemp(prefix="dledger-bench-members-"))
     group = LocalGroup(base / "group", n=3, store=durable_store(), preset="fast", reactor=reactor,
-                       options={"maxPushTimeOutMs": PUSH_TIMEOUT_MS})
+                       options={"maxPushTimeOutMs": PUSH_TIMEOUT_MS, "maxPendingSize": opts.max_pending})
     admin = group.client(request_timeout=5.0)
     load = WriteLoad(reactor, lambda: load_client(group))
     try:
