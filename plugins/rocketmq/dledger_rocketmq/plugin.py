@@ -34,6 +34,7 @@ _ports: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _fetchers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _registrations: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _namesrvs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_member_gates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def host_option(value) -> str:
@@ -331,6 +332,11 @@ def registration_for(server):
     return _registrations.get(server)
 
 
+def member_gate_for(server):
+    """The member's :class:`~dledger_rocketmq.membership.MemberRegistration` (registration's gate), or None."""
+    return _member_gates.get(server)
+
+
 def namesrv_for(server):
     """The NameServer service run inside the member (``rocketmq.namesrvListen`` set), or None."""
     return _namesrvs.get(server)
@@ -378,6 +384,10 @@ def dledger_services(server, collection):
                 broker, parse_namesrv_addrs(broker.options.namesrv_addr),
                 period=broker.options.register_period_ms / 1000, compressed=broker.options.compressed_register,
                 fetcher=_fetchers.get(server), credentials=member_credentials(server))
+            from dledger_rocketmq.membership import MemberRegistration
+
+            gate = _member_gates[server] = MemberRegistration(broker)
+            gate.attach(reg)  # a new member registers once caught up; a removed one unregisters (issue #23)
             reg.setServiceParent(collection)
 
 
@@ -401,7 +411,8 @@ def dledger_status_sections(server):
     from dledger_rocketmq import status
 
     broker = broker_for(server)
-    return [status.status_provider(server, broker, lambda: port_for(server))] if broker else []
+    return [status.status_provider(server, broker, lambda: port_for(server), lambda: member_gate_for(server))] \
+        if broker else []
 
 
 @hookimpl

@@ -243,6 +243,11 @@ class Registration(service.Service):
         self._soon: Any = None
         self._log = RateLimitedLog(log, self._clock(), interval=60.0)
         self._hooked = False
+        #: Whether to register now (:class:`dledger_rocketmq.membership.MemberRegistration` sets it: a new member
+        #: waits for catch-up, a removed one withdraws); a closed gate unregisters a broker that was registered.
+        self.gate: Callable[[], bool] = lambda: True
+        self.registered = False  # REGISTER_BROKER sent and not withdrawn since
+        self.on_stop: Callable[[], object] = lambda: None  # the gate's clean-up (its timers)
 
     def _clock(self) -> Any:
         return self.reactor or self.broker.server.clock
@@ -264,11 +269,17 @@ class Registration(service.Service):
             if timer is not None and timer.active():
                 timer.cancel()
         self._timer = self._soon = None
+        self.on_stop()
         self.fetcher.stop()
         server = self.broker.server
         if not getattr(server, "running", True):  # crash(): a killed process says no goodbye
             self._close_all(abort=True)
             return defer.succeed(None)
+        return self.unregister_all().addBoth(lambda _: self._close_all())
+
+    def unregister_all(self) -> defer.Deferred:
+        """UNREGISTER_BROKER to every name server this member is connected to (bounded by ``timeout``)."""
+        self.registered = False
         b = self.broker
         ext = unregister_ext(cluster=b.options.cluster_name, broker_name=b.options.broker_name,
                              broker_addr=b.options.store_host, broker_id=b.broker_id)
@@ -279,7 +290,7 @@ class Registration(service.Service):
                 d.addErrback(lambda f, a=addr: log.info("UNREGISTER_BROKER to {a} failed: {e}", a=a,
                                                         e=f.getErrorMessage()))
                 sends.append(d)
-        return defer.DeferredList(sends).addBoth(lambda _: self._close_all())
+        return defer.DeferredList(sends)
 
     def _close_all(self, *, abort: bool = False) -> None:
         clients, self.clients = self.clients, {}
@@ -331,7 +342,17 @@ class Registration(service.Service):
                                 compressed=self.compressed)
 
     def register_all(self) -> defer.Deferred:
-        """REGISTER_BROKER to every name server now; fires when every answer (or failure) is in."""
+        """REGISTER_BROKER to every name server now; fires when every answer (or failure) is in.
+
+        With the gate closed nothing is sent and nothing scheduled (whoever closed it re-opens it by calling
+        here), and a broker that was registered unregisters: a removed member stops its heartbeat.
+        """
+        if not self.gate():
+            if self._timer is not None and self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+            return self.unregister_all() if self.registered else defer.succeed([])
+        self.registered = True
         ext, body = self.request()
         tag = self.fetcher.current_tag()
         is_master = ext["brokerId"] == "0"
@@ -340,6 +361,7 @@ class Registration(service.Service):
         return defer.DeferredList(sends)
 
     def _client(self, addr: str) -> defer.Deferred:
+        """The connection to name server ``addr`` (made at first use, kept; a Deferred of the client)."""
         c = self.clients.get(addr)
         if c is not None and c.connected:
             return defer.succeed(c)
@@ -350,6 +372,8 @@ class Registration(service.Service):
             return client
         return connect_client(self._clock(), a.host, a.port, timeout=self.timeout,
                               credentials=self.credentials).addCallback(made)
+
+    namesrv_client = _client
 
     def _register(self, addr: str, ext: dict[str, str], body: bytes, tag: Any, is_master: bool) -> defer.Deferred:
         d = self._client(addr)

@@ -27,6 +27,7 @@ LEADER wait runs beside it (a blocking handler would also deadlock with
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Callable
 from enum import Enum
 
@@ -45,18 +46,52 @@ SLAVE = "SLAVE"
 MASTER_ID = 0
 
 
+def numbered_id(self_id: str) -> int | None:
+    """``k`` of a DLedger selfId ``n<k>`` (one letter, then digits), else None."""
+    m = re.fullmatch(r"[A-Za-z]([0-9]+)", self_id)
+    return int(m.group(1)) if m else None
+
+
 def broker_id_for(self_id: str, member_ids: list[str] | None = None) -> int:
     """A slave's broker id as RocketMQ derives it: DLedger selfId ``n<k>`` -> ``k + 1`` (0 is the master's).
 
     RocketMQ (DLedgerCommitLog) parses ``selfId.substring(1)`` and fails on
     any other id; we fall back to the id's position in the sorted member
-    list + 1, so every member still has a distinct non-zero id.
+    list + 1, so every member still has a distinct non-zero id.  ``member_ids``
+    are the bootstrap ``--peers`` (they do not change when the configuration
+    does, so neither does the id).
     """
-    m = re.fullmatch(r"[A-Za-z]([0-9]+)", self_id)
-    if m:
-        return int(m.group(1)) + 1
+    k = numbered_id(self_id)
+    if k is not None:
+        return k + 1
     ids = sorted(member_ids or [self_id])
     return ids.index(self_id) + 1 if self_id in ids else 1
+
+
+#: Broker ids of members that joined with an id not of the form ``n<k>`` start here (RocketMQ's ids are longs).
+JOINED_BASE = 1000
+JOINED_SPAN = 1_000_000
+
+
+def joined_broker_id(self_id: str) -> int:
+    """The broker id of a member that joined a running group with an id not of the form ``n<k>``.
+
+    Derived from the id alone (CRC32), so every start of the member agrees, and above the positions the
+    bootstrap members take; two distinct ids collide with odds of about 1 in a million.
+    """
+    return JOINED_BASE + zlib.crc32(self_id.encode("utf-8")) % JOINED_SPAN
+
+
+def member_broker_id(self_id: str, bootstrap_ids: list[str], *, joined: bool) -> int:
+    """A member's slave broker id, stable for the member's life whatever the configuration becomes.
+
+    ``bootstrap_ids`` are the ``--peers`` it was started with (never the configuration in force: that
+    changes, and a position in it would move); ``joined``: started to join a running group
+    (``joinExisting``; issue #23).
+    """
+    if numbered_id(self_id) is not None or not joined:
+        return broker_id_for(self_id, bootstrap_ids)
+    return joined_broker_id(self_id)
 
 
 class RoleAction(Enum):
@@ -109,6 +144,24 @@ def waiting_for(*, leader_ready: bool, ledger_end: int, committed: int, dispatch
     return ", ".join(missing) or "nothing"
 
 
+def bootstrap_ids(server) -> list[str]:
+    """The member ids of the member's bootstrap ``--peers`` (its starting member set in older dledgers)."""
+    members = getattr(getattr(server, "config", None), "members", None)
+    if members:
+        return list(members)
+    return list(getattr(server.state, "member_set", ()) or [server.self_id])
+
+
+def transfer_targets(server) -> list[str]:
+    """The peers leadership may go to: the configuration's voters but this member (learners never lead)."""
+    membership = getattr(server, "membership", None)
+    peers = sorted(server.state.peers) if hasattr(server.state, "peers") else []
+    if membership is None:
+        return peers
+    config = membership.configuration
+    return sorted(v for v in config.voters if v != server.self_id)
+
+
 @implementer(IRoleChangeHandler, ILeaderReadyListener)
 class RoleManager:
     """The broker's role, driven by dledger's role changes and leader-ready events.
@@ -130,8 +183,8 @@ class RoleManager:
         self.on_slave = on_slave
         self.timeout = timeout
         self.role = SLAVE
-        self.slave_id = broker_id_for(server.self_id, list(server.state.member_set)
-                                      if hasattr(server.state, "member_set") else None)
+        self.slave_id = member_broker_id(server.self_id, bootstrap_ids(server),
+                                         joined=bool(getattr(server.config, "join_existing", False)))
         self.broker_id = self.slave_id
         self.master_term = -1
         self.switches = 0
@@ -238,7 +291,7 @@ class RoleManager:
         """Transfer leadership to the most caught-up peer (a failed transfer is logged; the wait goes on)."""
         server = self.server
         replicator = getattr(server, "replicator", None)
-        peers = sorted(server.state.peers) if hasattr(server.state, "peers") else []
+        peers = transfer_targets(server)
         if not peers or replicator is None:
             return
         target = max(peers, key=lambda p: (replicator.peer_watermark(p), p))

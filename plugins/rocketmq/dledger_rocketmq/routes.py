@@ -23,7 +23,10 @@ exactly one live master:
   last registered as brokerId 0, that one becomes the master again at once
   instead of after its next registration (up to 30 s without a master);
 - UNREGISTER_BROKER removes an id only if it still names the unregistering
-  address (a late goodbye from an old master does not remove the new one);
+  address (a late goodbye from an old master does not remove the new one),
+  and every other id of that group naming the address (a removed member
+  that stepped down from master says goodbye with its slave id: its stale
+  brokerId 0 entry goes too, issue #23);
 - a connection that closes removes every address registered over it.
 """
 
@@ -302,8 +305,9 @@ class RouteTable:
         self.live.pop(addr, None)
         self.filter_servers.pop(addr, None)
         data = self.brokers.get(name)
-        if data is not None and data["brokerAddrs"].get(broker_id) == addr:
-            del data["brokerAddrs"][broker_id]
+        if data is not None:
+            for i in [i for i, a in data["brokerAddrs"].items() if a == addr]:
+                del data["brokerAddrs"][i]
         self._settle(name, cluster)
 
     def remove_addr(self, addr: str) -> list[str]:

@@ -210,11 +210,15 @@ def metric_families(view: BrokerView, group: str, self_id: str) -> list:
     return out
 
 
-def status_provider(server: Any, broker: Any, get_port: Any) -> Any:
-    """The ``dledger_status_sections`` provider of ``server``'s broker."""
+def status_provider(server: Any, broker: Any, get_port: Any, get_gate: Any = lambda: None) -> Any:
+    """The ``dledger_status_sections`` provider of ``server``'s broker (``get_gate``: its registration gate)."""
 
     def broker_sections() -> list[dict[str, Any]]:
-        return sections(read_view(broker, get_port()), int(server.clock.seconds() * 1000))
+        out = sections(read_view(broker, get_port()), int(server.clock.seconds() * 1000))
+        gate = get_gate()
+        if gate is not None:  # issue #23: registered, waiting for catch-up (and why), or withdrawn
+            out[0]["summary"].append(["name-server registration", f"{gate.action.value} ({gate.reason})"])
+        return out
 
     return broker_sections
 
