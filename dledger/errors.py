@@ -23,7 +23,7 @@ class DLedgerError(Exception):
 
 
 class OutcomeUnknown(DLedgerError):
-    """The request was written to a connection that was lost (or answered unreadably) before its answer came.
+    """The request was written to a connection that was lost before its answer came (the transport's fail_pending).
 
     The peer may have read and executed it, so it is not safe to resend a request that changes something (an
     append: the body could be stored twice). Its code stays NETWORK_ERROR for those who only look at codes; the
