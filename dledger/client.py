@@ -5,9 +5,11 @@ out, lost its leader (TERM_CHANGED) or waited too long for the quorum
 (WAIT_QUORUM_ACK_TIMEOUT) may still commit, so retrying it may store the
 body twice.  Pass ``at_least_once=False`` to get those outcomes back as
 errors instead (the caller then knows the append is *ambiguous*: maybe
-committed, maybe not).  Refusals that guarantee nothing was appended
-(NOT_LEADER, LEADER_PENDING_FULL, LEADER_TRANSFERRING, a refused
-connection) are always retried.
+committed, maybe not), and so is a connection lost after the request was
+written (:class:`~dledger.errors.OutcomeUnknown`, code NETWORK_ERROR).
+Refusals that guarantee nothing was appended (NOT_LEADER,
+LEADER_PENDING_FULL, LEADER_TRANSFERRING, a refused connection) are always
+retried.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from twisted.logger import Logger
 
 from dledger.codes import ResponseCode
 from dledger.config import parse_peers
-from dledger.errors import DLedgerError
+from dledger.errors import DLedgerError, OutcomeUnknown
 from dledger.messages import (
     AppendEntryRequest,
     GetEntriesRequest,
@@ -105,6 +107,8 @@ class DLedgerClient:
                     raise DLedgerError(code, f"from {target} (attempt {attempt + 1}): {exc.message}",
                                        leader_id=exc.leader_id) from None
                 nobody = self._note_reachability(target, exc)
+                if isinstance(exc, OutcomeUnknown) and not retry_ambiguous:  # sent, then the connection went
+                    raise OutcomeUnknown(code, f"from {target} (attempt {attempt + 1}): {exc.message}") from None
                 if nobody is not None and (self.give_up_unreachable or attempt + 1 == self.max_attempts):
                     raise nobody from None
             if code is ResponseCode.SUCCESS:

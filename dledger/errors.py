@@ -22,6 +22,15 @@ class DLedgerError(Exception):
         super().__init__(f"{self.code.name}({int(self.code)}): {message}" if message else self.code.name)
 
 
+class OutcomeUnknown(DLedgerError):
+    """The request was written to a connection that was lost before its answer came (the transport's fail_pending).
+
+    The peer may have read and executed it, so it is not safe to resend a request that changes something (an
+    append: the body could be stored twice). Its code stays NETWORK_ERROR for those who only look at codes; the
+    client (``dledger.client``) tells it apart from a connection that never carried the request.
+    """
+
+
 class ConfigError(ValueError):
     """The configuration is invalid; the message names the option and the fix."""
 

@@ -103,6 +103,25 @@ def test_mutations_are_reachable_only_through_the_members_command_line():
     assert not any(m in source for m in MUTATIONS) and "mutation" not in source
 
 
+@pytest.mark.parametrize("leads, committed, begin, real, mutant", [
+    (False, 10, 5, "NOT_LEADER", "SERVE"),                 # a follower serves what it holds committed...
+    (False, 10, 12, "NOT_LEADER", "INDEX_OUT_OF_RANGE"),   # ...and says "not there yet" past it: stale after a pause
+    (True, 10, 12, "CONFIRM", "CONFIRM"),                  # the leader's path is untouched (ReadIndex)
+])
+def test_the_follower_read_mutation_answers_plain_gets_on_a_follower(monkeypatch, leads, committed, begin, real,
+                                                                      mutant):
+    """``follower-read``: a member that does not lead answers a GET not marked followerRead itself."""
+    from dledger import reads
+    from dledger.testing.nemesis.mutations import install
+
+    def outcome(decision):
+        return decision.code.name if decision.action is reads.ReadAction.REFUSE else decision.action.name
+    assert outcome(reads.read_decision(leads, False, begin, 0, committed, "n1")) == real
+    monkeypatch.setattr(reads, "read_decision", reads.read_decision)  # restored after the test
+    install("follower-read")
+    assert outcome(reads.read_decision(leads, False, begin, 0, committed, "n1")) == mutant
+
+
 # -- the log's verdict ---------------------------------------------------------------------------------------------
 
 def _history(*ops):

@@ -24,7 +24,7 @@ from zope.interface import implementer
 
 from dledger import messages
 from dledger.codes import PLUGIN_REQUEST_CODES, ResponseCode
-from dledger.errors import DLedgerError
+from dledger.errors import DLedgerError, OutcomeUnknown
 from dledger.interfaces import IBatchRequestHandler, ILeaderAware, IPluginRequests
 from dledger.messages import GetEntriesResponse
 from dledger.ratelog import RateLimitedLog
@@ -355,12 +355,16 @@ class RemotingProtocol(Protocol):
             d.callback(None)
 
     def fail_pending(self, message: str) -> None:
-        """Fail every request waiting for a reply on this connection with DLedgerError(NETWORK_ERROR)."""
+        """Fail every request waiting for a reply on this connection with OutcomeUnknown (code NETWORK_ERROR).
+
+        Each was written before the connection went: the peer may have executed it, so it is not safe to resend.
+        """
         calls, self._calls = self._calls, {}
         for call in calls.values():
             if call.timer is not None and call.timer.active():
                 call.timer.cancel()
-            call.deferred.errback(DLedgerError(ResponseCode.NETWORK_ERROR, message))
+            call.deferred.errback(OutcomeUnknown(ResponseCode.NETWORK_ERROR,
+                                                 f"{message} (the request was sent: its outcome unknown)"))
 
     # -- bytes in ------------------------------------------------------------------
     def dataReceived(self, data: bytes) -> None:

@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default=None, help="folder for result files and the files of failing runs")
     r.add_argument("--tag", default=None, help="prefix of the namespaces' names (unique per run)")
     r.add_argument("--keep", action="store_true", help="keep the run's files even if it passes")
+    r.add_argument("--converge-timeout", type=float, default=60.0, dest="converge",
+                   help="seconds the healed group has to converge before the run is stuck (default 60; a mutant "
+                        "run that may never converge can pass less)")
     g = sub.add_parser("long", help="runs of SEGMENT seconds until SECONDS per workload; a summary per fault kind")
     g.add_argument("--seconds", type=float, default=1800.0)
     g.add_argument("--seed", type=int, default=1)
@@ -76,7 +79,7 @@ def _run(args) -> int:
     from dledger.testing.nemesis.runner import RunSpec, run_in_process
     spec = RunSpec(workload=args.workload, seed=args.seed, seconds=args.seconds, members=args.members,
                    clients=args.clients, kinds=args.kinds, mutation=args.mutation, out=args.out, tag=args.tag,
-                   keep=args.keep)
+                   keep=args.keep, converge=args.converge)
     try:
         F.parse_kinds(args.kinds, F.KINDS)
     except ValueError as exc:
@@ -178,7 +181,7 @@ def _mutants(args) -> int:
         for kind in kinds:
             for workload in ("log",):
                 child(["run", "--workload", workload, "--seed", str(args.seed), "--seconds", str(args.seconds),
-                       "--kinds", kind, "--mutation", mutation, "--out", str(out),
+                       "--kinds", kind, "--mutation", mutation, "--out", str(out), "--converge-timeout", "10",
                        "--tag", f"nm{os.getpid() % 10000}{len(lines) % 100}"], timeout=args.seconds + 240)
                 path = out / f"{workload}-seed{args.seed}-{mutation}.json"
                 r = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None

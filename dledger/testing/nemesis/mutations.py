@@ -11,12 +11,16 @@ stale-read         the leader answers a GET past its committed index with INDEX_
 lonely-commit      the leader counts an entry committed once it holds it itself (a quorum of one)
 vote-anything      a voter grants its vote whatever the candidate's log (no up-to-date check,
                    Raft §5.4.1): a member that missed entries can be elected and truncate them
+follower-read      a member that does not lead answers every GET from its own committed prefix (as
+                   if marked ``followerRead``) instead of redirecting to the leader, and says "not
+                   there yet" (INDEX_OUT_OF_RANGE) past it: a read served without ReadIndex from a
+                   log that may be behind
 =================  ===========================================================================
 """
 
 from __future__ import annotations
 
-MUTATIONS = ("stale-read", "lonely-commit", "vote-anything")
+MUTATIONS = ("stale-read", "lonely-commit", "vote-anything", "follower-read")
 
 
 def install(name: str) -> None:
@@ -46,6 +50,14 @@ def install(name: str) -> None:
         def decide_vote(view, candidate, term, ledger_end_term, ledger_end_index, is_self):
             return real_vote(view, candidate, term, view.ledger_end_term, view.ledger_end_index, is_self)
         elector.decide_vote = decide_vote
+    elif name == "follower-read":
+        from dledger import reads
+
+        real_read = reads.read_decision
+
+        def read_decision(leads, follower_read, begin, ledger_begin, committed, member):
+            return real_read(leads, True, begin, ledger_begin, committed, member)
+        reads.read_decision = read_decision
     else:
         raise ValueError(f"unknown mutation {name!r}: one of {', '.join(MUTATIONS)}")
 

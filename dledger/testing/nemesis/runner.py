@@ -45,6 +45,9 @@ class RunSpec:
     tag: str | None = None
     quiet: float = 3.0
     keep: bool = False  # keep the run's files even when it passes
+    #: How long the healed group has to converge before the run is "stuck". A broken build may never converge
+    #: (divergent logs): a mutant run that only needs the verdict passes a few seconds.
+    converge: float = 60.0
 
 
 @dataclass
@@ -349,7 +352,7 @@ async def _main(reactor: Any, spec: RunSpec, run: Run, result: RunResult) -> Non
     await workload.stop()
     run.note("workload stopped")
     try:
-        await run.wait_for(run.converged, 60, "every member to hold and commit the same log")
+        await run.wait_for(run.converged, spec.converge, "every member to hold and commit the same log")
     except TimeoutError as exc:
         result.stuck = str(exc)
     await workload.finish(result)
