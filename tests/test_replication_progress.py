@@ -100,6 +100,38 @@ def test_may_append(rule, write, flight, end, limit, expected):
     assert p.may_append(end, limit) is expected
 
 
+MAY_APPEND_BYTES = [
+    # (rule, pushes sent as (first, last, bytes), max bytes, expected)
+    ("below_the_byte_budget_sends", [(11, 11, 100)], 1000, True),
+    ("at_the_byte_budget_waits", [(11, 11, 600), (12, 12, 400)], 1000, False),
+    ("one_push_larger_than_the_budget_still_goes_alone", [], 10, True),
+    ("no_byte_budget_counts_pushes_only", [(11, 11, 10 ** 9)], None, True),
+]
+
+
+@pytest.mark.parametrize("rule, sent, budget, expected", MAY_APPEND_BYTES, ids=[r[0] for r in MAY_APPEND_BYTES])
+def test_may_append_bytes(rule, sent, budget, expected):
+    """Bytes in flight are bounded too (etcd's MaxInflightBytes): a far-behind follower is fed a window at a time."""
+    p = progress(index=11)
+    for first, last, n in sent:
+        p.sent_append(first, last, n)
+    assert p.may_append(100, 1000, budget) is expected
+
+
+def test_acks_and_state_changes_release_the_bytes():
+    """An acknowledged APPEND frees its bytes; a change of step forgets every push in flight."""
+    p = progress(index=11)
+    p.sent_append(11, 12, 700)
+    p.sent_append(13, 13, 300)
+    p.append_acked(11, 12)
+    assert p.in_flight_bytes == 300 and p.in_flight == {13: 13}
+    p.settled(13)
+    assert p.in_flight_bytes == 0
+    p.sent_append(14, 14, 50)
+    p.become(Step.COMPARE, -1)
+    assert p.in_flight_bytes == 0 and not p.in_flight
+
+
 def test_sent_append_advances_the_write_index():
     """After sending first..last the next APPEND starts at last + 1 and first..last awaits its reply."""
     p = progress(index=11)

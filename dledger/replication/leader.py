@@ -46,6 +46,9 @@ def _encoded_size(batch: Sequence[Entry]) -> int:
 #: A follower more than this many entries behind the leader gets an info line (and another when it has
 #: caught up); see "What it logs" in docs/operations.md.
 BEHIND_LOG_ENTRIES = 1000
+#: Bytes of APPENDs in flight to one follower, in full pushes (``maxBatchPushSize``): 16 MiB at the default,
+#: far more than a LAN's bandwidth-delay product, and a bound on what one reactor turn reads and sends.
+IN_FLIGHT_FULL_PUSHES = 16
 #: While a follower does not answer, the leader repeats one summary line per this many seconds.
 DOWN_SUMMARY_INTERVAL = 60.0
 
@@ -278,7 +281,8 @@ class EntryDispatcher(InstallStep, Progress):
         lead = self.leader
         store = lead.store
         end = store.ledger_end_index
-        while self.may_append(end, peerdisk.in_flight_limit(self.disk_problem, lead.max_in_flight)):
+        while self.may_append(end, peerdisk.in_flight_limit(self.disk_problem, lead.max_in_flight),
+                              lead.max_in_flight_bytes):
             if self.write_index < store.ledger_begin_index:
                 self.become(Step.COMPARE, -1)
                 self.pump()
@@ -290,13 +294,15 @@ class EntryDispatcher(InstallStep, Progress):
                     return
                 req = self._push(PushType.APPEND, batch=batch)
                 first, last = batch[0].index, batch[-1].index
+                nbytes = _encoded_size(batch)
             else:
                 entry = self._read(self.write_index)
                 if entry is None:
                     return
                 req = self._push(PushType.APPEND, entry=entry)
                 first = last = entry.index
-            self.sent_append(first, last)
+                nbytes = entry.size
+            self.sent_append(first, last, nbytes)
             on_reply = lambda resp, f=first, la=last: self._on_append(resp, f, la)
             if lead.stats is not None:
                 entries = batch if lead.batch_push else [entry]
@@ -393,7 +399,7 @@ class EntryDispatcher(InstallStep, Progress):
         if settled is None:
             return
         if settled:
-            self.in_flight.pop(first, None)
+            self.settled(first)
             self.pump()
         else:
             self._retry_later(f"APPEND {first}-{last} still unanswered after REPEATED_PUSH")
@@ -448,6 +454,9 @@ class LeaderReplicator:
         self.max_batch_bytes = push_budget(cfg.max_batch_push_size, cfg.max_frame_size)
         self.max_batch_entries = 10_000
         self.max_in_flight = cfg.max_pending_size
+        #: Bytes of APPENDs in flight to one follower (:meth:`Progress.may_append`): a few full pushes, enough
+        #: to keep a loopback or LAN link busy, never a reactor turn that reads a whole backlog.
+        self.max_in_flight_bytes = IN_FLIGHT_FULL_PUSHES * self.max_batch_bytes
         #: The member's snapshots (``server.snapshots.store``; None: no snapshots, never InstallSnapshot).
         self.snapshot_store = snapshot_store
         #: What each peer is (:class:`dledger.replication.peerkind.PeerKinds`; None: every peer is dledger).

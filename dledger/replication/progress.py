@@ -27,6 +27,8 @@ class Progress:
         self.write_index = -1
         self.watermark = -1  # the highest index the follower is known to store (SPEC §4 "Watermarks")
         self.in_flight: dict[int, int] = {}  # first index -> last index of APPENDs awaiting a reply
+        self._flight_bytes: dict[int, int] = {}  # first index -> bytes of that APPEND
+        self.in_flight_bytes = 0  # bytes of the APPENDs awaiting a reply
         self.outstanding = False  # a COMPARE / TRUNCATE / COMMIT awaits a reply
         self.told_commit = -1  # the committed index last sent in a COMMIT
         self.gen = 0  # bumps on every state change; replies to older generations are ignored
@@ -41,6 +43,8 @@ class Progress:
         self.gen += 1
         self.step = step
         self.in_flight.clear()
+        self._flight_bytes.clear()
+        self.in_flight_bytes = 0
         self.outstanding = False
         if step is Step.COMPARE:
             self.compare_index = index
@@ -68,8 +72,13 @@ class Progress:
 
     def append_acked(self, first: int, last: int) -> bool:
         """SUCCESS for the APPEND of ``first..last``: it is no longer in flight; True if the watermark moved up."""
-        self.in_flight.pop(first, None)
+        self.settled(first)
         return self.matched(last)
+
+    def settled(self, first: int) -> None:
+        """The APPEND starting at ``first`` no longer awaits a reply (answered, or covered by another copy's)."""
+        self.in_flight.pop(first, None)
+        self.in_flight_bytes -= self._flight_bytes.pop(first, 0)
 
     def shrunk_to(self, end: int) -> bool:
         """The follower says it ends at ``end``: below the watermark, believe it (its store was wiped or cut).
@@ -92,9 +101,11 @@ class Progress:
         self.outstanding = False
         self.told_commit = -1
 
-    def sent_append(self, first: int, last: int) -> None:
-        """An APPEND of ``first..last`` went out; the next one starts after it."""
+    def sent_append(self, first: int, last: int, nbytes: int = 0) -> None:
+        """An APPEND of ``first..last`` (``nbytes`` of entries) went out; the next one starts after it."""
         self.in_flight[first] = last
+        self._flight_bytes[first] = nbytes
+        self.in_flight_bytes += nbytes
         self.write_index = last + 1
 
     # -- decisions -----------------------------------------------------------------------------
@@ -102,9 +113,18 @@ class Progress:
         """The highest index this follower is known to hold: its watermark while it answers, else -1 (unknown)."""
         return self.watermark if self.in_contact else -1
 
-    def may_append(self, leader_end: int, max_in_flight: int) -> bool:
-        """Another APPEND may go out: entries are left to send and the pipeline has room (``maxPendingSize``)."""
-        return self.write_index <= leader_end and len(self.in_flight) < max_in_flight
+    def may_append(self, leader_end: int, max_in_flight: int, max_bytes: int | None = None) -> bool:
+        """Another APPEND may go out: entries are left to send and the pipeline has room.
+
+        Room is counted in pushes (``maxPendingSize``) and, like etcd/raft's ``MaxInflightBytes``, in bytes
+        (``max_bytes``; one push always may go): without the byte bound a leader with a far-behind follower
+        read and sent up to ``maxPendingSize`` pushes of ``maxBatchPushSize`` -- 1,000 MiB -- in one reactor
+        turn, missed its heartbeats and lost leadership to check-quorum, over and over (issue #23: a learner
+        catching up 1 GiB never did).
+        """
+        if self.write_index > leader_end or len(self.in_flight) >= max_in_flight:
+            return False
+        return max_bytes is None or not self.in_flight or self.in_flight_bytes < max_bytes
 
     def idle(self) -> bool:
         """Nothing awaits a reply, so a COMMIT may go out."""
