@@ -104,3 +104,28 @@ def test_a_refused_connection_is_always_retried(at_least_once):
     assert attempts >= 2
     [result] = outcome
     assert isinstance(result, Failure) and result.check(DLedgerError) and not result.check(OutcomeUnknown)
+
+
+def test_an_append_whose_reply_cannot_be_decoded_is_not_resent_at_most_once():
+    """The member read the request and answered something undecodable: it may have appended the body, so
+    at most once means no resend (the outcome is unknown), as for a connection lost after the request."""
+    reactor = MemoryReactorClock()
+    client = connect("n0-127.0.0.1:20911", "g0", reactor=reactor, request_timeout=2.0, max_attempts=5,
+                     retry_delay=0.05, at_least_once=False)
+    outcome: list = []
+    client.append(b"body").addBoth(outcome.append)
+    net = DroppingNetwork(reactor)
+    answered: set[tuple[int, int]] = set()
+    protocols: list = []
+    for _ in range(200):
+        protocols.extend(net.accept_new())
+        for k, (wire, proto) in enumerate(zip(net.wires, protocols)):
+            frames = [f for f in remoting.split_frames(wire.value()) if not f.header.is_response]
+            for f in frames:
+                if (k, f.header.opaque) not in answered:
+                    answered.add((k, f.header.opaque))
+                    proto.dataReceived(remoting.encode_reply(f.header.opaque, b"{not json"))
+        reactor.advance(0.05)
+    assert net.appends_sent() == 1
+    [result] = outcome
+    assert isinstance(result, Failure) and result.check(OutcomeUnknown), result

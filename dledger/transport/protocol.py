@@ -461,8 +461,9 @@ class RemotingProtocol(Protocol):
             if not reply_authentic(frame, self._session):
                 self._warn(("bad reply mac", self.peer_host), "reply {opaque} from {peer} does not authenticate "
                            "(wrong or missing MAC); closing the connection", opaque=header.opaque, peer=self.peer)
-                call.deferred.errback(DLedgerError(ResponseCode.NETWORK_ERROR,
-                                                   f"reply from {self.peer} does not authenticate"))
+                # The request reached the peer and may have been executed: the outcome is unknown, not "not sent".
+                call.deferred.errback(OutcomeUnknown(ResponseCode.NETWORK_ERROR,
+                                                     f"reply from {self.peer} does not authenticate"))
                 self._abandon(abort=True)
                 return
         if self.on_reply is not None:
@@ -480,7 +481,8 @@ class RemotingProtocol(Protocol):
         except BodyError as exc:
             self._warn(("bad reply", self.peer_host), "undecodable reply {opaque} from {peer}: {error}",
                        opaque=header.opaque, peer=self.peer, error=exc)
-            call.deferred.errback(DLedgerError(ResponseCode.NETWORK_ERROR, f"undecodable reply: {exc}"))
+            # The peer executed something and answered: a resend could apply the request twice.
+            call.deferred.errback(OutcomeUnknown(ResponseCode.NETWORK_ERROR, f"undecodable reply: {exc}"))
             return
         if response.code == ResponseCode.APPEND_REFUSED:
             # A plugin refused the append: the caller gets its reason (the remark), not only the code.
