@@ -44,7 +44,7 @@ def run_benchmark(run: Callable[[Any, Callable[[str], None]], Awaitable[dict]],
     if not outcome or (hasattr(outcome[0], "check") and outcome[0].check(CancelledError)):
         from twisted.internet import reactor
 
-        from dledger.commands.bench import interrupted
+        from dledger.bench.signals import interrupted
 
         raise interrupted(reactor)
     if hasattr(outcome[0], "raiseException"):

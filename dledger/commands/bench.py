@@ -10,6 +10,7 @@ from dledger.bench import cluster as cluster_bench
 from dledger.bench import install as install_bench
 from dledger.bench import members as members_bench
 from dledger.bench import store as store_bench
+from dledger.bench.signals import interrupted
 from dledger.commands.argtypes import non_negative_int, positive_int
 
 
@@ -173,13 +174,3 @@ def _run_under_reactor(opts):
     if hasattr(outcome[0], "raiseException"):
         outcome[0].raiseException()
     return outcome[0]
-
-
-def interrupted(reactor) -> KeyboardInterrupt:
-    """The exception that ends a command whose reactor a signal stopped: Terminated for SIGTERM (exit 143)."""
-    import signal
-
-    from dledger.cli import Terminated
-
-    signum = getattr(reactor, "_exitSignal", None)  # which signal twistd-style reactors record
-    return Terminated(signum) if signum == signal.SIGTERM else KeyboardInterrupt()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dledger.entry import INDEX_UNIT_SIZE, CodecError, Entry, decode_entry
 from dledger.errors import StoreError
-from dledger.store import ownership, termvote
+from dledger.store import ownership, termfile
 from dledger.store.checkpoint import read_checkpoint
 from dledger.store.indexlog import IndexLog
 from dledger.store.mappedfiles import MappedFileList
@@ -232,12 +232,12 @@ def _verify_mmap(reader: MmapReader, report: Report) -> None:
                            f"flushed entries are missing")
         if note:
             report.notes.append(f"checkpoint: {note}")
-    state, saved, problem, known = termvote.read_state(reader.member_dir)
+    state, saved, problem, known = termfile.read_state(reader.member_dir)
     if saved is not None:
         report.notes.append(f"currterm: term {saved[0]}, voted for {saved[1] or 'nobody'}")
     else:
         last = report.end_term if report.end >= 0 else mmap_last_term(reader.member_dir)
-        _check_term_vote(report, state, str(reader.member_dir / termvote.NAME), problem, reader.member_dir, last,
+        _check_term_vote(report, state, str(reader.member_dir / termfile.NAME), problem, reader.member_dir, last,
                          known)
 
 

@@ -17,52 +17,10 @@ from pathlib import Path
 from zope.interface import implementer
 
 from dledger import diskio
-from dledger.errors import StoreError
 from dledger.interfaces import ITermVoteStore
 from dledger.store import ownership
 from dledger.store.ownership import TermVote
-from dledger.store.properties import format_properties, int_property, parse_properties
-
-NAME = "currterm"
-
-
-def encode_term_vote(term: int, vote_for: str | None) -> bytes:
-    return format_properties([("voteLeader", vote_for or ""), ("currTerm", str(term))])
-
-
-def decode_term_vote(data: bytes, path: str | Path) -> tuple[int, str | None]:
-    props = parse_properties(data, path)
-    term = int_property(props, "currTerm", path, minimum=0)
-    vote = props.get("voteLeader", "")
-    return term, (vote or None)
-
-
-def read_state(member_dir: str | Path) -> tuple[TermVote, tuple[int, str | None] | None, str, tuple[int, ...]]:
-    """What ``currterm`` holds, read-only: ``(state, (term, vote) or None, problem, terms still readable)``.
-
-    ``problem`` says what is wrong ("is missing", "is damaged (...)");
-    the readable terms (of ``currterm.bak``) raise the floor of a reset.
-    """
-    path = Path(member_dir) / NAME
-    backup = path.with_name(NAME + ".bak")
-    known: tuple[int, ...] = ()
-    try:
-        known = (decode_term_vote(backup.read_bytes(), backup)[0],)
-    except (OSError, StoreError):
-        pass
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        if backup.exists():
-            return TermVote.DAMAGED, None, f"is missing but {backup.name} exists", known
-        return TermVote.MISSING, None, "is missing", known
-    except OSError as exc:
-        return TermVote.DAMAGED, None, f"cannot be read ({exc.strerror})", known
-    try:
-        return TermVote.OK, decode_term_vote(data, path), "", known
-    except StoreError as exc:
-        detail = str(exc).removeprefix(f"{path}: ")
-        return TermVote.DAMAGED, None, f"is damaged ({detail})", known
+from dledger.store.termfile import NAME, decode_term_vote, encode_term_vote, read_state  # noqa: F401 - re-exported
 
 
 @implementer(ITermVoteStore)
