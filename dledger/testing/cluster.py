@@ -47,6 +47,7 @@ from dledger.quorum import is_quorum
 from dledger.server import DLedgerServer
 from dledger.store.memory import MemoryTermVoteStore
 from dledger.testing.clock import SimClock
+from dledger.testing.cluster_members import ClusterMembership
 from dledger.testing.simdisk import DEFAULT_FLUSH_LATENCY, SimulatedDisk, SimulatedIO
 from dledger.transport.inprocess import FaultSettings, InProcessNetwork
 
@@ -71,7 +72,7 @@ def _private_store_dir() -> str:
     return d
 
 
-class Cluster:
+class Cluster(ClusterMembership):
     """N members on one clock and one in-process network.
 
     Without ``store_base_dir`` the members' directories (their snapshots, if they run state machines)
@@ -159,61 +160,6 @@ class Cluster:
             self.servers[mid] = server
             self.down.discard(mid)
             server.start()
-
-    def address(self, mid: str) -> str:
-        """The ``host:port`` member ``mid`` has (or, for a member not built yet, would have) in this cluster."""
-        if mid in self.configs:
-            return self.configs[mid].self_peer.address
-        return f"127.0.0.1:{20911 + len(self.ids)}"
-
-    def add_member(self, mid: str, *, join: bool = True, start: bool = True, **options) -> str:
-        """A new member ``mid`` in the network, with its own empty store (issue #23); returns its address.
-
-        Its ``--peers`` are the group's configuration in force (the leader's, else the original ids) plus
-        itself; with ``join`` (``joinExisting``) it is a learner of that bootstrap and never campaigns
-        before the group's log makes it a voter.  It is only started (``start``): making it a member is
-        the group's business -- :meth:`change` with ``Change(Op.ADD, mid, address)``.
-        """
-        if mid in self.configs:
-            raise ValueError(f"{mid} is already a member of this cluster")
-        address = self.address(mid)
-        lid = self.leader()
-        known = self.servers[lid].membership.configuration.addresses if lid is not None else \
-            {m: self.address(m) for m in self.ids}
-        peers = ";".join(f"{m}-{a}" for m, a in {**known, mid: address}.items())
-        self.configs[mid] = make_config(preset=self._preset, group=self._group, self_id=mid, peers=peers,
-                                        store_type="memory", transport_type="inprocess", join_existing=join,
-                                        **{**self._options, **options})
-        self.ids.append(mid)
-        self.term_stores[mid] = MemoryTermVoteStore()
-        self.disks[mid] = self._new_disk(mid)
-        if start:
-            self.start(mid)
-        return address
-
-    def change(self, change, timeout: float = 60.0):
-        """Propose ``change`` (a :class:`dledger.membership.rules.Change`) on the stable leader and run until it
-        is committed; returns the new configuration (AssertionError with the refusal if it is refused)."""
-        lid = self.wait_for_leader(timeout)
-        results: list = []
-        self.servers[lid].membership.propose(change).addBoth(results.append)
-        self.wait_until(lambda: results, timeout, f"configuration change {change.describe()}")
-        if isinstance(results[0], Failure):
-            raise AssertionError(f"{change.describe()}: {results[0].getErrorMessage()}")
-        return results[0]
-
-    def configuration(self, mid: str | None = None):
-        """The configuration in force on ``mid`` (the leader by default)."""
-        mid = mid or self.leader()
-        return self.servers[mid].membership.configuration
-
-    def members(self) -> list[str]:
-        """The running members the leader's configuration holds (every running member without a leader)."""
-        lid = self.leader()
-        if lid is None:
-            return list(self.servers)
-        ids = self.servers[lid].membership.configuration.ids
-        return [m for m in self.servers if m in ids]
 
     def crash(self, mid: str) -> None:
         """Kill a member as a power cut would: timers stop, unflushed data may be lost or torn."""
