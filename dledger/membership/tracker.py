@@ -120,6 +120,11 @@ class Membership:
         """The configuration in force at log index ``index`` (what a snapshot at ``index`` records)."""
         return rules.in_force([c for c in self.history if c.index <= index], self.base)
 
+    def manifest_fields(self, index: int) -> tuple[list[str], dict]:
+        """A snapshot manifest's ``members`` ("id-host:port") and ``configuration`` (with roles) at ``index``."""
+        config = self.at(index)
+        return [f"{m.id}-{m.address}" for m in config.members], config.to_json()
+
     def standing(self) -> rules.Standing:
         return rules.standing(self._config, self.self_id)
 

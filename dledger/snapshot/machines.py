@@ -370,7 +370,8 @@ class StateMachines:
             if newest is not None and newest.index >= index:
                 return newest
             term, next_pos = self._point(index)
-            builder = self.snapshot_store.create(index, term, next_pos, *self._members_at(index))
+            members = self.membership.manifest_fields(index) if self.membership else (self.members(), None)
+            builder = self.snapshot_store.create(index, term, next_pos, *members)
             started = self.clock.seconds()
             writes = [maybeDeferred(m.snapshot, builder.section(m.name)) for m in self.machines]
             self._bytes_since = 0
@@ -392,13 +393,6 @@ class StateMachines:
                  id=self.member_id, name=manifest.dirname, n=len(manifest.sections), size=format_bytes(manifest.size),
                  t=self.clock.seconds() - started, b=begin, p=f"; pruned {', '.join(pruned)}" if pruned else "")
         return manifest
-
-    def _members_at(self, index: int) -> tuple[list[str], dict | None]:
-        """A manifest's ``members`` ("id-host:port") and ``configuration`` (with roles) at ``index``."""
-        if self.membership is None:
-            return self.members(), None
-        config = self.membership.at(index)
-        return [f"{m.id}-{m.address}" for m in config.members], config.to_json()
 
     def _point(self, index: int) -> tuple[int, int]:
         """``(term, next_pos)`` of entry ``index``: where a store reset to a snapshot there writes the next one."""
