@@ -194,3 +194,20 @@ def test_log_configs_follows_appends_and_truncations():
     assert logs.refresh() == (BASE, other)
     store.entries[3] = config_entry(conf("b c d a:l", 3, 3))  # same length, rewritten
     assert logs.in_force().term == 3
+
+
+def test_rules_seen_in_a_leaders_log():
+    """Two changes in flight, and a change before the term-start entry committed, are named as broken rules."""
+    promote_e = conf("a b c d e", 5, 2)
+    promote_f = conf("a b c d e f", 6, 2)
+    two = commit("a", 2, 6, "abcef", conf("a b c d e:l f:l"), promote_e, promote_f, since=4)
+    assert any("two changes in flight" in p for p in decision_problems(two, None))
+    one = commit("a", 2, 5, "abce", BASE, promote_e, since=4)
+    assert decision_problems(one, None) == []
+    early = Decision("commit", "b", 2, 5, frozenset("bc"), (BASE, conf("b c d", 5, 2)), since=3, term_start=4)
+    assert any("own-term rule" in p for p in decision_problems(early, None))
+    after_noop = Decision("commit", "b", 2, 5, frozenset("bc"), (BASE, conf("b c d", 5, 2)), since=4, term_start=4)
+    assert decision_problems(after_noop, None) == []
+    # a new leader proposing on top of an uncommitted change of an earlier term breaks the rule as well
+    older_term = commit("a", 3, 6, "abcde", BASE, promote_e, conf("a b c d", 6, 3), since=4)
+    assert any("two changes in flight" in p for p in decision_problems(older_term, None))

@@ -52,6 +52,8 @@ class Decision:
     configs: tuple[Configuration, ...]
     since: int = -1
     time: float = 0.0
+    #: commit: the index of the leader's term-start entry (-1: unknown), for the own-term rule
+    term_start: int = -1
 
     @property
     def in_force(self) -> Configuration:
@@ -139,10 +141,33 @@ def decision_problems(d: Decision, latest: Configuration | None) -> list[str]:
                if older else "")
         out.append(f"{d.describe()}: not a majority of the configuration in force [{cfg.describe()}] "
                    f"(entry {cfg.index}){why}")
+    if d.kind == "commit":
+        out += rule_problems(d)
     if latest is not None and not any(_same_entry(c, latest) for c in d.configs):
         out.append(f"{d.describe()}: a quorum of the old configuration [{cfg.describe()}] (entry {cfg.index}, "
                    f"term {cfg.term}) after [{latest.describe()}] (entry {latest.index}, term {latest.term}) "
                    f"was committed, which its log does not hold")
+    return out
+
+
+def rule_problems(d: Decision) -> list[str]:
+    """The two rules of :func:`dledger.membership.rules.refusal`, as a leader's log shows them at a commit.
+
+    Before this decision the leader had committed up to ``d.since``: two configuration entries above it,
+    the newer of the leader's own term, mean it proposed while a change was in flight; a configuration
+    entry of its own term above it while its term-start entry is too means it proposed before it had
+    committed an entry of its own term.
+    """
+    out = []
+    uncommitted = [c for c in d.configs[1:] if c.index > d.since]
+    if len(uncommitted) >= 2 and uncommitted[-1].term == d.term:
+        out.append(f"rule: {d.member} (term {d.term}) proposed [{uncommitted[-1].describe()}] (entry "
+                   f"{uncommitted[-1].index}) while entry {uncommitted[-2].index} was not committed: two changes "
+                   f"in flight")
+    own = [c for c in uncommitted if c.term == d.term]
+    if own and d.since < d.term_start < own[0].index:
+        out.append(f"rule: {d.member} (term {d.term}) proposed [{own[0].describe()}] (entry {own[0].index}) "
+                   f"before its term-start entry {d.term_start} was committed (the leader's own-term rule)")
     return out
 
 

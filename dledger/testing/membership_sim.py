@@ -80,7 +80,7 @@ class MembershipProbe:
             configs = logs.refresh()
             if deciding:
                 checker.decided(Decision("commit", mid, term, after, acks, configs, since=before,
-                                         time=clock.seconds()))
+                                         time=clock.seconds(), term_start=replicator.term_start_index))
             for c in configs[1:]:
                 if before < c.index <= after:
                     checker.config_committed(mid, c)
