@@ -121,13 +121,16 @@ def test_ongaro_2015_scenario_is_caught():
     assert any("where [b=" in p for p in checker.problems)
 
 
-def test_votes_of_learners_and_removed_members_are_flagged():
+def test_learners_and_removed_members_never_stand_and_their_votes_are_counted():
     checker = MembershipChecker()
-    checker.vote_cast("e", 3, "a", conf("a b c d e:l", 5, 1))
+    checker.vote_cast("e", 3, "a", conf("a b c d e:l", 5, 1))  # not a voter in its own log yet: allowed
     checker.vote_cast("a", 3, "b", NO_A)
     checker.vote_cast("b", 3, "b", NO_A)
-    assert len(checker.problems) == 2 and "e voted for a in term 3 although it is a learner" in checker.problems[0]
-    assert "not a member" in checker.problems[1] and checker.votes == 3
+    assert checker.problems == [] and checker.votes == 3 and checker.votes_by_non_voters == 2
+    checker.vote_cast("e", 4, "e", conf("a b c d e:l", 5, 1))
+    checker.vote_cast("a", 4, "a", NO_A)
+    assert len(checker.problems) == 2 and "e stood for election in term 4 although it is a learner" in \
+        checker.problems[0] and "not a member" in checker.problems[1]
 
 
 @dataclass

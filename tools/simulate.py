@@ -100,7 +100,8 @@ def run_replication(args) -> int:
     from dledger.testing.replication_sim import run_replication_seed
     totals = dict(faults=0, acked=0, lost=0, divergent=0, nonlinearizable=0, leaders=0, stuck=0, forged=0,
                   outsider_effects=0, quick=0, wipes=0, snapshots=0, installs=0, state_mismatch=0, proposed=0,
-                  committed=0, refused=0, change_failed=0, joined=0, config_commits=0, decisions=0, membership=0)
+                  committed=0, refused=0, change_failed=0, joined=0, config_commits=0, decisions=0, membership=0,
+                  non_voter_votes=0)
     refusals: dict[str, int] = {}
     failing = []
     seeds = _seeds(args)
@@ -155,7 +156,8 @@ def run_replication(args) -> int:
           + (f", changes_proposed={totals['proposed']}, changes_committed={totals['committed']}, "
              f"refused={totals['refused']}, change_failed={totals['change_failed']}, joined={totals['joined']}, "
              f"config_entries_committed={totals['config_commits']}, decisions_checked={totals['decisions']}, "
-             f"membership={totals['membership']}" if args.membership else "")
+             f"votes_by_non_voters={totals['non_voter_votes']}, membership={totals['membership']}"
+             if args.membership else "")
           + f" ({time.monotonic() - started:.1f}s)")
     if args.membership and refusals:
         print("refusals: " + ", ".join(f"{k}={v}" for k, v in sorted(refusals.items(), key=lambda kv: -kv[1])))
@@ -172,6 +174,7 @@ def _add_changes(totals: dict, refusals: dict, r) -> None:
     totals["joined"] += c.members_added
     totals["config_commits"] += r.config_commits
     totals["decisions"] += r.decisions
+    totals["non_voter_votes"] += r.non_voter_votes
     totals["membership"] += len(r.membership)
     for reason, n in c.refused.items():
         refusals[reason] = refusals.get(reason, 0) + n

@@ -14,7 +14,11 @@ a :class:`Decision` and :class:`MembershipChecker` flags
   index; for an election, committed by a leader of an earlier term) by a member whose log does not
   hold that configuration: its quorum is one of an old configuration;
 * a winner that is not a voter of its own configuration (a learner or a removed member leading);
-* a vote cast by a member that is not a voter of its own configuration;
+
+(a learner's vote never counts: the quorum check counts only the voters of the winner's
+configuration.  A member whose own log does not make it a voter yet may still grant a vote -- the
+dissertation's §4.2.3 rule, needed when the candidate's log already holds its promotion -- so such
+votes are counted, ``votes_by_non_voters``, not flagged)
 
 and, after the run, :func:`sequence_problems` checks that the committed configurations form one
 sequence every member agrees on, each differing from its predecessor by exactly one member.
@@ -81,6 +85,7 @@ class MembershipChecker:
     commits: int = 0
     wins: int = 0
     votes: int = 0
+    votes_by_non_voters: int = 0
 
     # -- observations ------------------------------------------------------------------------------
     def config_committed(self, member: str, config: Configuration) -> None:
@@ -102,12 +107,21 @@ class MembershipChecker:
             self.wins += 1
 
     def vote_cast(self, member: str, term: int, candidate: str, config: Configuration) -> None:
-        """``member`` persisted a vote for ``candidate`` in ``term`` while ``config`` was in force on it."""
+        """``member`` persisted a vote for ``candidate`` in ``term`` while ``config`` was in force on it.
+
+        Voting for itself is standing for election: only a voter of its own configuration may.  A vote for
+        another member is counted when the voter is not a voter of its own configuration (see the module
+        docstring), and never flagged.
+        """
         self.votes += 1
-        if candidate != member and not config.is_voter(member):
-            what = "a learner" if config.get(member) is not None else "not a member"
-            self.problems.append(f"{member} voted for {candidate} in term {term} although it is {what} of its "
+        if config.is_voter(member):
+            return
+        what = "a learner" if config.get(member) is not None else "not a member"
+        if candidate == member:
+            self.problems.append(f"{member} stood for election in term {term} although it is {what} of its "
                                  f"configuration [{config.describe()}] (entry {config.index})")
+        else:
+            self.votes_by_non_voters += 1
 
     # -- the checks ------------------------------------------------------------------------------------
     def latest_committed(self, d: Decision) -> Configuration | None:

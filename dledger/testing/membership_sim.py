@@ -196,9 +196,9 @@ class Changer:
         """A new member started to join (a new store) and the change that adds it."""
         mid = f"j{self._next_id}"
         self._next_id += 1
-        self.cluster.add_member(mid, join=True)
+        address = self.cluster.add_member(mid, join=True)
         self.stats.members_added += 1
-        return Change(Op.ADD, mid, self.cluster.configs[mid].members[mid].address, learner=learner)
+        return Change(Op.ADD, mid, address, learner=learner)
 
     def _retry(self, server, config: Configuration) -> None:
         intent = self.intents[0]

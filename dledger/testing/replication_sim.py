@@ -63,6 +63,7 @@ class SimResult:
     changes: ChangeStats | None = None
     config_commits: int = 0  # configuration entries committed (the final sequence's length)
     decisions: int = 0  # commit decisions and election wins checked against the configurations
+    non_voter_votes: int = 0  # votes granted by members whose own log did not make them voters (allowed)
     membership: list[str] = field(default_factory=list)
 
     @property
@@ -296,7 +297,8 @@ def _run(seed, duration, members, clients, root, store, outsider=None, *, mix, f
         logs = {mid: cluster.committed_entries(mid) for mid in cluster.ids if mid in cluster.servers}
         if probe is not None:
             every_log = dict(logs)
-            logs = {mid: entries for mid, entries in logs.items() if mid in final_members(cluster)}
+            members = final_members(cluster)
+            logs = {mid: entries for mid, entries in logs.items() if mid in members}
         states = {mid: (cluster.servers[mid].snapshots.applied_index, machines[mid].state())
                   for mid in cluster.servers if mid in machines}
         for mid in list(cluster.servers):
@@ -334,6 +336,7 @@ def _run(seed, duration, members, clients, root, store, outsider=None, *, mix, f
         result.membership = probe.checker.problems + sequence_problems(every_log, base)
         result.config_commits = len(committed_sequence(every_log))
         result.decisions = probe.checker.commits + probe.checker.wins
+        result.non_voter_votes = probe.checker.votes_by_non_voters
     return result
 
 
