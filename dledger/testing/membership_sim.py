@@ -176,17 +176,25 @@ class Changer:
         self.cluster.clock.callLater(self.rng.expovariate(1 / self.mean_interval), self._tick)
 
     def _new(self, server, config: Configuration) -> None:
-        kind = self.rng.choices(self.kinds, self.weights)[0]
+        """A new change, of a kind drawn among those this configuration allows."""
         voters = [v for v in config.voters if v != server.self_id]
-        if kind in ("add", "add_learner") and len(config.members) < self.max_members:
+        room = len(config.members) < self.max_members
+        removable = len(config.voters) > self.min_voters
+        possible = {"add": room, "add_learner": room, "promote": bool(config.learners),
+                    "remove_follower": removable and bool(voters), "remove_leader": removable, "replace": room}
+        kinds = [(k, w) for k, w in zip(self.kinds, self.weights) if possible[k]]
+        if not kinds:
+            return
+        kind = self.rng.choices([k for k, _ in kinds], [w for _, w in kinds])[0]
+        if kind in ("add", "add_learner"):
             self._propose(server, self._add(learner=kind == "add_learner"), kind)
-        elif kind == "promote" and config.learners:
+        elif kind == "promote":
             self._propose(server, Change(Op.PROMOTE, self.rng.choice(config.learners)), kind)
-        elif kind == "remove_follower" and len(config.voters) > self.min_voters and voters:
+        elif kind == "remove_follower":
             self._propose(server, Change(Op.REMOVE, self.rng.choice(voters + list(config.learners))), kind)
-        elif kind == "remove_leader" and len(config.voters) > self.min_voters:
+        elif kind == "remove_leader":
             self._propose(server, Change(Op.REMOVE, server.self_id), kind)
-        elif kind == "replace" and len(config.members) < self.max_members:
+        else:  # replace: add the new member (promoted once caught up), then remove the old one once it votes
             old = self.rng.choice(config.voters)
             add = self._add(learner=False)
             self.intents.append(_Intent(Change(Op.REMOVE, old), after=add.member_id))
