@@ -43,6 +43,7 @@ class ResponseCode(enum.IntEnum):
     PUSH_REQUEST_IS_FULL = 421
     NOT_AUTHORIZED = 430  # dledger: authentication is on and this connection may not send this request
     APPEND_REFUSED = 431  # dledger: an append hook (a plugin) refused the entry; the reply's remark says why
+    CONFIG_CHANGE_REFUSED = 432  # dledger: a membership change cannot proceed now (issue #23); the remark says why
     INTERNAL_ERROR = 500
     TERM_CHANGED = 501
     WAIT_QUORUM_ACK_TIMEOUT = 502

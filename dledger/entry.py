@@ -99,6 +99,11 @@ class Entry:
     def is_noop(self) -> bool:
         return self.magic == EntryType.NOOP
 
+    @property
+    def is_control(self) -> bool:
+        """A member's own entry (a term-start NOOP, a CONFIG_CHANGE): never an application's (:func:`is_control`)."""
+        return self.magic in CONTROL_MAGICS
+
     def sealed(self) -> Entry:
         """This entry with ``body_crc`` computed from its body."""
         return Entry(self.body, self.index, self.term, self.pos, self.magic,
@@ -193,17 +198,40 @@ class EntryList(list):
 _body = attrgetter("body")
 _magic = attrgetter("magic")
 _NOOP_MAGIC = int(EntryType.NOOP)
+_CONFIG_MAGIC = int(EntryType.CONFIG_CHANGE)
+#: Magics of the control entries: a leader's term-start NOOP and a configuration entry (issue #23).  The
+#: group writes them for itself; state machines, commit listeners, reads and application counters never
+#: see them (:func:`without_noops` is the one filter every such path uses).
+CONTROL_MAGICS = frozenset({_NOOP_MAGIC, _CONFIG_MAGIC})
+
+
+def is_control(entry: Entry) -> bool:
+    """``entry`` is the group's own (NOOP or CONFIG_CHANGE), never an application's."""
+    return entry.magic in CONTROL_MAGICS
 
 
 def without_noops(entries: Sequence[Entry]) -> list[Entry]:
-    """A new list of ``entries`` less the NOOPs (a leader's term-start entries, never an application's).
+    """A new list of ``entries`` less the control entries: NOOPs (a leader's term-start entries) and
+    configuration entries (issue #23), never an application's.
 
-    The common case (no NOOP) is found and copied at C level, without a property call per entry:
+    The common case (none) is found and copied at C level, without a property call per entry:
     every committed entry passes here on its way to the commit listeners.
     """
-    if _NOOP_MAGIC not in map(_magic, entries):
+    magics = set(map(_magic, entries))
+    if _NOOP_MAGIC not in magics and _CONFIG_MAGIC not in magics:
         return list(entries)
-    return [e for e in entries if e.magic != _NOOP_MAGIC]
+    return [e for e in entries if e.magic not in CONTROL_MAGICS]
+
+
+#: The same filter under the name that says what it removes (new code should use this one).
+without_control = without_noops
+
+
+def config_entries(entries: Sequence[Entry]) -> list[Entry]:
+    """The CONFIG_CHANGE entries among ``entries`` (found at C level when there is none: the common case)."""
+    if _CONFIG_MAGIC not in map(_magic, entries):
+        return []
+    return [e for e in entries if e.magic == _CONFIG_MAGIC]
 
 
 def encoded_size(entries: Sequence[Entry]) -> int:

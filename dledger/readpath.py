@@ -109,7 +109,7 @@ class ReadPath:
         server = self.server
         store, state = server.store, server.state
         resp = MetadataResponse(group=server.config.group, leader_id=state.leader_id,
-                                peers={p.id: p.address for p in server.config.members.values()})
+                                peers=dict(server.membership.configuration.addresses))
         if request.detail:
             resp.term = state.curr_term
             resp.role = state.role.name

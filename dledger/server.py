@@ -25,6 +25,7 @@ from dledger.election.state import MemberState
 from dledger.errors import DLedgerError
 from dledger.interfaces import IBatchRequestHandler, ILeaderAware, IPluginRequests
 from dledger.leader_ready import LeaderReady
+from dledger.membership import wiring as membership_wiring
 from dledger.mending import Mending
 from dledger.messages import (
     AppendEntryRequest,
@@ -32,6 +33,7 @@ from dledger.messages import (
     HeartBeatRequest,
     InstallSnapshotRequest,
     LeadershipTransferRequest,
+    MembersRequest,
     MetadataRequest,
     MetadataResponse,
     PluginRequest,
@@ -125,6 +127,7 @@ class DLedgerServer:
         self.reads = ReadPath(self)
         #: Leadership transfers: requested, to a preferred leader, away from a damaged store (:mod:`.handover`).
         self.handover = Handover(self)
+        self.membership = membership_wiring.attach(self)  #: the configuration in force (:mod:`dledger.membership`)
         if use_plugins:
             ext = plugins.server_extensions(self, plugin_manager)
             for handler in ext.role_change_handlers:
@@ -231,6 +234,7 @@ class DLedgerServer:
         if self.store.committed_index > self.store.ledger_end_index:
             raise AssertionError("store reports committed index past its end")
         d = self.snapshots.start()  # restore the newest intact snapshot (or refuse to start, one line)
+        d.addCallback(lambda _: membership_wiring.load(self, self.blocking_io))  # the log's configuration
         d.addCallback(lambda _: self.transport.start(self))
         d.addCallback(lambda _: self._started())
         d.addCallback(lambda _: self._start_services())
@@ -283,7 +287,7 @@ class DLedgerServer:
     def _halt(self) -> None:
         """Stop every timer and part of the member (not the transport or store) and fail pending appends."""
         for part in (self.leader_ready, self.elector, self.peer_kinds, self.snapshot_receive, self.mending,
-                     self.handover):
+                     self.handover, self.membership.changes):
             part.stop()
         if self.replicator is not None:
             self.replicator.stop()
@@ -306,7 +310,8 @@ class DLedgerServer:
                                                transport=self.transport, clock=self.clock, flusher=self.flusher,
                                                on_committed=self.committed_advanced,
                                                on_store_damaged=self.store_damaged, stats=self.stats,
-                                               snapshot_store=self.snapshots.snapshot_store, peer_kinds=self.peer_kinds)
+                                               snapshot_store=self.snapshots.snapshot_store, peer_kinds=self.peer_kinds,
+                                               configuration=self.membership.configuration)
             self.replicator.start()
 
     def _peers_take_snapshots(self) -> None:
@@ -322,6 +327,7 @@ class DLedgerServer:
         self.commit_feed.advanced()
         self.snapshots.advanced()
         self.leader_ready.check()
+        self.membership.changes.committed_advanced()
         if self.replicator is not None:
             self.replicator.schedule_pump()
 
@@ -365,6 +371,7 @@ class DLedgerServer:
         if request.group != self.config.group:
             raise DLedgerError(ResponseCode.UNKNOWN_GROUP, f"{request.group} != {self.config.group}",
                                leader_id=self.state.leader_id)
+        self.membership.changes.check_serving(request)  # a removed member serves no client
 
     # -- client API -------------------------------------------------------------------------
     def current_leader(self) -> str | None:
@@ -452,6 +459,7 @@ class DLedgerServer:
         LeadershipTransferRequest: handle_leadership_transfer,
         SnapshotRequest: handle_snapshot,
         PluginRequest: handle_plugin_request,
+        MembersRequest: lambda self, r: self.membership.changes.handle_request(r),
     }
 
 

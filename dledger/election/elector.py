@@ -99,6 +99,21 @@ class LeaderElector:
         #: nor takes leadership, until a restart after the operator repaired the store (issue #9).
         self.store_damaged: str | None = None
         self._damage_log = RateLimitedLog(log, clock, interval=60.0)
+        self._not_voter_logged: str | None = None  # the last "not standing: learner/removed" reason logged
+
+    def not_standing(self) -> str | None:
+        """Why this member does not stand for election now (None: it may): a damaged store, or not a voter.
+
+        A learner and a member the configuration in force no longer holds never time out into a
+        candidate that asks for votes (:func:`dledger.membership.rules.may_stand`); they follow whoever wins.
+        """
+        if self.store_damaged is not None:
+            return self.store_damaged
+        st = self.state
+        if not st.votes:
+            return ("a learner of the configuration in force (it receives the log; the leader promotes it)"
+                    if st.self_id in st.member_set else "not a member of the configuration in force")
+        return None
 
     # -- observers ------------------------------------------------------------
     def observe(self, callback: Callable[[int, Role], None], *,
@@ -222,8 +237,8 @@ class LeaderElector:
         if due(self.last_leader_heartbeat + self.leak, now):
             log.info("{id}: no heartbeat from {leader} for {s:.3f}s: {what} in term {term}",
                      id=self.state.self_id, leader=self.state.leader_id, s=elapsed, term=self.state.curr_term,
-                     what="standing for election" if self.store_damaged is None
-                     else "waiting for a new leader (store damaged: not standing)")
+                     what="standing for election" if self.not_standing() is None
+                     else "waiting for a new leader (not standing)")
             self.next_time_to_request_vote = self.clock.seconds()
             self.change_to_candidate(self.state.curr_term)
         else:
@@ -232,11 +247,16 @@ class LeaderElector:
     # -- candidate ---------------------------------------------------------------
     def _maintain_as_candidate(self) -> None:
         now = self.clock.seconds()
-        if self.store_damaged is not None:
-            # Still a voter and a follower of whoever wins; never a candidate asking for votes.  It adopts
-            # a higher term others already use (so their heartbeats and votes reach it), never a new one.
-            self._damage_log.warn("not-standing", "{id}: not standing for election: {why}; repair the store "
-                                  "and restart this member", id=self.state.self_id, why=self.store_damaged)
+        why = self.not_standing()
+        if why is not None:
+            # Still a follower of whoever wins; never a candidate asking for votes.  It adopts a higher
+            # term others already use (so their heartbeats and votes reach it), never a new one.
+            if self.store_damaged is not None:
+                self._damage_log.warn("not-standing", "{id}: not standing for election: {why}; repair the store "
+                                      "and restart this member", id=self.state.self_id, why=why)
+            elif why != self._not_voter_logged:
+                self._not_voter_logged = why
+                log.info("{id}: not standing for election: {why}", id=self.state.self_id, why=why)
             if self.state.known_max_term > self.state.curr_term:
                 self.state.next_term()
             self.need_increase_term_immediately = False
@@ -269,7 +289,7 @@ class LeaderElector:
         self._busy = True
         self._round += 1
         round_id = self._round
-        tally = VoteTally(term=term, members=len(st.members))
+        tally = VoteTally(term=term, members=len(st.voters))
         end_term, end_index = self.store.ledger_end_term, self.store.ledger_end_index
 
         def request(remote: str) -> VoteRequest:
@@ -286,9 +306,7 @@ class LeaderElector:
         def send(_) -> None:
             if round_id != self._round:
                 return
-            for remote in st.members:
-                if remote == st.self_id:
-                    continue
+            for remote in st.voter_peers:
                 d = self.transport.send(remote, request(remote), timeout=self.vote_timeout)
                 d.addCallbacks(lambda resp: counted(resp.vote_result, resp.term),
                                lambda _f: counted(VoteResult.UNKNOWN, -1))
@@ -342,7 +360,7 @@ class LeaderElector:
         round_id = self._round
         term = st.curr_term
         sent_at = self.clock.seconds()
-        tally = HeartbeatTally(term=term, members=len(st.members))
+        tally = self._heartbeat_tally(term)
 
         def counted(peer: str, code: ResponseCode | None, reply_term: int) -> None:
             if round_id != self._round:
@@ -382,10 +400,19 @@ class LeaderElector:
             return
         self._arm(max(0.0, sent_at + self.heartbeat - now))
 
-    # -- request handlers ----------------------------------------------------------
-    def view(self) -> VoterView:
+    def _heartbeat_tally(self, term: int) -> HeartbeatTally:
+        """Heartbeats go to every member, learners too; only the voters' answers count (issue #23)."""
         st = self.state
-        return VoterView(st.self_id, st.member_set, st.curr_term, st.vote_for, st.leader_id,
+        if st.voter_set == st.member_set and st.votes:
+            return HeartbeatTally(term=term, members=len(st.members))  # every member votes: as it always was
+        return HeartbeatTally.of_voters(term, st.self_id, st.voter_set)
+
+    # -- request handlers ----------------------------------------------------------
+    def view(self, members=None) -> VoterView:
+        """What this member knows; ``members`` is who may ask (the voters for votes, every member by default)."""
+        st = self.state
+        return VoterView(st.self_id, st.member_set if members is None else members, st.curr_term, st.vote_for,
+                         st.leader_id,
                          self.store.ledger_end_term, self.store.ledger_end_index, st.taking_leadership,
                          st.term_leader)
 
@@ -396,7 +423,9 @@ class LeaderElector:
         and written through the member's BlockingIO; the reply waits for that write, and for any
         term/vote write still in flight, so it never promises what the disk does not hold.
         """
-        view = self.view()
+        # Only a voter of our configuration may be voted for (issue #23): anyone else -- a learner, a removed
+        # member with a higher term -- is refused before its term is looked at, so it cannot disrupt us.
+        view = self.view(self.state.voter_set)
         decision = decide_vote(view, request.leader_id, request.term, request.ledger_end_term,
                                request.ledger_end_index, is_self)
         if decision.action is Action.RECORD_VOTE:
@@ -414,7 +443,11 @@ class LeaderElector:
 
     def handle_heartbeat(self, request: HeartBeatRequest) -> HeartBeatResponse | Deferred:
         """Answer a heartbeat (SPEC §3); held (a Deferred) while a term/vote write is in flight."""
-        view = self.view()
+        st = self.state
+        # The leader we follow in this term keeps our ear while it removes itself (until that change commits).
+        members = st.member_set if st.leader_id is None or st.leader_id in st.member_set \
+            else st.member_set | {st.leader_id}
+        view = self.view(members)
         decision = decide_heartbeat(view, request.leader_id, request.term)
         if decision.action is Action.REFRESH_LEADER:
             self.last_leader_heartbeat = self.clock.seconds()
@@ -442,7 +475,7 @@ class LeaderElector:
         st = self.state
         refusal = take_leadership_refusal(request.term, st.curr_term, request.transfer_id, st.leader_id,
                                           self.store.ledger_end_index, request.take_leadership_ledger_index,
-                                          self._take is not None, self.store_damaged)
+                                          self._take is not None, self.not_standing())
         if refusal is not None:
             raise DLedgerError(*refusal)
         target = request.term + 1
@@ -486,7 +519,7 @@ class LeaderElector:
         if st.role is not Role.LEADER:
             return succeed(False)
         term = st.curr_term
-        tally = HeartbeatTally(term=term, members=len(st.members))
+        tally = self._heartbeat_tally(term)
         d: Deferred = Deferred()
 
         def settle():

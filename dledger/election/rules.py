@@ -244,12 +244,25 @@ class HeartbeatTally:
     inconsistent_leader: bool = False
     replies: int = 1
     live: dict[str, bool] = field(default_factory=dict)
+    #: The voters (issue #23): a learner's reply says it is live but counts toward nothing.  None: every
+    #: peer votes.  A leader that is not a voter (it is removing itself) starts with ``success = replies = 0``.
+    voters: frozenset[str] | None = None
+
+    @classmethod
+    def of_voters(cls, term: int, self_id: str, voters: frozenset[str]) -> HeartbeatTally:
+        """A tally over ``voters``: the leader counts itself only if it is one of them."""
+        own = 1 if self_id in voters else 0
+        return cls(term=term, members=len(voters), success=own, replies=own, voters=voters)
 
     def add(self, peer: str, code: ResponseCode | None, reply_term: int = -1) -> None:
         """Count one reply; ``code`` None means the heartbeat failed (lost, refused, timed out)."""
         C = ResponseCode
-        self.replies += 1
         self.live[peer] = code is not None
+        if self.voters is not None and peer not in self.voters:
+            if code is C.EXPIRED_TERM:  # a newer term is a newer term, whoever reports it
+                self.max_term = max(self.max_term, reply_term)
+            return
+        self.replies += 1
         if code is C.SUCCESS:
             self.success += 1
         elif code is C.EXPIRED_TERM:

@@ -49,6 +49,11 @@ class MemberState:
         self.group = group
         self.members = tuple(members)
         self.member_set = frozenset(members)
+        #: The members that vote (issue #23): every member until a configuration says otherwise.
+        self.voters = self.members
+        self.voter_set = self.member_set
+        #: The :class:`dledger.membership.configuration.Configuration` in force (None: the static ``members``).
+        self.configuration = None
         self.term_store = term_store
         self.curr_term, self.vote_for = term_store.load()
         if self.curr_term < 0:
@@ -77,12 +82,33 @@ class MemberState:
 
     @property
     def peers(self) -> tuple[str, ...]:
-        """Every member but this one."""
+        """Every member but this one (voters and learners)."""
         return tuple(m for m in self.members if m != self.self_id)
 
     @property
+    def voter_peers(self) -> tuple[str, ...]:
+        """Every voter but this one: whom a candidate asks for votes."""
+        return tuple(m for m in self.voters if m != self.self_id)
+
+    @property
     def quorum(self) -> int:
-        return majority(len(self.members))
+        """A majority of the voters."""
+        return majority(len(self.voters))
+
+    @property
+    def votes(self) -> bool:
+        """This member is a voter of the configuration in force (a learner or a removed member is not)."""
+        return self.self_id in self.voter_set
+
+    def set_configuration(self, config) -> None:
+        """The configuration in force changed (``server.membership`` observes the log): members and voters follow."""
+        self.configuration = config
+        self.members = config.ids
+        self.member_set = frozenset(self.members)
+        self.voters = config.voters
+        self.voter_set = frozenset(self.voters)
+        for gone in [p for p in self.peers_live if p not in self.member_set]:
+            del self.peers_live[gone]
 
     @property
     def led_current_term(self) -> bool:

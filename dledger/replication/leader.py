@@ -23,7 +23,14 @@ from dledger.ratelog import RateLimitedLog, RateLimiter
 from dledger.replication import peerdisk, snapshot_rules
 from dledger.replication.install_step import InstallStep
 from dledger.replication.progress import Progress
-from dledger.replication.rules import Step, after_compare, first_compare_index, leader_commit_index, truncate_reason
+from dledger.replication.rules import (
+    Step,
+    after_compare,
+    first_compare_index,
+    leader_commit_index,
+    truncate_reason,
+    voters_commit_index,
+)
 from dledger.stats import lag_entries
 from dledger.store.base import read_range
 from dledger.store.recent import RecentEntries
@@ -419,7 +426,7 @@ class LeaderReplicator:
     def __init__(self, term: int, *, config, self_id: str, members: Sequence[str], store, transport, clock,
                  flusher, on_committed: Callable[[], None], on_store_damaged: Callable[[int, Exception], None],
                  stats=None, append_as_leader: Callable[[Entry], Entry] | None = None,
-                 snapshot_store=None, peer_kinds=None):
+                 snapshot_store=None, peer_kinds=None, configuration=None):
         cfg = config
         self.self_id = self_id
         self.group = cfg.group
@@ -448,6 +455,11 @@ class LeaderReplicator:
         self.snapshot_chunk_size = getattr(cfg, "snapshot_chunk_size", snapshot_rules.DEFAULT_CHUNK_SIZE)
         self.snapshot_window = snapshot_rules.DEFAULT_WINDOW
         self.dispatchers = {peer: EntryDispatcher(self, peer) for peer in members if peer != self_id}
+        #: The configuration in force (issue #23; None: every member of ``members`` votes, as before).
+        self.configuration = configuration
+        #: Dispatchers of members the configuration no longer holds, kept until they hold its entry (so a
+        #: removed member learns it was removed) or stop answering.
+        self.leaving: dict[str, EntryDispatcher] = {}
         self.term_start_index = -1
         # The newest entries for the pushes: the store's own when it keeps them (it also sees truncations),
         # else a copy made here of what this leader appends.
@@ -488,9 +500,35 @@ class LeaderReplicator:
             d.pump()
         self.check_commit()
 
+    def configuration_changed(self, config) -> None:
+        """The configuration in force changed: a dispatcher for each new member; the leaving ones wind down."""
+        self.configuration = config
+        if self.stopped:
+            return
+        for peer in config.ids:
+            if peer != self.self_id and peer not in self.dispatchers:
+                d = self.leaving.pop(peer, None) or EntryDispatcher(self, peer)
+                self.dispatchers[peer] = d
+                d.pump()
+        for peer in [p for p in self.dispatchers if p not in config.ids]:
+            self.leaving[peer] = self.dispatchers.pop(peer)
+        self._release_leaving()
+        self.check_commit()
+
+    def _release_leaving(self) -> None:
+        """Stop replicating to a removed member once it holds its removal (or does not answer)."""
+        config = self.configuration
+        for peer, d in list(self.leaving.items()):
+            holds = config is None or (d.watermark >= config.index and self.store.committed_index >= config.index)
+            if holds or (d.down_since is not None and d.failures > 3):
+                if holds and d.step is Step.APPEND and not d.in_flight and not d.stopped:
+                    d.send_commit()  # it learns its removal is committed, and stops serving
+                d.stop()
+                del self.leaving[peer]
+
     def stop(self) -> None:
         self.stopped = True
-        for d in self.dispatchers.values():
+        for d in list(self.dispatchers.values()) + list(self.leaving.values()):
             d.stop()
         for call in (self._pump_scheduled, self._commit_timer):
             if call is not None and call.active():
@@ -526,6 +564,8 @@ class LeaderReplicator:
         self._pump_scheduled = None
         for d in self.dispatchers.values():
             d.pump()
+        for d in self.leaving.values():
+            d.pump()
 
     def _self_durable(self, _index) -> None:
         self._durable_waiting = False
@@ -544,7 +584,9 @@ class LeaderReplicator:
         self._commit_timer = None
         if self.stopped:
             return
-        for d in self.dispatchers.values():
+        if self.leaving:
+            self._release_leaving()
+        for d in list(self.dispatchers.values()) + list(self.leaving.values()):
             if d.step is Step.APPEND and not d.in_flight:
                 d.send_commit()
             elif d.step is Step.COMPARE:
@@ -558,6 +600,9 @@ class LeaderReplicator:
         return [own] + [d.watermark for d in self.dispatchers.values()]
 
     def watermark_changed(self, dispatcher: EntryDispatcher) -> None:
+        if dispatcher.peer in self.leaving:
+            self._release_leaving()
+            return
         self.check_commit()
         if self._waiters:
             ready = [w for w in self._waiters if w[0] == dispatcher.peer and dispatcher.watermark >= w[1]]
@@ -570,8 +615,13 @@ class LeaderReplicator:
             return
         store = self.store
         current = store.committed_index
-        own, *peers = self.watermarks()
-        target = leader_commit_index(current, own, peers, self.members, self.term_start_index)
+        if self.configuration is not None:
+            own = self.store.flushed_index if self.flusher.sync else self.store.ledger_end_index
+            marks = {peer: d.watermark for peer, d in self.dispatchers.items()}
+            target = voters_commit_index(current, own, self.self_id, marks, self.configuration, self.term_start_index)
+        else:
+            own, *peers = self.watermarks()
+            target = leader_commit_index(current, own, peers, self.members, self.term_start_index)
         if target > current:
             store.update_committed_index(self.term, target)
             if store.committed_index > current:
@@ -580,6 +630,12 @@ class LeaderReplicator:
     def peer_watermark(self, peer: str) -> int:
         d = self.dispatchers.get(peer)
         return d.watermark if d is not None else -1
+
+    def live_peers(self, within: float) -> frozenset[str]:
+        """Members that answered this leader within the last ``within`` seconds (a change's quorum check)."""
+        now = self.clock.seconds()
+        return frozenset(p for p, d in self.dispatchers.items()
+                         if d.last_contact is not None and now - d.last_contact <= within)
 
     def entry_unreadable(self, peer: str, index: int, exc: DLedgerError) -> None:
         """An entry a follower needs cannot be read from this member's store (e.g. its body CRC fails).

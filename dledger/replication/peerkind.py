@@ -100,6 +100,19 @@ class PeerKinds:
         """``peers_take_snapshots`` for ``server.snapshots``: compaction waits while a peer may be Java."""
         return all_take_snapshots(self.kinds, self.peers)
 
+    def set_peers(self, members: Sequence[str]) -> None:
+        """The configuration in force changed (issue #23): new peers are probed, removed ones forgotten."""
+        peers = [p for p in members if p != self.self_id]
+        self.kinds = {p: self.kinds.get(p, PeerKind.UNKNOWN) for p in peers}
+        added = [p for p in peers if p not in self.peers]
+        self.peers = peers
+        if added and self.running and self._timer is None:
+            self._tick()
+
+    def java_members(self) -> frozenset[str]:
+        """Peers known to run Java DLedger (they cannot read a configuration entry)."""
+        return frozenset(p for p, k in self.kinds.items() if k is PeerKind.JAVA)
+
     # -- learning -----------------------------------------------------------------------------
     def learn(self, peer: str, kind: PeerKind) -> None:
         if peer not in self.kinds:

@@ -8,9 +8,11 @@ The per-follower state machine is :mod:`dledger.replication.progress`; the follo
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dledger.election.transfer import within_transfer_wait
+from dledger.membership import rules as membership_rules
 from dledger.quorum import majority
 
 
@@ -91,6 +93,21 @@ def leader_commit_index(current: int, own: int, peer_marks: list[int], members: 
     let a crash of the leader lose an entry it already reported committed.
     """
     return min(new_commit_index(current, [own] + peer_marks, members, term_start_index), max(own, current))
+
+
+def voters_commit_index(current: int, own: int, self_id: str, peer_marks: Mapping[str, int], config,
+                        term_start_index: int) -> int:
+    """:func:`leader_commit_index` over the voters of ``config`` (issue #23): learners never count, and the
+    leader counts itself only if it is a voter (:func:`dledger.membership.rules.commit_index`).
+
+    Only an entry of the leader's term commits by counting (``term_start_index``, Raft §5.4.2); the
+    leader never claims committed what it does not hold durably itself.
+    """
+    matches = dict(peer_marks)
+    matches[self_id] = own
+    q = membership_rules.commit_index(config, matches)
+    target = q if q > current and term_start_index >= 0 and q >= term_start_index else current
+    return min(target, max(own, current))
 
 
 def truncate_reason(follower_end: int | None) -> str:

@@ -61,6 +61,9 @@ class StateMachines:
         self.trailing = trailing
         #: Whether every peer can be sent a snapshot (no Java DLedger member): compaction waits otherwise.
         self.peers_take_snapshots = peers_take_snapshots
+        #: The member's configuration tracker (``server.membership``; None: static members): a snapshot
+        #: records the configuration at its index, compaction and installs move the tracker's base.
+        self.membership = None
         self.machines: list = []
         #: Every machine applied the entries up to here (the snapshot or restored index included).
         self.applied_index = -1
@@ -149,6 +152,8 @@ class StateMachines:
                 store.reset_to_snapshot(manifest.index, manifest.term, manifest.next_pos)
             else:
                 self._raise_committed(manifest.index)
+            if self.membership is not None:
+                self.membership.restored(manifest.config(), manifest.index, manifest.term)
             self._reset_position(manifest.index)
             log.info("{id}: restored snapshot {name} ({n} machine(s), {size}) in {t:.3f}s; applying the "
                      "entries after index {i}", id=self.member_id, name=manifest.dirname, n=len(self.machines),
@@ -365,7 +370,7 @@ class StateMachines:
             if newest is not None and newest.index >= index:
                 return newest
             term, next_pos = self._point(index)
-            builder = self.snapshot_store.create(index, term, next_pos, self.members())
+            builder = self.snapshot_store.create(index, term, next_pos, *self._members_at(index))
             started = self.clock.seconds()
             writes = [maybeDeferred(m.snapshot, builder.section(m.name)) for m in self.machines]
             self._bytes_since = 0
@@ -388,6 +393,13 @@ class StateMachines:
                  t=self.clock.seconds() - started, b=begin, p=f"; pruned {', '.join(pruned)}" if pruned else "")
         return manifest
 
+    def _members_at(self, index: int) -> tuple[list[str], dict | None]:
+        """A manifest's ``members`` ("id-host:port") and ``configuration`` (with roles) at ``index``."""
+        if self.membership is None:
+            return self.members(), None
+        config = self.membership.at(index)
+        return [f"{m.id}-{m.address}" for m in config.members], config.to_json()
+
     def _point(self, index: int) -> tuple[int, int]:
         """``(term, next_pos)`` of entry ``index``: where a store reset to a snapshot there writes the next one."""
         try:
@@ -405,7 +417,10 @@ class StateMachines:
                                     bool(self.peers_take_snapshots()))
         if limit is None:
             return store.ledger_begin_index
-        return store.compact(limit)
+        begin = store.compact(limit)
+        if self.membership is not None:
+            self.membership.compacted(begin)
+        return begin
 
     @inlineCallbacks
     def install(self, manifest: Manifest):
@@ -418,6 +433,8 @@ class StateMachines:
         try:
             yield self._restore_machines(manifest)
             self.store.reset_to_snapshot(manifest.index, manifest.term, manifest.next_pos)
+            if self.membership is not None:
+                self.membership.installed(manifest.config(), manifest.index, manifest.term)
             self._reset_position(manifest.index)
             self._update_floor()
             log.info("{id}: installed snapshot {name} ({size}); the log continues at index {n}",

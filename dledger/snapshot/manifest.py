@@ -64,6 +64,10 @@ class Manifest:
     format: int = FORMAT
     #: Where it lives (not part of the JSON): the snapshot's directory name, ``<index>-<term>``.
     dirname: str = field(default="", compare=False)
+    #: The configuration in force at ``index`` with every member's role (issue #23): a
+    #: :class:`dledger.membership.configuration.Configuration`'s JSON.  None in a manifest written
+    #: before membership changes (``members`` alone, every member a voter).
+    configuration: dict | None = None
 
     def __post_init__(self) -> None:
         if not self.dirname:
@@ -92,9 +96,19 @@ class Manifest:
         return None
 
     def to_json(self) -> dict:
-        return {"format": self.format, "index": self.index, "term": self.term, "nextPos": self.next_pos,
-                "members": list(self.members), "sections": [s.to_json() for s in self.sections],
-                "created": self.created}
+        doc = {"format": self.format, "index": self.index, "term": self.term, "nextPos": self.next_pos,
+               "members": list(self.members), "sections": [s.to_json() for s in self.sections],
+               "created": self.created}
+        if self.configuration is not None:
+            doc["configuration"] = self.configuration
+        return doc
+
+    def config(self):
+        """The :class:`~dledger.membership.configuration.Configuration` this snapshot records (None: none)."""
+        if self.configuration is None:
+            return None
+        from dledger.membership.configuration import from_json
+        return from_json(self.configuration, self.index, self.term).at(self.index, self.term)
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=False).encode() + b"\n"
@@ -148,7 +162,15 @@ class Manifest:
         created = obj.get("created", 0.0)
         if not isinstance(created, (int, float)) or isinstance(created, bool):
             raise ManifestError(f"{where}: 'created' must be a number")
-        return cls(index, term, next_pos, tuple(members), tuple(sections), float(created), fmt)
+        configuration = obj.get("configuration")
+        if configuration is not None:
+            from dledger.membership.configuration import ConfigurationError, from_json
+            try:
+                from_json(configuration)
+            except ConfigurationError as exc:
+                raise ManifestError(f"{where}: 'configuration': {exc}") from None
+        return cls(index, term, next_pos, tuple(members), tuple(sections), float(created), fmt,
+                   configuration=configuration)
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str = "manifest") -> Manifest:

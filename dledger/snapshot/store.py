@@ -263,9 +263,13 @@ class SnapshotStore:
         return self._serial.run(check_files, path, manifest).addCallback(checked)
 
     # -- writing ----------------------------------------------------------------------------
-    def create(self, index: int, term: int, next_pos: int, members) -> SnapshotBuilder:
-        """A builder for the snapshot at ``index``/``term``: a writer per section, then ``finish()``."""
-        return SnapshotBuilder(self, Manifest(index, term, next_pos, tuple(members)))
+    def create(self, index: int, term: int, next_pos: int, members,
+               configuration: dict | None = None) -> SnapshotBuilder:
+        """A builder for the snapshot at ``index``/``term``: a writer per section, then ``finish()``.
+
+        ``configuration``: the group's configuration at ``index`` with roles (``Configuration.to_json()``).
+        """
+        return SnapshotBuilder(self, Manifest(index, term, next_pos, tuple(members), configuration=configuration))
 
     def _added(self, manifest: Manifest) -> Manifest:
         self.manifests = [m for m in self.manifests if m.dirname != manifest.dirname] + [manifest]
@@ -331,7 +335,8 @@ def read_manifest(path: Path) -> Manifest:
     except OSError as exc:
         raise ManifestError(f"{where}: {exc.strerror}") from None
     m = Manifest.from_bytes(data, where)
-    return Manifest(m.index, m.term, m.next_pos, m.members, m.sections, m.created, m.format, dirname=path.name)
+    return Manifest(m.index, m.term, m.next_pos, m.members, m.sections, m.created, m.format, dirname=path.name,
+                    configuration=m.configuration)
 
 
 class _FileState:
@@ -480,7 +485,8 @@ class SnapshotBuilder:
             s._close_file()
             sections.append(Section(s.name, tuple(s._state.files)))
         m = self.manifest
-        manifest = Manifest(m.index, m.term, m.next_pos, m.members, tuple(sections), time.time())
+        manifest = Manifest(m.index, m.term, m.next_pos, m.members, tuple(sections), time.time(),
+                            configuration=m.configuration)
         for s in self.sections:
             if (self.tmp / s.name).exists():
                 fsync_dir(self.tmp / s.name)

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import crc32c
 
 from dledger.codes import EntryType, ResponseCode, Role
-from dledger.entry import BODY_CRC_OFFSET, BODY_OFFSET, HEADER, Entry, body_crc
+from dledger.entry import BODY_CRC_OFFSET, BODY_OFFSET, CONTROL_MAGICS, HEADER, Entry, body_crc, config_entries
 from dledger.errors import AppendHookError, BatchAppendError, DLedgerError
 from dledger.interfaces import IBatchLogStore, IPlainLogStore
 from dledger.store.base import append_each, placed
@@ -39,6 +39,7 @@ _pack_header_into = HEADER.pack_into
 _pack_crc_into = struct.Struct(">i").pack_into
 _crc = crc32c.crc32c
 _NOOP = int(EntryType.NOOP)
+_CONFIG = int(EntryType.CONFIG_CHANGE)
 
 
 def check_leader(state) -> None:
@@ -66,14 +67,15 @@ def seal_leader_entry(hooks: Sequence, entry: Entry, index: int, pos: int) -> En
 
     Hooks see user entries only: a NOOP (the leader's own term-start entry)
     is not an application's, and a hook that chokes on its empty body must
-    not keep a leader from starting its term.  A hook that raises fails this
+    not keep a leader from starting its term; nor is a CONFIG_CHANGE entry
+    (a hook rewriting its body would change the group's configuration).  A hook that raises fails this
     entry with :class:`AppendHookError`, a DLedgerError, so the store's batch
     rule applies: earlier entries stay, nothing of this one is written.
     Each hook gets a writable memoryview of exactly the encoded entry
     (header, then body from ``BODY_OFFSET``): it can rewrite bytes in place
     but never change the entry's length.
     """
-    if not hooks or entry.magic == EntryType.NOOP:
+    if not hooks or entry.magic in CONTROL_MAGICS:
         return placed(entry, index, pos)
     return seal_leader_entry_into(hooks, entry, index, pos, memoryview(bytearray(BODY_OFFSET + len(entry.body))), 0)
 
@@ -96,7 +98,7 @@ def seal_leader_entry_into(hooks: Sequence, entry: Entry, index: int, pos: int, 
     n = len(body)
     magic = entry.magic
     end = start + BODY_OFFSET + n
-    if not hooks or magic == _NOOP:
+    if not hooks or magic == _NOOP or magic == _CONFIG:
         crc = body_crc(body)
         _pack_header_into(view, start, magic, BODY_OFFSET + n, index, entry.term, pos, 0, 0, crc, n)
         view[start + BODY_OFFSET:end] = body
@@ -152,6 +154,25 @@ class LogGuard:
         self._plain = IPlainLogStore.providedBy(store)
         self._batch = IBatchLogStore.providedBy(store)
         self._seal = None  # None while there are no hooks: the store seals the CRC itself, no call per entry
+        #: Told of every configuration entry stored and of every truncation (the member's
+        #: :class:`dledger.membership.tracker.Membership`: ``config_appended(entries)``, ``truncated(end)``).
+        self.membership = None
+
+    def _stored(self, stored: Sequence[Entry]) -> None:
+        if self.membership is not None:
+            found = config_entries(stored)
+            if found:
+                self.membership.config_appended(found)
+
+    def _batch_stored(self, append, *args) -> list[Entry]:
+        """``append(*args)``, the membership told of what was stored even when the batch failed part way."""
+        try:
+            stored = append(*args)
+        except BatchAppendError as exc:
+            self._stored(exc.stored)
+            raise
+        self._stored(stored)
+        return stored
 
     def add_append_hook(self, hook) -> None:
         """Run ``hook`` (an IAppendHook) on every later leader append, after the hooks added before it."""
@@ -168,8 +189,12 @@ class LogGuard:
         if state.role is not Role.LEADER:
             check_leader(state)
         if self._plain:
-            return self.store.append_as_leader(entry, self._seal)
-        return self.store.append_as_leader(entry)
+            stored = self.store.append_as_leader(entry, self._seal)
+        else:
+            stored = self.store.append_as_leader(entry)
+        if stored.magic == _CONFIG:
+            self._stored([stored])
+        return stored
 
     def append_batch_as_leader(self, entries: Sequence[Entry]) -> list[Entry]:
         """:meth:`append_as_leader` for each of ``entries`` in order (IBatchLogStore's failure rule)."""
@@ -182,17 +207,20 @@ class LogGuard:
         store = self.store
         if self._batch:
             if self._plain:
-                return store.append_batch_as_leader(entries, self._seal)
-            return store.append_batch_as_leader(entries)
+                return self._batch_stored(store.append_batch_as_leader, entries, self._seal)
+            return self._batch_stored(store.append_batch_as_leader, entries)
         if self._plain:
-            return append_each(store.append_as_leader, entries, self._seal)
-        return append_each(store.append_as_leader, entries)
+            return self._batch_stored(append_each, store.append_as_leader, entries, self._seal)
+        return self._batch_stored(append_each, store.append_as_leader, entries)
 
     # -- follower ------------------------------------------------------------------
     def append_as_follower(self, entry: Entry, leader_term: int, leader_id: str) -> Entry:
         """Store the leader's ``entry`` if it comes from the leader this member follows, in its term."""
         check_follower(self.state, leader_term, leader_id)
-        return self.store.append_as_follower(entry, leader_term, leader_id)
+        stored = self.store.append_as_follower(entry, leader_term, leader_id)
+        if stored.magic == _CONFIG:
+            self._stored([stored])
+        return stored
 
     def append_batch_as_follower(self, entries: Sequence[Entry], leader_term: int, leader_id: str) -> list[Entry]:
         """:meth:`append_as_follower` for each of ``entries`` in order (IBatchLogStore's failure rule)."""
@@ -201,10 +229,15 @@ class LogGuard:
         except DLedgerError as exc:
             raise BatchAppendError(exc, []) from None
         if self._batch:
-            return self.store.append_batch_as_follower(entries, leader_term, leader_id)
-        return append_each(self.store.append_as_follower, entries, leader_term, leader_id)
+            return self._batch_stored(self.store.append_batch_as_follower, entries, leader_term, leader_id)
+        return self._batch_stored(append_each, self.store.append_as_follower, entries, leader_term, leader_id)
 
     def truncate(self, entry: Entry, leader_term: int, leader_id: str) -> int:
         """The store's ``truncate`` (make ``entry`` the last entry) if the leader this member follows asks."""
         check_follower(self.state, leader_term, leader_id)
-        return self.store.truncate(entry, leader_term, leader_id)
+        end = self.store.truncate(entry, leader_term, leader_id)
+        if self.membership is not None:
+            self.membership.truncated(self.store.ledger_end_index)
+            if entry.magic == _CONFIG:  # the truncate's entry is written as the new last entry
+                self._stored([entry])
+        return end

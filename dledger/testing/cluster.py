@@ -91,6 +91,7 @@ class Cluster:
         peers = ";".join(f"{mid}-127.0.0.1:{20911 + k}" for k, mid in enumerate(self.ids))
         if "store_base_dir" not in options and "storeBaseDir" not in options:
             options["store_base_dir"] = _private_store_dir()
+        self._preset, self._group, self._options = preset, group, options
         self.configs = {mid: make_config(preset=preset, group=group, self_id=mid, peers=peers,
                                          store_type="memory", transport_type="inprocess", **options)
                         for mid in self.ids}
@@ -158,6 +159,61 @@ class Cluster:
             self.servers[mid] = server
             self.down.discard(mid)
             server.start()
+
+    def address(self, mid: str) -> str:
+        """The ``host:port`` member ``mid`` has (or, for a member not built yet, would have) in this cluster."""
+        if mid in self.configs:
+            return self.configs[mid].self_peer.address
+        return f"127.0.0.1:{20911 + len(self.ids)}"
+
+    def add_member(self, mid: str, *, join: bool = True, start: bool = True, **options) -> str:
+        """A new member ``mid`` in the network, with its own empty store (issue #23); returns its address.
+
+        Its ``--peers`` are the group's configuration in force (the leader's, else the original ids) plus
+        itself; with ``join`` (``joinExisting``) it is a learner of that bootstrap and never campaigns
+        before the group's log makes it a voter.  It is only started (``start``): making it a member is
+        the group's business -- :meth:`change` with ``Change(Op.ADD, mid, address)``.
+        """
+        if mid in self.configs:
+            raise ValueError(f"{mid} is already a member of this cluster")
+        address = self.address(mid)
+        lid = self.leader()
+        known = self.servers[lid].membership.configuration.addresses if lid is not None else \
+            {m: self.address(m) for m in self.ids}
+        peers = ";".join(f"{m}-{a}" for m, a in {**known, mid: address}.items())
+        self.configs[mid] = make_config(preset=self._preset, group=self._group, self_id=mid, peers=peers,
+                                        store_type="memory", transport_type="inprocess", join_existing=join,
+                                        **{**self._options, **options})
+        self.ids.append(mid)
+        self.term_stores[mid] = MemoryTermVoteStore()
+        self.disks[mid] = self._new_disk(mid)
+        if start:
+            self.start(mid)
+        return address
+
+    def change(self, change, timeout: float = 60.0):
+        """Propose ``change`` (a :class:`dledger.membership.rules.Change`) on the stable leader and run until it
+        is committed; returns the new configuration (AssertionError with the refusal if it is refused)."""
+        lid = self.wait_for_leader(timeout)
+        results: list = []
+        self.servers[lid].membership.propose(change).addBoth(results.append)
+        self.wait_until(lambda: results, timeout, f"configuration change {change.describe()}")
+        if isinstance(results[0], Failure):
+            raise AssertionError(f"{change.describe()}: {results[0].getErrorMessage()}")
+        return results[0]
+
+    def configuration(self, mid: str | None = None):
+        """The configuration in force on ``mid`` (the leader by default)."""
+        mid = mid or self.leader()
+        return self.servers[mid].membership.configuration
+
+    def members(self) -> list[str]:
+        """The running members the leader's configuration holds (every running member without a leader)."""
+        lid = self.leader()
+        if lid is None:
+            return list(self.servers)
+        ids = self.servers[lid].membership.configuration.ids
+        return [m for m in self.servers if m in ids]
 
     def crash(self, mid: str) -> None:
         """Kill a member as a power cut would: timers stop, unflushed data may be lost or torn."""
@@ -235,9 +291,10 @@ class Cluster:
         if lid is None:
             return None
         term = self.servers[lid].state.curr_term
-        followers = sum(1 for s in self.servers.values()
-                        if s.state.curr_term == term and s.state.leader_id == lid)
-        return lid if is_quorum(followers, len(self.ids)) else None
+        voters = self.servers[lid].membership.configuration.voters
+        followers = sum(1 for mid, s in self.servers.items()
+                        if mid in voters and s.state.curr_term == term and s.state.leader_id == lid)
+        return lid if is_quorum(followers, len(voters)) else None
 
     # -- time -------------------------------------------------------------------------------------
     def run(self, seconds: float) -> None:
@@ -320,7 +377,7 @@ class Cluster:
             if leader is None:
                 return None
             end = leader.store.ledger_end_index
-            for mid in members if members is not None else list(self.servers):
+            for mid in members if members is not None else self.members():
                 s = self.servers.get(mid)
                 if s is None or s.store.ledger_end_index != end or s.store.committed_index != end \
                         or not s.commit_feed.caught_up() or not s.snapshots.caught_up():
@@ -337,7 +394,7 @@ class Cluster:
         to a member's store behind the group's back.
         """
         self.wait_applied(timeout, ids)
-        members = list(ids) if ids is not None else list(self.servers)
+        members = list(ids) if ids is not None else self.members()
         logs = {mid: self.committed_entries(mid) for mid in members}
         first = members[0]
         for mid in members[1:]:
@@ -347,7 +404,7 @@ class Cluster:
                                          f"{a.body[:40]!r} vs index {b.index} term {b.term} {b.body[:40]!r}")
             if len(logs[first]) != len(logs[mid]):
                 raise AssertionError(f"{first} committed {len(logs[first])} entries, {mid} {len(logs[mid])}")
-        return [e for e in logs[first] if not e.is_noop]
+        return [e for e in logs[first] if not e.is_control]
 
     def when(self, predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.01):
         """A Deferred that fires once ``predicate()`` holds, for clusters on the real reactor.
@@ -429,7 +486,7 @@ class Cluster:
         if store.committed_index < 0 or store.ledger_begin_index < 0:
             return []
         entries = [store.get(i) for i in range(store.ledger_begin_index, store.committed_index + 1)]
-        return entries if noops else [e for e in entries if not e.is_noop]
+        return entries if noops else [e for e in entries if not e.is_control]
 
 
 def _call_with_server(factory: Callable, mid: str, server: DLedgerServer):

@@ -160,6 +160,16 @@ class TcpTransport:
         self.addresses[peer_id] = address
         self.client.expected_peers[address] = peer_id
 
+    def set_members(self, addresses: Mapping[str, str]) -> None:
+        """The configuration in force changed (issue #23): reach each member at its address, and let the
+        security guard know exactly these ids as members (a peer claiming another id is refused)."""
+        for pid, address in addresses.items():
+            if self.addresses.get(pid) != address:
+                self.addresses[pid] = address
+                self.client.expected_peers[address] = pid
+        if self.guard is not None:
+            self.guard.members = frozenset(addresses)
+
     @property
     def server_factory(self) -> RemotingServerFactory | None:
         """The factory of the accepted connections once listening (their ``connections``, ``refused``, ``budget``)."""

@@ -226,7 +226,7 @@ def only_noops_between(store, done: int, index: int) -> bool:
         rest = store.get_range(begin, index - begin + 1, 1 << 62)
     except DLedgerError:
         return False
-    return all(e.is_noop for e in rest if e.index <= index)
+    return all(e.is_control for e in rest if e.index <= index)
 
 
 @implementer(ICommitListener)
