@@ -109,6 +109,7 @@ def ongaro_2015(mutated: bool):
             if role is Role.LEADER and not won:
                 won.append(mid)
                 d = [m for m in others if m != mid][0]
+                cluster.heal()  # partitions add up: the new one replaces the old one
                 cluster.partition([a, "e", d], [m for m in others if m != d])
         return observer
 
