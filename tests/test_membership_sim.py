@@ -270,10 +270,11 @@ def test_a_lagging_member_catches_up_with_a_leader_added_after_it_fell_behind():
     """Most stuck seeds of ``--membership`` (e.g. 7, 19, 53, 61, 74): a member whose log predates the addition of
     the leader answers its heartbeats UNKNOWN_MEMBER and stays a candidate of an old term for good.
 
-    c is cut off; d is added and promoted, then leadership moves to d; c comes back: it must catch up with d (Raft dissertation §4.2.3: a server accepts AppendEntries from a leader that
-    is not in its latest configuration).
+    c is cut off; d is added and promoted, then leadership moves to d; c comes back: it must catch up with d
+    (Raft dissertation §4.2.3: a server accepts AppendEntries from a leader that is not in its latest
+    configuration).
     """
-    cluster, _election, leader = next(g for g in map(_group_elected_by_two, range(5, 20)) if g is not None)
+    cluster, _election, _leader = next(g for g in map(_group_elected_by_two, range(5, 20)) if g is not None)
     cluster.partition(["c"], [m for m in cluster.ids if m != "c"])
     address = cluster.add_member("d", join=True)
     cluster.change(Change(Op.ADD, "d", address))
