@@ -121,3 +121,18 @@ def test_all_dledger_is_announced_once():
     clock.advance(1)
     assert calls == [1.0]
     kinds.stop()
+
+
+def test_set_peers_follows_the_configuration():
+    """A member added by a configuration change is probed; a removed one is forgotten (issue #23)."""
+    clock = task.Clock()
+    transport = FakeTransport({"n1": MetadataResponse(role="LEADER"), "n3": MetadataResponse(peers={})})
+    kinds = PeerKinds("n0", "g", ["n0", "n1"], transport, clock, probe_interval=5)
+    kinds.start()
+    assert kinds.all_take_snapshots() and not clock.getDelayedCalls()
+    kinds.set_peers(["n0", "n1", "n3"])
+    assert [p for p, _r in transport.sent] == ["n1", "n3"]
+    assert kinds.java_members() == frozenset({"n3"}) and not kinds.all_take_snapshots()
+    kinds.set_peers(["n0", "n1"])
+    assert kinds.java_members() == frozenset() and kinds.all_take_snapshots()
+    kinds.stop()

@@ -716,3 +716,17 @@ def test_garbage_from_the_server_closes_and_fails_pending_requests():
     assert transport.disconnecting
     proto.connectionLost(None)
     assert failure_of(d).code == ResponseCode.NETWORK_ERROR
+
+
+def test_set_members_reaches_new_members_and_the_guard_knows_exactly_them():
+    """A configuration change (issue #23): a new member's address is used, and only configured ids are members."""
+    from dledger.security.guard import ServerGuard
+
+    t = TcpTransport(config("n0"), MemoryReactorClock())
+    t.guard = ServerGuard("secret", "g0", frozenset({"n0", "n1", "n2"}))  # the port's guard, as authMode sets it
+    t.set_members({"n0": "127.0.0.1:20911", "n1": "127.0.0.1:20912", "n9": "127.0.0.1:29999"})
+    assert t.guard.members == frozenset({"n0", "n1", "n9"})  # n2 removed: a connection claiming it is refused
+    assert t.addresses["n9"] == "127.0.0.1:29999" and t.client.expected_peers["127.0.0.1:29999"] == "n9"
+    failure = []
+    t.send("n8", messages.MetadataRequest(group="g0")).addErrback(failure.append)
+    assert failure and failure[0].value.code is ResponseCode.UNKNOWN_MEMBER

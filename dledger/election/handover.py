@@ -64,7 +64,7 @@ class Handover:
         config = server.config
         target = request.transferee_id
         leads = server.leads()
-        refusal = transfer.transfer_refusal(target, server.self_id, st.member_set, leads, request.term, st.curr_term,
+        refusal = transfer.transfer_refusal(target, server.self_id, st.voter_set, leads, request.term, st.curr_term,
                                             st.transferee, server.store.ledger_end_index,
                                             server.replicator.peer_watermark(target) if leads else -1,
                                             config.max_leadership_transfer_wait_index)

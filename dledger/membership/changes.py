@@ -118,6 +118,8 @@ class MembershipChanges:
     # -- the committed index moved (server.committed_advanced) --------------------------------------------
     def committed_advanced(self) -> None:
         committed = self.server.store.committed_index
+        if self.membership.retain is not None and self.membership.history:
+            self.membership.retain()
         if self._waiting:
             done = [w for w in self._waiting if w[0] <= committed]
             self._waiting = [w for w in self._waiting if w[0] > committed]

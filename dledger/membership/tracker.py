@@ -87,6 +87,9 @@ class Membership:
         self._observers: list[Callable[[Configuration, Configuration], None]] = []
         #: The leader's change flow (:class:`dledger.membership.changes.MembershipChanges`), set by the server.
         self.changes = None
+        #: Called when the committed index moved: keeps the committed configuration's entry from retention
+        #: where no snapshot records it (:func:`dledger.membership.wiring.attach`); None: nothing to keep.
+        self.retain = None
 
     @classmethod
     def from_config(cls, config, store) -> Membership:

@@ -45,6 +45,16 @@ def attach(server) -> Membership:
 
     membership.observe(changed)
     server.snapshots.membership = membership
+
+    def retain() -> None:
+        """Without state machines no snapshot records the configuration: retention keeps its entry in the log."""
+        if server.snapshots.machines or not hasattr(server.store, "retention_floor"):
+            return
+        committed = server.store.committed_index
+        kept = [c.index for c in membership.history if c.index <= committed]
+        server.store.retention_floor = kept[-1] if kept else None
+
+    membership.retain = retain
     return membership
 
 
