@@ -72,14 +72,14 @@ class SimResult:
                     or self.outsider_effects or self.state_mismatch or self.membership)
 
     def problems(self) -> list[str]:
-        out = [f"lost: {x}" for x in self.lost] + [f"divergent: {x}" for x in self.divergent]
-        out += [f"nonlinearizable: {x}" for x in self.nonlinearizable] + [f"leaders: {x}" for x in self.leaders]
+        """Every finding, the rarest kinds first (a stuck member's lagging log makes many 'lost' lines)."""
+        out = [f"leaders: {x}" for x in self.leaders] + [f"membership: {x}" for x in self.membership]
+        out += [f"divergent: {x}" for x in self.divergent] + [f"nonlinearizable: {x}" for x in self.nonlinearizable]
         out += [f"outsider: {x}" for x in self.outsider_effects]
         out += [f"state: {x}" for x in self.state_mismatch]
-        out += [f"membership: {x}" for x in self.membership]
         if self.stuck:
             out.append(f"stuck: {self.stuck}")
-        return out
+        return out + [f"lost: {x}" for x in self.lost]
 
 
 def _watch_commits(cluster, committed: CommittedLog, held: dict[str, int], problems: list[str]) -> None:
