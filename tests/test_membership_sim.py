@@ -227,10 +227,8 @@ def _group_elected_by_two(seed=5):
     return cluster, election, leader
 
 
-@pytest.mark.xfail(strict=True, reason="membership bug A (report of mem-sim): a candidate's first round stays in "
-                                       "its term (Java DLedger's rule), unsafe once the voters changed")
 def test_one_leader_per_term_across_a_change():
-    """Seeds 99 and 5056 of ``--membership``: two leaders in one term.
+    """Seeds 99 and 5056 of ``--membership`` on 699e040: two leaders in one term (fixed: election.rules.bumps_term).
 
     The leader L of term T was elected by {L, b}; c followed it without voting.  d is added and promoted, b is
     removed: the voters are {L, c, d}, and neither c nor d voted in T.  c loses L (d does not); c times out and,

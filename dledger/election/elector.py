@@ -267,7 +267,10 @@ class LeaderElector:
             self._arm(self.next_time_to_request_vote - now)
             return
         st = self.state
-        if bumps_term(self.last_parse_result, self.need_increase_term_immediately, st.led_current_term):
+        config = st.configuration
+        voters_changed = config is not None and config.index > 0  # a configuration from the log (issue #23)
+        if bumps_term(self.last_parse_result, self.need_increase_term_immediately, st.led_current_term,
+                      voters_changed):
             prev, led = st.curr_term, st.led_current_term
             term = st.next_term()
             log.info("{id}: candidate moves from term {prev} to {term}{why}", id=st.self_id, prev=prev, term=term,
