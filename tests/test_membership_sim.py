@@ -263,11 +263,10 @@ def _second_leader_of_a_term(seed):
     return election.violations
 
 
-@pytest.mark.xfail(strict=True, reason="membership bug B (report of mem-sim): a member refuses the heartbeats of a "
-                                       "leader its own (older) configuration does not hold, and never catches up")
 def test_a_lagging_member_catches_up_with_a_leader_added_after_it_fell_behind():
-    """Most stuck seeds of ``--membership`` (e.g. 7, 19, 53, 61, 74): a member whose log predates the addition of
-    the leader answers its heartbeats UNKNOWN_MEMBER and stays a candidate of an old term for good.
+    """Most stuck seeds of ``--membership`` on 699e040 (e.g. 7, 19, 53, 61, 74): a member whose log predates the
+    addition of the leader answered its heartbeats UNKNOWN_MEMBER and stayed a candidate of an old term for good
+    (fixed: the elector hears any leader).
 
     c is cut off; d is added and promoted, then leadership moves to d; c comes back: it must catch up with d
     (Raft dissertation §4.2.3: a server accepts AppendEntries from a leader that is not in its latest

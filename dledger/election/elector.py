@@ -268,9 +268,8 @@ class LeaderElector:
             return
         st = self.state
         config = st.configuration
-        voters_changed = config is not None and config.index > 0  # a configuration from the log (issue #23)
-        if bumps_term(self.last_parse_result, self.need_increase_term_immediately, st.led_current_term,
-                      voters_changed):
+        unvoted = config is not None and config.index > 0 and st.vote_for != st.self_id  # issue #23
+        if bumps_term(self.last_parse_result, self.need_increase_term_immediately, st.led_current_term, unvoted):
             prev, led = st.curr_term, st.led_current_term
             term = st.next_term()
             log.info("{id}: candidate moves from term {prev} to {term}{why}", id=st.self_id, prev=prev, term=term,
@@ -447,10 +446,12 @@ class LeaderElector:
     def handle_heartbeat(self, request: HeartBeatRequest) -> HeartBeatResponse | Deferred:
         """Answer a heartbeat (SPEC §3); held (a Deferred) while a term/vote write is in flight."""
         st = self.state
-        # The leader we follow in this term keeps our ear while it removes itself (until that change commits).
-        members = st.member_set if st.leader_id is None or st.leader_id in st.member_set \
-            else st.member_set | {st.leader_id}
-        view = self.view(members)
+        # Any leader is heard, members of our configuration or not (Raft dissertation §4.2.3): one added after
+        # our log ends is not in it yet, and refusing it would leave us behind for good (found by the
+        # membership simulator: a lagging member answering UNKNOWN_MEMBER while a new member led).  Safety
+        # rests on elections: votes go only to voters of our configuration, and a leader of a term >= ours
+        # won a majority of its own.  The leader we follow also keeps our ear while it removes itself.
+        view = self.view(st.member_set | {request.leader_id})
         decision = decide_heartbeat(view, request.leader_id, request.term)
         if decision.action is Action.REFRESH_LEADER:
             self.last_leader_heartbeat = self.clock.seconds()
