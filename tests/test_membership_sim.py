@@ -285,3 +285,12 @@ def test_a_lagging_member_catches_up_with_a_leader_added_after_it_fell_behind():
     cluster.heal()
     end = cluster.servers[new].store.ledger_end_index
     assert cluster.run_until(lambda: cluster.servers["c"].store.committed_index >= end, 20), cluster.describe()
+
+
+@pytest.mark.parametrize("seed, duration", [(10, 4.0)])
+def test_seed_regressions(seed, duration):
+    """Seeds that failed: 10 had two leaders in term 2 while the new-term rule looked at the candidate's vote
+    (n0 lost term 2, followed n1 in it, then stood in term 2 again with a voter that never voted in it)."""
+    r = run_replication_seed(seed, membership=True, duration=duration)
+    assert r.ok, "\n".join(r.problems()[:10])
+    assert r.changes.total("committed") > 0
