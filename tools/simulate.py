@@ -181,7 +181,8 @@ def _add_changes(totals: dict, refusals: dict, r) -> None:
 
 
 def _replay_options(args) -> str:
-    out = f" --mix {args.mix}" if args.mix else ""
+    out = f" --duration {args.duration:g}" if args.duration != args.default_duration else ""
+    out += f" --mix {args.mix}" if args.mix else ""
     if args.flush_latency_text is not None:
         out += f" --flush-latency {args.flush_latency_text}"
     if args.term_latency_text is not None:
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                            help="run a deliberately broken build, to see the checks catch it: 'own-term' lets a new "
                                 "leader propose a change before it committed an entry of its term (Ongaro 2015), "
                                 "'two-in-flight' lets a change be proposed while another is uncommitted")
-        p.set_defaults(func=func)
+        p.set_defaults(func=func, default_duration=duration)
     args = parser.parse_args(argv)
     if getattr(args, "snapshots", False) and args.store != "simdisk":
         parser.error("--snapshots runs on simulated disks only (leave --store at simdisk)")
