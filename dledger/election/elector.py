@@ -453,12 +453,15 @@ class LeaderElector:
     def handle_heartbeat(self, request: HeartBeatRequest) -> HeartBeatResponse | Deferred:
         """Answer a heartbeat (SPEC §3); held (a Deferred) while a term/vote write is in flight."""
         st = self.state
-        # Any leader is heard, members of our configuration or not (Raft dissertation §4.2.3): one added after
-        # our log ends is not in it yet, and refusing it would leave us behind for good (found by the
-        # membership simulator: a lagging member answering UNKNOWN_MEMBER while a new member led).  Safety
-        # rests on elections: votes go only to voters of our configuration, and a leader of a term >= ours
-        # won a majority of its own.  The leader we follow also keeps our ear while it removes itself.
-        view = self.view(st.member_set | {request.leader_id})
+        # A leader outside the configuration this member holds is heard too (issue #23; Java answers
+        # UNKNOWN_MEMBER): entries this member's log does not hold yet may have added it (a member that was
+        # away while the group changed, a learner whose --peers lack today's leader), or it is removing
+        # itself until that change commits.  Either way it won its term's votes from the voters -- a member
+        # outside a configuration never does, voters refuse it -- and this member learns the configuration
+        # from its log.  (Without authentication the id check proved nothing; with it, the connection's
+        # guard admits only the configuration's members.)
+        members = st.member_set | {request.leader_id}
+        view = self.view(members)
         decision = decide_heartbeat(view, request.leader_id, request.term)
         if decision.action is Action.REFRESH_LEADER:
             self.last_leader_heartbeat = self.clock.seconds()

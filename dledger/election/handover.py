@@ -138,7 +138,7 @@ class Handover:
         st = server.state
         if not server.leads() or st.transferee is not None:
             return
-        known = {peer: server.replicator.peer_known(peer) for peer in st.peers}
+        known = {peer: server.replicator.peer_known(peer) for peer in st.voter_peers}  # only a voter can take over
         action = damaged_leader_action(index, server.store.ledger_end_index, known,
                                        server.config.max_leadership_transfer_wait_index)
         if action.transfer_to is None:

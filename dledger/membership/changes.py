@@ -47,28 +47,35 @@ class MembershipChanges:
         self._promoting: str | None = None  # the learner whose promotion was logged last
         self._stepping_down = 0  # heartbeats since a removed leader's removal committed
         self._removed_logged = False
+        self._asking: list[tuple[Change, Deferred]] | None = None  # changes waiting for the peers' kinds
         self.running = False
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
+        """Follow the role: the heartbeat check (promotion, a removed leader's handover) runs while it leads."""
         self.running = True
         self.server.elector.observe(self._role_changed)
-        self._arm()
 
     def stop(self) -> None:
         self.running = False
+        self._cancel()
+        self._fail_waiting("member stopped")
+
+    def _cancel(self) -> None:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
-        self._fail_waiting("member stopped")
 
     def _arm(self) -> None:
-        if self.running:
+        if self.running and self._timer is None:
             self._timer = self.server.clock.callLater(self.server.elector.heartbeat, self._tick)
 
     def _role_changed(self, term: int, role: Role) -> None:
         self._stepping_down = 0
-        if role is not Role.LEADER:
+        if role is Role.LEADER:
+            self._arm()
+        else:
+            self._cancel()
             self._fail_waiting(f"leadership lost (now {role.name} in term {term})")
 
     def _fail_waiting(self, why: str) -> None:
@@ -90,7 +97,34 @@ class MembershipChanges:
         return LeaderView(server.self_id, config, server.store.committed_index, own_term, live, java)
 
     def propose(self, change: Change) -> Deferred:
-        """A Deferred of the new configuration once ``change`` is committed (IMembership.propose)."""
+        """A Deferred of the new configuration once ``change`` is committed (IMembership.propose).
+
+        Members whose kind (dledger or Java DLedger) is not known yet are asked first (METADATA with
+        detail, :meth:`PeerKinds.probe`): a group with a Java member refuses every change.
+        """
+        server = self.server
+        if not server.leads():
+            return fail(server.not_leader())
+        kinds = server.peer_kinds
+        unknown = [p for p in self.membership.configuration.ids
+                   if p != server.self_id and kinds.kind(p).value == "unknown"]
+        if not unknown and self._asking is None:
+            return self._propose(change)
+        d: Deferred = Deferred()
+        first = self._asking is None
+        if first:  # changes asked meanwhile wait for the same answers, and go in order
+            self._asking = []
+        self._asking.append((change, d))
+        if first:
+            kinds.probe(unknown).addBoth(self._kinds_known)
+        return d
+
+    def _kinds_known(self, _result) -> None:
+        asked, self._asking = self._asking or [], None
+        for change, d in asked:
+            self._propose(change).chainDeferred(d)
+
+    def _propose(self, change: Change) -> Deferred:
         server = self.server
         if not server.leads():
             return fail(server.not_leader())
@@ -164,6 +198,8 @@ class MembershipChanges:
     # -- once a heartbeat ---------------------------------------------------------------------------------
     def _tick(self) -> None:
         self._timer = None
+        if self.server.state.role is not Role.LEADER:
+            return
         try:
             if self.server.leads():
                 self._promote_due()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 
+from twisted.internet.defer import Deferred, DeferredList
 from twisted.logger import Logger
 
 from dledger.codes import ResponseCode
@@ -163,13 +164,25 @@ class PeerKinds:
         if any(k is not PeerKind.DLEDGER for k in self.kinds.values()):
             self._timer = self.clock.callLater(self.probe_interval, self._tick)
 
-    def _probe(self, peer: str) -> None:
+    def probe(self, peers: Sequence[str]) -> Deferred:
+        """Ask those of ``peers`` whose kind is not known, now; fires once every answer (or failure) is in.
+
+        A leader asks before it proposes a configuration change (issue #23): a Java member cannot read
+        the entry.  Members that do not answer stay UNKNOWN.
+        """
+        asks = [self._probe(p) for p in peers
+                if p in self.kinds and self.kinds[p] is PeerKind.UNKNOWN and p not in self._asking]
+        return DeferredList(asks, consumeErrors=True)
+
+    def _probe(self, peer: str) -> Deferred:
         self._asking.add(peer)
         req = MetadataRequest(group=self.group, remote_id=peer, detail=True)
         d = self.transport.send(peer, req, timeout=self.timeout)
 
         def answered(resp):
             self._asking.discard(peer)
+            if peer not in self.kinds:  # removed from the configuration meanwhile
+                return
             kind = kind_from_metadata(resp)
             if kind is PeerKind.JAVA:
                 self._java_next[peer] = self.clock.seconds() + JAVA_REPROBE_INTERVAL
@@ -183,4 +196,4 @@ class PeerKinds:
             self._asking.discard(peer)
             self.learn(peer, kind_from_failure(f.value))
 
-        d.addCallbacks(answered, failed)
+        return d.addCallbacks(answered, failed)
