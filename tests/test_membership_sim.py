@@ -199,8 +199,9 @@ def test_two_changes_in_flight_refused_and_safe_with_the_rule():
 #: Seeds of the random search (``--membership --mutation NAME --duration 4``) the checks fail on while the
 #: unbroken build passes them: the first three of seeds 0-99 (``tools.simulate ... --seeds 100``).  In these
 #: short runs the broken rule itself is what is caught (the leader's log shows the change proposed too early);
-#: its consequences need the unlucky partitions of the scenarios above.
-CATCHING_SEEDS = {"own-term": (37, 57, 64), "two-in-flight": (0, 3, 10)}
+#: its consequences need the unlucky partitions of the scenarios above.  Any change of the core's timing moves
+#: the schedules: re-find them then (about 1 seed in 20 catches own-term, 1 in 5 two-in-flight).
+CATCHING_SEEDS = {"own-term": (7, 12, 75), "two-in-flight": (3, 10, 22)}
 
 
 @pytest.mark.parametrize("name", sorted(CATCHING_SEEDS))
