@@ -30,9 +30,9 @@ MEMBERSHIP_SIM_SEEDS = int(os.environ.get("DLEDGER_MEMBERSHIP_SIM_SEEDS", "20"))
 
 def test_membership_schedules_are_safe():
     """Seeded schedules with random changes under faults: nothing lost, every decision a proper quorum."""
-    results = [run_replication_seed(seed, membership=True, duration=4.0) for seed in range(MEMBERSHIP_SIM_SEEDS)]
+    results = [run_replication_seed(seed, membership=True, duration=3.0) for seed in range(MEMBERSHIP_SIM_SEEDS)]
     bad = [r for r in results if not r.ok]
-    assert not bad, (f"replay with: python -m tools.simulate replication --membership --duration 4 --seed "
+    assert not bad, (f"replay with: python -m tools.simulate replication --membership --duration 3 --seed "
                      f"{bad[0].seed}\n" + "\n".join(bad[0].problems()[:10]))
     # the paths were taken: changes of every kind committed, configurations and decisions checked
     committed = sum((r.changes.committed for r in results), start=type(results[0].changes.committed)())
