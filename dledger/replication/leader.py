@@ -457,6 +457,7 @@ class LeaderReplicator:
         self.dispatchers = {peer: EntryDispatcher(self, peer) for peer in members if peer != self_id}
         #: The configuration in force (issue #23; None: every member of ``members`` votes, as before).
         self.configuration = configuration
+        self._voters = frozenset(configuration.voters) if configuration is not None else frozenset()
         #: Dispatchers of members the configuration no longer holds, kept until they hold its entry (so a
         #: removed member learns it was removed) or stop answering.
         self.leaving: dict[str, EntryDispatcher] = {}
@@ -503,6 +504,7 @@ class LeaderReplicator:
     def configuration_changed(self, config) -> None:
         """The configuration in force changed: a dispatcher for each new member; the leaving ones wind down."""
         self.configuration = config
+        self._voters = frozenset(config.voters)
         if self.stopped:
             return
         for peer in config.ids:
@@ -615,13 +617,19 @@ class LeaderReplicator:
             return
         store = self.store
         current = store.committed_index
-        if self.configuration is not None:
-            own = self.store.flushed_index if self.flusher.sync else self.store.ledger_end_index
-            marks = {peer: d.watermark for peer, d in self.dispatchers.items()}
-            target = voters_commit_index(current, own, self.self_id, marks, self.configuration, self.term_start_index)
-        else:
+        config = self.configuration
+        if config is None:
             own, *peers = self.watermarks()
             target = leader_commit_index(current, own, peers, self.members, self.term_start_index)
+        elif self.self_id in self._voters:  # the leader counts itself: the usual rule over the voters
+            own = self.store.flushed_index if self.flusher.sync else self.store.ledger_end_index
+            voters = self._voters
+            peers = [d.watermark for peer, d in self.dispatchers.items() if peer in voters]
+            target = leader_commit_index(current, own, peers, len(voters), self.term_start_index)
+        else:  # removing itself: it leads without counting itself until that change commits
+            own = self.store.flushed_index if self.flusher.sync else self.store.ledger_end_index
+            marks = {peer: d.watermark for peer, d in self.dispatchers.items()}
+            target = voters_commit_index(current, own, self.self_id, marks, config, self.term_start_index)
         if target > current:
             store.update_committed_index(self.term, target)
             if store.committed_index > current:
