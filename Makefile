@@ -56,6 +56,7 @@ soak: $(STAMP)
 	$(PY) -m pytest -m slow
 	$(PY) -m tools.simulate election --seeds 100000
 	$(PY) -m tools.simulate replication --seeds 10000
+	$(PY) -m tools.simulate replication --membership --duration 3 --seeds 10000
 
 # The nemesis (docs/testing.md "Nemesis") runs members in network namespaces and skews their clocks with Debian's
 # libfaketime. Installed here when we are root with apt-get; otherwise the clock faults skip, saying why.

@@ -229,6 +229,16 @@ def test_bumps_term(rule, parse, need, led, expected):
     assert bumps_term(parse, need, led) is expected
 
 
+@pytest.mark.parametrize("parse", [VoteParseResult.WAIT_TO_REVOTE, VoteParseResult.REVOTE_IMMEDIATELY])
+def test_bumps_term_once_the_voters_changed(parse):
+    """Issue #23: once the configuration came from the log, the first round of a candidacy is in a new term
+    (Raft's rule): a majority that never voted in the current term -- members added
+    since, members that followed its leader without a vote -- must not elect a second leader of it
+    (tests/test_membership_sim.py, the simulator's seed 99)."""
+    assert bumps_term(parse, False, False) is False
+    assert bumps_term(parse, False, False, first_round_after_change=True) is True
+
+
 MAY_HAVE_LED = [
     # (rule, persisted term, persisted vote, self id, expected)
     ("own_vote_in_the_term_means_it_may_have_led_it", 7, "n0", "n0", 7),

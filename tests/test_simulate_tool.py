@@ -66,3 +66,34 @@ def test_bad_mix_and_latency_are_one_line_errors(capsys):
             simulate.main(args)
         assert exc.value.code == 2
         assert needle in capsys.readouterr().err
+
+
+def test_membership_replay_line_and_summary(capsys, monkeypatch):
+    """--membership: the summary adds the change figures; a failing seed's replay repeats --duration and the mode."""
+    from dledger.testing import replication_sim
+    from dledger.testing.membership_sim import ChangeStats
+    seen = {}
+
+    def broken(seed, duration=8.0, store="simdisk", **options):
+        seen.update(options, duration=duration)
+        result = replication_sim.SimResult(seed, 3, changes=ChangeStats())
+        result.changes.proposed["add"] += 2
+        result.changes.committed["add"] += 1
+        result.changes.refused["another configuration change"] += 1
+        result.membership.append("synthetic")
+        return result
+
+    monkeypatch.setattr(replication_sim, "run_replication_seed", broken)
+    assert simulate.main(["replication", "--membership", "--seeds", "1", "--start", "6", "--duration", "3"]) == 1
+    out = capsys.readouterr().out
+    assert "replay: python -m tools.simulate replication --seed 6 --membership --duration 3" in out
+    assert "membership: synthetic" in out and "changes_proposed=2, changes_committed=1, refused=1" in out
+    assert "membership=1" in out and "refusals: another configuration change=1" in out
+    assert seen["membership"] is True and seen["duration"] == 3.0
+
+
+def test_mutation_needs_membership(capsys):
+    import pytest
+    with pytest.raises(SystemExit):
+        simulate.main(["replication", "--mutation", "own-term"])
+    assert "use it with --membership" in capsys.readouterr().err

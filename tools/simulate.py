@@ -7,6 +7,9 @@
     python -m tools.simulate replication --seeds 500 --outsider auth  # forged frames without credentials
     python -m tools.simulate replication --seeds 10000 --snapshots  # state machines, snapshots, compaction,
                                                      # wiped members back through InstallSnapshot (issue #22)
+    python -m tools.simulate replication --seeds 10000 --membership  # random member changes through the leader
+                                                     # (issue #23)
+    python -m tools.simulate replication --seeds 200 --membership --mutation own-term  # a broken build: caught?
     python -m tools.simulate replication --seeds 2000 --mix crash_leader_quick=0.5 --flush-latency 0.002-0.01 \
         --no-tear                                            # power cuts of the leader, slow fsyncs
 
@@ -24,6 +27,7 @@ import time
 
 from dledger.testing.chaos import ChaosMix
 from dledger.testing.election_sim import ELECTION_MIX
+from dledger.testing.mutations import MUTATIONS, mutation
 from dledger.testing.replication_sim import REPLICATION_MIX, SNAPSHOT_MIX
 from dledger.testing.simdisk import DEFAULT_FLUSH_LATENCY
 
@@ -95,7 +99,10 @@ def run_election(args) -> int:
 def run_replication(args) -> int:
     from dledger.testing.replication_sim import run_replication_seed
     totals = dict(faults=0, acked=0, lost=0, divergent=0, nonlinearizable=0, leaders=0, stuck=0, forged=0,
-                  outsider_effects=0, quick=0, wipes=0, snapshots=0, installs=0, state_mismatch=0)
+                  outsider_effects=0, quick=0, wipes=0, snapshots=0, installs=0, state_mismatch=0, proposed=0,
+                  committed=0, refused=0, change_failed=0, joined=0, config_commits=0, decisions=0, membership=0,
+                  non_voter_votes=0)
+    refusals: dict[str, int] = {}
     failing = []
     seeds = _seeds(args)
     started = time.monotonic()
@@ -103,7 +110,10 @@ def run_replication(args) -> int:
         extra = {"outsider": args.outsider} if args.outsider else {}
         if args.snapshots:
             extra["snapshots"] = True
-        r = run_replication_seed(seed, duration=args.duration, store=args.store, **extra, **_sim_options(args))
+        if args.membership:
+            extra["membership"] = True
+        with mutation(args.mutation):
+            r = run_replication_seed(seed, duration=args.duration, store=args.store, **extra, **_sim_options(args))
         totals["quick"] += r.quick_restarts
         totals["forged"] += r.forged
         totals["outsider_effects"] += len(r.outsider_effects)
@@ -116,6 +126,8 @@ def run_replication(args) -> int:
         totals["snapshots"] += r.snapshots_taken
         totals["installs"] += r.installs
         totals["state_mismatch"] += len(r.state_mismatch)
+        if r.changes is not None:
+            _add_changes(totals, refusals, r)
         if not r.ok:
             failing.append(seed)
             print(f"seed {seed} ({r.members} members):", flush=True)
@@ -124,11 +136,15 @@ def run_replication(args) -> int:
             store = "" if args.store == "simdisk" else f" --store {args.store}"
             store += f" --outsider {args.outsider}" if args.outsider else ""
             store += " --snapshots" if args.snapshots else ""
+            store += " --membership" if args.membership else ""
+            store += f" --mutation {args.mutation}" if args.mutation else ""
             store += _replay_options(args)
             print(f"  replay: python -m tools.simulate replication --seed {seed}{store}", flush=True)
         elif args.verbose:
             print(f"seed {seed}: members={r.members} faults={r.faults} appends={r.appends} acked={r.acked} "
-                  f"gets={r.gets}", flush=True)
+                  f"gets={r.gets}" + (f" changes proposed={r.changes.total('proposed')} committed="
+                                      f"{r.changes.total('committed')} config_entries={r.config_commits}"
+                                      if r.changes is not None else ""), flush=True)
         _progress(args, k, len(seeds), started)
     print(f"seeds={len(seeds)}, faults={totals['faults']}, quick_leader_restarts={totals['quick']}, "
           f"acked={totals['acked']}, lost={totals['lost']}, "
@@ -137,12 +153,36 @@ def run_replication(args) -> int:
           + (f", forged={totals['forged']}, outsider_effects={totals['outsider_effects']}" if args.outsider else "")
           + (f", wipes={totals['wipes']}, snapshots_on_demand={totals['snapshots']}, "
              f"installs={totals['installs']}, state_mismatch={totals['state_mismatch']}" if args.snapshots else "")
+          + (f", changes_proposed={totals['proposed']}, changes_committed={totals['committed']}, "
+             f"refused={totals['refused']}, change_failed={totals['change_failed']}, joined={totals['joined']}, "
+             f"config_entries_committed={totals['config_commits']}, decisions_checked={totals['decisions']}, "
+             f"votes_by_non_voters={totals['non_voter_votes']}, membership={totals['membership']}"
+             if args.membership else "")
           + f" ({time.monotonic() - started:.1f}s)")
+    if args.membership and refusals:
+        print("refusals: " + ", ".join(f"{k}={v}" for k, v in sorted(refusals.items(), key=lambda kv: -kv[1])))
     return 1 if failing else 0
 
 
+def _add_changes(totals: dict, refusals: dict, r) -> None:
+    """Membership mode: the change schedule's figures of one seed into the totals."""
+    c = r.changes
+    totals["proposed"] += c.total("proposed")
+    totals["committed"] += c.total("committed")
+    totals["refused"] += c.total("refused")
+    totals["change_failed"] += c.failed
+    totals["joined"] += c.members_added
+    totals["config_commits"] += r.config_commits
+    totals["decisions"] += r.decisions
+    totals["non_voter_votes"] += r.non_voter_votes
+    totals["membership"] += len(r.membership)
+    for reason, n in c.refused.items():
+        refusals[reason] = refusals.get(reason, 0) + n
+
+
 def _replay_options(args) -> str:
-    out = f" --mix {args.mix}" if args.mix else ""
+    out = f" --duration {args.duration:g}" if args.duration != args.default_duration else ""
+    out += f" --mix {args.mix}" if args.mix else ""
     if args.flush_latency_text is not None:
         out += f" --flush-latency {args.flush_latency_text}"
     if args.term_latency_text is not None:
@@ -191,10 +231,23 @@ def main(argv: list[str] | None = None) -> int:
                            help="members run a state machine, take snapshots and compact; members are wiped and "
                                 "return through InstallSnapshot; each machine is checked against the committed "
                                 "log (issue #22; simdisk only; default mix: SNAPSHOT_MIX)")
-        p.set_defaults(func=func)
+            p.add_argument("--membership", action="store_true",
+                           help="the leader is asked at random to add, promote, remove and replace members; every "
+                                "commit decision and election is checked against the configurations, and the "
+                                "committed configurations must form one single-server sequence (issue #23; "
+                                "simdisk only)")
+            p.add_argument("--mutation", choices=sorted(MUTATIONS), default=None,
+                           help="run a deliberately broken build, to see the checks catch it: 'own-term' lets a new "
+                                "leader propose a change before it committed an entry of its term (Ongaro 2015), "
+                                "'two-in-flight' lets a change be proposed while another is uncommitted")
+        p.set_defaults(func=func, default_duration=duration)
     args = parser.parse_args(argv)
     if getattr(args, "snapshots", False) and args.store != "simdisk":
         parser.error("--snapshots runs on simulated disks only (leave --store at simdisk)")
+    if getattr(args, "membership", False) and (args.snapshots or args.store != "simdisk"):
+        parser.error("--membership runs on simulated disks without --snapshots")
+    if getattr(args, "mutation", None) and not args.membership:
+        parser.error("--mutation breaks the membership rules: use it with --membership")
     raw = argv if argv is not None else sys.argv[1:]
     args.flush_latency_text = _option_text(raw, "--flush-latency")
     args.term_latency_text = _option_text(raw, "--term-latency")

@@ -85,6 +85,9 @@ class LeaderElector:
         self.vote_timeout = self.heartbeat + self.max_vote
         self.last_parse_result = VoteParseResult.WAIT_TO_REVOTE
         self.need_increase_term_immediately = False
+        #: The next round is the first of a candidacy (at start, or after following or leading): once the voters
+        #: changed it moves to a new term (rules.bumps_term, issue #23).
+        self._first_round = True
         self.next_time_to_request_vote = 0.0
         self.last_leader_heartbeat = 0.0
         self.last_succ_heartbeat = 0.0
@@ -212,6 +215,8 @@ class LeaderElector:
         was = self.state.role, self.state.curr_term
         if not self.state.change_to_candidate(term):
             return
+        if was[0] is not Role.CANDIDATE:
+            self._first_round = True
         if was != (Role.CANDIDATE, self.state.curr_term):
             self._role_changed(Role.CANDIDATE)
         self._arm(max(0.0, self.next_time_to_request_vote - self.clock.seconds()))
@@ -267,7 +272,11 @@ class LeaderElector:
             self._arm(self.next_time_to_request_vote - now)
             return
         st = self.state
-        if bumps_term(self.last_parse_result, self.need_increase_term_immediately, st.led_current_term):
+        config = st.configuration
+        first_after_change = self._first_round and config is not None and config.index > 0  # issue #23
+        self._first_round = False
+        if bumps_term(self.last_parse_result, self.need_increase_term_immediately, st.led_current_term,
+                      first_after_change):
             prev, led = st.curr_term, st.led_current_term
             term = st.next_term()
             log.info("{id}: candidate moves from term {prev} to {term}{why}", id=st.self_id, prev=prev, term=term,

@@ -117,7 +117,7 @@ def decide_heartbeat(view: VoterView, leader: str, term: int) -> Decision:
 
 
 def bumps_term(last_parse: VoteParseResult, need_increase_term_immediately: bool,
-               may_have_led_term: bool = False) -> bool:
+               may_have_led_term: bool = False, first_round_after_change: bool = False) -> bool:
     """A candidate's next round moves to the next term (SPEC §3): after WAIT_TO_VOTE_NEXT, when told to,
     and -- unlike Java DLedger -- when it may have led its current term before it (re)started (issue #29).
 
@@ -130,9 +130,18 @@ def bumps_term(last_parse: VoteParseResult, need_increase_term_immediately: bool
     A leader that merely stepped down, without a restart, may still ask again in its term as Java's does:
     its log is intact and only grew in that term, so a second leadership extends the same log (and voters
     that knew it as that term's leader refuse it anyway, :func:`decide_vote`).
+
+    ``first_round_after_change`` (issue #23): the voters have changed (the configuration in force came from
+    the log) and this is the first round of a candidacy (at start, or after following or leading).  Then it
+    stands in a new term, as in Raft.  Asking in a term one already knew (as a follower, or as a candidate that
+    lost it) is safe only while every vote of the term was cast among the same voters: a majority that never
+    voted in it (members that followed its leader without a vote, members added since) could otherwise elect
+    a second leader of it -- found by ``python -m tools.simulate replication --membership`` (two leaders in
+    one term).  The later rounds of the candidacy (REVOTE_IMMEDIATELY after TERM_NOT_READY) stay in the term
+    it moved to: the voters it woke need that term to answer.
     """
     return (last_parse is VoteParseResult.WAIT_TO_VOTE_NEXT or need_increase_term_immediately
-            or may_have_led_term)
+            or may_have_led_term or first_round_after_change)
 
 
 def may_have_led(curr_term: int, vote_for: str | None, self_id: str) -> int:

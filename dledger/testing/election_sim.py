@@ -54,6 +54,8 @@ class ElectionChecker:
     last_term: dict[str, int] = field(default_factory=dict)
     elections: int = 0
     on_vote_saved: object = None
+    #: ``listener(member, term, vote_for)`` after each vote saved (the membership checks: who may vote)
+    vote_listeners: list = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
 
     def fail(self, message: str) -> None:
@@ -74,6 +76,9 @@ class ElectionChecker:
     def after_save(self, member: str, term: int, vote_for) -> None:
         if vote_for is not None and self.on_vote_saved is not None:
             self.on_vote_saved(member)
+        if vote_for is not None:
+            for listener in self.vote_listeners:
+                listener(member, term, vote_for)
 
     def started(self, member: str) -> int:
         """``member`` (re)starts: its new incarnation number."""

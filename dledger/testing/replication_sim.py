@@ -25,7 +25,9 @@ from dledger.errors import DLedgerError
 from dledger.testing.chaos import Chaos, ChaosMix
 from dledger.testing.checker import CommittedLog, History, linearizability_violations, lost_appends
 from dledger.testing.clock import SimClock
+from dledger.testing.configcheck import MembershipChecker, committed_sequence, sequence_problems
 from dledger.testing.election_sim import ElectionChecker, checked_cluster
+from dledger.testing.membership_sim import Changer, ChangeStats, MembershipProbe, final_members, membership_converged
 from dledger.testing.outsider import Outsider
 from dledger.testing.simdisk import DEFAULT_FLUSH_LATENCY
 from dledger.testing.statemachine import DictMachine
@@ -57,20 +59,27 @@ class SimResult:
     snapshots_taken: int = 0
     #: a member's state machine differs from the committed log fed to a fresh one (must stay empty)
     state_mismatch: list[str] = field(default_factory=list)
+    #: membership mode (issue #23): what the change schedule did, and the membership checks' findings
+    changes: ChangeStats | None = None
+    config_commits: int = 0  # configuration entries committed (the final sequence's length)
+    decisions: int = 0  # commit decisions and election wins checked against the configurations
+    non_voter_votes: int = 0  # votes granted by members whose own log did not make them voters (allowed)
+    membership: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not (self.lost or self.divergent or self.nonlinearizable or self.leaders or self.stuck
-                    or self.outsider_effects or self.state_mismatch)
+                    or self.outsider_effects or self.state_mismatch or self.membership)
 
     def problems(self) -> list[str]:
-        out = [f"lost: {x}" for x in self.lost] + [f"divergent: {x}" for x in self.divergent]
-        out += [f"nonlinearizable: {x}" for x in self.nonlinearizable] + [f"leaders: {x}" for x in self.leaders]
+        """Every finding, the rarest kinds first (a stuck member's lagging log makes many 'lost' lines)."""
+        out = [f"leaders: {x}" for x in self.leaders] + [f"membership: {x}" for x in self.membership]
+        out += [f"divergent: {x}" for x in self.divergent] + [f"nonlinearizable: {x}" for x in self.nonlinearizable]
         out += [f"outsider: {x}" for x in self.outsider_effects]
         out += [f"state: {x}" for x in self.state_mismatch]
         if self.stuck:
             out.append(f"stuck: {self.stuck}")
-        return out
+        return out + [f"lost: {x}" for x in self.lost]
 
 
 def _watch_commits(cluster, committed: CommittedLog, held: dict[str, int], problems: list[str]) -> None:
@@ -145,7 +154,8 @@ SNAPSHOT_IO_LATENCY = (0.0005, 0.004)
 def run_replication_seed(seed: int, duration: float = 8.0, members: int | None = None,
                          clients: int = 3, store: str = "simdisk", outsider: str | None = None, *,
                          mix: ChaosMix | None = None, flush_latency=DEFAULT_FLUSH_LATENCY,
-                         tear: bool = True, term_write_latency=0.0, snapshots: bool = False) -> SimResult:
+                         tear: bool = True, term_write_latency=0.0, snapshots: bool = False,
+                         membership: bool = False) -> SimResult:
     """One seeded schedule; the result lists every safety problem found (empty lists when safe).
 
     ``store`` is ``simdisk`` (crashes lose or tear unflushed writes; a flush takes ``flush_latency``
@@ -160,14 +170,23 @@ def run_replication_seed(seed: int, duration: float = 8.0, members: int | None =
     through InstallSnapshot (:data:`SNAPSHOT_MIX`); snapshot file I/O takes virtual time, so crashes land
     in the middle of snapshots, transfers and installs.  Every member's machine is then checked against
     the committed log (``state_mismatch``).
+
+    ``membership`` (issue #23): the leader is asked, at random, to add, promote, remove and replace
+    members (:class:`~dledger.testing.membership_sim.Changer`); every commit decision and election is
+    checked against the configurations (:mod:`dledger.testing.configcheck`), and the committed
+    configurations must form one single-server sequence (``membership``).
     """
     if store not in STORES:
         raise ValueError(f"store must be one of {STORES}")
     if snapshots and store != "simdisk":
         raise ValueError("snapshot mode runs on simulated disks (store=simdisk)")
+    if membership and (snapshots or store != "simdisk"):
+        raise ValueError("membership mode runs on simulated disks without snapshots (store=simdisk)")
     opts = dict(mix=mix or (SNAPSHOT_MIX if snapshots else REPLICATION_MIX), flush_latency=flush_latency, tear=tear,
                 term_write_latency=term_write_latency or (SNAPSHOT_IO_LATENCY if snapshots else 0.0),
                 snapshots=snapshots)
+    if membership:
+        opts["membership"] = True
     if snapshots:
         with tempfile.TemporaryDirectory(prefix=f"dledger-snap-sim-{seed}-") as root:
             return _run(seed, duration, members, clients, None, store, outsider, snapshot_root=Path(root), **opts)
@@ -178,7 +197,7 @@ def run_replication_seed(seed: int, duration: float = 8.0, members: int | None =
 
 
 def _run(seed, duration, members, clients, root, store, outsider=None, *, mix, flush_latency, tear,
-         term_write_latency, snapshots=False, snapshot_root: Path | None = None) -> SimResult:
+         term_write_latency, snapshots=False, snapshot_root: Path | None = None, membership=False) -> SimResult:
     rng = random.Random(seed)
     n = members or rng.choice([3, 3, 5])
     result = SimResult(seed, n)
@@ -209,6 +228,11 @@ def _run(seed, duration, members, clients, root, store, outsider=None, *, mix, f
         snapshotter = _snapshotter(cluster, result)
         _count_installs(cluster, result)
     chaos = Chaos(cluster, rng, mix, wiper=wiper, snapshotter=snapshotter)
+    changer = probe = None
+    if membership:  # its own random stream: the schedule above draws exactly as in the other modes
+        probe = MembershipProbe(cluster, checker, MembershipChecker())
+        result.changes = ChangeStats()
+        changer = Changer(cluster, random.Random(f"{seed}/membership"), result.changes)
 
     intruder = Outsider(cluster, random.Random(seed ^ 0x0A5), outsider) if outsider else None
 
@@ -256,16 +280,25 @@ def _run(seed, duration, members, clients, root, store, outsider=None, *, mix, f
             client = cluster.client(f"c{k}", at_least_once=rng.random() < 0.5, request_timeout=0.5, max_attempts=5)
             clock.callLater(rng.uniform(0, 0.3), client_loop, f"c{k}", client)
         chaos.start(rng.uniform(0.2, 1.0))
+        if changer is not None:
+            changer.start(changer.rng.uniform(0.3, 1.0))
         if intruder is not None:
             clock.callLater(rng.uniform(0.1, 0.5), outsider_loop)
         cluster.run(duration)
         chaos.calm()
+        if changer is not None:
+            changer.calm()
+        converged = _converged if changer is None else membership_converged
         pending = [op for op in history.ops if op.completed is None]
         if not cluster.run_until(lambda: all(op.completed is not None for op in pending)
-                                 and _converged(cluster), 60):
+                                 and converged(cluster), 60):
             result.stuck = _describe(cluster, history)
     finally:
         logs = {mid: cluster.committed_entries(mid) for mid in cluster.ids if mid in cluster.servers}
+        if probe is not None:
+            every_log = dict(logs)
+            members = final_members(cluster)
+            logs = {mid: entries for mid, entries in logs.items() if mid in members}
         states = {mid: (cluster.servers[mid].snapshots.applied_index, machines[mid].state())
                   for mid in cluster.servers if mid in machines}
         for mid in list(cluster.servers):
@@ -298,6 +331,12 @@ def _run(seed, duration, members, clients, root, store, outsider=None, *, mix, f
             if prev != e.body:
                 result.divergent.append(f"final logs differ at {e.index}")
     result.nonlinearizable = linearizability_violations(history, final)
+    if probe is not None:
+        base = MembershipProbe.base_of(cluster.configs[cluster.ids[0]])
+        result.membership = probe.checker.problems + sequence_problems(every_log, base)
+        result.config_commits = len(committed_sequence(every_log))
+        result.decisions = probe.checker.commits + probe.checker.wins
+        result.non_voter_votes = probe.checker.votes_by_non_voters
     return result
 
 
