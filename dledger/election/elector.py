@@ -25,6 +25,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
 from dledger.codes import ResponseCode, Role, VoteParseResult, VoteResult
+from dledger.election.confirm import confirm_leadership
 from dledger.election.notifier import RoleChangeNotifier
 from dledger.election.rules import (
     Action,
@@ -39,13 +40,11 @@ from dledger.election.rules import (
     next_vote_delay,
     vote_reply_term,
 )
-from dledger.election.transfer import take_leadership_refusal
-from dledger.errors import DLedgerError
+from dledger.election.take import TakeLeadership
 from dledger.messages import (
     HeartBeatRequest,
     HeartBeatResponse,
     LeadershipTransferRequest,
-    LeadershipTransferResponse,
     VoteRequest,
     VoteResponse,
 )
@@ -96,7 +95,7 @@ class LeaderElector:
         self._busy = False  # a vote or heartbeat round is in flight
         #: Vote rounds this member started (it asked for votes): tests and monitoring read it.
         self.vote_rounds = 0
-        self._take: tuple[Deferred, object] | None = None
+        self._take = TakeLeadership(self)  # the transferee side of a leadership transfer (:mod:`.take`)
         self.running = False
         #: Set (to the reason) when this member's store is found damaged: it then never asks for votes
         #: nor takes leadership, until a restart after the operator repaired the store (issue #9).
@@ -157,7 +156,7 @@ class LeaderElector:
         self._round += 1
         self._cancel()
         self.notifier.stop()
-        self._finish_take(ResponseCode.TAKE_LEADERSHIP_FAILED, "member stopped")
+        self._take.finish(ResponseCode.TAKE_LEADERSHIP_FAILED, "member stopped")
 
     def pause(self) -> None:
         """Freeze the role as a stopped process would (SIGSTOP): no timer fires, replies in flight are ignored.
@@ -208,7 +207,7 @@ class LeaderElector:
             observer(term, role)
         self.notifier.notify(term, role)
         if role is Role.LEADER:
-            self._finish_take(ResponseCode.SUCCESS)
+            self._take.finish(ResponseCode.SUCCESS)
 
     def change_to_candidate(self, term: int) -> None:
         """Become candidate knowing ``term`` (the elector's ``changeRoleToCandidate``)."""
@@ -443,7 +442,7 @@ class LeaderElector:
             if decision.action is Action.BECOME_CANDIDATE:
                 self.change_to_candidate(decision.term)
                 self.need_increase_term_immediately = True
-                self._arm_if_idle()
+                self.arm_if_idle()
             written = self.state.persisted()
         # Java copies the request's base fields (localId/remoteId unswapped) into the reply.
         reply = request.base_reply(VoteResponse, vote_result=decision.vote_result,
@@ -470,12 +469,12 @@ class LeaderElector:
         elif decision.action is Action.BECOME_CANDIDATE:
             self.change_to_candidate(decision.term)
             self.need_increase_term_immediately = True
-            self._arm_if_idle()
+            self.arm_if_idle()
         # Only EXPIRED_TERM tells the leader our term; Java leaves it -1 otherwise.
         term = view.curr_term if decision.code is ResponseCode.EXPIRED_TERM else -1
         return self.state.after_persisted(HeartBeatResponse(code=int(decision.code), term=term))
 
-    def _arm_if_idle(self) -> None:
+    def arm_if_idle(self) -> None:
         if not self._busy:
             self._arm(0)
 
@@ -484,42 +483,9 @@ class LeaderElector:
         """Stand for election at ``term + 1`` at once because the leader asked us to (SPEC §3).
 
         Fires with SUCCESS and the new term once this member leads, or
-        TAKE_LEADERSHIP_FAILED after ``leadershipTransferWaitTimeout``.
+        TAKE_LEADERSHIP_FAILED after ``leadershipTransferWaitTimeout`` (:mod:`.take`).
         """
-        st = self.state
-        refusal = take_leadership_refusal(request.term, st.curr_term, request.transfer_id, st.leader_id,
-                                          self.store.ledger_end_index, request.take_leadership_ledger_index,
-                                          self._take is not None, self.not_standing())
-        if refusal is not None:
-            raise DLedgerError(*refusal)
-        target = request.term + 1
-        d: Deferred = Deferred()
-        timeout = self.clock.callLater(self.config.leadership_transfer_wait_timeout / 1000.0,
-                                       self._finish_take, ResponseCode.TAKE_LEADERSHIP_FAILED, "timed out")
-        self._take = (d, timeout)
-        st.term_to_take_leadership = target
-        log.info("{id}: asked by {leader} to take leadership in term {term}", id=st.self_id,
-                 leader=request.transfer_id, term=target)
-        self.change_to_candidate(target)
-        self.need_increase_term_immediately = True
-        self._arm_if_idle()
-        return d
-
-    def _finish_take(self, code: ResponseCode, why: str = "") -> None:
-        if self._take is None:
-            return
-        d, timeout = self._take
-        self._take = None
-        if timeout.active():
-            timeout.cancel()
-        target = self.state.term_to_take_leadership
-        self.state.term_to_take_leadership = -1
-        if code is ResponseCode.SUCCESS and self.state.curr_term >= target:
-            d.callback(LeadershipTransferResponse(code=int(code), term=self.state.curr_term))
-        else:
-            log.info("{id}: taking leadership failed: {why}", id=self.state.self_id, why=why or code.name)
-            d.callback(LeadershipTransferResponse(code=int(ResponseCode.TAKE_LEADERSHIP_FAILED),
-                                                  term=self.state.curr_term))
+        return self._take.start(request)
 
     def confirm_leadership(self) -> Deferred:
         """Fires True once a quorum answers a heartbeat of our current term (Raft's ReadIndex check).
@@ -527,33 +493,12 @@ class LeaderElector:
         A leader answering "not committed yet" must first make sure no newer
         leader exists, or a deposed leader would serve stale reads.  Fires
         False if leadership or the term changes, or no quorum answers within
-        a heartbeat interval.
+        a heartbeat interval (:mod:`.confirm`).
         """
-        st = self.state
-        if st.role is not Role.LEADER:
+        if self.state.role is not Role.LEADER:
             return succeed(False)
-        term = st.curr_term
-        tally = self._heartbeat_tally(term)
-        d: Deferred = Deferred()
-
-        def settle():
-            if d.called:
-                return
-            if st.role is not Role.LEADER or st.curr_term != term:
-                d.callback(False)
-                return
-            confirmed = tally.leadership_confirmed()
-            if confirmed is not None:
-                d.callback(confirmed)
-
-        for peer in st.peers:
-            req = HeartBeatRequest(group=st.group, term=term, leader_id=st.self_id, local_id=st.self_id,
-                                   remote_id=peer)
-            sent = self.transport.send(peer, req, timeout=self.heartbeat)
-            sent.addCallbacks(lambda resp, p=peer: (tally.add(p, resp.response_code, resp.term), settle()),
-                              lambda _f, p=peer: (tally.add(p, None, -1), settle()))
-        settle()
-        return d
+        return confirm_leadership(self.state, self.transport, self._heartbeat_tally(self.state.curr_term),
+                                  self.heartbeat)
 
     def idle(self):
         """Deferred that fires when queued role-change notifications are delivered."""
