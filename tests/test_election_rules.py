@@ -284,3 +284,23 @@ def test_leadership_confirmed(rule, replies, expected):
     for i, (code, term) in enumerate(replies):
         t.add(f"n{i + 1}", code, term)
     assert t.leadership_confirmed() is expected
+
+
+MAY_ASK = [
+    # (rule, voters, candidate, candidate's (end term, end index), ours, heard)
+    ("a_voter_is_heard", {"a", "b", "c"}, "b", (1, 5), (2, 9), True),
+    ("an_outsider_behind_us_is_refused_unheard", {"a", "b", "c"}, "x", (2, 8), (2, 9), False),
+    ("an_outsider_with_an_older_last_term_is_refused", {"a", "b", "c"}, "x", (1, 50), (2, 9), False),
+    ("an_outsider_with_our_log_holds_our_configuration", {"a", "b", "c"}, "x", (2, 9), (2, 9), False),
+    ("an_outsider_ahead_may_hold_its_promotion", {"a", "b", "c"}, "x", (3, 1), (2, 9), True),
+]
+
+
+@pytest.mark.parametrize("rule, voters, candidate, theirs, ours, heard", MAY_ASK, ids=[r[0] for r in MAY_ASK])
+def test_may_ask_for_votes(rule, voters, candidate, theirs, ours, heard):
+    """Issue #23: a candidate outside our configuration is heard only with a log ahead of ours (it may hold the
+    entry that made it a voter); otherwise it is refused before its term moves ours."""
+    from dledger.election.rules import may_ask_for_votes
+
+    members = may_ask_for_votes(frozenset(voters), candidate, *theirs, *ours)
+    assert (candidate in members) is heard and frozenset(voters) <= members

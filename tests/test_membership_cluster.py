@@ -64,9 +64,11 @@ def test_learner_never_votes_stands_or_counts():
     assert c.configuration().learners == ("n3", "n4")
     lid = c.leader()
     term = c.servers[lid].state.curr_term
-    # A learner asking for votes (in a much higher term) is refused, and moves nobody's term.
-    vote = VoteRequest(group="g0", term=term + 100, ledger_end_term=99, ledger_end_index=10 ** 6,
-                       leader_id="n3", local_id="n3", remote_id=lid)
+    # A learner asking for votes (in a much higher term, with the log it holds) is refused, and moves nobody's
+    # term; only a log ahead of ours could hold the promotion we lack (rules.may_ask_for_votes).
+    n3 = c.servers["n3"].store
+    vote = VoteRequest(group="g0", term=term + 100, ledger_end_term=n3.ledger_end_term,
+                       ledger_end_index=n3.ledger_end_index, leader_id="n3", local_id="n3", remote_id=lid)
     reply = _settled(c.servers[lid].handle_request(vote))
     assert reply.vote_result is VoteResult.REJECT_UNKNOWN_LEADER and c.servers[lid].state.curr_term == term
     # Two voters of three gone: the leader and two learners hold the entry, 3 of 5 members but 1 of 3 voters.
@@ -193,8 +195,9 @@ def test_a_removed_member_cannot_disrupt_with_higher_terms():
     assert c.servers[gone].elector.vote_rounds > rounds  # it asked, in ever higher terms
     assert c.servers[gone].state.curr_term > term
     assert c.stable_leader() == lid and c.servers[lid].state.curr_term == term  # nobody listened
-    vote = VoteRequest(group="g0", term=term + 100, ledger_end_term=99, ledger_end_index=10 ** 6,
-                       leader_id=gone, local_id=gone, remote_id=lid)
+    held = c.servers[gone].store
+    vote = VoteRequest(group="g0", term=term + 100, ledger_end_term=held.ledger_end_term,
+                       ledger_end_index=held.ledger_end_index, leader_id=gone, local_id=gone, remote_id=lid)
     reply = _settled(c.servers[lid].handle_request(vote))
     assert reply.vote_result is VoteResult.REJECT_UNKNOWN_LEADER and c.servers[lid].state.curr_term == term
     assert gone not in config.ids

@@ -127,6 +127,8 @@ ADD3 = r.Change(r.Op.ADD, "n3", "127.0.0.1:30000")
     (dict(java_members=frozenset({"n2"})), ADD3, "Java DLedger member(s) n2"),
     (dict(config=conf("n0 n1 n2 n3:p", index=12)), r.Change(r.Op.PROMOTE, "n3"), "entry 12) is not committed"),
     (dict(own_term_committed=False), ADD3, "own term"),
+    # nothing committed yet: the bootstrap configuration is not a change in flight; the own-term rule says why
+    (dict(committed_index=-1, own_term_committed=False), ADD3, "own term"),
     (dict(), r.Change(r.Op.REMOVE, "n9"), "n9 is not a member"),
     (dict(live=frozenset({"n0"})), ADD3, "no quorum"),
     (dict(live=frozenset({"n0", "n1"})), ADD3, None),  # a learner added: voters unchanged, 2 of 3 live

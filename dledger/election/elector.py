@@ -37,6 +37,7 @@ from dledger.election.rules import (
     bumps_term,
     decide_heartbeat,
     decide_vote,
+    may_ask_for_votes,
     next_vote_delay,
     vote_reply_term,
 )
@@ -431,9 +432,11 @@ class LeaderElector:
         and written through the member's BlockingIO; the reply waits for that write, and for any
         term/vote write still in flight, so it never promises what the disk does not hold.
         """
-        # Only a voter of our configuration may be voted for (issue #23): anyone else -- a learner, a removed
-        # member with a higher term -- is refused before its term is looked at, so it cannot disrupt us.
-        view = self.view(self.state.voter_set)
+        # Only a voter of our configuration, or a candidate whose log is ahead of ours, may be voted for
+        # (issue #23, rules.may_ask_for_votes): a removed member with an older log cannot disrupt us.
+        view = self.view(may_ask_for_votes(self.state.voter_set, request.leader_id, request.ledger_end_term,
+                                           request.ledger_end_index, self.store.ledger_end_term,
+                                           self.store.ledger_end_index))
         decision = decide_vote(view, request.leader_id, request.term, request.ledger_end_term,
                                request.ledger_end_index, is_self)
         if decision.action is Action.RECORD_VOTE:

@@ -93,6 +93,28 @@ def decide_vote(view: VoterView, candidate: str, term: int, ledger_end_term: int
     return Decision(Action.RECORD_VOTE, R.ACCEPT)
 
 
+def may_ask_for_votes(voters: frozenset[str], candidate: str, candidate_end_term: int, candidate_end_index: int,
+                      end_term: int, end_index: int) -> frozenset[str]:
+    """Who :func:`decide_vote` hears as a candidate: our configuration's voters, plus one whose log is more up
+    to date than ours (issue #23).
+
+    A candidate outside the configuration we hold is refused before its term is looked at (it cannot move
+    our term), unless its log is more up to date: then its log holds entries ours lacks -- entries that may
+    have made it a voter (an equal last term and index means an equal log, so the same configuration,
+    where it is no voter) -- and Raft's vote rule, which never consults the
+    configuration, is safe for it (single-server changes: a majority of its configuration overlaps the
+    majority that stored any later change, which refuses it by log).  Refusing it could deadlock the group:
+    a lagging voter, still on the bootstrap configuration, refused the only electable member for good
+    (seed 2079 of the membership simulator, found by mem-sim).  A removed member with an older log -- the
+    usual case: it lacks its removal -- is still refused without a term change.
+    """
+    if candidate in voters:
+        return voters
+    if (candidate_end_term, candidate_end_index) > (end_term, end_index):
+        return voters | {candidate}
+    return voters
+
+
 def vote_reply_term(view: VoterView, result: VoteResult) -> int:
     """The term a vote reply carries: the ledger's end term for REJECT_TERM_SMALL_THAN_LEDGER, else ours."""
     return view.ledger_end_term if result is VoteResult.REJECT_TERM_SMALL_THAN_LEDGER else view.curr_term

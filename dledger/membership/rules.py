@@ -162,7 +162,7 @@ def refusal(view: LeaderView, change: Change) -> tuple[str | None, Configuration
     if view.java_members:
         return (f"refused: Java DLedger member(s) {', '.join(sorted(view.java_members))} cannot read a "
                 "configuration entry; membership changes need a group of dledger members only"), None
-    if view.config.index > view.committed_index:
+    if view.config.index > max(view.committed_index, 0):  # index 0: the bootstrap --peers, never in flight
         return (f"refused: another configuration change (entry {view.config.index}) is not committed yet; "
                 "retry once it is"), None
     if not view.own_term_committed:
