@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from twisted.internet import protocol, utils
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet import utils
+from twisted.internet.defer import gatherResults
 from twisted.internet.task import deferLater
 
 from dledger.client import connect
@@ -39,6 +39,7 @@ from dledger.entry import Entry
 from dledger.launcher import child_env, free_ports
 from dledger.membership.configuration import Configuration, MemberInfo, decode
 from dledger.server import DLedgerServer
+from dledger.testing.procs import LogFile
 
 ROOT = Path(__file__).resolve().parent.parent
 KIT = Path(os.environ.get("DLEDGER_JAVAKIT", ROOT.parent / "shared" / "javakit"))
@@ -52,19 +53,6 @@ pytestmark = [
 ]
 
 
-class LogFile(protocol.ProcessProtocol):
-    def __init__(self, log: Path):
-        self.log = log.open("ab")
-        self.ended: Deferred = Deferred()
-
-    def outReceived(self, data):
-        self.log.write(data)
-
-    errReceived = outReceived
-
-    def processEnded(self, reason):
-        self.log.close()
-        self.ended.callback(None)
 
 
 class Mixed:

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from twisted.internet import protocol
-from twisted.internet.defer import Deferred
 
 from dledger.codes import Role
 from dledger.launcher import LocalGroup, child_env, durable_store
+from dledger.testing.procs import LogFile
 
 ROOT = Path(__file__).resolve().parent.parent
 KIT = Path(os.environ.get("DLEDGER_JAVAKIT", ROOT.parent / "shared" / "javakit"))
@@ -34,19 +33,6 @@ pytestmark = [
 ]
 
 
-class LogFile(protocol.ProcessProtocol):
-    def __init__(self, log: Path):
-        self.log = log.open("ab")
-        self.ended: Deferred = Deferred()
-
-    def outReceived(self, data):
-        self.log.write(data)
-
-    errReceived = outReceived
-
-    def processEnded(self, reason):
-        self.log.close()
-        self.ended.callback(None)
 
 
 @pytest_twisted.ensureDeferred

@@ -25,6 +25,7 @@ from twisted.internet import protocol
 from twisted.internet.defer import Deferred
 
 from dledger.launcher import TWISTD, LocalGroup, child_env, durable_store, free_ports
+from dledger.testing.procs import LogFile as Process
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DRIVER = ROOT / "tools" / "alions" / "failover.js"
@@ -72,21 +73,6 @@ class Lines(protocol.ProcessProtocol):
         return [e for e in self.events if e["ev"] == ev]
 
 
-class Process(protocol.ProcessProtocol):
-    """A child whose output goes to a log file (the name server)."""
-
-    def __init__(self, log: Path):
-        self.log = log.open("ab")
-        self.ended: Deferred = Deferred()
-
-    def outReceived(self, data):
-        self.log.write(data)
-
-    errReceived = outReceived
-
-    def processEnded(self, reason):
-        self.log.close()
-        self.ended.callback(None)
 
 
 @pytest_twisted.ensureDeferred

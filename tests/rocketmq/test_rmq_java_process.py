@@ -27,6 +27,7 @@ from twisted.internet import protocol
 from twisted.internet.defer import Deferred
 
 from dledger.launcher import TWISTD, LocalGroup, child_env, durable_store, free_ports
+from dledger.testing.procs import LogFile
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 KIT = Path(os.environ.get("DLEDGER_JAVAKIT", ROOT.parent / "shared" / "javakit"))
@@ -82,21 +83,6 @@ class JsonLines(protocol.ProcessProtocol):
         return "\n".join(self.other[-40:])
 
 
-class LogFile(protocol.ProcessProtocol):
-    """A child whose output goes to a log file (name servers)."""
-
-    def __init__(self, log: Path):
-        self.log = log.open("ab")
-        self.ended: Deferred = Deferred()
-
-    def outReceived(self, data):
-        self.log.write(data)
-
-    errReceived = outReceived
-
-    def processEnded(self, reason):
-        self.log.close()
-        self.ended.callback(None)
 
 
 def start_namesrv(reactor, group, tmp_path: Path, port: int):
