@@ -355,10 +355,7 @@ class RemotingProtocol(Protocol):
             d.callback(None)
 
     def fail_pending(self, message: str) -> None:
-        """Fail every request waiting for a reply on this connection with OutcomeUnknown (code NETWORK_ERROR).
-
-        Each was written before the connection went: the peer may have executed it, so it is not safe to resend.
-        """
+        """Fail every request waiting for a reply here with OutcomeUnknown: each went out, the peer may have run it."""
         calls, self._calls = self._calls, {}
         for call in calls.values():
             if call.timer is not None and call.timer.active():
@@ -461,7 +458,6 @@ class RemotingProtocol(Protocol):
             if not reply_authentic(frame, self._session):
                 self._warn(("bad reply mac", self.peer_host), "reply {opaque} from {peer} does not authenticate "
                            "(wrong or missing MAC); closing the connection", opaque=header.opaque, peer=self.peer)
-                # The request reached the peer and may have been executed: the outcome is unknown, not "not sent".
                 call.deferred.errback(OutcomeUnknown(ResponseCode.NETWORK_ERROR,
                                                      f"reply from {self.peer} does not authenticate"))
                 self._abandon(abort=True)
@@ -481,7 +477,6 @@ class RemotingProtocol(Protocol):
         except BodyError as exc:
             self._warn(("bad reply", self.peer_host), "undecodable reply {opaque} from {peer}: {error}",
                        opaque=header.opaque, peer=self.peer, error=exc)
-            # The peer executed something and answered: a resend could apply the request twice.
             call.deferred.errback(OutcomeUnknown(ResponseCode.NETWORK_ERROR, f"undecodable reply: {exc}"))
             return
         if response.code == ResponseCode.APPEND_REFUSED:
