@@ -23,7 +23,6 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,44 +30,12 @@ from typing import Any
 # names stay importable from here.
 from dledger.bench.failover import Prober, measure_failover  # noqa: F401
 from dledger.bench.load import Loader, RawAppends, pause  # noqa: F401
+from dledger.bench.options import PHASES, TARGETS, Options
 from dledger.bench.pysyncobj_bench import PYSYNCOBJ_NODE_SCRIPT, measure_pysyncobj, pysyncobj_version  # noqa: F401
 from dledger.bench.runner import progress, run_benchmark
 from dledger.commands.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
 from dledger.errors import ConfigError
 from dledger.launcher import LocalGroup, durable_store
-
-PHASES = ("batch", "pipeline", "latency", "failover", "rss", "pysyncobj")
-#: The figures issue #6 asks for (2 cores, 3 members on loopback, 1 KiB, sync flush); printed next to results.
-TARGETS = {"batch": 80_000, "pipeline": 25_000, "p99_ms": 5.0, "failover_fast_s": 1.0, "failover_default_s": 6.0,
-           "rss_mb": 150}
-
-
-@dataclass
-class Options:
-    peers: str | None = None
-    group: str = "g0"
-    store: str | None = None
-    flush: str = "sync"
-    preset: str = "default"
-    size: int = 1024
-    duration: float = 5.0
-    warmup: float = 1.0
-    batch: int = 256
-    batch_in_flight: int = 4
-    in_flight: int = 256
-    rate: int = 10_000
-    trials: int = 5
-    presets: tuple[str, ...] = ("fast", "default")
-    seed: int = 1
-    pysyncobj_in_flight: int = 10000
-    phases: tuple[str, ...] = PHASES
-    directory: str | None = None
-    keep: bool = False
-    json: bool = False
-    java_frames: bool = False
-    tls: bool = False
-    tls_rounds: int = 3
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def register(bench_subparsers) -> None:

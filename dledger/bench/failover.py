@@ -16,7 +16,7 @@ from dledger.errors import DLedgerError
 from dledger.launcher import LocalGroup
 
 if TYPE_CHECKING:
-    from dledger.bench.cluster import Options
+    from dledger.bench.options import Options
 
 
 # -- failover --------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from dledger.bench.runner import progress
 from dledger.launcher import LocalGroup, free_ports
 
 if TYPE_CHECKING:
-    from dledger.bench.cluster import Options
+    from dledger.bench.options import Options
 
 #: The PySyncObj node script (a data file of this package: run with ``python``, never imported).
 PYSYNCOBJ_NODE_SCRIPT = Path(__file__).with_name("pysyncobj_node.py")
