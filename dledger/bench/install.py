@@ -119,7 +119,7 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
         restarted = reactor.seconds()
         root = group.configs[follower].member_dir / "snapshot"
         peaks = {leader: 0, follower: 0}
-        marks: dict[str, float] = {}
+        marks: dict[str, float] = {"polled": restarted}
 
         async def installed():
             now = reactor.seconds()
@@ -127,9 +127,14 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
                 peaks[mid] = max(peaks[mid], group.rss_bytes(mid))
             got = _install_dir_bytes(root) if root.exists() else None
             if got is not None and got > 0:
+                if "first" not in marks and got >= size:
+                    # The whole snapshot arrived between two polls: the transfer started after the last
+                    # poll that saw nothing, so time it from there (an upper bound, never a zero).
+                    marks["first"], marks["timed_from_poll"] = marks["polled"], now
                 marks.setdefault("first", now)
                 if got >= size:
                     marks.setdefault("received", now)
+            marks["polled"] = now
             meta = await group.metadata(client, follower, timeout=0.2)
             if meta is not None and meta.ledger_begin_index > 0:
                 # A small snapshot can arrive between two polls (the .install-* directory is renamed when
@@ -148,6 +153,7 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
             "snapshot_bytes": size, "chunk_bytes": opts.chunk, "transfer_seconds": round(transfer, 3),
             "install_seconds": round(total, 3),
             "timed_from": "restart (transfer faster than the polls)" if "timed_from_restart" in marks
+            else "the last empty poll (whole snapshot arrived between two polls)" if "timed_from_poll" in marks
             else "first byte",
             "transfer_mb_per_s": round(size / 1e6 / transfer, 1) if transfer > 0 else None,
             "end_to_end_mb_per_s": round(size / 1e6 / total, 1) if total > 0 else None,
