@@ -304,3 +304,18 @@ def test_may_ask_for_votes(rule, voters, candidate, theirs, ours, heard):
 
     members = may_ask_for_votes(frozenset(voters), candidate, *theirs, *ours)
     assert (candidate in members) is heard and frozenset(voters) <= members
+
+
+def test_round_guard_ignores_replies_of_ended_rounds():
+    """A reply counts only in its own round: a role change, a newer round or a stop makes it stale."""
+    from dledger.election.rounds import RoundGuard
+
+    g = RoundGuard()
+    first = g.begin()
+    assert g.busy and g.current(first)
+    g.end()
+    assert not g.busy and not g.current(first)
+    second = g.begin()
+    assert second != first and g.current(second)
+    g.invalidate()  # stopped mid-round: still busy (no new round starts), the old replies are stale
+    assert g.busy and not g.current(second)

@@ -24,9 +24,10 @@ from collections.abc import Callable, Iterable
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
-from dledger.codes import ResponseCode, Role, VoteParseResult, VoteResult
+from dledger.codes import ResponseCode, Role, VoteParseResult
 from dledger.election.confirm import confirm_leadership
 from dledger.election.notifier import RoleChangeNotifier
+from dledger.election.rounds import RoundGuard, heartbeat_round, heartbeat_tally, vote_round
 from dledger.election.rules import (
     Action,
     HeartbeatOutcome,
@@ -92,8 +93,7 @@ class LeaderElector:
         self.last_leader_heartbeat = 0.0
         self.last_succ_heartbeat = 0.0
         self._timer = None
-        self._round = 0  # bumps on every role change and vote/heartbeat round: stale replies are ignored
-        self._busy = False  # a vote or heartbeat round is in flight
+        self.rounds = RoundGuard()  # the vote/heartbeat round in flight: stale replies are ignored
         #: Vote rounds this member started (it asked for votes): tests and monitoring read it.
         self.vote_rounds = 0
         self._take = TakeLeadership(self)  # the transferee side of a leadership transfer (:mod:`.take`)
@@ -154,7 +154,7 @@ class LeaderElector:
     def stop(self) -> None:
         """Cancel every timer; replies still in flight are ignored."""
         self.running = False
-        self._round += 1
+        self.rounds.invalidate()
         self._cancel()
         self.notifier.stop()
         self._take.finish(ResponseCode.TAKE_LEADERSHIP_FAILED, "member stopped")
@@ -166,7 +166,7 @@ class LeaderElector:
         (a paused leader still thinks it leads), which is what tests of a deposed-but-unaware leader need.
         """
         self.running = False
-        self._round += 1
+        self.rounds.invalidate()
         self._cancel()
 
     # -- timers ----------------------------------------------------------------
@@ -182,7 +182,7 @@ class LeaderElector:
 
     def _wake(self) -> None:
         self._timer = None
-        if not self.running or self._busy:
+        if not self.running or self.rounds.busy:
             return
         role = self.state.role
         if role is Role.CANDIDATE:
@@ -190,7 +190,7 @@ class LeaderElector:
         elif role is Role.FOLLOWER:
             self._maintain_as_follower()
         else:
-            self._send_heartbeats()
+            heartbeat_round(self)
 
     def _vote_interval(self) -> float:
         if self.state.taking_leadership:
@@ -200,8 +200,7 @@ class LeaderElector:
     # -- role changes ------------------------------------------------------------
     def _role_changed(self, role: Role) -> None:
         term = self.state.curr_term
-        self._round += 1
-        self._busy = False
+        self.rounds.end()
         log.info("{id}: now {role} in term {term} (leader {leader})", id=self.state.self_id, role=role.name,
                  term=term, leader=self.state.leader_id)
         for observer in list(self.observers):
@@ -290,55 +289,16 @@ class LeaderElector:
             self.next_time_to_request_vote = now + self._vote_interval()
             self._arm(self.next_time_to_request_vote - now)
             return
-        self._vote_round(term)
+        vote_round(self, term)
 
-    def _vote_round(self, term: int) -> None:
-        st = self.state
-        self.vote_rounds += 1
-        self._busy = True
-        self._round += 1
-        round_id = self._round
-        tally = VoteTally(term=term, members=len(st.voters))
-        end_term, end_index = self.store.ledger_end_term, self.store.ledger_end_index
+    def retry_vote_later(self) -> None:
+        """A vote round could not start (its term was not written): try again after a vote interval."""
+        self.next_time_to_request_vote = self.clock.seconds() + self._vote_interval()
+        self._arm(self.next_time_to_request_vote - self.clock.seconds())
 
-        def request(remote: str) -> VoteRequest:
-            return VoteRequest(group=st.group, term=term, ledger_end_term=end_term, ledger_end_index=end_index,
-                               leader_id=st.self_id, local_id=st.self_id, remote_id=remote)
-
-        def counted(result: VoteResult, reply_term: int) -> None:
-            if round_id != self._round:
-                return
-            tally.add(result, reply_term)
-            if tally.certain():
-                self._vote_round_done(term, tally)
-
-        def send(_) -> None:
-            if round_id != self._round:
-                return
-            for remote in st.voter_peers:
-                d = self.transport.send(remote, request(remote), timeout=self.vote_timeout)
-                d.addCallbacks(lambda resp: counted(resp.vote_result, resp.term),
-                               lambda _f: counted(VoteResult.UNKNOWN, -1))
-            if round_id == self._round:
-                # Our own vote counts only once it is on disk, like anyone else's.
-                self.handle_vote(request(st.self_id), is_self=True).addCallbacks(
-                    lambda own: counted(own.vote_result, own.term), lambda _f: counted(VoteResult.UNKNOWN, -1))
-
-        def unwritten(_failure) -> None:
-            # MemberState logged why; try again after a vote interval, in a new term.
-            if round_id != self._round:
-                return
-            self._round += 1
-            self._busy = False
-            self.next_time_to_request_vote = self.clock.seconds() + self._vote_interval()
-            self._arm(self.next_time_to_request_vote - self.clock.seconds())
-
-        # Persist before send: no vote request of a term leaves before that term is on disk.
-        st.persisted().addCallbacks(send, unwritten)
-
-    def _vote_round_done(self, term: int, tally: VoteTally) -> None:
-        self._round += 1
-        self._busy = False
+    def vote_round_done(self, term: int, tally: VoteTally) -> None:
+        """The vote round of ``term`` is decided: lead, or wait for the next round (rules.next_vote_delay)."""
+        self.rounds.end()
         parse, when = tally.parse()
         now = self.clock.seconds()
         self.last_parse_result = parse
@@ -362,34 +322,9 @@ class LeaderElector:
         self._arm(delay)
 
     # -- leader ------------------------------------------------------------------
-    def _send_heartbeats(self) -> None:
-        st = self.state
-        self._busy = True
-        self._round += 1
-        round_id = self._round
-        term = st.curr_term
-        sent_at = self.clock.seconds()
-        tally = self._heartbeat_tally(term)
-
-        def counted(peer: str, code: ResponseCode | None, reply_term: int) -> None:
-            if round_id != self._round:
-                return
-            tally.add(peer, code, reply_term)
-            if tally.certain():
-                self._heartbeats_done(term, tally, sent_at)
-
-        for peer in st.peers:
-            req = HeartBeatRequest(group=st.group, term=term, leader_id=st.self_id, local_id=st.self_id,
-                                   remote_id=peer)
-            d = self.transport.send(peer, req, timeout=self.heartbeat)
-            d.addCallbacks(lambda resp, p=peer: counted(p, resp.response_code, resp.term),
-                           lambda _f, p=peer: counted(p, None, -1))
-        if tally.certain():
-            self._heartbeats_done(term, tally, sent_at)
-
-    def _heartbeats_done(self, term: int, tally: HeartbeatTally, sent_at: float) -> None:
-        self._round += 1
-        self._busy = False
+    def heartbeats_done(self, term: int, tally: HeartbeatTally, sent_at: float) -> None:
+        """A heartbeat round is decided: stay leader and arm the next one, resend at once, or step down."""
+        self.rounds.end()
         st = self.state
         now = self.clock.seconds()
         st.peers_live.update(tally.live)
@@ -408,13 +343,6 @@ class LeaderElector:
             self.change_to_candidate(max(tally.max_term, term))
             return
         self._arm(max(0.0, sent_at + self.heartbeat - now))
-
-    def _heartbeat_tally(self, term: int) -> HeartbeatTally:
-        """Heartbeats go to every member, learners too; only the voters' answers count (issue #23)."""
-        st = self.state
-        if st.voter_set == st.member_set and st.votes:
-            return HeartbeatTally(term=term, members=len(st.members))  # every member votes: as it always was
-        return HeartbeatTally.of_voters(term, st.self_id, st.voter_set)
 
     # -- request handlers ----------------------------------------------------------
     def view(self, members=None) -> VoterView:
@@ -478,7 +406,7 @@ class LeaderElector:
         return self.state.after_persisted(HeartBeatResponse(code=int(decision.code), term=term))
 
     def arm_if_idle(self) -> None:
-        if not self._busy:
+        if not self.rounds.busy:
             self._arm(0)
 
     # -- leadership transfer (transferee side) ---------------------------------------
@@ -500,7 +428,7 @@ class LeaderElector:
         """
         if self.state.role is not Role.LEADER:
             return succeed(False)
-        return confirm_leadership(self.state, self.transport, self._heartbeat_tally(self.state.curr_term),
+        return confirm_leadership(self.state, self.transport, heartbeat_tally(self.state, self.state.curr_term),
                                   self.heartbeat)
 
     def idle(self):
