@@ -107,3 +107,21 @@ def test_java_peer_refuses_what_it_cannot_compare(extra):
     out = subprocess.run([sys.executable, "-m", "dledger.cli", "bench", "cluster", "--java-peer", *extra], cwd=ROOT,
                          env={**child_env(), "DLEDGER_JAVAKIT": str(KIT)}, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "--java-peer" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_load_connection_lost_answers_every_later_append_at_once():
+    """A load connection the member closed answers what was waiting and every later send with None (the
+    loop counts a NETWORK_ERROR and ends on time) instead of leaving them unanswered for ever."""
+    from twisted.internet.testing import StringTransport
+
+    from dledger.bench.load import RawAppends
+
+    raw = RawAppends("g0", "n0", b"x" * 16)
+    raw.makeConnection(StringTransport())
+    replies = []
+    raw.send(1, replies.append)
+    assert replies == [] and raw.transport.value()
+    raw.connectionLost(None)
+    assert replies == [None]
+    raw.send(1, replies.append)
+    assert replies == [None, None]

@@ -141,6 +141,10 @@ async def compare_java(reactor: Any, base: Path, opts: Options, say=progress) ->
         for k in range(opts.java_rounds):
             for side in ("dledger", "java"):
                 say(f"round {k + 1}/{opts.java_rounds}: {side}")
+                if loaders[side].raw.lost:  # closed by the member (or its leader changed): find it again
+                    say(f"{side}: load connection lost; reconnecting to the leader")
+                    await loaders[side].find_leader(60)
+                    await loaders[side].connect_raw()
                 rounds[side].append({phase: await run_phase(loaders[side], phase, opts, side) for phase in phases})
         out = {"java_rounds": rounds, **summarize(rounds, phases)}
         out["java_rss_peak_mb"] = {mid: round(v / 2**20, 1) for mid, v in java.rss_bytes().items()}
