@@ -86,6 +86,7 @@ def test_quick_java_peer_comparison_runs_the_same_load_on_both_groups(tmp_path):
     assert result["java_ratio"]["pipeline"] == pytest.approx(medians["dledger"] / medians["java"])
     assert len(result["java_rounds"]["dledger"]) == len(result["java_rounds"]["java"]) == 1
     assert set(result["java_rss_peak_mb"]) == {"n0", "n1", "n2"}
+    assert result["java_cpu_median"]["dledger"] > 0 and result["java_cpu_median"]["java"] > 0
     assert "dledger/Java" in format_results(result)
 
 
@@ -93,10 +94,12 @@ def test_java_peer_summary_takes_medians_and_ratios():
     """Medians per side and the dledger/Java ratio from the rounds (a phase missing on one side: no ratio)."""
     from dledger.bench.javapeer import summarize
 
-    rounds = {"dledger": [{"pipeline": {"entries_per_s": v}, "latency": {"p99_ms": 2.0}} for v in (30.0, 10.0, 20.0)],
+    rounds = {"dledger": [{"pipeline": {"entries_per_s": v, "member_cpu_ms_per_1k_entries": v / 10},
+                           "latency": {"p99_ms": 2.0}} for v in (30.0, 10.0, 20.0)],
               "java": [{"pipeline": {"entries_per_s": v}} for v in (5.0, 15.0, 10.0)]}
     out = summarize(rounds, ("pipeline", "latency"))
     assert out["java_median"]["pipeline"] == {"dledger": 20.0, "java": 10.0}
+    assert out["java_cpu_median"] == {"dledger": 2.0, "java": None}
     assert out["java_ratio"] == {"pipeline": 2.0}
     assert out["java_median"]["latency"] == {"dledger": 2.0, "java": None}
 

@@ -394,6 +394,10 @@ def format_results(r: dict) -> str:
             ratio = r["java_ratio"].get(phase)
             row(f"{phase}: dledger {fmt(m['dledger'])} / Java {fmt(m['java'])} {'ms p99' if ms else 'entries/s'}",
                 "-" if ratio is None else f"dledger/Java = {ratio:.2f}" + ("" if ms else "   (target >= 2)"))
+        cpu = r.get("java_cpu_median") or {}
+        if cpu.get("dledger") and cpu.get("java"):
+            row(f"members' CPU ms per 1k entries: dledger {cpu['dledger']:.0f} / Java {cpu['java']:.0f}",
+                f"Java/dledger = {cpu['java'] / cpu['dledger']:.2f}")
         peak = r.get("java_rss_peak_mb") or {}
         if peak:
             row("Java DLedger peak RSS per member (MB)", ", ".join(f"{m} {v:.0f}" for m, v in peak.items()))

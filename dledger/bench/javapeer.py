@@ -80,6 +80,18 @@ class JavaGroup:
                 pass
         return out
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds of all members so far (from /proc; the launcher execs the JVM)."""
+        total = 0.0
+        for proc in self.procs.values():
+            try:
+                with open(f"/proc/{proc.pid}/stat", encoding="ascii") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            except (OSError, ValueError, IndexError):
+                pass
+        return total
+
     def close(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
@@ -90,11 +102,17 @@ class JavaGroup:
                 proc.wait(5)
 
 
-async def run_phase(loader: Loader, phase: str, opts: Options, label: str) -> dict:
-    if phase == "pipeline":
-        return await loader.closed_loop(f"{label}: one entry per request", 1, opts.in_flight, opts.duration,
-                                        opts.warmup)
-    return await loader.open_loop(opts.rate, opts.duration, opts.warmup)
+async def run_phase(loader: Loader, phase: str, opts: Options, label: str, cpu_seconds: Any) -> dict:
+    """One phase on one side; the pipeline phase also gets the members' CPU per 1,000 entries (warm-up
+    included, as :func:`dledger.bench.cluster.measured` counts it): the figure a loaded machine moves least."""
+    if phase != "pipeline":
+        return await loader.open_loop(opts.rate, opts.duration, opts.warmup)
+    cpu = cpu_seconds()
+    result = await loader.closed_loop(f"{label}: one entry per request", 1, opts.in_flight, opts.duration,
+                                      opts.warmup)
+    acked = result["entries_per_s"] * opts.duration
+    result["member_cpu_ms_per_1k_entries"] = round((cpu_seconds() - cpu) * 1e6 / acked, 1) if acked else None
+    return result
 
 
 def median(values: list[float]) -> float | None:
@@ -112,7 +130,12 @@ def summarize(rounds: dict[str, list[dict]], phases: tuple[str, ...]) -> dict:
         medians[phase] = m
         if m["dledger"] and m["java"]:
             ratios[phase] = m["dledger"] / m["java"]
-    return {"java_median": medians, "java_ratio": ratios}
+    cpu = {side: median([r["pipeline"].get("member_cpu_ms_per_1k_entries") for r in rounds[side] if "pipeline" in r])
+           for side in ("dledger", "java")}
+    out: dict = {"java_median": medians, "java_ratio": ratios}
+    if cpu["dledger"] is not None or cpu["java"] is not None:
+        out["java_cpu_median"] = cpu
+    return out
 
 
 async def compare_java(reactor: Any, base: Path, opts: Options, say=progress) -> dict:
@@ -125,6 +148,10 @@ async def compare_java(reactor: Any, base: Path, opts: Options, say=progress) ->
                        group=opts.group, reactor=reactor)
     java = JavaGroup(base / "java", launcher, opts.group)
     loaders: dict[str, Loader] = {}
+
+    def members_cpu() -> float:
+        return sum(group.cpu_seconds(mid) for mid in group.ids)
+
     rounds: dict[str, list[dict]] = {"dledger": [], "java": []}
     try:
         say(f"starting 3 dledger members ({opts.store}, flush {opts.flush}) and 3 Java DLedger 0.3.2 members")
@@ -145,7 +172,8 @@ async def compare_java(reactor: Any, base: Path, opts: Options, say=progress) ->
                     say(f"{side}: load connection lost; reconnecting to the leader")
                     await loaders[side].find_leader(60)
                     await loaders[side].connect_raw()
-                rounds[side].append({phase: await run_phase(loaders[side], phase, opts, side) for phase in phases})
+                cpu = members_cpu if side == "dledger" else java.cpu_seconds
+                rounds[side].append({phase: await run_phase(loaders[side], phase, opts, side, cpu) for phase in phases})
         out = {"java_rounds": rounds, **summarize(rounds, phases)}
         out["java_rss_peak_mb"] = {mid: round(v / 2**20, 1) for mid, v in java.rss_bytes().items()}
         out["rss_peak_mb"] = {mid: round(group.peak_rss_bytes(mid) / 2**20, 1) for mid in group.ids}
