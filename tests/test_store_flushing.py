@@ -186,3 +186,36 @@ def test_index_records_lost_past_the_checkpoint_come_back_from_the_data(tmp_path
     assert again.ledger_end_index == 13
     assert [again.get(i).body for i in range(14)] == before
     again.abandon()
+
+
+def test_pages_read_back_below_the_released_mark_are_released_again(tmp_path, monkeypatch):
+    """Issue #28 target 4: entries read from the files (a follower catching up from far behind) map their pages
+    in again; once the read-back range spans a release step those pages are unmapped again, so a leader's RSS
+    does not grow by what it reads back."""
+    from dledger.entry import Entry
+    from dledger.store import flushing
+    from dledger.store.mappedfiles import MappedFile
+    from dledger.store.mmapfile import MmapLogStore
+    from dledger.testing.store_contract import FakeMemberState, fired
+
+    store = MmapLogStore(tmp_path / "m", FakeMemberState(), data_file_size=1 << 20, index_file_size=1 << 16)
+    store.startup()
+    for _ in range(40):  # ~2.6 MiB, flushed round by round: the released mark moves past the first MiB
+        store.append_batch_as_leader([Entry(body=bytes(1000), term=1) for _ in range(64)])
+        fired(store.flush())
+    store.recent_entries.clear()  # every read below comes from the files
+    released = []
+    real = MappedFile.release
+    monkeypatch.setattr(MappedFile, "release", lambda f, a, b: (released.append((f.start + a, f.start + b)),
+                                                                real(f, a, b))[1])
+    assert store._flushing.data_released > flushing.RELEASE_STEP
+    for i in range(100):
+        store.get(i)
+    assert released == [], "less than a release step read back: left mapped"
+    i = 100
+    while not released and i < 1500:
+        store.get(i)
+        i += 1
+    assert released, "the pages read back were unmapped again"
+    assert min(a for a, _ in released) <= store.get(0).pos and max(b for _, b in released) >= flushing.RELEASE_STEP
+    store.abandon()

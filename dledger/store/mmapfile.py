@@ -789,7 +789,9 @@ class MmapLogStore(MmapDiskHealth, MmapRepair, MmapDeletion):
         held = self._recent.get(index)
         if held is not None:
             return held
-        return self.check_entry(index)
+        entry = self.check_entry(index)
+        self._flushing.note_read(entry.pos, entry.pos + HEADER_SIZE + len(entry.body), index)
+        return entry
 
     def get_range(self, begin_index: int, max_count: int, max_bytes: int) -> list[Entry]:
         if self.ledger_begin_index <= begin_index <= self.ledger_end_index:
@@ -833,6 +835,7 @@ class MmapLogStore(MmapDiskHealth, MmapRepair, MmapDeletion):
             upto = min(end, f.end)
             out += f.mm[pos - f.start:upto - f.start]
             pos = upto
+        self._flushing.note_read(end - size, end)
         return bytes(out)
 
     # -- durability ------------------------------------------------------------
