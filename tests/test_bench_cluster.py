@@ -63,3 +63,68 @@ def test_quick_tls_comparison_reports_plain_and_tls_with_ratio(tmp_path):
     assert medians["plain"] > 0 and medians["tls"] > 0
     assert result["tls_ratio"]["batch"] == pytest.approx(medians["tls"] / medians["plain"])
     assert len(result["tls_rounds"]["plain"]) == len(result["tls_rounds"]["tls"]) == 1
+
+
+KIT = Path(__import__("os").environ.get("DLEDGER_JAVAKIT", ROOT.parent / "shared" / "javakit"))
+
+
+@pytest.mark.process
+@pytest.mark.skipif(not (KIT / "bin" / "java-dledger").is_file(), reason=f"no Java kit at {KIT}")
+@pytest.mark.skipif(__import__("shutil").which("java") is None, reason="java is not installed")
+def test_quick_java_peer_comparison_runs_the_same_load_on_both_groups(tmp_path):
+    """--java-peer starts Java DLedger 0.3.2 beside dledger and reports both sides' medians and their ratio."""
+    out = subprocess.run([sys.executable, "-m", "dledger.cli", "bench", "cluster", "--quick", "--json", "--java-peer",
+                          "--flush", "async", "--store", STORE or "memory", "--phases", "pipeline",
+                          "--dir", str(tmp_path)],
+                         cwd=ROOT, env={**child_env(), "DLEDGER_JAVAKIT": str(KIT)}, capture_output=True, text=True,
+                         timeout=150)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert result["settings"]["frames"] == "java-json"
+    medians = result["java_median"]["pipeline"]
+    assert medians["dledger"] > 0 and medians["java"] > 0
+    assert result["java_ratio"]["pipeline"] == pytest.approx(medians["dledger"] / medians["java"])
+    assert len(result["java_rounds"]["dledger"]) == len(result["java_rounds"]["java"]) == 1
+    assert set(result["java_rss_peak_mb"]) == {"n0", "n1", "n2"}
+    assert result["java_cpu_median"]["dledger"] > 0 and result["java_cpu_median"]["java"] > 0
+    assert "dledger/Java" in format_results(result)
+
+
+def test_java_peer_summary_takes_medians_and_ratios():
+    """Medians per side and the dledger/Java ratio from the rounds (a phase missing on one side: no ratio)."""
+    from dledger.bench.javapeer import summarize
+
+    rounds = {"dledger": [{"pipeline": {"entries_per_s": v, "member_cpu_ms_per_1k_entries": v / 10},
+                           "latency": {"p99_ms": 2.0}} for v in (30.0, 10.0, 20.0)],
+              "java": [{"pipeline": {"entries_per_s": v}} for v in (5.0, 15.0, 10.0)]}
+    out = summarize(rounds, ("pipeline", "latency"))
+    assert out["java_median"]["pipeline"] == {"dledger": 20.0, "java": 10.0}
+    assert out["java_cpu_median"] == {"dledger": 2.0, "java": None}
+    assert out["java_ratio"] == {"pipeline": 2.0}
+    assert out["java_median"]["latency"] == {"dledger": 2.0, "java": None}
+
+
+@pytest.mark.parametrize("extra", [["--tls"], ["--peers", "n0-127.0.0.1:1"], ["--phases", "batch"]])
+def test_java_peer_refuses_what_it_cannot_compare(extra):
+    """--java-peer with --tls, --peers or no phase Java can run: one line, no traceback."""
+    out = subprocess.run([sys.executable, "-m", "dledger.cli", "bench", "cluster", "--java-peer", *extra], cwd=ROOT,
+                         env={**child_env(), "DLEDGER_JAVAKIT": str(KIT)}, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "--java-peer" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_load_connection_lost_answers_every_later_append_at_once():
+    """A load connection the member closed answers what was waiting and every later send with None (the
+    loop counts a NETWORK_ERROR and ends on time) instead of leaving them unanswered for ever."""
+    from twisted.internet.testing import StringTransport
+
+    from dledger.bench.load import RawAppends
+
+    raw = RawAppends("g0", "n0", b"x" * 16)
+    raw.makeConnection(StringTransport())
+    replies = []
+    raw.send(1, replies.append)
+    assert replies == [] and raw.transport.value()
+    raw.connectionLost(None)
+    assert replies == [None]
+    raw.send(1, replies.append)
+    assert replies == [None, None]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dledger.store.flushing import RELEASE_STEP, needs_flush, release_due, released_mark, span
+from dledger.store.flushing import RELEASE_STEP, index_sync_due, needs_flush, release_due, released_mark, span
 
 S = 1024  # file size
 
@@ -26,20 +26,34 @@ def test_span(rule, first, count, lo, hi, expected):
 
 
 NEEDS_FLUSH = [
-    # (rule, data_lo, write_pos, index_lo, end_index, dirs changed, expected)
-    ("everything_durable", 500, 500, 10, 9, False, False),
-    ("data_bytes_appended", 500, 600, 10, 9, False, True),
-    ("index_records_appended", 500, 500, 10, 10, False, True),
-    ("a_directory_gained_or_lost_a_file", 500, 500, 10, 9, True, True),
-    ("truncated_below_the_flushed_end", 400, 500, 8, 9, False, True),
+    # (rule, data_lo, write_pos, dirs changed, expected)
+    ("everything_durable", 500, 500, False, False),
+    ("data_bytes_appended", 500, 600, False, True),
+    ("a_directory_gained_or_lost_a_file", 500, 500, True, True),
+    ("truncated_below_the_flushed_end", 400, 500, False, True),
 ]
 
 
-@pytest.mark.parametrize("rule, data_lo, wp, index_lo, end, dirs, expected", NEEDS_FLUSH,
-                         ids=[r[0] for r in NEEDS_FLUSH])
-def test_needs_flush(rule, data_lo, wp, index_lo, end, dirs, expected):
-    """The async flush timer runs a round only when bytes, records or directory entries are not durable."""
-    assert needs_flush(data_lo, wp, index_lo, end, dirs) is expected
+@pytest.mark.parametrize("rule, data_lo, wp, dirs, expected", NEEDS_FLUSH, ids=[r[0] for r in NEEDS_FLUSH])
+def test_needs_flush(rule, data_lo, wp, dirs, expected):
+    """The async flush timer runs a round only when data bytes or directory entries are not durable (index
+    records are synced with the checkpoint)."""
+    assert needs_flush(data_lo, wp, dirs) is expected
+
+
+INDEX_SYNC_DUE = [
+    # (rule, index_lo, checkpoint end, expected)
+    ("records_up_to_the_checkpoint_already_synced", 10, 9, False),
+    ("the_checkpoint_vouches_for_an_unsynced_record", 10, 10, True),
+    ("a_repair_rewrote_records_below_the_checkpoint", 3, 9, True),
+    ("empty_log_checkpoint", 0, -1, False),
+]
+
+
+@pytest.mark.parametrize("rule, index_lo, end, expected", INDEX_SYNC_DUE, ids=[r[0] for r in INDEX_SYNC_DUE])
+def test_index_sync_due(rule, index_lo, end, expected):
+    """A checkpoint syncs the index first when it would vouch for records not synced yet."""
+    assert index_sync_due(index_lo, end) is expected
 
 
 RELEASE = [
@@ -95,4 +109,113 @@ def test_a_failed_round_is_covered_by_the_next(tmp_path, monkeypatch):
     assert rounds[1] == rounds[0] and rounds[0][1] > 0, rounds
     fired(store.flush())
     assert len(rounds) == 2, "nothing left to sync"
+    store.abandon()
+
+
+def _store(path):
+    from dledger.store.mmapfile import MmapLogStore
+    from dledger.testing.store_contract import FakeMemberState
+
+    store = MmapLogStore(path, FakeMemberState(), data_file_size=S, index_file_size=256)
+    store.startup()
+    return store
+
+
+def test_rounds_sync_data_and_the_checkpoint_syncs_the_index_first(tmp_path, monkeypatch):
+    """Issue #28: a flush round fdatasyncs only data files; the checkpoint job syncs the index files holding
+    the records it vouches for, before it replaces the checkpoint; a failed checkpoint leaves them to the next."""
+    from dledger import diskio
+    from dledger.entry import Entry
+    from dledger.store import checkpoint as checkpoint_module
+    from dledger.testing.store_contract import fired
+
+    store = _store(tmp_path / "m")
+    store.append_batch_as_leader([Entry(body=bytes(100), term=1) for _ in range(12)])  # 12 records: 2 index files
+    fired(store.flush())  # new files are synced in full with their directories, index files too
+    store.append_batch_as_leader([Entry(body=bytes(100), term=1) for _ in range(2)])
+    data_fds = {f.fd for f in store._data.files}
+    index_fds = {f.fd for f in store._index.files}
+    calls = []
+    monkeypatch.setattr(diskio, "flush_files", lambda synced, new, dirs: calls.append(("sync", set(synced + new))))
+    real_write, failures = checkpoint_module.write_checkpoint, [OSError(28, "ENOSPC")]
+
+    def write_checkpoint(member_dir, ck):
+        calls.append(("checkpoint", ck.end_index))
+        if failures:
+            raise failures.pop()
+        real_write(member_dir, ck)
+
+    monkeypatch.setattr(checkpoint_module, "write_checkpoint", write_checkpoint)
+    fired(store.flush())
+    [(_, synced)] = calls
+    assert synced and synced <= data_fds, "a round syncs data files only"
+    calls.clear()
+    store._write_checkpoint(force=False).addErrback(lambda f: None)
+    assert calls == [("sync", index_fds), ("checkpoint", 13)]
+    calls.clear()
+    fired(store._write_checkpoint(force=False))  # same checkpoint, but its records were not made durable
+    assert calls == [("sync", index_fds), ("checkpoint", 13)]
+    calls.clear()
+    fired(store._write_checkpoint(force=False))
+    assert calls == [], "nothing new to vouch for"
+    store.abandon()
+
+
+def test_index_records_lost_past_the_checkpoint_come_back_from_the_data(tmp_path):
+    """A power cut may lose index records the rounds no longer sync (those past the checkpoint): recovery
+    rewrites them from the data, and every flushed entry is served as it was."""
+    from dledger.entry import INDEX_UNIT_SIZE, Entry
+    from dledger.testing.store_contract import fired
+
+    store = _store(tmp_path / "m")
+    store.append_batch_as_leader([Entry(body=b"a%d" % i, term=1) for i in range(5)])
+    fired(store.flush())
+    fired(store._write_checkpoint(force=True))  # vouches for 0..4
+    store.append_batch_as_leader([Entry(body=b"b%d" % i, term=1) for i in range(9)])
+    fired(store.flush())  # 5..13 durable through their data only
+    before = [store.get(i).body for i in range(14)]
+    store.abandon()
+    for f in sorted((tmp_path / "m").rglob("index/*")):  # what a power cut could leave: records past 4 zero
+        raw = bytearray(f.read_bytes())
+        start = int(f.name)
+        for pos in range(0, len(raw), INDEX_UNIT_SIZE):
+            if (start + pos) // INDEX_UNIT_SIZE > 4:
+                raw[pos:pos + INDEX_UNIT_SIZE] = bytes(INDEX_UNIT_SIZE)
+        f.write_bytes(bytes(raw))
+    again = _store(tmp_path / "m")
+    assert again.ledger_end_index == 13
+    assert [again.get(i).body for i in range(14)] == before
+    again.abandon()
+
+
+def test_pages_read_back_below_the_released_mark_are_released_again(tmp_path, monkeypatch):
+    """Issue #28 target 4: entries read from the files (a follower catching up from far behind) map their pages
+    in again; once the read-back range spans a release step those pages are unmapped again, so a leader's RSS
+    does not grow by what it reads back."""
+    from dledger.entry import Entry
+    from dledger.store import flushing
+    from dledger.store.mappedfiles import MappedFile
+    from dledger.store.mmapfile import MmapLogStore
+    from dledger.testing.store_contract import FakeMemberState, fired
+
+    store = MmapLogStore(tmp_path / "m", FakeMemberState(), data_file_size=1 << 20, index_file_size=1 << 16)
+    store.startup()
+    for _ in range(40):  # ~2.6 MiB, flushed round by round: the released mark moves past the first MiB
+        store.append_batch_as_leader([Entry(body=bytes(1000), term=1) for _ in range(64)])
+        fired(store.flush())
+    store.recent_entries.clear()  # every read below comes from the files
+    released = []
+    real = MappedFile.release
+    monkeypatch.setattr(MappedFile, "release", lambda f, a, b: (released.append((f.start + a, f.start + b)),
+                                                                real(f, a, b))[1])
+    assert store._flushing.data_released > flushing.RELEASE_STEP
+    for i in range(100):
+        store.get(i)
+    assert released == [], "less than a release step read back: left mapped"
+    i = 100
+    while not released and i < 1500:
+        store.get(i)
+        i += 1
+    assert released, "the pages read back were unmapped again"
+    assert min(a for a, _ in released) <= store.get(0).pos and max(b for _, b in released) >= flushing.RELEASE_STEP
     store.abandon()

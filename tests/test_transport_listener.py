@@ -437,3 +437,43 @@ def test_remoting_frames_report_their_announced_size():
 def test_clock_fixture_is_a_task_clock(clock):
     """(The tests above run on task.Clock: no real time passes.)"""
     assert isinstance(clock, task.Clock)
+
+
+NEW_REQUEST = [  # (rule, reading before, buffered before, bytes read, buffered after, a new request began)
+    ("nothing_was_unfinished", False, None, 10, 4, True),
+    ("the_same_request_grew_by_the_read", True, 100, 50, 150, False),
+    ("it_completed_and_another_began", True, 100, 50, 20, True),
+    ("it_completed_and_another_of_the_same_length_began", True, 100, 1538, 100, True),
+    ("protocol_does_not_count_keeps_the_clock", True, None, 50, None, False),
+]
+
+
+@pytest.mark.parametrize("rule, reading, had, received, has, expected", NEW_REQUEST, ids=[r[0] for r in NEW_REQUEST])
+def test_new_request_began(rule, reading, had, received, has, expected):
+    """A request's read clock starts with its own first byte, not with an earlier request's."""
+    assert L.new_request_began(reading, had, received, has) is expected
+
+
+class Counting(Recorder):
+    """A Recorder that also says how many bytes of its unfinished request it holds (as RemotingProtocol does)."""
+
+    @property
+    def buffered(self):
+        return self.unfinished_request()
+
+
+def test_a_client_streaming_longer_than_the_read_timeout_is_not_slow(clock):
+    """Issue #28: reads that each complete one request and start the next (a pipelined client) for many read
+    timeouts keep the connection open; a request that itself trickles is still closed."""
+    guard = ListenerGuard("test port", LIMITS, clock, FdBudget(None, clock=clock))
+    factory = guard.wrap(Factory.forProtocol(Counting))
+    proto, t = connect(factory)
+    proto.dataReceived(b"part")
+    for _ in range(int(LIMITS.read_timeout * 20)):
+        clock.advance(0.5)
+        proto.dataReceived(b"rest\npart")  # every read ends in the middle of a request
+    assert not t.disconnecting and guard.stats.closed == {}
+    for _ in range(int(LIMITS.read_timeout) + 2):
+        clock.advance(1)
+        proto.dataReceived(b"x")  # now one request trickles
+    assert t.disconnecting and guard.stats.closed == {"slow": 1}

@@ -82,6 +82,15 @@ def register(bench_subparsers) -> None:
                    help="plain/TLS round pairs with --tls (default 3); the medians are compared")
     p.add_argument("--java-frames", action="store_true",
                    help="send APPENDs in Java's JSON form (Base64 bodies) instead of dledger's binary APPEND body")
+    p.add_argument("--java-peer", action="store_true",
+                   help="also start three Java DLedger 0.3.2 members (the Java kit's java-dledger) and run the "
+                        "pipeline and latency phases on both groups in interleaved rounds with Java's JSON frames; "
+                        "reports medians and dledger/Java ratios (use --flush async for Java's page-cache durability)")
+    p.add_argument("--java-rounds", type=positive_int, default=3,
+                   help="dledger/Java round pairs with --java-peer (default 3); the medians are compared")
+    p.add_argument("--java-warmup", type=non_negative_float, default=5.0,
+                   help="seconds of unmeasured load on each group before the --java-peer rounds (default 5: "
+                        "Java's JIT)")
     p.set_defaults(func=cmd_bench_cluster)
 
 
@@ -99,9 +108,15 @@ def options_from_args(args) -> Options:
                    trials=args.trials, presets=presets, seed=args.seed,
                    pysyncobj_in_flight=args.pysyncobj_in_flight, phases=phases,
                    directory=args.directory, keep=args.keep, json=args.json, java_frames=args.java_frames,
-                   tls=args.tls, tls_rounds=args.tls_rounds)
+                   tls=args.tls, tls_rounds=args.tls_rounds, java_peer=args.java_peer,
+                   java_rounds=args.java_rounds, java_warmup=args.java_warmup)
+    if opts.java_peer:
+        if opts.peers or opts.tls:
+            raise ConfigError("--java-peer starts both groups itself: it cannot be used with --peers or --tls")
+        opts.java_frames = True  # Java DLedger reads only its JSON APPEND frames
     if args.quick:
-        opts.tls_rounds = 1
+        opts.tls_rounds = opts.java_rounds = 1
+        opts.java_warmup = min(opts.java_warmup, 0.5)
         opts.duration, opts.warmup, opts.trials, opts.presets = 0.5, 0.2, 1, ("fast",)
         opts.rate, opts.in_flight = min(opts.rate, 500), min(opts.in_flight, 32)
         opts.pysyncobj_in_flight = min(opts.pysyncobj_in_flight, 64)
@@ -147,6 +162,16 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
         "frames": "java-json" if opts.java_frames else "binary"}}
     group = None
     loader = None
+    if opts.java_peer:
+        from dledger.bench.javapeer import compare_java
+
+        results["settings"]["java_rounds"] = opts.java_rounds
+        try:
+            results.update(await compare_java(reactor, base, opts, say))
+            return results
+        finally:
+            if not (opts.keep or opts.directory):
+                shutil.rmtree(base, ignore_errors=True)
     if opts.tls:
         if not own:
             raise ConfigError("--tls compares groups the benchmark starts itself; it cannot be used with --peers")
@@ -360,6 +385,22 @@ def format_results(r: dict) -> str:
             if cpu and cpu["plain"] and cpu["tls"]:
                 row(f"{phase}: members' CPU ms per 1,000 entries, plain {cpu['plain']:.0f} / TLS {cpu['tls']:.0f}",
                     f"TLS/plain = {r['tls_cpu_ratio'][phase]:.2f}")
+    if "java_median" in r:
+        lines.append(f"  dledger vs Java DLedger 0.3.2, Java's JSON frames, medians of {s.get('java_rounds')} "
+                     f"interleaved rounds (flush {s['flush']} vs Java's page cache):")
+        for phase, m in r["java_median"].items():
+            ms = phase == "latency"
+            fmt = lambda v, ms=ms: "-" if v is None else f"{v:,.2f}" if ms else f"{v:,.0f}"
+            ratio = r["java_ratio"].get(phase)
+            row(f"{phase}: dledger {fmt(m['dledger'])} / Java {fmt(m['java'])} {'ms p99' if ms else 'entries/s'}",
+                "-" if ratio is None else f"dledger/Java = {ratio:.2f}" + ("" if ms else "   (target >= 2)"))
+        cpu = r.get("java_cpu_median") or {}
+        if cpu.get("dledger") and cpu.get("java"):
+            row(f"members' CPU ms per 1k entries: dledger {cpu['dledger']:.0f} / Java {cpu['java']:.0f}",
+                f"Java/dledger = {cpu['java'] / cpu['dledger']:.2f}")
+        peak = r.get("java_rss_peak_mb") or {}
+        if peak:
+            row("Java DLedger peak RSS per member (MB)", ", ".join(f"{m} {v:.0f}" for m, v in peak.items()))
     return "\n".join(lines)
 
 

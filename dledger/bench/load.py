@@ -215,6 +215,8 @@ class RawAppends(Protocol):
         self.buffer = bytearray()
         self.waiting: dict[int, Any] = {}
         self.opaque = 0
+        #: Set when the connection is gone: later sends are answered None at once instead of waiting forever.
+        self.lost = False
 
     def connectionMade(self) -> None:
         set_no_delay = getattr(self.transport, "setTcpNoDelay", None)  # TLS wraps the TCP transport
@@ -231,6 +233,9 @@ class RawAppends(Protocol):
 
     def send(self, count: int, on_reply: Any) -> None:
         """One APPEND of ``count`` bodies; ``on_reply(code)`` once answered (None if the connection is lost)."""
+        if self.lost:
+            on_reply(None)
+            return
         parts = self.frames.get(count)
         if parts is None:
             parts = self.frames[count] = self._template(count)
@@ -259,6 +264,7 @@ class RawAppends(Protocol):
         del buf[:pos]
 
     def connectionLost(self, reason: Any = None) -> None:
+        self.lost = True
         waiting, self.waiting = self.waiting, {}
         for on_reply in waiting.values():
             on_reply(None)

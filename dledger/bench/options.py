@@ -40,4 +40,7 @@ class Options:
     java_frames: bool = False
     tls: bool = False
     tls_rounds: int = 3
+    java_peer: bool = False
+    java_rounds: int = 3
+    java_warmup: float = 5.0
     extra: dict[str, Any] = field(default_factory=dict)

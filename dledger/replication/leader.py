@@ -46,9 +46,12 @@ def _encoded_size(batch: Sequence[Entry]) -> int:
 #: A follower more than this many entries behind the leader gets an info line (and another when it has
 #: caught up); see "What it logs" in docs/operations.md.
 BEHIND_LOG_ENTRIES = 1000
-#: Bytes of APPENDs in flight to one follower, in full pushes (``maxBatchPushSize``): 16 MiB at the default,
-#: far more than a LAN's bandwidth-delay product, and a bound on what one reactor turn reads and sends.
-IN_FLIGHT_FULL_PUSHES = 16
+#: Bytes of APPENDs in flight to one follower, in full pushes (``maxBatchPushSize``): 4 MiB at the default,
+#: more than a LAN's bandwidth-delay product, and a bound on what one reactor turn reads and sends.  Each
+#: push in flight is held two or three times on the leader (entries read back, the encoded frame, the
+#: transport's buffer): 16 made a leader catching up one follower peak at 181-187 MB RSS, 4 at 136 MB with
+#: the same batched throughput (issue #28 target 4, docs/benchmarks.md).
+IN_FLIGHT_FULL_PUSHES = 4
 #: While a follower does not answer, the leader repeats one summary line per this many seconds.
 DOWN_SUMMARY_INTERVAL = 60.0
 

@@ -61,3 +61,14 @@ def read_checkpoint(member_dir: str | Path) -> tuple[Checkpoint | None, str | No
 def write_checkpoint(member_dir: str | Path, checkpoint: Checkpoint) -> None:
     """Blocking: replace the checkpoint (previous content to ``checkpoint.bak``), durably."""
     diskio.write_atomic(Path(member_dir) / NAME, checkpoint.encode(), backup=True)
+
+
+def checkpoint_after_index(index_fds: list[int], member_dir: str | Path, checkpoint: Checkpoint) -> None:
+    """Blocking: fdatasync the index files ``index_fds``, then replace the checkpoint (one job, in that order).
+
+    Recovery trusts the index records up to the checkpoint's ``endIndex`` (it starts its walk there), and
+    flush rounds sync only the data (see :mod:`dledger.store.flushing`): the records must be on disk
+    before the checkpoint that vouches for them.
+    """
+    diskio.flush_files(index_fds, [], [])
+    write_checkpoint(member_dir, checkpoint)

@@ -3,10 +3,18 @@
 The store appends into the page cache and remembers where unflushed bytes
 begin: ``data_lo`` (a data position) and ``index_lo`` (an entry index; its
 record is at ``index_lo * 32``).  A flush round (:meth:`FlushTracker.prepare`,
-run by :class:`.groupcommit.GroupCommit`) syncs the files holding
-``[data_lo, write_pos)`` and the records up to the end of the log, new files
-in full and the directories that gained or lost files, in one job; if it
-fails, the marks go back so the next round covers it all again.  After a
+run by :class:`.groupcommit.GroupCommit`) syncs the data files holding
+``[data_lo, write_pos)``, new files in full and the directories that gained or
+lost files, in one job; if it fails, the marks go back so the next round
+covers it all again.
+
+Index records are not synced by the rounds (issue #28: one fdatasync per
+round, not one for the data and one for the index): an entry is durable when
+its bytes are, because recovery walks the data forward from the checkpoint
+and rewrites every index record past it from the data.  What recovery does
+trust -- the records up to the checkpoint's ``endIndex`` -- is synced by the
+checkpoint's own job before the checkpoint is replaced
+(:meth:`FlushTracker.index_sync`).  After a
 round, flushed pages are unmapped (RSS only) in steps of
 :data:`RELEASE_STEP` bytes.  The decisions -- which files a range touches,
 whether a round is needed, when a release is due and how far it reaches --
@@ -26,6 +34,8 @@ from dledger.store.mappedfiles import MappedFile, MappedFileList
 
 #: Flushed pages are unmapped (RSS) once this many bytes of a log were flushed since the last time.
 RELEASE_STEP = 1 << 20
+#: Index pages read back are unmapped again once they span this much (a record per entry: 64 KiB is 2,048).
+INDEX_RELEASE_STEP = 1 << 16
 
 
 def span(first_start: int, file_size: int, count: int, lo: int, hi: int) -> tuple[int, int]:
@@ -45,9 +55,15 @@ def files_between(lst: MappedFileList, lo: int, hi: int) -> list[MappedFile]:
     return files[a:b]
 
 
-def needs_flush(data_lo: int, write_pos: int, index_lo: int, end_index: int, dirs_changed: bool) -> bool:
-    """Whether anything is not durable: data bytes, index records, or a directory that gained or lost files."""
-    return data_lo < write_pos or index_lo <= end_index or dirs_changed
+def needs_flush(data_lo: int, write_pos: int, dirs_changed: bool) -> bool:
+    """Whether a round has work: data bytes, or a directory that gained or lost files (index records are
+    synced with the checkpoint, see the module docstring)."""
+    return data_lo < write_pos or dirs_changed
+
+
+def index_sync_due(index_lo: int, checkpoint_end: int) -> bool:
+    """Whether records a checkpoint up to ``checkpoint_end`` would vouch for are not durable yet."""
+    return index_lo <= checkpoint_end
 
 
 def release_due(released_to: int, flushed_to: int, step: int = RELEASE_STEP) -> bool:
@@ -76,6 +92,10 @@ class FlushTracker:
         self.index_lo = 0
         self.data_released = 0
         self.index_released = 0
+        #: ``[lo, hi)`` of the data read back (mapped in again) below ``data_released`` since the last
+        #: release of it, and the same for the index (byte offsets); None when nothing was.
+        self.data_reread: list[int] | None = None
+        self.index_reread: list[int] | None = None
 
     def restart(self, write_pos: int, end_index: int) -> None:
         """Everything before ``write_pos`` and up to ``end_index`` is durable (after recovery, after a reset)."""
@@ -96,39 +116,80 @@ class FlushTracker:
         self.data_released = max(self.data_released, self.data.start)
 
     def dirty(self, write_pos: int, end_index: int) -> bool:
-        return needs_flush(self.data_lo, write_pos, self.index_lo, end_index,
-                           self.data.dir_dirty or self.index.dir_dirty)
+        return needs_flush(self.data_lo, write_pos, self.data.dir_dirty or self.index.dir_dirty)
 
     def prepare(self, write_pos: int, end_index: int) -> FlushPlan:
-        """One flush round up to ``end_index``: what to sync, and how to put the marks back if it fails."""
+        """One flush round up to ``end_index``: what to sync, and how to put the marks back if it fails.
+
+        The entries up to ``end_index`` are durable once their data bytes are (index records: see the module
+        docstring); new files, index files too, are synced in full with their directories as before.
+        """
         data, index = self.data, self.index
-        data_lo, index_lo = self.data_lo, self.index_lo
-        touched = files_between(data, data_lo, write_pos) + files_between(
-            index, index_lo * INDEX_UNIT_SIZE, (end_index + 1) * INDEX_UNIT_SIZE)
+        data_lo = self.data_lo
+        touched = files_between(data, data_lo, write_pos)
         new = [f for lst in (data, index) for f in lst.files if f.new]
         dirs = [lst for lst in (data, index) if lst.dir_dirty or any(f.new for f in lst.files)]
         if not touched and not new and not dirs:
             return FlushPlan(end_index, None)
-        self.data_lo, self.index_lo = write_pos, end_index + 1
+        self.data_lo = write_pos
         for f in new:
             f.new = False
         for lst in dirs:
             lst.dir_dirty = False
         synced = [f.fd for f in touched if f not in new]
-        # One job for the round (data files first, then index files, new files, directories): one thread
+        # One job for the round (data files first, then new files, directories): one thread
         # hand-off per round.  Syncing data and index on two pool threads side by side made each round a
         # little shorter but cost a member more CPU in wake-ups than it saved (docs/benchmarks.md).
         work = functools.partial(diskio.flush_files, synced, [f.fd for f in new], [str(lst.directory) for lst in dirs])
 
         def failed(_failure) -> None:
             self.data_lo = min(self.data_lo, data_lo)
-            self.index_lo = min(self.index_lo, index_lo)
             for f in new:
                 f.new = True
             for lst in dirs:
                 lst.dir_dirty = True
 
         return FlushPlan(end_index, work, done=self.flushed, failed=failed)
+
+    def index_sync(self, checkpoint_end: int) -> tuple[list[int], Callable[[], None]]:
+        """The index files to fdatasync before a checkpoint up to ``checkpoint_end`` is written, and an undo.
+
+        Marks the records up to ``checkpoint_end`` durable; call the undo if the checkpoint's job fails, so
+        the next checkpoint syncs them again.
+        """
+        index_lo = self.index_lo
+        if not index_sync_due(index_lo, checkpoint_end):
+            return [], lambda: None
+        fds = [f.fd for f in files_between(self.index, index_lo * INDEX_UNIT_SIZE,
+                                           (checkpoint_end + 1) * INDEX_UNIT_SIZE)]
+        self.index_lo = checkpoint_end + 1
+
+        def undo() -> None:
+            self.index_lo = min(self.index_lo, index_lo)
+
+        return fds, undo
+
+    def note_read(self, pos: int, end: int, index: int | None = None) -> None:
+        """Data bytes ``[pos, end)`` (and index record ``index``) were read from the files, not from memory.
+
+        A read maps pages in again; below the released marks nothing unmapped them, and a follower
+        catching up from far behind made the leader's RSS grow by everything it read back (issue #28
+        target 4: 377 MB after a follower paused for 8 s under load).  Once a read-back range spans a
+        release step it is unmapped again, here (a leader that no longer appends runs no flush rounds).
+        """
+        if pos < self.data_released and self.release_pages:
+            r = self.data_reread = widened(self.data_reread, pos, min(end, self.data_released))
+            if r is not None and release_due(r[0], r[1]):
+                _release(self.data, r[0], r[1])
+                self.data_reread = None
+        if index is None or not self.release_pages:
+            return
+        ioff = index * INDEX_UNIT_SIZE
+        if ioff < self.index_released:
+            r = self.index_reread = widened(self.index_reread, ioff, min(ioff + INDEX_UNIT_SIZE, self.index_released))
+            if r is not None and release_due(r[0], r[1], INDEX_RELEASE_STEP):
+                _release(self.index, r[0], r[1])
+                self.index_reread = None
 
     def flushed(self, _result=None) -> None:
         """After a round: drop our mapping of flushed, full pages so RSS does not grow with the log.
@@ -144,6 +205,15 @@ class FlushTracker:
         index_to = self.index_lo * INDEX_UNIT_SIZE
         if release_due(self.index_released, index_to):
             self.index_released = _release(self.index, self.index_released, index_to)
+
+
+def widened(span_: list[int] | None, lo: int, hi: int) -> list[int] | None:
+    """``span_`` (``[lo, hi)`` or None) grown to cover ``[lo, hi)`` as well; None stays None for an empty range."""
+    if hi <= lo:
+        return span_
+    if span_ is None:
+        return [lo, hi]
+    return [min(span_[0], lo), max(span_[1], hi)]
 
 
 def _release(lst: MappedFileList, lo: int, upto: int) -> int:

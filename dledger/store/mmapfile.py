@@ -59,8 +59,8 @@ from dledger.plugin_types import StoreType
 from dledger.ratelog import RateLimitedLog
 from dledger.store import base, ownership, positions, runplan
 from dledger.store.base import TruncateAction
-from dledger.store.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
-from dledger.store.flushing import FlushTracker
+from dledger.store.checkpoint import Checkpoint, checkpoint_after_index, read_checkpoint, write_checkpoint
+from dledger.store.flushing import FlushTracker, index_sync_due
 from dledger.store.groupcommit import FlushPlan, GroupCommit
 from dledger.store.indexlog import IndexLog
 from dledger.store.mappedfiles import MappedFile, MappedFileList
@@ -442,10 +442,13 @@ class MmapLogStore(MmapDiskHealth, MmapRepair, MmapDeletion):
         return Checkpoint(end_index=flushed, committed_index=min(self.committed_index, flushed))
 
     def _write_checkpoint(self, *, force: bool) -> Deferred:
+        """Replace the checkpoint, after syncing the index records it vouches for (flush rounds sync only data)."""
         ck = self._current_checkpoint()
-        if not force and ck == self._checkpoint_written:
+        if not force and ck == self._checkpoint_written and not index_sync_due(self._flushing.index_lo,
+                                                                                 ck.end_index):
             return succeed(None)
-        d = self.io.run(write_checkpoint, self.member_dir, ck)
+        index_fds, undo = self._flushing.index_sync(ck.end_index)
+        d = self.io.run(checkpoint_after_index, index_fds, self.member_dir, ck)
         self._checkpoint_running = d
 
         def written(result):
@@ -455,6 +458,7 @@ class MmapLogStore(MmapDiskHealth, MmapRepair, MmapDeletion):
 
         def failed(failure):
             self._checkpoint_running = None
+            undo()
             return failure
 
         d.addCallbacks(written, failed)
@@ -785,7 +789,9 @@ class MmapLogStore(MmapDiskHealth, MmapRepair, MmapDeletion):
         held = self._recent.get(index)
         if held is not None:
             return held
-        return self.check_entry(index)
+        entry = self.check_entry(index)
+        self._flushing.note_read(entry.pos, entry.pos + HEADER_SIZE + len(entry.body), index)
+        return entry
 
     def get_range(self, begin_index: int, max_count: int, max_bytes: int) -> list[Entry]:
         if self.ledger_begin_index <= begin_index <= self.ledger_end_index:
@@ -829,6 +835,7 @@ class MmapLogStore(MmapDiskHealth, MmapRepair, MmapDeletion):
             upto = min(end, f.end)
             out += f.mm[pos - f.start:upto - f.start]
             pos = upto
+        self._flushing.note_read(end - size, end)
         return bytes(out)
 
     # -- durability ------------------------------------------------------------

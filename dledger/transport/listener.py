@@ -130,6 +130,20 @@ def read_deadline(started: float, expected: int, timeout: float, min_rate: int =
     return started + timeout + max(0, expected) / min_rate
 
 
+def new_request_began(reading: bool, had: int | None, received: int, has: int | None) -> bool:
+    """Whether the unfinished request after a read is another one than before it (its read clock starts now).
+
+    ``had`` / ``has``: bytes of the unfinished request buffered before and after a read of ``received``
+    bytes (None when the protocol does not say).  The same request only grows by what was read; anything
+    else means it completed and the bytes now waiting began a new one.  Without the count a request's
+    clock is kept (the old rule), which closed a client streaming for longer than the read timeout whose
+    reads kept ending in the middle of a frame (issue #28: the benchmark's load connection).
+    """
+    if not reading:
+        return True
+    return had is not None and has is not None and has != had + received
+
+
 @dataclass
 class ConnectionClock:
     """The times the guard keeps for one connection (what :func:`connection_verdict` reads)."""
@@ -140,6 +154,7 @@ class ConnectionClock:
     handshake_done: bool = False
     reading_since: float | None = None
     expected: int = 0
+    buffered: int | None = None
 
 
 def connection_verdict(now: float, c: ConnectionClock, limits: ListenerLimits) -> tuple[str | None, float | None]:
@@ -466,6 +481,7 @@ class GuardedProtocol(ProtocolWrapper):
         self._timer: Any = None
         self._clock: ConnectionClock | None = None
         self._progress = getattr(wrapped, "unfinished_request", None)
+        self._has_buffered = self._progress is not None and hasattr(type(wrapped), "buffered")
         self._closed_by_guard: str | None = None
         self._wrote = False
 
@@ -496,11 +512,12 @@ class GuardedProtocol(ProtocolWrapper):
         expected = progress()
         if not expected:
             c.reading_since = None
-        elif c.reading_since is None:
-            c.reading_since, c.expected = now, expected
+            return
+        had, has = c.buffered, (self.wrappedProtocol.buffered if self._has_buffered else None)
+        c.buffered, c.expected = has, expected
+        if new_request_began(c.reading_since is not None, had, len(data), has):
+            c.reading_since = now
             self._schedule(now)
-        else:
-            c.expected = expected
 
     def write(self, data: bytes) -> None:
         self._wrote = True  # the hot path: a flag, the time is taken when the timer looks
