@@ -1,12 +1,14 @@
 """The send path's fast paths give the same bytes and the same errors as the general code they skip."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from dledger_rocketmq.commitlog import PutResult, PutStatus
 from dledger_rocketmq.port import (
     SEND_EXTRA,
     SEND_MESSAGE_V2,
+    BrokerPortProtocol,
     Reply,
     Request,
     SendOkFields,
@@ -17,6 +19,7 @@ from dledger_rocketmq.port import (
     send_args,
     send_reply,
 )
+from twisted.internet.testing import StringTransport
 
 from dledger.transport.remoting import FLAG_RESPONSE, Header, HeaderError
 
@@ -102,3 +105,21 @@ def test_a_request_decodes_its_send_header_once():
     first = req.sending
     assert first is req.sending and first == send_args(SEND_MESSAGE_V2, req.ext)
     assert (first.topic, first.queue_id, first.sys_flag) == ("T", 3, 4)
+
+
+class _NoDelayTransport(StringTransport):
+    no_delay = False
+
+    def setTcpNoDelay(self, enabled):
+        self.no_delay = enabled
+
+
+def test_the_port_turns_nagle_off_on_every_connection():
+    """Replies are small writes: with Nagle on, a synchronous producer waits for its own delayed ACK (RocketMQ's
+    server sets TCP_NODELAY too).  A transport without the option (a unix socket) is left alone."""
+    port = SimpleNamespace(max_frame_size=1 << 20)
+    proto = BrokerPortProtocol(port)
+    transport = _NoDelayTransport()
+    proto.makeConnection(transport)
+    assert transport.no_delay is True
+    BrokerPortProtocol(port).makeConnection(StringTransport())  # no setTcpNoDelay: no error
