@@ -1,8 +1,9 @@
 """``dledger bench rocketmq-java`` keeps working: the stock Java producer against both groups (figures printed,
-never asserted).  The run against both peers starts four JVMs and is marked slow; `make test` runs the dledger
-side, the skip without a kit and the pure parts."""
+never asserted).  The run against both peers starts four JVMs and runs with -m slow or DLEDGER_SLOW=1; `make
+test` runs the dledger side, the skip without a kit and the pure parts."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from dledger_rocketmq.bench_java import WORKLOADS, missing_java, ratios
 from dledger.launcher import child_env, durable_store
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-no_java = missing_java(Path(__import__("os").environ.get("DLEDGER_JAVAKIT", ROOT.parent / "shared" / "javakit")))
+no_java = missing_java(Path(os.environ.get("DLEDGER_JAVAKIT", ROOT.parent / "shared" / "javakit")))
 
 
 def bench(tmp_path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -44,8 +45,11 @@ def test_quick_java_producer_against_dledger(tmp_path):
 @pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.skipif(no_java is not None or durable_store() is None, reason=no_java or "no durable store")
-def test_quick_java_producer_against_rocketmq_and_dledger(tmp_path):
-    """--quick: both groups, single and batched sends, a ratio for each workload."""
+def test_quick_java_producer_against_rocketmq_and_dledger(tmp_path, request):
+    """--quick: both groups, single and batched sends, a ratio for each workload.  Four JVMs (about 70 s): only
+    with -m slow (make soak) or DLEDGER_SLOW=1; `make test` runs the dledger side above."""
+    if "slow" not in (request.config.getoption("markexpr") or "") and not os.environ.get("DLEDGER_SLOW"):
+        pytest.skip("four JVMs: select with -m slow or DLEDGER_SLOW=1")
     out = bench(tmp_path, "--quick", "--json", "--dir", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout)
