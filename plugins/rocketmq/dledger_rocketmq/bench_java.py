@@ -23,7 +23,7 @@ import shutil
 import socket
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,6 @@ class Options:
     directory: str | None = None
     keep: bool = False
     json: bool = False
-    extra: dict = field(default_factory=dict)
 
 
 def _choices(text: str, known, what: str) -> tuple[str, ...]:
