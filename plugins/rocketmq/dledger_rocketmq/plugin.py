@@ -400,9 +400,10 @@ def dledger_cli_commands(subparsers):
 
 @hookimpl
 def dledger_bench_subjects(subparsers):
-    from dledger_rocketmq import bench
+    from dledger_rocketmq import bench, bench_java
 
     bench.register(subparsers)
+    bench_java.register(subparsers)
 
 
 @hookimpl

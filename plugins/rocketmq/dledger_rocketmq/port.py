@@ -33,6 +33,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from twisted.application import service
@@ -153,11 +154,20 @@ def decode_json_header(data: bytes) -> Header:
     if ext is not None and not isinstance(ext, dict):
         raise HeaderError("header: 'extFields' must be an object")
     remark = obj.get("remark")
-    return Header(code=_int_field(obj, "code"), opaque=_int_field(obj, "opaque"), flag=_int_field(obj, "flag", 0),
-                  language=str(obj.get("language", "JAVA")), version=_int_field(obj, "version", 0),
-                  remark=remark if isinstance(remark, str) else None,
-                  ext_fields={str(k): _ext_text(v) for k, v in ext.items()} if ext is not None else None,
-                  serialize_type="JSON")
+    if ext is not None:  # a Java client's values are all strings already: the dict as parsed (JSON keys are str)
+        ext = ext if _ONLY_STR >= set(map(type, ext.values())) else {str(k): _ext_text(v) for k, v in ext.items()}
+    code, opaque, flag, version = (obj.get("code"), obj.get("opaque"), obj.get("flag", 0), obj.get("version", 0))
+    if not (type(code) is type(opaque) is type(flag) is type(version) is int
+            and _INT_MIN <= min(code, opaque, flag, version) and max(code, opaque, flag, version) <= _INT_MAX):
+        code, opaque = _int_field(obj, "code"), _int_field(obj, "opaque")  # the error naming the field
+        flag, version = _int_field(obj, "flag", 0), _int_field(obj, "version", 0)
+    language = obj.get("language", "JAVA")
+    return Header(code, opaque, flag, language if type(language) is str else str(language), version,
+                  remark if isinstance(remark, str) else None, ext, "JSON")
+
+
+_ONLY_STR = frozenset((str,))
+_INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
 
 
 _BIN_FIXED = struct.Struct(">hbhii")  # code, language, version, opaque, flag
@@ -223,8 +233,27 @@ def encode_command(header: Header, body: bytes = b"") -> bytes:
     return struct.pack(">iI", 4 + len(head) + len(body), kind << 24 | len(head)) + head + body
 
 
+class SendOkFields(dict):
+    """The extFields of a successful send (:func:`send_reply`): a plain dict to every reader; its type tells
+    :func:`reply_frame` that a JSON reply may be filled into :data:`_SEND_OK_JSON` instead of built and sorted."""
+
+
+#: A successful send's JSON reply header, byte for byte what :meth:`Header.to_json` writes for it (sorted keys).
+_SEND_OK_JSON = (b'{"code":0,"extFields":{"MSG_REGION":"DefaultRegion","TRACE_ON":"true","msgId":"%s","queueId":"%s",'
+                 b'"queueOffset":"%s"},"flag":1,"language":"JAVA","opaque":%d,"serializeTypeCurrentRPC":"JSON",'
+                 b'"version":%d}')
+_SEND_OK_KEYS = frozenset(("MSG_REGION", "TRACE_ON", "msgId", "queueId", "queueOffset"))
+
+
 def reply_frame(request: Header, reply: Reply) -> bytes:
     """The response frame for ``request``: same opaque and serialize type, flag 1, version 409."""
+    ext = reply.ext
+    if (type(ext) is SendOkFields and request.serialize_type == "JSON" and reply.remark is None and not reply.body
+            and ext.keys() == _SEND_OK_KEYS and ext["MSG_REGION"] == "DefaultRegion" and ext["TRACE_ON"] == "true"
+            and (ids := ext["msgId"]).isascii() and ids.replace(",", "").isalnum()):  # nothing JSON would escape
+        head = _SEND_OK_JSON % (ids.encode(), ext["queueId"].encode(), ext["queueOffset"].encode(),
+                                request.opaque, VERSION)
+        return struct.pack(">iI", 4 + len(head), len(head)) + head
     return encode_command(Header(reply.code, request.opaque, FLAG_RESPONSE, "JAVA", VERSION, reply.remark,
                                  reply.ext, request.serialize_type), reply.body)
 
@@ -366,11 +395,11 @@ _SEND_ERRORS = {
 
 def send_reply(result: PutResult) -> Reply:
     """SendMessageProcessor's response for a put result (SUCCESS: msgId, queueId, queueOffset)."""
-    ext = dict(SEND_EXTRA)
     if result.ok:
         ids = ",".join(result.msg_ids) if result.msg_ids else (result.msg_id or "")
-        ext.update(msgId=ids, queueId=str(result.queue_id), queueOffset=str(result.queue_offset))
-        return Reply(SUCCESS, None, ext)
+        return Reply(SUCCESS, None, SendOkFields(SEND_EXTRA, msgId=ids, queueId=str(result.queue_id),
+                                                 queueOffset=str(result.queue_offset)))
+    ext = dict(SEND_EXTRA)
     code, remark = _SEND_ERRORS.get(result.status, (SYSTEM_ERROR, None))
     text = remark or result.status.name
     if result.error and result.status is not PutStatus.SERVICE_NOT_AVAILABLE:
@@ -498,6 +527,11 @@ class Request:
     def born_host(self) -> Address:
         return self.conn.born_host if self.conn is not None else Address("127.0.0.1", 0)
 
+    @cached_property
+    def sending(self) -> SendArgs:
+        """The send header (:func:`send_args`), decoded once however many send handlers look at it."""
+        return send_args(self.code, self.ext)
+
 
 # -- the protocol ----------------------------------------------------------------------------------------------------
 
@@ -510,6 +544,15 @@ class BrokerPortProtocol(protocol.Protocol):
         self.closed = False
 
     def connectionMade(self):
+        # Replies are small writes: with Nagle's algorithm one waits for the client's (delayed, up to 40 ms)
+        # ACK of the previous one, and a producer sending synchronously waits with it.  RocketMQ's
+        # NettyRemotingServer sets TCP_NODELAY on every connection; so do we.
+        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:
+            try:
+                set_no_delay(True)
+            except Exception:  # not a TCP socket (unix, fake transports): nothing to tune
+                pass
         peer = self.transport.getPeer()
         self.born_host = Address(getattr(peer, "host", "127.0.0.1"), getattr(peer, "port", 0))
         try:
@@ -767,7 +810,7 @@ class BrokerPort(service.Service):
 
     def _send(self, req: Request) -> Reply | Deferred:
         broker = self.broker
-        args = send_args(req.code, req.ext)
+        args = req.sending
         body, born_host = req.body, req.born_host
         if broker.role != "MASTER":
             return send_reply(PutResult(PutStatus.SERVICE_NOT_AVAILABLE))
@@ -784,17 +827,17 @@ class BrokerPort(service.Service):
 
         began = self.now_ms()
 
-        def counted(result: PutResult) -> PutResult:
+        def counted(result: PutResult) -> Reply:
             size = template.size
             if items is not None:  # each record: the template's fixed part and topic, its own body and properties
                 fixed = size - len(template.body) - len(template.properties)
                 size = sum(fixed + len(b) + len(p) for b, p, _ in items)
             self.broker_stats.on_put(args.topic, result.count or 1, size, self.now_ms() - began, result.ok)
-            return result
+            return send_reply(result)
 
         def store(_=None):
             d = broker.put_batch(template, items) if items is not None else broker.put_message(template)
-            return d.addCallback(counted).addCallback(send_reply)
+            return d.addCallback(counted)
         if create is None:
             return store()
         # Auto-creation goes through the log (a control entry every member applies), then the message.

@@ -61,7 +61,6 @@ from dledger_rocketmq.port import (
     encode_command,
     ext_str,
     pull_args,
-    send_args,
     subscription_codes,
 )
 from dledger_rocketmq.retry import (
@@ -424,7 +423,7 @@ def is_prepared(sys_flag: int) -> bool:
 def _refusing_prepared(handler):
     """A send handler that refuses transaction half messages (they would be stored and never delivered)."""
     def send(req: Request) -> Reply | Deferred:
-        if is_prepared(send_args(req.code, req.ext).sys_flag):
+        if is_prepared(req.sending.sys_flag):
             return Reply(NO_PERMISSION, TRANSACTION_REMARK.format(code=req.code), dict(SEND_EXTRA))
         return handler(req)
     return send
