@@ -205,6 +205,27 @@ class Group:
         finally:
             c.close()
 
+    async def stored(self, mid: str, queues: int = 4) -> tuple[set[str], dict[int, list[int]]]:
+        """Every message of TOPIC a broker serves from its own consume queues (pulled from offset 0):
+        the bodies, and each queue's offsets (a Java slave that skipped entries has holes or misses bodies)."""
+        c = await connect(self.reactor, "127.0.0.1", self.broker[mid], timeout=5)
+        bodies: set[str] = set()
+        offsets: dict[int, list[int]] = {}
+        try:
+            for q in range(queues):
+                offset = 0
+                for _ in range(2000):
+                    r = await c.pull(f"{GROUP}_check", TOPIC, q, offset, 32)
+                    if r.code != 0 or not r.messages:
+                        break
+                    for m in r.messages:
+                        bodies.add(m.body.decode(errors="replace"))
+                        offsets.setdefault(q, []).append(m.queue_offset)
+                    offset = r.next_begin_offset
+        finally:
+            c.close()
+        return bodies, offsets
+
     async def migrate_check(self, members: int = 3) -> tuple[int, str]:
         out, err, code = await utils.getProcessOutputAndValue(
             sys.executable, ["-c", CLI, "rocketmq", "migrate-check", self.namesrv, NAME, "--members", str(members),
@@ -238,6 +259,7 @@ async def run_migration(reactor, tmp_path: Path, capsys, *, full: bool) -> None:
     offsets_seen: dict[int, int] = {}
     backwards: list[str] = []
     report: list[str] = []
+    masters: list[str] = []
 
     async def sample_offsets(label: str) -> None:
         """Committed offsets on the current master: never behind what a dledger master showed before."""
@@ -263,8 +285,11 @@ async def run_migration(reactor, tmp_path: Path, capsys, *, full: bool) -> None:
         await wait_for(reactor, lambda: _true(len(driver.of("sent")) > sent_before + 20), 120,
                        f"sends after '{label}'")
         await sample_offsets(label)
-        report.append(f"{label}: {reactor.seconds() - t0:.1f}s to a master taking sends ({master}, "
-                      f"{g.kind[master]}); before it: {line}")
+        times = [e["t"] for e in driver.of("sent")[max(0, sent_before - 1):]]
+        outage = max((b - a for a, b in zip(times, times[1:])), default=0) / 1000.0
+        masters.append(g.kind[master])
+        report.append(f"{label}: longest gap between acknowledged sends {outage:.1f}s; master {master} "
+                      f"({g.kind[master]}) {reactor.seconds() - t0:.1f}s after; before it: {line}")
 
     try:
         g.start_namesrv()
@@ -294,6 +319,15 @@ async def run_migration(reactor, tmp_path: Path, capsys, *, full: bool) -> None:
         await step(f"{a}: Java -> dledger", lambda: replace_with_dledger(a))
         await step(f"kill -9 the Java master {first}", kill_master)
         await step(f"{first}: (killed) -> dledger", lambda: _start(g.start_dledger, first), members=2)
+        # the remaining Java broker restarts (SIGTERM, its old store): a dledger member leads, the Java broker
+        # follows it through the term-start NOOP, then Java slaves under a dledger master
+        async def restart_java_master(mid):
+            await g.stop(mid)
+            await wait_for(reactor, g.master, 120, "a dledger master")  # only dledger members run
+            g.start_java(mid)
+
+        if g.kind[b] == "java" and await g.master() == b:
+            await step(f"restart the Java master {b} (a dledger member leads)", lambda: restart_java_master(b))
         await step(f"{a}: dledger -> Java (back, on its old store)", lambda: replace_with_java(a))
         if full:
             await step(f"{b}: Java -> dledger", lambda: replace_with_dledger(b))
@@ -310,6 +344,14 @@ async def run_migration(reactor, tmp_path: Path, capsys, *, full: bool) -> None:
         except TimeoutError:
             pass
         await sample_offsets("end")
+        holes = {}
+        for mid in IDS:  # every broker's own consume queues hold every acknowledged message, without a hole
+            bodies_here, offsets_here = await g.stored(mid)
+            lacking = acked - bodies_here
+            gaps = {q: sorted(set(range(min(o), max(o) + 1)) - set(o))[:5] for q, o in offsets_here.items()
+                    if set(range(min(o), max(o) + 1)) - set(o)}
+            if lacking or gaps:
+                holes[f"{mid} ({g.kind[mid]})"] = (len(lacking), sorted(lacking)[:5], gaps)
         cluster = await g.mqadmin_cluster()
         recv = driver.of("recv")
         by_queue: dict[int, set[int]] = {}
@@ -328,7 +370,9 @@ async def run_migration(reactor, tmp_path: Path, capsys, *, full: bool) -> None:
             print("  members at the end: " + ", ".join(f"{m}={g.kind[m]}" for m in IDS))
         assert not missing(), f"{len(missing())} acknowledged messages never consumed: {sorted(missing())[:10]}"
         assert not skipped, f"queue offsets skipped: {skipped}"
+        assert not holes, f"brokers whose consume queues lack acknowledged messages: {holes}"
         assert not backwards, f"consumer offsets went backwards: {backwards}"
+        assert "dledger" in masters, f"no dledger member was ever master: {masters}"
         bids = sorted(r[2] for r in rows)
         assert len(bids) == 3 and bids[0] == "0", f"mqadmin clusterList: {cluster}"
         if full:

@@ -187,3 +187,72 @@ def test_assess_says_how_many_more_reasons():
     slave = view(2, {("T", q): 0 for q in range(5)})
     v = assess("G", {0: view(0, {("T", q): 1 for q in range(5)}), 2: slave})
     assert v.line.endswith("and 2 more") and len(v.reasons) == 5
+
+
+class FakeHeader:
+    def __init__(self, code, ext=None):
+        self.code, self.ext_fields = code, ext
+
+
+class FakeBroker:
+    """A broker port answering the codes migrate-check asks (canned tables)."""
+
+    def __init__(self, topics=None, maxes=None, consumer=None, delay=None, cluster=None):
+        self.topics, self.maxes, self.consumer, self.delay, self.cluster = topics, maxes or {}, consumer, delay, cluster
+        self.asked: list[int] = []
+
+    def request(self, code, ext):
+        from dledger_rocketmq import fastjson
+        from twisted.internet.defer import succeed
+        self.asked.append(code)
+        if code == 106:
+            return succeed((FakeHeader(0), fastjson.dumps({"brokerAddrTable": self.cluster}).encode()))
+        if code == 21:
+            return succeed((FakeHeader(0), fastjson.dumps({"topicConfigTable": self.topics}).encode()))
+        if code == 30:
+            return succeed((FakeHeader(0, {"offset": str(self.maxes.get((ext["topic"], ext["queueId"]), 0))}), b""))
+        if code == 43:
+            return succeed((FakeHeader(0), fastjson.dumps({"offsetTable": self.consumer or {}}).encode()))
+        if code == 45:
+            return succeed((FakeHeader(0), fastjson.dumps({"offsetTable": self.delay or {}}).encode()))
+        return succeed((FakeHeader(3), b""))
+
+    def close(self):
+        pass
+
+
+def test_gather_asks_the_name_server_then_the_master_first_then_the_slaves():
+    from dledger_rocketmq.migrate_check import gather
+    from twisted.internet.defer import ensureDeferred, succeed
+
+    topics = {"T": {"topicName": "T", "readQueueNums": 2}, "BenchmarkTest": {"readQueueNums": 1024},
+              "G": {"topicName": "G", "readQueueNums": 1}}
+    cluster = {"G": {"brokerName": "G", "brokerAddrs": {"0": "m:1", "2": "s:2"}}}
+    order: list[str] = []
+    brokers = {"ns:0": FakeBroker(cluster=cluster),
+               "m:1": FakeBroker(topics, {("T", 0): 5, ("T", 1): 0}, {"T@g": {"0": 4}}, {"3": 1}),
+               "s:2": FakeBroker(topics, {("T", 0): 5}, {"T@g": {"0": 4}}, {"3": 1})}
+
+    def dial(addr):
+        order.append(addr)
+        return succeed(brokers[addr])
+    got = []
+    ensureDeferred(gather(dial, "ns:0", "G")).addBoth(got.append)
+    views = got[0]
+    assert order[0] == "ns:0" and order.index("m:1") < order.index("s:2")
+    assert views[0].max_offsets == {("T", 0): 5, ("T", 1): 0}  # BenchmarkTest and the group's own topic not asked
+    assert views[2].max_offsets == {("T", 0): 5}  # a slave is asked only where the master has messages
+    assert views[2].consumer_offsets == {"T@g": {0: 4}} and views[2].delay_offsets == {3: 1}
+    assert assess("G", views, members=2).safe
+
+
+def test_migrate_check_cli_one_line_errors(capsys):
+    from dledger import cli
+    from dledger.launcher import free_ports
+
+    port = free_ports(1)[0]
+    assert cli.main(["rocketmq", "migrate-check", f"127.0.0.1:{port}", "G", "--timeout", "2"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dledger rocketmq: error: cannot check G through 127.0.0.1:") and "\n" not in err
+    assert cli.main(["rocketmq", "migrate-check", f"127.0.0.1:{port}", "G", "--access-key", "a"]) == 2
+    assert "--access-key and --secret-key-file go together" in capsys.readouterr().err
