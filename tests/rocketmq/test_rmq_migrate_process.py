@@ -151,8 +151,14 @@ class Group:
         if self.ns is not None:
             await stop_child(*self.ns)
 
-    def log_text(self, mid_prefix: str) -> str:
-        return "".join(p.read_text(errors="replace") for p in sorted(self.tmp.glob(f"{mid_prefix}*.log")))
+    def modes(self) -> dict[str, str]:
+        """The mode each running dledger member decided last (``<storeDir>/groupMode``, written at each move)."""
+        out = {}
+        for mid in IDS:
+            path = self.tmp / "dl" / f"rocketmq-{mid}" / "groupMode"
+            if self.kind[mid] == "dledger" and path.exists():
+                out[mid] = path.read_text().strip()
+        return out
 
     # -- questions ---------------------------------------------------------------------------
     async def brokers(self) -> dict[str, str]:
@@ -264,6 +270,7 @@ async def run_migration(reactor, tmp_path: Path, capsys, *, full: bool) -> None:
     backwards: list[str] = []
     report: list[str] = []
     masters: list[str] = []
+    modes_seen: set[str] = set()
 
     async def sample_offsets(label: str) -> None:
         """Committed offsets on the current master: never behind what a dledger master showed before."""
@@ -292,6 +299,7 @@ async def run_migration(reactor, tmp_path: Path, capsys, *, full: bool) -> None:
         times = [e["t"] for e in driver.of("sent")[max(0, sent_before - 1):]]
         outage = max((b - a for a, b in zip(times, times[1:])), default=0) / 1000.0
         masters.append(g.kind[master])
+        modes_seen.update(g.modes().values())
         report.append(f"{label}: longest gap between acknowledged sends {outage:.1f}s; master {master} "
                       f"({g.kind[master]}) {reactor.seconds() - t0:.1f}s after; before it: {line}")
 
@@ -391,10 +399,9 @@ async def run_migration(reactor, tmp_path: Path, capsys, *, full: bool) -> None:
         bids = sorted(r[2] for r in rows)
         assert len(bids) == 3 and bids[0] == "0", f"mqadmin clusterList: {cluster}"
         if full:  # a Java peer is probed again every 60 s: the move back comes within about a minute
-            await wait_for(reactor, lambda: _true("the last Java broker left the group" in g.log_text("dledger-")),
-                           120, "control entries to resume", interval=2.0)
-        # what the dledger members logged about the Java brokers: once per move, not per entry
-        assert "mixed broker group" in g.log_text("dledger-")
+            await wait_for(reactor, lambda: _true(list(g.modes().values()) == ["dledger"] * 3), 120,
+                           "control entries to resume (every member's groupMode 'dledger')", interval=2.0)
+        assert "mixed" in modes_seen, f"no dledger member went MIXED among Java brokers: {modes_seen}"
     finally:
         if proc is not None and not driver.ended.called:
             try:
