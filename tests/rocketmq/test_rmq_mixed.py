@@ -256,3 +256,20 @@ def test_migrate_check_cli_one_line_errors(capsys):
     assert err.startswith("dledger rocketmq: error: cannot check G through 127.0.0.1:") and "\n" not in err
     assert cli.main(["rocketmq", "migrate-check", f"127.0.0.1:{port}", "G", "--access-key", "a"]) == 2
     assert "--access-key and --secret-key-file go together" in capsys.readouterr().err
+
+
+def test_commits_applied_while_undecided_go_through_the_log_once_decided(tmp_path):
+    """A master whose peers had not answered kept a commit locally; once they answer as dledger members the
+    commit is written through the log, so the other members hold it too."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    peer = b.server.peer_kinds.peers[0]
+    b.mixed.mode = None
+    b.mixed._asked_at = cluster.clock.seconds() if hasattr(cluster, "clock") else b.server.clock.seconds()
+    saved = b.server.peer_kinds.kinds[peer]
+    b.server.peer_kinds.kinds[peer] = U
+    assert run(cluster, b.commit_offsets([OffsetCommit("cg", "T", 2, 11)])) == -1  # undecided: local
+    b.server.peer_kinds.kinds[peer] = saved
+    assert b.mixed.check() is L
+    others = [broker_for(s) for s in cluster.servers.values() if broker_for(s) is not b]
+    assert cluster.run_until(lambda: all(o.query_offset("cg", "T", 2) == 11 for o in others), 10)

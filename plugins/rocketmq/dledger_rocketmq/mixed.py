@@ -185,6 +185,8 @@ class MixedGroup(Service):
         self._timer = None
         self._resuming: Deferred | None = None
         self._asked_at: float | None = None
+        #: A control entry was applied to this member's tables only since the last move (see _moved).
+        self.applied_locally = False
         #: Moves made, oldest first ((seconds, mode)): what `dledger rocketmq migrate-check` and tests read.
         self.moves: list[tuple[float, Mode]] = []
 
@@ -224,6 +226,7 @@ class MixedGroup(Service):
             apply_locally(self.broker.machine, body)
         except ValueError as exc:
             return fail(exc)
+        self.applied_locally = True
         return succeed(-1)
 
     # -- watching ---------------------------------------------------------------------------------
@@ -258,6 +261,8 @@ class MixedGroup(Service):
             return
         if old is None:
             log.info("{id}: every peer is a dledger member: offsets, topics and groups go through the log", id=sid)
+            if what == "resume" and self.applied_locally:  # commits made while undecided go through the log too
+                self._resume()
             return
         log.warn("{id}: the last Java broker left the group: control entries resume{how}", id=sid,
                  how=" (writing this master's tables through the log first)" if what == "resume" else "")
@@ -267,6 +272,7 @@ class MixedGroup(Service):
     def _resume(self) -> None:
         """Write the master's tables through the log, in order, before any later control entry."""
         bodies = resume_bodies(self.broker.meta, int(self.server.clock.seconds() * 1000))
+        self.applied_locally = False
         d = self._resuming = Deferred()
 
         def next_one(_=None):
