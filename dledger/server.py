@@ -100,6 +100,9 @@ class DLedgerServer:
         self.peer_kinds = PeerKinds(self.self_id, config.group, list(config.members), transport, clock,
                                     timeout=config.max_push_time_out_ms / 1000.0,
                                     on_all_dledger=self._peers_take_snapshots)
+        #: The body of a new leader's term-start NOOP: ``callable() -> bytes`` (None: empty).  A plugin whose
+        #: Java peers parse every entry body (RocketMQ's DLedgerCommitLog) gives one they can read (issue #27).
+        self.noop_body = None
         #: The state machines, their snapshots and the log compaction after each (:mod:`dledger.snapshot`).
         self.snapshots = StateMachines.for_server(self, peers_take_snapshots=self.peer_kinds.all_take_snapshots)
         #: The follower's side of InstallSnapshot (:mod:`dledger.replication.snapshot_receive`).
@@ -311,7 +314,8 @@ class DLedgerServer:
                                                on_committed=self.committed_advanced,
                                                on_store_damaged=self.store_damaged, stats=self.stats,
                                                snapshot_store=self.snapshots.snapshot_store, peer_kinds=self.peer_kinds,
-                                               configuration=self.membership.configuration)
+                                               configuration=self.membership.configuration,
+                                               noop_body=self.noop_body)
             self.replicator.start()
 
     def _peers_take_snapshots(self) -> None:

@@ -435,8 +435,10 @@ class LeaderReplicator:
     def __init__(self, term: int, *, config, self_id: str, members: Sequence[str], store, transport, clock,
                  flusher, on_committed: Callable[[], None], on_store_damaged: Callable[[int, Exception], None],
                  stats=None, append_as_leader: Callable[[Entry], Entry] | None = None,
-                 snapshot_store=None, peer_kinds=None, configuration=None):
+                 snapshot_store=None, peer_kinds=None, configuration=None, noop_body=None):
         cfg = config
+        #: ``callable() -> bytes``: the term-start NOOP's body (None: empty; ``server.noop_body``).
+        self.noop_body = noop_body
         self.self_id = self_id
         self.group = cfg.group
         self.term = term
@@ -497,7 +499,8 @@ class LeaderReplicator:
         store = self.store
         if self.fast_advance:
             try:
-                noop = self.append_as_leader(Entry(body=b"", term=self.term, magic=EntryType.NOOP))
+                body = self.noop_body() if self.noop_body is not None else b""
+                noop = self.append_as_leader(Entry(body=body, term=self.term, magic=EntryType.NOOP))
                 if self.keeps_recent:
                     self.recent.add(noop)
                 self.term_start_index = noop.index

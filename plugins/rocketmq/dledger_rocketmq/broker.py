@@ -47,6 +47,7 @@ from dledger_rocketmq.message import (
     MessageRecord,
 )
 from dledger_rocketmq.metadata import BrokerMetadata, MetadataError
+from dledger_rocketmq.mixed import MixedGroup
 from dledger_rocketmq.roles import MASTER, RoleManager
 from dledger_rocketmq.schedule import DelayedDelivery, ScheduleQueueReader, to_schedule
 from dledger_rocketmq.sync import SlaveSync, SyncKind
@@ -202,6 +203,7 @@ class BrokerOptions:
     tls_client_auth: bool = False
     access_key: str = ""
     secret_key_file: str = ""
+    keep_java_compatible: bool = False
 
 
 def parse_host(text: str) -> Address:
@@ -299,6 +301,10 @@ class Broker(MultiService):
             self.sync.setServiceParent(self)
         #: Delayed delivery (made when first master: it reads the queues the dispatcher opens at start).
         self.delivery: DelayedDelivery | None = None
+        #: Mixed with Java brokers (issue #27): plain records only, the term-start NOOP a record Java reads.
+        self.mixed = MixedGroup(self, keep_java_compatible=options.keep_java_compatible)
+        self.mixed.setServiceParent(self)
+        server.noop_body = self.mixed.noop_body
         self.master_callbacks.insert(0, Broker._master_duties)
         self.slave_callbacks.insert(0, Broker._slave_duties)
         self._flush_timer = None
@@ -486,12 +492,20 @@ class Broker(MultiService):
         self.change_metadata(kind, [config]).addBoth(done)
         return d
 
-    def append_control(self, body: bytes) -> Deferred:
-        """Append one control entry (master only); fires with its index once committed and applied here."""
+    def append_control(self, body: bytes, *, force: bool = False, settled: bool = False) -> Deferred:
+        """Append one control entry (master only); fires with its index once committed and applied here.
+
+        In a group mixed with Java brokers the master applies it to its own tables instead (fires with -1;
+        slaves get them by the slave sync: :mod:`~dledger_rocketmq.mixed`); ``force``: append anyway.
+        """
         server = self.server
         if server.state.role is not Role.LEADER or not self.roles.is_master():
             return fail(DLedgerError(ResponseCode.NOT_LEADER, f"{server.self_id} is not the master",
                                      leader_id=server.state.leader_id))
+        if not force and not settled and self.mixed.mode is None:  # peers not known yet: ask them first (issue #27)
+            return self.mixed.settle().addCallback(lambda _: self.append_control(body, force=False, settled=True))
+        if not force and self.mixed.local_control():
+            return self.mixed.apply_locally(body)
         d = maybeDeferred(server.handle_append, AppendEntryRequest(group=server.config.group, body=body))
 
         def appended(resp):

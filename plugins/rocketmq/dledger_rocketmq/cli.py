@@ -58,9 +58,9 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="rocketmq_command", metavar="COMMAND")
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
-    def common(sp, addr: bool = True):
+    def common(sp, addr: bool = True, addr_help: str = "the broker port, ip:port"):
         if addr:
-            sp.add_argument("addr", metavar="ADDR", type=_addr, help="the broker port, ip:port")
+            sp.add_argument("addr", metavar="ADDR", type=_addr, help=addr_help)
             sp.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each answer")
             sec = sp.add_argument_group("security (rocketmq.aclEnable, rocketmq.tlsClientAuth; docs/rocketmq.md "
                                         "\"ACL\")")
@@ -110,6 +110,21 @@ def register(subparsers) -> None:
     i.add_argument("--data-root", help="where dledger-<id>/data is (default: DIR, then DIR's parent)")
     i.add_argument("--self-id", help="which dledger-<id> to read when there are several")
     i.set_defaults(func=cmd_inspect)
+
+    m = sub.add_parser("migrate-check", help="is the next step of a live migration safe? (every broker of the "
+                       "group caught up, consumer and delay offsets synced)",
+                       description="Asks a running broker group (Java brokers, dledger members or both) through a "
+                                   "name server: every slave has indexed what the master has, its consumer offsets "
+                                   "are within --max-offset-lag of the master's, no slave's delay offset is ahead "
+                                   "of the master's. One line: 'safe: ...' (exit 0) or 'not safe: ...' (exit 1). "
+                                   "docs/rocketmq.md 'Migrating a RocketMQ DLedger group'.")
+    common(m, addr_help="a name server the group registers with, ip:port")
+    m.add_argument("broker_name", metavar="BROKER_NAME", help="the group's brokerName")
+    m.add_argument("--members", type=_positive, help="brokers the group should have registered (default: no check)")
+    m.add_argument("--max-offset-lag", type=_non_negative, default=100,
+                   help="largest consumer-offset lag of a slave, in messages (default 100; the slave sync runs "
+                        "every 10 s, so 0 only holds with consumers stopped)")
+    m.set_defaults(func=cmd_migrate_check)
 
 
 class UsageProblem(ValueError):
@@ -317,3 +332,44 @@ def cmd_inspect(args) -> int:
     lines += [f"  {c['group']} {c['topic']}/{c['queue_id']}: {c['offset']}" for c in info["consumerOffsets"]]
     _print(args, info, lines)
     return 0
+
+
+def cmd_migrate_check(args) -> int:
+    import threading
+
+    from twisted.internet.defer import ensureDeferred
+    from twisted.internet.threads import blockingCallFromThread
+
+    from dledger.blocking import private_reactor
+    from dledger_rocketmq import migrate_check
+    from dledger_rocketmq.client import connect
+
+    try:
+        kw = client_options(args)
+    except UsageProblem as exc:
+        return _fail(str(exc), 2)
+    namesrv = f"{args.addr[0]}:{args.addr[1]}"
+    reactor = private_reactor()
+    thread = threading.Thread(target=reactor.run, kwargs={"installSignalHandlers": False},
+                              name="rocketmq-migrate-check", daemon=True)
+    thread.start()
+
+    def dial(addr: str):
+        a = parse_host(addr)
+        return connect(reactor, a.host, a.port, timeout=args.timeout, **kw)
+
+    def run():
+        d = ensureDeferred(migrate_check.gather(dial, namesrv, args.broker_name))
+        return d.addTimeout(args.timeout * 10, reactor)
+    try:
+        views = blockingCallFromThread(reactor, run)
+    except Exception as exc:
+        return _fail(f"cannot check {args.broker_name} through {namesrv}: {str(exc) or type(exc).__name__}")
+    finally:
+        reactor.callFromThread(reactor.stop)
+        thread.join(10)
+    verdict = migrate_check.assess(args.broker_name, views, members=args.members, max_offset_lag=args.max_offset_lag)
+    obj = {"safe": verdict.safe, "line": verdict.line, "reasons": verdict.reasons, **verdict.figures,
+           "brokers": {str(i): {"addr": v.addr, "error": v.error} for i, v in sorted(views.items())}}
+    _print(args, obj, [verdict.line])
+    return 0 if verdict.safe else 1

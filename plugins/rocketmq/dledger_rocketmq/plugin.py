@@ -151,6 +151,9 @@ OPTIONS = {
                   "(registrations with name servers, the slave metadata sync)"),
     "secretKeyFile": ("secret_key_file", "", str, "file whose first line is accessKey's secretKey; '{id}' is the "
                       "member id"),
+    "keepJavaCompatible": ("keep_java_compatible", False, bool, "write only plain CommitLog records even when every "
+                           "peer is a dledger member, so a Java broker can still join (the way back of a migration; "
+                           "docs/rocketmq.md 'Migrating a RocketMQ DLedger group')"),
 }
 
 

@@ -1,0 +1,275 @@
+"""Mixed groups with Java brokers (issue #27): the mode decisions, the term-start record, local control entries."""
+
+from __future__ import annotations
+
+import pytest
+from dledger_rocketmq.control import (
+    KIND_TOPIC_CONFIG,
+    OffsetCommit,
+    decode_control,
+    encode_metadata,
+    encode_offset_commits,
+)
+from dledger_rocketmq.message import Address, decode_record
+from dledger_rocketmq.migrate_check import SCHEDULE_TOPIC, BrokerView, assess
+from dledger_rocketmq.mixed import (
+    TERM_START_TOPIC,
+    Mode,
+    group_mode,
+    read_mode,
+    resume_bodies,
+    term_start_record,
+    transition,
+)
+from dledger_rocketmq.plugin import broker_for
+from rmq_cluster_util import broker_cluster, master, msg, put
+
+from dledger.replication.peerkind import PeerKind
+
+D, J, U = PeerKind.DLEDGER, PeerKind.JAVA, PeerKind.UNKNOWN
+M, L = Mode.MIXED, Mode.DLEDGER
+
+
+@pytest.mark.parametrize("kinds, probing, keep, previous, expect", [
+    ({"n1": D, "n2": D}, True, False, None, L),       # every peer dledger
+    ({"n1": D, "n2": J}, True, False, None, M),       # a Java broker
+    ({"n1": J, "n2": J}, True, False, L, M),          # Java brokers, whatever was before
+    ({"n1": D, "n2": U}, True, False, None, None),    # not known yet, nothing decided: undecided (acts MIXED)
+    ({"n1": D, "n2": U}, True, False, L, L),          # a dledger peer down: stays DLEDGER
+    ({"n1": D, "n2": U}, True, False, M, M),          # a Java peer down: stays MIXED (it may come back)
+    ({"n1": J, "n2": U}, True, False, L, M),          # a Java one known and one down: MIXED
+    ({"n1": D, "n2": D}, True, True, None, M),        # keepJavaCompatible: the way back stays open
+    ({"n1": D, "n2": D}, False, True, L, M),
+    ({}, False, False, None, L),                      # no probing (no state machines): as before
+    ({"n1": U, "n2": U}, False, False, M, L),
+])
+def test_group_mode(kinds, probing, keep, previous, expect):
+    assert group_mode(kinds, ["n1", "n2"], probing=probing, keep_java_compatible=keep, previous=previous) is expect
+
+
+@pytest.mark.parametrize("old, new, is_master, expect", [
+    (None, None, False, None),
+    (L, L, True, None),
+    (M, M, True, None),
+    (None, M, False, "log-mixed"),
+    (L, M, True, "log-mixed"),
+    (M, L, True, "resume"),          # the last Java broker left: the master writes its tables through the log
+    (M, L, False, "log-dledger"),
+    (None, L, True, "resume"),       # decided while master: commits made while undecided were local
+    (L, None, True, None),
+])
+def test_transition(old, new, is_master, expect):
+    assert transition(old, new, is_master=is_master) == expect
+
+
+def test_term_start_record_is_a_plain_commitlog_record():
+    body = term_start_record(Address("127.0.0.1", 10911), 1_795_000_000_000)
+    rec = decode_record(body)
+    assert rec.topic == TERM_START_TOPIC and rec.queue_offset == 0 and rec.physical_offset == 0
+    assert rec.size == len(body)  # TOTALSIZE is the body size, as Java's checkMessageAndReturnSize wants
+    assert not body.startswith(b"RMQC")
+
+
+def test_mode_file_round_trip(tmp_path):
+    path = tmp_path / "groupMode"
+    assert read_mode(path) is None
+    path.write_text("mixed\n")
+    assert read_mode(path) is M
+    path.write_text("garbage")
+    assert read_mode(path) is None
+
+
+def test_resume_bodies_carry_every_offset_topic_and_group(tmp_path):
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    b.meta.offsets.apply([OffsetCommit("cg", "T", q, 10 + q) for q in range(3)], from_log=False)
+    bodies = resume_bodies(b.meta, 1000)
+    entries = [decode_control(x) for x in bodies]
+    commits = {c for e in entries for c in e.commits}
+    assert {OffsetCommit("cg", "T", q, 10 + q) for q in range(3)} <= commits
+    topics = {c["topicName"] for e in entries if e.kind == KIND_TOPIC_CONFIG for c in e.configs}
+    assert topics == set(b.meta.topics.table)
+
+
+def run(cluster, d, timeout=10.0):
+    out = []
+    d.addBoth(out.append)
+    assert cluster.run_until(lambda: bool(out), timeout), "never answered"
+    return out[0]
+
+
+def test_mixed_master_applies_control_entries_locally_and_writes_no_control_entry(tmp_path):
+    """A master that sees a Java peer keeps offsets and topics in its own tables: the log gets records only,
+    and the term-start NOOP of a leader carries the record a Java broker can index."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    java = next(p for p in b.server.peer_kinds.peers)
+    b.server.peer_kinds.learn(java, J)
+    end = b.server.store.ledger_end_index
+    assert run(cluster, b.commit_offsets([OffsetCommit("cg", "T", 0, 7)])) == -1
+    assert b.query_offset("cg", "T", 0) == 7
+    cfg = {"topicName": "NewT", "readQueueNums": 4, "writeQueueNums": 4, "perm": 6}
+    run(cluster, b.change_metadata(KIND_TOPIC_CONFIG, [cfg]))
+    assert b.meta.topics.table["NewT"]["readQueueNums"] == 4
+    assert put(cluster, b, [msg(body=b"plain")]).ok
+    store = b.server.store
+    bodies = [store.get(i).body for i in range(end + 1, store.ledger_end_index + 1)]
+    assert bodies and not any(x.startswith(b"RMQC") for x in bodies)
+    assert b.mixed.mode is M and b.mixed.noop_body().startswith(term_start_record(b.store_host, 0)[:4])
+    # the Java broker is replaced by a dledger member: control entries resume, the tables go through the log
+    b.server.peer_kinds.kinds[java] = D
+    assert b.mixed.check() is L
+    assert cluster.run_until(lambda: b.mixed._resuming is None, 10)
+    others = [broker_for(s) for s in cluster.servers.values() if broker_for(s) is not b]
+    assert cluster.run_until(lambda: all(o.query_offset("cg", "T", 0) == 7 and "NewT" in o.meta.topics.table
+                                         for o in others), 10)
+    assert run(cluster, b.commit_offsets([OffsetCommit("cg", "T", 0, 9)])) >= 0  # through the log again
+    assert b.mixed.noop_body() == b""
+
+
+def test_undecided_master_asks_its_peers_before_the_first_control_entry(tmp_path):
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    b.mixed.mode = None
+    for p in b.server.peer_kinds.peers:
+        b.server.peer_kinds.kinds[p] = U
+    index = run(cluster, b.commit_offsets([OffsetCommit("cg", "T", 1, 3)]))
+    assert index >= 0 and b.mixed.mode is L
+
+
+def test_control_entries_in_the_log_round_trip_through_local_apply(tmp_path):
+    from dledger_rocketmq.mixed import apply_locally
+
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    apply_locally(b.machine, encode_offset_commits([OffsetCommit("g", "T", 0, 5)]))
+    apply_locally(b.machine, encode_offset_commits([OffsetCommit("g", "T", 0, 2)]))  # never backwards
+    assert b.query_offset("g", "T", 0) == 5
+    apply_locally(b.machine, encode_offset_commits([OffsetCommit("g", "T", 0, 2)], reset=True))
+    assert b.query_offset("g", "T", 0) == 2
+    apply_locally(b.machine, encode_metadata(KIND_TOPIC_CONFIG, [{"topicName": "X", "perm": 6}], 1))
+    assert "X" in b.meta.topics.table
+    with pytest.raises(ValueError):
+        apply_locally(b.machine, b"not a control entry")
+
+
+def view(i, maxes=None, consumer=None, delay=None, error=None):
+    return BrokerView(i, f"127.0.0.1:{10911 + i}", dict(maxes or {}), dict(consumer or {}), dict(delay or {}), error)
+
+
+Q = {("T", 0): 10, ("T", 1): 12}
+
+
+@pytest.mark.parametrize("brokers, members, lag, safe, words", [
+    ({0: view(0, Q), 2: view(2, Q), 3: view(3, {("T", 0): 11, ("T", 1): 12})}, 3, 0, True, "safe: G: master"),
+    ({2: view(2, Q)}, None, 0, False, "no master registered"),
+    ({0: view(0, Q, error="refused")}, None, 0, False, "did not answer: refused"),
+    ({0: view(0, Q), 2: view(2, Q)}, 3, 0, False, "2 of 3 brokers registered"),
+    ({0: view(0, Q), 2: view(2, {("T", 0): 9, ("T", 1): 12})}, None, 0, False, "behind on T/0 (9 < 10)"),
+    ({0: view(0, Q, {"T@g": {0: 8}}), 2: view(2, Q, {"T@g": {0: 5}})}, None, 2, False, "3 behind"),
+    ({0: view(0, Q, {"T@g": {0: 8}}), 2: view(2, Q, {"T@g": {0: 5}})}, None, 3, True, "largest lag 3"),
+    ({0: view(0, Q, {"T@g": {0: 8}}), 2: view(2, Q, {})}, None, 100, False, "T@g/0 missing"),
+    ({0: view(0, {**Q, (SCHEDULE_TOPIC, 2): 7}, delay={3: 5}), 2: view(2, {**Q, (SCHEDULE_TOPIC, 2): 7},
+                                                                      delay={3: 6})},
+     None, 0, False, "ahead of the master's 5"),
+    ({0: view(0, {**Q, (SCHEDULE_TOPIC, 2): 7}, delay={3: 5}), 2: view(2, {**Q, (SCHEDULE_TOPIC, 2): 7},
+                                                                      delay={3: 4})},
+     None, 0, True, "2 delayed message(s) pending"),
+    ({0: view(0, Q), 2: view(2, error="timeout")}, None, 0, False, "slave 2 (127.0.0.1:10913) did not answer"),
+])
+def test_assess(brokers, members, lag, safe, words):
+    v = assess("G", brokers, members=members, max_offset_lag=lag)
+    assert v.safe is safe and words in v.line, v.line
+    assert v.line.startswith("safe: " if safe else "not safe: ") and "\n" not in v.line
+
+
+def test_assess_says_how_many_more_reasons():
+    slave = view(2, {("T", q): 0 for q in range(5)})
+    v = assess("G", {0: view(0, {("T", q): 1 for q in range(5)}), 2: slave})
+    assert v.line.endswith("and 2 more") and len(v.reasons) == 5
+
+
+class FakeHeader:
+    def __init__(self, code, ext=None):
+        self.code, self.ext_fields = code, ext
+
+
+class FakeBroker:
+    """A broker port answering the codes migrate-check asks (canned tables)."""
+
+    def __init__(self, topics=None, maxes=None, consumer=None, delay=None, cluster=None):
+        self.topics, self.maxes, self.consumer, self.delay, self.cluster = topics, maxes or {}, consumer, delay, cluster
+        self.asked: list[int] = []
+
+    def request(self, code, ext):
+        from dledger_rocketmq import fastjson
+        from twisted.internet.defer import succeed
+        self.asked.append(code)
+        if code == 106:
+            return succeed((FakeHeader(0), fastjson.dumps({"brokerAddrTable": self.cluster}).encode()))
+        if code == 21:
+            return succeed((FakeHeader(0), fastjson.dumps({"topicConfigTable": self.topics}).encode()))
+        if code == 30:
+            return succeed((FakeHeader(0, {"offset": str(self.maxes.get((ext["topic"], ext["queueId"]), 0))}), b""))
+        if code == 43:
+            return succeed((FakeHeader(0), fastjson.dumps({"offsetTable": self.consumer or {}}).encode()))
+        if code == 45:
+            return succeed((FakeHeader(0), fastjson.dumps({"offsetTable": self.delay or {}}).encode()))
+        return succeed((FakeHeader(3), b""))
+
+    def close(self):
+        pass
+
+
+def test_gather_asks_the_name_server_then_the_master_first_then_the_slaves():
+    from dledger_rocketmq.migrate_check import gather
+    from twisted.internet.defer import ensureDeferred, succeed
+
+    topics = {"T": {"topicName": "T", "readQueueNums": 2}, "BenchmarkTest": {"readQueueNums": 1024},
+              "G": {"topicName": "G", "readQueueNums": 1}}
+    cluster = {"G": {"brokerName": "G", "brokerAddrs": {"0": "m:1", "2": "s:2"}}}
+    order: list[str] = []
+    brokers = {"ns:0": FakeBroker(cluster=cluster),
+               "m:1": FakeBroker(topics, {("T", 0): 5, ("T", 1): 0}, {"T@g": {"0": 4}}, {"3": 1}),
+               "s:2": FakeBroker(topics, {("T", 0): 5}, {"T@g": {"0": 4}}, {"3": 1})}
+
+    def dial(addr):
+        order.append(addr)
+        return succeed(brokers[addr])
+    got = []
+    ensureDeferred(gather(dial, "ns:0", "G")).addBoth(got.append)
+    views = got[0]
+    assert order[0] == "ns:0" and order.index("m:1") < order.index("s:2")
+    assert views[0].max_offsets == {("T", 0): 5, ("T", 1): 0}  # BenchmarkTest and the group's own topic not asked
+    assert views[2].max_offsets == {("T", 0): 5}  # a slave is asked only where the master has messages
+    assert views[2].consumer_offsets == {"T@g": {0: 4}} and views[2].delay_offsets == {3: 1}
+    assert assess("G", views, members=2).safe
+
+
+def test_migrate_check_cli_one_line_errors(capsys):
+    from dledger import cli
+    from dledger.launcher import free_ports
+
+    port = free_ports(1)[0]
+    assert cli.main(["rocketmq", "migrate-check", f"127.0.0.1:{port}", "G", "--timeout", "2"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dledger rocketmq: error: cannot check G through 127.0.0.1:") and "\n" not in err
+    assert cli.main(["rocketmq", "migrate-check", f"127.0.0.1:{port}", "G", "--access-key", "a"]) == 2
+    assert "--access-key and --secret-key-file go together" in capsys.readouterr().err
+
+
+def test_commits_applied_while_undecided_go_through_the_log_once_decided(tmp_path):
+    """A master whose peers had not answered kept a commit locally; once they answer as dledger members the
+    commit is written through the log, so the other members hold it too."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    peer = b.server.peer_kinds.peers[0]
+    b.mixed.mode = None
+    b.mixed._asked_at = cluster.clock.seconds() if hasattr(cluster, "clock") else b.server.clock.seconds()
+    saved = b.server.peer_kinds.kinds[peer]
+    b.server.peer_kinds.kinds[peer] = U
+    assert run(cluster, b.commit_offsets([OffsetCommit("cg", "T", 2, 11)])) == -1  # undecided: local
+    b.server.peer_kinds.kinds[peer] = saved
+    assert b.mixed.check() is L
+    others = [broker_for(s) for s in cluster.servers.values() if broker_for(s) is not b]
+    assert cluster.run_until(lambda: all(o.query_offset("cg", "T", 2) == 11 for o in others), 10)
