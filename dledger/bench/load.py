@@ -20,6 +20,7 @@ from dledger.codes import ResponseCode
 from dledger.config import parse_peers
 from dledger.errors import DLedgerError
 from dledger.messages import AppendEntryRequest, MetadataRequest
+from dledger.transport.sockopts import set_no_delay
 
 
 async def pause(reactor: Any, seconds: float) -> None:
@@ -219,9 +220,7 @@ class RawAppends(Protocol):
         self.lost = False
 
     def connectionMade(self) -> None:
-        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)  # TLS wraps the TCP transport
-        if set_no_delay is not None:
-            set_no_delay(True)
+        set_no_delay(self.transport)
 
     def _template(self, count: int) -> tuple[bytes, bytes, bytes]:
         """The frame of a ``count``-body APPEND cut around its opaque (a sentinel no real opaque reaches)."""

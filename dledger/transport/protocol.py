@@ -50,6 +50,7 @@ from dledger.transport.remoting import (
     Header,
     UnknownRequestCodeError,
 )
+from dledger.transport.sockopts import set_no_delay
 
 DEFAULT_MAX_IN_FLIGHT = 4096
 
@@ -177,12 +178,7 @@ class RemotingProtocol(Protocol):
         return self._splitter.unfinished
 
     def connectionMade(self) -> None:
-        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
-        if set_no_delay is not None:
-            try:
-                set_no_delay(True)
-            except Exception:  # not a TCP socket (unix, fake transports): nothing to tune
-                pass
+        set_no_delay(self.transport)
         if self.limits is not None and self.limits.idle_timeout > 0:
             self._last_frame = self.clock.seconds()
             self._idle_timer = self.clock.callLater(self.limits.idle_timeout, self._idle_check)

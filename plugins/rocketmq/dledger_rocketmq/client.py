@@ -33,6 +33,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint
 from twisted.internet.threads import blockingCallFromThread
 
 from dledger.transport.remoting import FLAG_ONEWAY, FrameError, FrameSplitter, Header
+from dledger.transport.sockopts import set_no_delay
 from dledger_rocketmq.batch import BatchItem, encode_batch
 from dledger_rocketmq.message import MessageRecord, decode_record, encode_properties
 from dledger_rocketmq.port import (
@@ -108,6 +109,9 @@ class _ClientProtocol(protocol.Protocol):
     def __init__(self, client: RocketMQClient):
         self.client = client
         self.splitter = FrameSplitter(client.max_frame_size, header_decoder=decode_header)
+
+    def connectionMade(self):
+        set_no_delay(self.transport)  # as RocketMQ's NettyRemotingClient: a request never waits for an ACK
 
     def dataReceived(self, data: bytes):
         try:

@@ -53,6 +53,7 @@ from dledger.transport.remoting import (
     HeaderError,
     UnsupportedSerializeTypeError,
 )
+from dledger.transport.sockopts import set_no_delay
 from dledger_rocketmq.batch import batch_records, batch_views, decode_batch
 from dledger_rocketmq.broker import GetResult, GetStatus
 from dledger_rocketmq.brokerstats import BrokerStatsManager
@@ -544,15 +545,7 @@ class BrokerPortProtocol(protocol.Protocol):
         self.closed = False
 
     def connectionMade(self):
-        # Replies are small writes: with Nagle's algorithm one waits for the client's (delayed, up to 40 ms)
-        # ACK of the previous one, and a producer sending synchronously waits with it.  RocketMQ's
-        # NettyRemotingServer sets TCP_NODELAY on every connection; so do we.
-        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
-        if set_no_delay is not None:
-            try:
-                set_no_delay(True)
-            except Exception:  # not a TCP socket (unix, fake transports): nothing to tune
-                pass
+        set_no_delay(self.transport)  # as RocketMQ's NettyRemotingServer: replies never wait for an ACK
         peer = self.transport.getPeer()
         self.born_host = Address(getattr(peer, "host", "127.0.0.1"), getattr(peer, "port", 0))
         try:
