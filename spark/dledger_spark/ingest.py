@@ -182,9 +182,9 @@ def _resolve(parsed) -> dict[str, int]:
 class Progress:
     """Turns the query's progress reports into one line each: rows, entries/s, offsets and lag."""
 
-    def __init__(self, parsed, out=sys.stdout):
+    def __init__(self, parsed, out=None):
         self.parsed = parsed
-        self.out = out
+        self.out = out  # None: sys.stdout when a line is printed (not the one at import)
         self.seen = -1
         self.rows = 0
         self._clients: dict[str, object] = {}
@@ -221,7 +221,7 @@ class Progress:
                 lag = "?" if committed is None or nxt is None else max(committed + 1 - int(nxt), 0)
                 parts.append(f"{group} next={nxt} committed={committed} lag={lag}")
             print(f"ingest: batch {batch}: {p.get('numInputRows', 0)} rows, {rate:,.0f} entries/s; "
-                  + "; ".join(parts), file=self.out, flush=True)
+                  + "; ".join(parts), file=self.out or sys.stdout, flush=True)
 
     def close(self) -> None:
         for client in self._clients.values():

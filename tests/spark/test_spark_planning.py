@@ -533,3 +533,22 @@ def test_process_tree_leaves_out_excluded_subtrees():
     assert descendants(1, parents) == {1, 10, 11, 12, 20, 21}
     assert descendants(1, parents, {20}) == {1, 10, 11, 12}
     assert descendants(10, parents) == {10, 11, 12}
+
+
+@pytest.mark.parametrize("master, submitted, conf, has, lacks", [
+    (None, False, None, {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC",
+                         "spark.ui.enabled": "false", "spark.sql.maxConcurrentOutputFileWriters": "4"}, ()),
+    ("local[4]", True, None, {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"}, ()),
+    ("spark://h:7077", False, None, {"spark.ui.enabled": "false"}, ("spark.driver.extraJavaOptions",)),
+    (None, True, None, {"spark.sql.maxConcurrentOutputFileWriters": "4"},   # spark-submit's settings hold
+     ("spark.driver.extraJavaOptions", "spark.ui.enabled")),
+    (None, False, {"spark.driver.extraJavaOptions": "", "spark.sql.maxConcurrentOutputFileWriters": "0"},
+     {"spark.driver.extraJavaOptions": "", "spark.sql.maxConcurrentOutputFileWriters": "0"}, ()),  # --conf wins
+])
+def test_session_conf(master, submitted, conf, has, lacks):
+    """A local driver gets the client compiler and the parallel collector; --conf overrides every default."""
+    from dledger_spark.session import session_conf
+
+    got = session_conf(master, submitted, conf)
+    assert {k: got.get(k) for k in has} == has
+    assert not any(k in got for k in lacks)
