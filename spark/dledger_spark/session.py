@@ -28,14 +28,6 @@ LOCAL_JVM_CONF = {
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC",
 }
 
-#: Every ingest session's (local or under spark-submit; ``--conf`` wins).  Parquet partitioned by
-#: ``group, date`` makes Spark's file writer sort each task's rows by those columns first (1 GiB of 1 KiB
-#: bodies: a sort that spills) unless it may keep a few files open at once; a task holds one group and
-#: usually one date, so 4 open writers never fall back to the sort.
-INGEST_CONF = {
-    "spark.sql.maxConcurrentOutputFileWriters": "4",
-}
-
 
 def ensure_python() -> str:
     """Set ``PYSPARK_PYTHON`` (and the driver's) to this interpreter when unset; the value in force."""
@@ -104,7 +96,7 @@ def session_conf(master: str | None, submitted: bool, conf: dict | None = None) 
         out.update(LOCAL_CONF)
         if (master or "local[2]").startswith("local"):
             out.update(LOCAL_JVM_CONF)
-    return {**out, **INGEST_CONF, **(conf or {})}
+    return {**out, **(conf or {})}
 
 
 def get_session(master: str | None = None, app_name: str = "dledger-ingest", conf: dict | None = None):

@@ -537,13 +537,13 @@ def test_process_tree_leaves_out_excluded_subtrees():
 
 @pytest.mark.parametrize("master, submitted, conf, has, lacks", [
     (None, False, None, {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC",
-                         "spark.ui.enabled": "false", "spark.sql.maxConcurrentOutputFileWriters": "4"}, ()),
+                         "spark.ui.enabled": "false"}, ()),
     ("local[4]", True, None, {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"}, ()),
     ("spark://h:7077", False, None, {"spark.ui.enabled": "false"}, ("spark.driver.extraJavaOptions",)),
-    (None, True, None, {"spark.sql.maxConcurrentOutputFileWriters": "4"},   # spark-submit's settings hold
+    (None, True, {"spark.sql.shuffle.partitions": "8"}, {"spark.sql.shuffle.partitions": "8"},  # spark-submit's hold
      ("spark.driver.extraJavaOptions", "spark.ui.enabled")),
-    (None, False, {"spark.driver.extraJavaOptions": "", "spark.sql.maxConcurrentOutputFileWriters": "0"},
-     {"spark.driver.extraJavaOptions": "", "spark.sql.maxConcurrentOutputFileWriters": "0"}, ()),  # --conf wins
+    (None, False, {"spark.driver.extraJavaOptions": "", "spark.ui.enabled": "true"},
+     {"spark.driver.extraJavaOptions": "", "spark.ui.enabled": "true"}, ()),  # --conf wins
 ])
 def test_session_conf(master, submitted, conf, has, lacks):
     """A local driver gets the client compiler and the parallel collector; --conf overrides every default."""
