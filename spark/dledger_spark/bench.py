@@ -50,7 +50,7 @@ def register(subparsers) -> None:
                         "(the figures of round 1; default: the ingest is timed from the session's start)")
     p.add_argument("--member-pids", default="",
                    help="with --peers: comma-separated pids of its members, whose CPU is then counted")
-    p.add_argument("--partition-bytes", type=int, default=None, help="bytes per Spark task (default 16 MiB)")
+    p.add_argument("--partition-bytes", type=int, default=None, help="bytes per Spark task (default 128 MiB)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="extra Spark configuration of the ingest's session (as dledger ingest --conf)")
     p.add_argument("--phases", default="fill,get,ingest", help="comma-separated subset of fill,get,ingest")

@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-fail-on-data-loss", dest="fail_on_data_loss", action="store_false",
                    help="skip entries deleted by retention (logged) instead of failing")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a read may make no progress (default 60)")
-    p.add_argument("--partition-bytes", type=int, help="target bytes per Spark task (default 16 MiB)")
+    p.add_argument("--partition-bytes", type=int, help="target bytes per Spark task (default 128 MiB)")
     p.add_argument("--progress-interval", type=float, default=5.0, metavar="SECONDS",
                    help="seconds between progress lines (default 5)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration")
