@@ -188,6 +188,11 @@ def run(args) -> int:
 
     phases = {p.strip() for p in args.phases.split(",") if p.strip()}
     unknown = phases - {"fill", "get", "ingest"}
+    pids = [x.strip() for x in args.member_pids.split(",") if x.strip()]
+    if not all(x.isdigit() for x in pids) or not all("=" in item for item in args.conf):
+        print("dledger bench ingest: --member-pids takes pids separated by commas, --conf KEY=VALUE",
+              file=sys.stderr)
+        return 2
     if unknown or args.count < 1 or args.size < 0 or args.runs < 1:
         print(f"dledger bench ingest: bad arguments ({', '.join(sorted(unknown)) or 'count/size/runs'})",
               file=sys.stderr)
@@ -220,7 +225,7 @@ def run(args) -> int:
         begin, end = max(meta.ledger_begin_index, 0), meta.committed_index
         say(f"log: indexes {begin}..{end} committed")
         members = [m.pid for m in local.members.values()] if local is not None else \
-            [int(x) for x in args.member_pids.split(",") if x.strip()]
+            [int(x) for x in pids]
         if "get" in phases:
             runs: dict[str, list[dict]] = {"binary": [], "json": []}
             for r in range(args.runs):

@@ -43,3 +43,13 @@ def test_bench_ingest_phase_times_the_first_rows_and_the_cost_against_the_plain_
     assert result["cost_ratio"] > 0 and result["cost_ratio_with_members"] > 0
     assert any(line.startswith("cost per row: ingest ") for line in lines)
     assert result["get"]["json_entries_per_s"] == []  # --reply binary: the plain client's read only
+
+
+@pytest.mark.parametrize("argv", [["--member-pids", "12,x"], ["--conf", "spark.ui.enabled"]])
+def test_bench_ingest_bad_arguments_are_one_line(argv, capsys):
+    """Bad --member-pids or --conf: one line, exit 2, before any group is started."""
+    from dledger import cli
+
+    assert cli.main(["bench", "ingest", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dledger bench ingest: ")
