@@ -261,7 +261,7 @@ def run(args) -> int:
                         f"{ratio:.2f}x")
                 if i["members_cpu_us_per_row"] is not None and read["members_cpu_us_per_row"] is not None:
                     both = (i["spark_cpu_us_per_row"] + i["members_cpu_us_per_row"]) / \
-                        (read["client_cpu_us_per_row"] + read["members_cpu_us_per_row"])
+                        max(read["client_cpu_us_per_row"] + read["members_cpu_us_per_row"], 1e-9)
                     results["cost_ratio_with_members"] = round(both, 2)
                     line += f"; members included: {both:.2f}x"
                 say(line)
