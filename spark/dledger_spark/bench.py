@@ -112,7 +112,7 @@ def ingest(peers: str, group: str, count: int, args, work: Path, members=()) -> 
     planning and the Python workers' start included).  CPU: every process below this one (the driver JVM,
     its Python workers, this process) except the members, whose CPU is counted apart.
     """
-    from dledger_spark.ingest import PARQUET_OPTIONS, Progress
+    from dledger_spark.ingest import Progress
     from dledger_spark.options import parse_options
     from dledger_spark.proctree import cpu_of, tree_cpu_split
     from dledger_spark.session import get_session
@@ -142,8 +142,7 @@ def ingest(peers: str, group: str, count: int, args, work: Path, members=()) -> 
         started = time.monotonic()
         query = (spark.readStream.format("dledger").options(**opts).load()
                  .withColumn("date", F.to_date("ingest_time")).writeStream.format("parquet")
-                 .option("path", str(out)).option("checkpointLocation", str(ck)).options(**PARQUET_OPTIONS)
-                 .partitionBy("group", "date")
+                 .option("path", str(out)).option("checkpointLocation", str(ck)).partitionBy("group", "date")
                  .trigger(availableNow=True).start())
         progress = Progress(parse_options(opts))
         first_row = None

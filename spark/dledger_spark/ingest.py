@@ -31,12 +31,6 @@ from dledger.commands.argtypes import add_secret_options, add_tls_options
 
 START_FILE = "dledger-start.json"
 
-#: Options of the Parquet sink.  No dictionary for the columns whose every value differs (index, pos) or
-#: nearly (body): Parquet would build a dictionary of each column chunk's first megabyte of values, hash
-#: every value into it, then fall back to plain encoding -- a fifth of the JVM's samples in a 1 KiB ingest.
-#: ``term`` and ``ingest_time`` repeat and keep theirs.
-PARQUET_OPTIONS = {f"parquet.enable.dictionary#{column}": "false" for column in ("index", "pos", "body")}
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peers", help="members of the group: n0-host:port;n1-host:port;...")
@@ -292,7 +286,7 @@ def start_query(args, opts: dict[str, str], parsed, conf: dict[str, str], checkp
 
         df = spark.readStream.format("dledger").options(**opts).load()
         writer = (df.withColumn("date", F.to_date("ingest_time")).writeStream.format("parquet")
-                  .option("path", args.output).option("checkpointLocation", checkpoint).options(**PARQUET_OPTIONS)
+                  .option("path", args.output).option("checkpointLocation", checkpoint)
                   .partitionBy("group", "date").queryName("dledger-ingest"))
         writer = writer.trigger(availableNow=True) if args.once else \
             writer.trigger(processingTime=f"{args.trigger_interval} seconds")

@@ -222,22 +222,6 @@ def test_ingest_killed_and_restarted_writes_every_index_exactly_once(spark, grou
     assert len(indexes) == len(set(indexes)), "an index was written twice"
     assert as_tuples(rows) == entry_tuples(group.committed())
     assert len(rows) > 300 + 25  # entries appended while the query ran arrived too
-    assert_no_dictionary_for_unique_columns(out)
-
-
-def assert_no_dictionary_for_unique_columns(out: Path) -> None:
-    """The ingest's Parquet files: index, pos and body (unique values) plainly encoded, term with a dictionary."""
-    import pyarrow.parquet as pq
-
-    files = sorted(out.rglob("*.parquet"))
-    assert files
-    for path in files:
-        meta = pq.ParquetFile(path).metadata
-        for rg in range(meta.num_row_groups):
-            chunks = {meta.row_group(rg).column(c).path_in_schema: meta.row_group(rg).column(c)
-                      for c in range(meta.num_columns)}
-            assert not any(chunks[name].has_dictionary_page for name in ("index", "pos", "body")), path
-            assert chunks["term"].has_dictionary_page, path
 
 
 def test_leader_kill_during_a_streaming_query_only_delays_it(spark, group, tmp_path):
