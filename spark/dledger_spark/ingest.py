@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-fail-on-data-loss", dest="fail_on_data_loss", action="store_false",
                    help="skip entries deleted by retention (logged) instead of failing")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a read may make no progress (default 60)")
-    p.add_argument("--partition-bytes", type=int, help="target bytes per Spark task (default 16 MiB)")
+    p.add_argument("--partition-bytes", type=int, help="target bytes per Spark task (default 128 MiB)")
     p.add_argument("--progress-interval", type=float, default=5.0, metavar="SECONDS",
                    help="seconds between progress lines (default 5)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration")
@@ -176,9 +176,9 @@ def _resolve(parsed) -> dict[str, int]:
 class Progress:
     """Turns the query's progress reports into one line each: rows, entries/s, offsets and lag."""
 
-    def __init__(self, parsed, out=sys.stdout):
+    def __init__(self, parsed, out=None):
         self.parsed = parsed
-        self.out = out
+        self.out = out  # None: sys.stdout when a line is printed (not the one at import)
         self.seen = -1
         self.rows = 0
         self._clients: dict[str, object] = {}
@@ -215,7 +215,7 @@ class Progress:
                 lag = "?" if committed is None or nxt is None else max(committed + 1 - int(nxt), 0)
                 parts.append(f"{group} next={nxt} committed={committed} lag={lag}")
             print(f"ingest: batch {batch}: {p.get('numInputRows', 0)} rows, {rate:,.0f} entries/s; "
-                  + "; ".join(parts), file=self.out, flush=True)
+                  + "; ".join(parts), file=self.out or sys.stdout, flush=True)
 
     def close(self) -> None:
         for client in self._clients.values():

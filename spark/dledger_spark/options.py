@@ -17,9 +17,11 @@ from dledger.errors import ConfigError
 
 READ_FROM = ("leader", "follower", "any")
 FORMATS = ("raw", "rocketmq")
-#: What a partition aims at: a few MB of entries -- enough that the per-task cost (a Python worker, a leader
-#: lookup) is small against the read, small enough that a retried task re-reads little.
-DEFAULT_PARTITION_BYTES = 16 << 20
+#: What a partition aims at: 128 MiB of entries (what Spark's file sources read per task) -- every task costs
+#: a Parquet file of its own and the JVM's per-task work: 1M x 1 KiB entries took 24.8 instead of 29.8 us of
+#: CPU per row in Spark's processes with 128 MiB tasks rather than 16 MiB ones (docs/benchmarks.md "Spark
+#: ingest (perf-spark)"); a retried task re-reads at most that much.
+DEFAULT_PARTITION_BYTES = 128 << 20
 DEFAULT_TIMEOUT = 60.0
 
 

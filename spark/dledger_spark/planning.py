@@ -54,6 +54,19 @@ def admit(start: dict[str, int], latest: dict[str, int], limit: int | None) -> d
     return {g: start[g] + share[g] for g in start}
 
 
+#: At most this many indexes in the first micro-batch a query (or a restarted one) plans: its rows reach the
+#: output within seconds of the start instead of after the whole backlog; the batches after it take what
+#: the limit allows.
+FIRST_BATCH_ENTRIES = 10_000
+
+
+def first_batch_limit(limit: int | None, first: bool) -> int | None:
+    """The admission limit of a micro-batch: ``limit``, and for the ``first`` one at most FIRST_BATCH_ENTRIES."""
+    if not first:
+        return limit
+    return FIRST_BATCH_ENTRIES if limit is None else min(limit, FIRST_BATCH_ENTRIES)
+
+
 def entries_per_partition(partition_bytes: int, entry_size: int) -> int:
     """How many entries of about ``entry_size`` bytes (header included) make ``partition_bytes`` (at least 1)."""
     return max(1, partition_bytes // max(entry_size, 1))

@@ -209,9 +209,10 @@ class DLedgerStreamReader(_Planned, DataSourceStreamReader, SupportsTriggerAvail
     def __init__(self, opts: SourceOptions):
         super().__init__(opts)
         self._target: dict[str, int] | None = None
+        self._first = True  # no micro-batch admitted yet by this reader (the query's start, or its restart)
 
     def __getstate__(self):
-        return {"opts": self.opts, "_planner": None, "_target": None}
+        return {"opts": self.opts, "_planner": None, "_target": None, "_first": True}
 
     def initialOffset(self) -> dict:
         return self.planner.initial()
@@ -238,9 +239,12 @@ class DLedgerStreamReader(_Planned, DataSourceStreamReader, SupportsTriggerAvail
             cap = int(limit.max_rows)
         elif not isinstance(limit, ReadAllAvailable) and limit is not None:
             cap = self.opts.max_entries_per_trigger
-        from dledger_spark.planning import admit
+        from dledger_spark.planning import admit, first_batch_limit
 
-        return admit(begin, {g: max(latest[g], begin[g]) for g in begin}, cap)
+        end = admit(begin, {g: max(latest[g], begin[g]) for g in begin}, first_batch_limit(cap, self._first))
+        if end != begin:
+            self._first = False
+        return end
 
     def getDefaultReadLimit(self):
         if self.opts.max_entries_per_trigger:

@@ -469,3 +469,86 @@ def test_planner_notes_connections_closed_at_once_without_tls():
     planner._clients["g0"] = TLSPort()
     with pytest.raises(SourceError, match="closed the connection at once: if they speak TLS, pass tlsCa"):
         planner.latest()
+
+
+@pytest.mark.parametrize("limit, first, got", [
+    (None, True, planning.FIRST_BATCH_ENTRIES),                      # all available: the first batch is small
+    (None, False, None),                                             # then everything
+    (planning.FIRST_BATCH_ENTRIES * 5, True, planning.FIRST_BATCH_ENTRIES),
+    (300, True, 300),                                                # a smaller limit holds from the start
+    (300, False, 300),
+])
+def test_first_batch_limit(limit, first, got):
+    """The first micro-batch of a query is capped at FIRST_BATCH_ENTRIES, the later ones take the limit."""
+    assert planning.first_batch_limit(limit, first) == got
+
+
+class FakePlanner:
+    def __init__(self, latest):
+        self._latest = latest
+
+    def latest(self):
+        return dict(self._latest)
+
+    def initial(self):
+        return {g: 0 for g in self._latest}
+
+
+def test_stream_first_batch_is_small_then_the_rest_follows():
+    """latestOffset: the first admitted batch ends FIRST_BATCH_ENTRIES in; the next takes all that is left;
+    a reader unpickled elsewhere (a restarted query) starts small again; an empty log does not use up the cap."""
+    import pickle
+
+    from dledger_spark.source import DLedgerStreamReader
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    first = planning.FIRST_BATCH_ENTRIES
+    reader = DLedgerStreamReader(parse_options({"peers": PEERS, "group": "g0"}))
+    reader._planner = FakePlanner({"g0": 0})
+    assert reader.latestOffset({"g0": 0}, ReadAllAvailable()) == {"g0": 0}   # nothing yet: no batch
+    reader._planner = FakePlanner({"g0": first * 3 + 7})
+    assert reader.latestOffset({"g0": 0}, ReadAllAvailable()) == {"g0": first}
+    assert reader.latestOffset({"g0": first}, ReadAllAvailable()) == {"g0": first * 3 + 7}
+    again = pickle.loads(pickle.dumps(reader))
+    again._planner = FakePlanner({"g0": first * 9})
+    assert again.latestOffset({"g0": first * 3 + 7}, ReadAllAvailable()) == {"g0": first * 4 + 7}
+
+
+@pytest.mark.parametrize("line, ppid, ticks", [
+    ("42 (java) S 7 42 42 0 -1 4194560 100 0 0 0 150 30 4 2 20 0 30 0 1 2 3", 7, 186),
+    ("43 (py (worker) x) R 42 43 43 0 -1 0 0 0 0 0 5 5 0 0 20 0 1 0 1 2 3", 42, 10),  # spaces, parens in the name
+])
+def test_proc_stat_fields(line, ppid, ticks):
+    """/proc/PID/stat: the parent and user+system CPU ticks (own and reaped children's), whatever the name."""
+    from dledger_spark.proctree import stat_fields
+
+    assert stat_fields(line) == (ppid, ticks)
+
+
+def test_process_tree_leaves_out_excluded_subtrees():
+    """The bench charges Spark's processes to the ingest: the tree below a root, the members' subtrees apart."""
+    from dledger_spark.proctree import descendants
+
+    parents = {1: 0, 10: 1, 11: 10, 12: 10, 20: 1, 21: 20, 30: 0}
+    assert descendants(1, parents) == {1, 10, 11, 12, 20, 21}
+    assert descendants(1, parents, {20}) == {1, 10, 11, 12}
+    assert descendants(10, parents) == {10, 11, 12}
+
+
+@pytest.mark.parametrize("master, submitted, conf, has, lacks", [
+    (None, False, None, {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC",
+                         "spark.ui.enabled": "false"}, ()),
+    ("local[4]", True, None, {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"}, ()),
+    ("spark://h:7077", False, None, {"spark.ui.enabled": "false"}, ("spark.driver.extraJavaOptions",)),
+    (None, True, {"spark.sql.shuffle.partitions": "8"}, {"spark.sql.shuffle.partitions": "8"},  # spark-submit's hold
+     ("spark.driver.extraJavaOptions", "spark.ui.enabled")),
+    (None, False, {"spark.driver.extraJavaOptions": "", "spark.ui.enabled": "true"},
+     {"spark.driver.extraJavaOptions": "", "spark.ui.enabled": "true"}, ()),  # --conf wins
+])
+def test_session_conf(master, submitted, conf, has, lacks):
+    """A local driver gets the client compiler and the parallel collector; --conf overrides every default."""
+    from dledger_spark.session import session_conf
+
+    got = session_conf(master, submitted, conf)
+    assert {k: got.get(k) for k in has} == has
+    assert not any(k in got for k in lacks)
