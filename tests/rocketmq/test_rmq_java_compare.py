@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 from pathlib import Path
 
 import pytest
 import pytest_twisted
+from dledger_rocketmq.bench_java import broker_ports
 from dledger_rocketmq.client import connect
 from dledger_rocketmq.localgroup import wait_for_master
 from test_rmq_java_process import (
@@ -59,20 +59,6 @@ def every_command(request) -> bool:
 
 #: Labels whose value names the store path or the machine: compared by name up to the path.
 PATH_KEYS = re.compile(r"^(commitLogDiskRatio)_/.*$")
-
-
-def broker_ports() -> tuple[int, int]:
-    """A RocketMQ listenPort whose neighbours (VIP channel -2, HA +1) are free too, and a DLedger port."""
-    for _ in range(50):
-        [port, dledger] = free_ports(2)
-        try:
-            for p in (port - 2, port + 1):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return port, dledger
-        except OSError:
-            continue
-    raise RuntimeError("no free port triple")
 
 
 def fields(text: str) -> set[str]:
