@@ -182,12 +182,22 @@ def test_broker_under_a_seeded_schedule_loses_nothing(short_runs):
     assert kinds["send"] > 0 and kinds["pull"] > 0 and result["faults"] >= 2, kinds
 
 
-def test_a_broken_build_fails_both_checkers(short_runs):
+def test_a_broken_build_fails_both_checkers(short_runs, tmp_path):
     """``lonely-commit`` (the leader counts an entry committed once it holds it) with the leader cut off (seed 5's
     first isolate targets the leader): what it acknowledges alone is lost at the heal, and both checkers say so.
-    (It never converges -- its members' logs diverge -- so the run gives it 3 s, not 60.)"""
+    (It never converges -- its members' logs diverge -- so the run gives it 3 s, not 60.)
+
+    Whether the isolated leader acknowledges anything alone depends on the interleaving of real processes: it
+    steps down (check-quorum) about 0.75 s after the cut, and in one CI run every client request of that window
+    was answered NOT_LEADER, so nothing was lost.  A miss is therefore run once more (the same schedule); the
+    test fails when neither run is caught."""
     result, printed, run_dir = short_runs["mutant"]
-    assert any(a.startswith("lost") for a in result["anomalies"]), printed
+    verdicts = [printed]
+    if not any(a.startswith("lost") for a in result["anomalies"]):
+        result, printed = nemesis(tmp_path, f"nr{os.getpid() % 1000}", *SHORT["mutant"])
+        run_dir = tmp_path / "out" / "log-seed5-lonely-commit"
+        verdicts.append(printed)
+    assert any(a.startswith("lost") for a in result["anomalies"]), "\n".join(verdicts)
     assert independent_violations(read_ops(run_dir / "history.jsonl"), _committed(run_dir)) != []
 
 
