@@ -198,6 +198,27 @@ def circles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
     return found
 
 
+def shortest_cycle(graph: Mapping[str, Iterable[str]], component: list[str]) -> list[str]:
+    """One shortest circle through the component's first module, ``[a, b, ..., a]``: what to read first."""
+    start, members = component[0], set(component)
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for child in sorted(graph.get(node, ())):
+                if child == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(previous[path[-1]])
+                    return [*reversed(path), start]
+                if child in members and child not in previous:
+                    previous[child] = node
+                    following.append(child)
+        frontier = following
+    raise AssertionError(f"no circle through {start}")
+
+
 def place(module: str, layers: list[list[str]]) -> tuple[int, str] | None:
     """(height, name) of the most specific table name covering ``module``: height 0 is the bottom layer."""
     best: tuple[int, str] | None = None
@@ -255,8 +276,8 @@ def test_every_dledger_module_has_a_layer(layers, files):
 def test_no_import_circles(graph):
     assert len(graph) > 200  # the walk found the code
     found = circles(graph)
-    assert not found, "import circles (move the piece both need down into its own module): " + "; ".join(
-        " <-> ".join(c) for c in found)
+    assert not found, "import circles (move the piece both need down into its own module):\n" + "\n".join(
+        f"{' -> '.join(shortest_cycle(graph, c))} (one of {len(c)} modules in a circle)" for c in found)
 
 
 def test_no_upward_imports(graph, layers):
@@ -306,6 +327,15 @@ def test_the_walk_sees_typing_function_level_and_relative_imports():
 ])
 def test_circles(graph, expected):
     assert sorted(circles(graph)) == expected
+
+
+@pytest.mark.parametrize("graph, component, cycle", [
+    ({"a": {"b"}, "b": {"a"}}, ["a", "b"], ["a", "b", "a"]),
+    ({"a": {"b", "c"}, "b": {"c"}, "c": {"a"}}, ["a", "b", "c"], ["a", "c", "a"]),  # the shortest
+    ({"a": {"b"}, "b": {"c", "x"}, "c": {"a"}, "x": set()}, ["a", "b", "c"], ["a", "b", "c", "a"]),
+])
+def test_shortest_cycle(graph, component, cycle):
+    assert shortest_cycle(graph, component) == cycle
 
 
 TOY_LAYERS = [["dledger.top"], ["dledger.mid", "dledger.top.low_part"], ["dledger", "dledger.base"]]
