@@ -149,6 +149,8 @@ def dledger_bench_subjects(subparsers):
 def dledger_status_sections(server):
     """Return a list of section providers for ``server``'s status page (``/status``, ``/status.json``).
 
+    Each provider is an :class:`dledger.interfaces.IStatusSectionProvider` (a plain function will do).
+
     Asked once per server when its status page is first read.  Each provider is called with no
     arguments on the reactor thread every time the page polls (once a second per open page), and
     returns a section or a list of them, made with :func:`dledger.status.model.section` and

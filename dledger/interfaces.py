@@ -479,3 +479,40 @@ class IMembership(Interface):
         (:func:`dledger.membership.rules.refusal`) when the change cannot be proposed now; NOT_LEADER on
         a follower.
         """
+
+
+class IStatusSectionProvider(Interface):
+    """One section (or several) of a member's status page, from a plugin (``dledger_status_sections``).
+
+    The status page's seam: the core renders any provider's sections like its own, so a plugin
+    (the broker's topics and queues) shows up on ``/status`` without touching the page.  A plain
+    function with this signature provides it.
+    """
+
+    def __call__() -> object:
+        """Return a section (:func:`dledger.status.model.section`), a list of them, or None for none now.
+
+        Called on the reactor thread each time the page polls (about once a second per open page):
+        cheap and read-only.  An exception is shown as the section being unavailable, never fails the
+        page (:func:`dledger.status.model.plugin_sections`).
+        """
+
+
+class INemesisWorkload(Interface):
+    """What the nemesis drives while it injects faults (``dledger.testing.nemesis``: log, kv, broker).
+
+    The runner starts it once the group has a leader, runs the fault schedule, stops it after the
+    quiet period, and asks it for the verdict's counts once the members converged; the fault
+    schedule and the checks are pure functions (``nemesis.faults``, ``nemesis.tally``, the checkers).
+    """
+
+    spans = Attribute("``[(invoked, completed or None, outcome)]`` of every operation, for the summary table.")
+
+    def start() -> object:
+        """Start the clients (a coroutine); operations go on until :meth:`stop`."""
+
+    def stop() -> object:
+        """Stop issuing operations and wait for those in flight (a coroutine)."""
+
+    def finish(result) -> object:
+        """Fill ``result`` (a ``RunResult``) with the counts and leave the history for the checker (a coroutine)."""

@@ -24,7 +24,8 @@ from twisted.internet.task import deferLater
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
 from dledger.membership.configuration import Configuration, ConfigurationError, check_member, from_json
-from dledger.membership.rules import Change, Op
+from dledger.membership.rules import Change, Op, replacement_refusal
+from dledger.membership.rules import change_done as done  # its name here before it moved to the rules
 from dledger.messages import MembersRequest
 
 #: Words of the leader's refusals that say "not now, retry" (dledger.membership.rules.refusal).
@@ -60,16 +61,6 @@ class MembersView:
     def to_json(self) -> dict:
         return {"members": [m.to_json() for m in self.configuration.members], "configIndex": self.configuration.index,
                 "committedIndex": self.committed_index, "committed": self.committed, "answeredBy": self.member}
-
-
-def done(config: Configuration, change: Change) -> bool:
-    """``config`` already holds what ``change`` asks for (so asking again would be refused, and is not needed)."""
-    m = config.get(change.member_id)
-    if change.op is Op.ADD:
-        return m is not None and m.address == change.address
-    if change.op is Op.PROMOTE:
-        return m is not None and m.voter
-    return m is None
 
 
 def passing(exc: DLedgerError) -> bool:
@@ -171,22 +162,13 @@ class Replacement:
 
     async def run(self, old: str, new_id: str, new_address: str) -> MembersView:
         client, say = self.client, self.progress
-        try:
-            check_member(new_id, new_address)
-        except ConfigurationError as exc:
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, str(exc)) from None
-        if old == new_id:
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"replace {old} by itself: give the new member "
-                                                                 "another id")
+        if (why := replacement_refusal(old, new_id, new_address)) is not None:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, why)
         view = await settled(client, await leader_view(client))
         config = view.configuration
+        if (why := replacement_refusal(old, new_id, new_address, config)) is not None:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, why)
         existing = config.get(new_id)
-        if config.get(old) is None and existing is None:
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"{old} is not a member (members: "
-                                                                 f"{', '.join(config.ids)})")
-        if existing is not None and existing.address != new_address:
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"{new_id} is already a member at "
-                                                                 f"{existing.address}, not {new_address}")
         if existing is None:
             say(f"adding {new_id}={new_address} as a learner (members: {', '.join(config.ids)})")
             view = await client.add_member(new_id, new_address)

@@ -179,3 +179,40 @@ def test_standing(spec, mid, standing, stands):
 ])
 def test_leader_steps_down_after_its_removal_commits(spec, index, committed, steps_down):
     assert r.leader_steps_down(conf(spec, index=index), committed, "n0") is steps_down
+
+
+# -- the client's side ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec, op, mid, address, done", [
+    ("n0 n1 n2 n3:l", r.Op.ADD, "n3", "127.0.0.1:20914", True),  # added before the answer was lost
+    ("n0 n1 n2 n3:l", r.Op.ADD, "n3", "127.0.0.1:9", False),  # there, at another address: not this change
+    ("n0 n1 n2", r.Op.ADD, "n3", "127.0.0.1:20914", False),
+    ("n0 n1 n2 n3:l", r.Op.PROMOTE, "n3", "", False),
+    ("n0 n1 n2 n3", r.Op.PROMOTE, "n3", "", True),
+    ("n0 n1 n2", r.Op.PROMOTE, "n3", "", False),  # gone: a promotion is not done by a removal
+    ("n0 n1 n2", r.Op.REMOVE, "n2", "", False),
+    ("n0 n1", r.Op.REMOVE, "n2", "", True),
+])
+def test_change_done(spec, op, mid, address, done):
+    """A change whose answer was lost is settled by reading the configuration: is it already so?"""
+    assert r.change_done(conf(spec), r.Change(op, mid, address)) is done
+
+
+@pytest.mark.parametrize("old, new_id, new_address, spec, why", [
+    ("n0", "n3", "127.0.0.1:20914", None, None),  # the arguments alone
+    ("n0", "n0", "127.0.0.1:20914", None, "replace n0 by itself: give the new member another id"),
+    ("n0", "n3", "nowhere", None, "address"),  # check_member's own line
+    ("n0", "n3", "127.0.0.1:20914", "n0 n1 n2", None),  # to be added
+    ("n0", "n3", "127.0.0.1:20914", "n0 n1 n2 n3:l", None),  # run again: already added
+    ("n0", "n3", "127.0.0.1:20913", "n1 n2 n3", None),  # run again: already removed (n3 third: :20913)
+    ("n7", "n3", "127.0.0.1:20914", "n0 n1 n2", "n7 is not a member (members: n0, n1, n2)"),
+    ("n0", "n3", "127.0.0.1:9", "n0 n1 n2 n3:l", "n3 is already a member at 127.0.0.1:20914, not 127.0.0.1:9"),
+])
+def test_replacement_refusal(old, new_id, new_address, spec, why):
+    """``replace`` refuses, in one line, what cannot be a replacement; a re-run after an interruption passes."""
+    got = r.replacement_refusal(old, new_id, new_address, None if spec is None else conf(spec))
+    if why is None:
+        assert got is None
+    else:
+        assert got is not None and why in got

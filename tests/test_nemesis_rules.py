@@ -206,3 +206,20 @@ def test_the_summary_has_a_row_per_fault_kind_and_says_fail():
     assert rows["isolate"].split()[1:5] == ["1", "4", "1", "1"] and rows["isolate"].endswith("ok")
     assert rows["kill"].split()[1:3] == ["2", "12"] and "FAIL in 1 run(s)" in rows["kill"]
     assert "runs=2 anomalies=1 stuck=0" in rows["all"]
+
+
+@pytest.mark.parametrize("module, name", [
+    ("dledger.testing.nemesis.logload", "LogWorkload"),
+    ("dledger.testing.nemesis.kvload", "KVWorkload"),
+    ("dledger.testing.nemesis.brokerload", "BrokerWorkload"),
+])
+def test_every_workload_is_an_inemesisworkload(module, name):
+    """The runner drives each workload through the one seam (start, stop, finish; spans for the tally)."""
+    import importlib
+
+    from zope.interface.verify import verifyClass
+
+    from dledger.interfaces import INemesisWorkload
+
+    cls = getattr(importlib.import_module(module), name)
+    assert INemesisWorkload.implementedBy(cls) and verifyClass(INemesisWorkload, cls)

@@ -1,4 +1,7 @@
-"""The status page: role-change reasons, the sample ring, the JSON document, the HTML and the endpoint."""
+"""The status page: the role-change ring, the sample ring, the JSON document, the HTML and the endpoint.
+
+Its decisions (role-change reasons, roles a page vouches for, labels) are tested in test_status_rules.py.
+"""
 
 from __future__ import annotations
 
@@ -11,27 +14,9 @@ from twisted.internet import task
 from dledger.stats import LATENCY_BUCKETS_US
 from dledger.status import model, page
 from dledger.status.board import StatusBoard
-from dledger.status.events import Before, RoleEvents, change_reason
+from dledger.status.events import RoleEvents
 from dledger.status.history import History, Sample, quantile, series
 from dledger.testing.cluster import Cluster
-
-
-@pytest.mark.parametrize("before, role, term, leader, transfer, reason", [
-    (Before(None, -1, None), "CANDIDATE", 0, None, False, "started"),
-    (Before("CANDIDATE", 1, None), "LEADER", 1, "n0", False, "won the vote in term 1"),
-    (Before("FOLLOWER", 3, "n1"), "LEADER", 4, "n0", True, "leadership transfer in term 4"),
-    (Before("CANDIDATE", 1, None), "FOLLOWER", 1, "n1", False, "heartbeat from leader n1 in term 1"),
-    (Before("FOLLOWER", 1, "n1"), "CANDIDATE", 1, None, False, "leader n1 silent: heartbeat timeout"),
-    (Before("FOLLOWER", 1, "n1"), "CANDIDATE", 2, None, False, "saw term 2 (was following n1)"),
-    (Before("LEADER", 2, "n0"), "CANDIDATE", 3, None, False, "stepped down: saw term 3"),
-    (Before("LEADER", 2, "n0"), "CANDIDATE", 2, None, False, "stepped down: lost contact with a quorum"),
-    (Before("LEADER", 2, "n0"), "FOLLOWER", 3, "n2", False, "stepped down: n2 leads term 3"),
-    (Before("FOLLOWER", 2, "n0"), "FOLLOWER", 3, "n2", False, "new leader n2 (was n0)"),
-    (Before("CANDIDATE", 2, None), "CANDIDATE", 3, None, False, "new vote round in term 3"),
-])
-def test_change_reason(before, role, term, leader, transfer, reason):
-    """Each role transition gets the reason an operator reads on the page."""
-    assert change_reason(before, role, term, leader, transfer=transfer) == reason
 
 
 def test_role_events_keep_the_newest_within_their_bound():

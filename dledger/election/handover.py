@@ -1,7 +1,7 @@
 """Leadership handover, the I/O side: a requested transfer, the preferred leader's check, a damaged store's.
 
 The decisions (may a transfer start, does a failure end it, which preferred member takes over) are
-:mod:`dledger.election.transfer`'s and :func:`dledger.replication.rules.damaged_leader_action`'s, pure and
+:mod:`dledger.election.transfer`'s and :func:`dledger.election.transfer.damaged_leader_action`'s, pure and
 table-tested; this module waits for the transferee to catch up, asks it to take over and runs the
 preferred-leader timer.  Kept out of :class:`dledger.server.DLedgerServer` so the server stays wiring.
 """
@@ -13,10 +13,10 @@ from twisted.logger import Logger
 
 from dledger.codes import ResponseCode
 from dledger.election import transfer
+from dledger.election.transfer import damaged_leader_action
 from dledger.errors import DLedgerError
 from dledger.messages import LeadershipTransferRequest, LeadershipTransferResponse
 from dledger.ratelog import RateLimitedLog
-from dledger.replication.rules import damaged_leader_action
 
 log = Logger(namespace="dledger.server")
 

@@ -4,12 +4,14 @@ Both sides of a transfer decide here; the Twisted classes only move bytes and ti
 :meth:`dledger.server.DLedgerServer.handle_leadership_transfer` (the leader side: may it start, does a
 failure end it) and ``_check_preferred_leader`` (which preferred member to hand over to), and
 :meth:`dledger.election.elector.LeaderElector.take_leadership` (the transferee side).  Each function has
-a table test in ``tests/test_transfer_rules.py``, one row per rule.
+a table test in ``tests/test_transfer_rules.py``, one row per rule; a damaged leader's hand-over
+(:func:`damaged_leader_action`) has its table in ``tests/test_damaged_leader.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 from dledger.codes import ResponseCode
 
@@ -109,3 +111,36 @@ def take_leadership_refusal(request_term: int, curr_term: int, transfer_id: str 
     if damaged is not None:
         return C.TAKE_LEADERSHIP_FAILED, f"store damaged: {damaged}"
     return None
+
+
+@dataclass(frozen=True)
+class DamageAction:
+    """What a leader that cannot read an entry it must replicate does next (see :func:`damaged_leader_action`).
+
+    ``transfer_to`` names the member to hand leadership to; None means keep leading for now (nobody
+    else can serve the entry yet) and decide again at the next heartbeat.
+    """
+
+    transfer_to: str | None
+    why: str
+
+
+def damaged_leader_action(damaged_index: int, leader_end: int, known: dict[str, int],
+                          max_behind: int) -> DamageAction:
+    """Where leadership goes when the leader's copy of entry ``damaged_index`` is unreadable (issue #9).
+
+    ``known`` maps each peer to the highest index it is known to hold (-1: unknown or unreachable).
+    A leader that cannot read a committed entry can never repair a follower that lacks it, so it
+    hands leadership to a member that holds that entry -- the one holding the most, so the transfer
+    waits least -- provided it is within ``max_behind`` entries (``maxLeadershipTransferWaitIndex``)
+    of the leader's end, as a transfer requires.  If no member qualifies yet, stepping down would
+    only stall the group in elections, so the leader keeps serving and asks again later.
+    Ties go to the smaller id, so the choice is deterministic.
+    """
+    holders = [(mark, peer) for peer, mark in known.items()
+               if mark >= damaged_index and within_transfer_wait(leader_end, mark, max_behind)]
+    if not holders:
+        return DamageAction(None, f"no member is known to hold entry {damaged_index} within {max_behind} "
+                                  f"entries of the end ({leader_end})")
+    mark, peer = min(holders, key=lambda h: (-h[0], h[1]))
+    return DamageAction(peer, f"{peer} holds entries up to {mark} (entry {damaged_index} included)")

@@ -221,3 +221,42 @@ def may_stand(config: Configuration, member_id: str) -> bool:
 def leader_steps_down(config: Configuration, committed_index: int, self_id: str) -> bool:
     """A leader leaves once a configuration that no longer makes it a voter is committed (then hands over)."""
     return config.index <= committed_index and not config.is_voter(self_id)
+
+
+# -- the client's side: a change already made, a replacement that cannot be ----------------------------
+
+def change_done(config: Configuration, change: Change) -> bool:
+    """``config`` already holds what ``change`` asks for (so asking again would be refused, and is not needed).
+
+    How a client settles a change whose answer was lost: it reads the configuration instead of asking again.
+    """
+    m = config.get(change.member_id)
+    if change.op is Op.ADD:
+        return m is not None and m.address == change.address
+    if change.op is Op.PROMOTE:
+        return m is not None and m.voter
+    return m is None
+
+
+def replacement_refusal(old: str, new_id: str, new_address: str, config: Configuration | None = None) -> str | None:
+    """Why ``replace OLD NEW=ADDRESS`` cannot be done (one line), or None.
+
+    Without ``config`` only the arguments are checked (before anything is asked of the group); with the
+    leader's configuration, also that there is something to replace: ``old`` or ``new_id`` is a member
+    (either may be missing when a replacement is run again after an interruption), and ``new_id`` is not
+    a member at another address.
+    """
+    try:
+        check_member(new_id, new_address)
+    except ConfigurationError as exc:
+        return str(exc)
+    if old == new_id:
+        return f"replace {old} by itself: give the new member another id"
+    if config is None:
+        return None
+    existing = config.get(new_id)
+    if config.get(old) is None and existing is None:
+        return f"{old} is not a member (members: {', '.join(config.ids)})"
+    if existing is not None and existing.address != new_address:
+        return f"{new_id} is already a member at {existing.address}, not {new_address}"
+    return None

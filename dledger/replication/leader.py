@@ -665,7 +665,7 @@ class LeaderReplicator:
 
         Logged as an error (once per index and interval, with the store's file and offset), then handed
         to ``on_store_damaged`` (the server's), which marks the store damaged (no more standing for election) and moves
-        leadership to a member holding the entry (:func:`dledger.replication.rules.damaged_leader_action`).
+        leadership to a member holding the entry (:func:`dledger.election.transfer.damaged_leader_action`).
         """
         self.damage_log.error(("unreadable", index), "{id}: cannot read entry {index} to replicate it to {peer}: "
                               "{why}; this member's store is damaged (see 'store damaged' in operations.md)",

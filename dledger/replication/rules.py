@@ -11,7 +11,9 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dledger.election.transfer import within_transfer_wait
+# The damaged leader's hand-over is a transfer decision: it lives in election.transfer (below this layer,
+# docs/architecture.md "Layers") and is re-exported here, where it was first written.
+from dledger.election.transfer import DamageAction, damaged_leader_action  # noqa: F401
 from dledger.membership import rules as membership_rules
 from dledger.quorum import majority
 
@@ -120,36 +122,3 @@ def truncate_reason(follower_end: int | None) -> str:
         return "its log is empty; sending it our log from index {index}"
     where = f" (it ends at {follower_end})" if follower_end is not None else ""
     return "truncating it at index {index} to repair its log" + where + "; normal after a crash or a long absence"
-
-
-@dataclass(frozen=True)
-class DamageAction:
-    """What a leader that cannot read an entry it must replicate does next (see :func:`damaged_leader_action`).
-
-    ``transfer_to`` names the member to hand leadership to; None means keep leading for now (nobody
-    else can serve the entry yet) and decide again at the next heartbeat.
-    """
-
-    transfer_to: str | None
-    why: str
-
-
-def damaged_leader_action(damaged_index: int, leader_end: int, known: dict[str, int],
-                          max_behind: int) -> DamageAction:
-    """Where leadership goes when the leader's copy of entry ``damaged_index`` is unreadable (issue #9).
-
-    ``known`` maps each peer to the highest index it is known to hold (-1: unknown or unreachable).
-    A leader that cannot read a committed entry can never repair a follower that lacks it, so it
-    hands leadership to a member that holds that entry -- the one holding the most, so the transfer
-    waits least -- provided it is within ``max_behind`` entries (``maxLeadershipTransferWaitIndex``)
-    of the leader's end, as a transfer requires.  If no member qualifies yet, stepping down would
-    only stall the group in elections, so the leader keeps serving and asks again later.
-    Ties go to the smaller id, so the choice is deterministic.
-    """
-    holders = [(mark, peer) for peer, mark in known.items()
-               if mark >= damaged_index and within_transfer_wait(leader_end, mark, max_behind)]
-    if not holders:
-        return DamageAction(None, f"no member is known to hold entry {damaged_index} within {max_behind} "
-                                  f"entries of the end ({leader_end})")
-    mark, peer = min(holders, key=lambda h: (-h[0], h[1]))
-    return DamageAction(peer, f"{peer} holds entries up to {mark} (entry {damaged_index} included)")

@@ -20,6 +20,7 @@ A *section* is plain data so that the page renders any plugin's alike::
 promoted" while the leader waits for it to catch up), not the bootstrap ``--peers``.
 A member knows its own state exactly; the leader also knows each follower's lag and last contact.
 A follower's page shows the leader it follows; the other members' roles read ``?`` there.
+What the page decides (roles it can vouch for, labels, the applied index) is :mod:`dledger.status.rules`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from dledger.stats import lag_entries
+from dledger.status import rules
+from dledger.status.rules import member_role  # noqa: F401 (re-exported: its old home)
 
 
 def section(id_: str, title: str, *, summary: Iterable[tuple[str, Any]] = (),
@@ -41,24 +44,9 @@ def table(id_: str, title: str, columns: Iterable[str], rows: Iterable[Iterable[
     return {"id": id_, "title": title, "columns": list(columns), "rows": [list(r) for r in rows]}
 
 
-def member_role(member: str, *, self_id: str, role: str, leader: str | None, in_contact: dict[str, bool]) -> str:
-    """The role one member's page can vouch for: its own, the leader's, and (on the leader) its followers'."""
-    if member == self_id:
-        return role
-    if member == leader:
-        return "LEADER"
-    if role == "LEADER":
-        return "FOLLOWER" if in_contact.get(member) else "UNREACHABLE"
-    return "?"
-
-
 def applied_index(server: Any) -> int:
-    """The highest index every commit listener has been given (the committed index when there is none)."""
-    committed = server.store.committed_index
-    nexts = server.commit_feed.next_indexes()
-    if not nexts:
-        return committed
-    return min(committed, min(nexts) - 1)
+    """The highest index every commit listener has been given (:func:`dledger.status.rules.applied_index`)."""
+    return rules.applied_index(server.store.committed_index, server.commit_feed.next_indexes())
 
 
 def configuration_members(server: Any) -> tuple[list[tuple[str, str, str]], int]:
@@ -70,7 +58,7 @@ def configuration_members(server: Any) -> tuple[list[tuple[str, str, str]], int]
     config = getattr(getattr(server, "membership", None), "configuration", None)
     if config is None:
         return [(mid, peer.address, "voter") for mid, peer in server.config.members.items()], 0
-    return [(m.id, m.address, m.role.value + (", to be promoted" if m.promote and not m.voter else ""))
+    return [(m.id, m.address, rules.membership_label(m.role.value, voter=m.voter, promote=m.promote))
             for m in config.members], config.index
 
 
@@ -98,21 +86,22 @@ def member_status(server: Any, *, now: float, disk_used_ratio: float | None = No
     rows, config_index = configuration_members(server)
     for mid, address, membership in rows:
         row = {"id": mid, "address": address, "self": mid == cfg.self_id,
-               "role": member_role(mid, self_id=cfg.self_id, role=role, leader=state.leader_id,
+               "role": rules.member_role(mid, self_id=cfg.self_id, role=role, leader=state.leader_id,
                                    in_contact=in_contact),
                "membership": membership, "lag": None, "last_contact_s": None, "in_contact": None, "disk_problem": None}
         d = dispatchers.get(mid)
         if d is not None:
             row["lag"] = lag_entries(store.ledger_begin_index, store.ledger_end_index, d.known_index())
             last = getattr(d, "last_contact", None)
-            row["last_contact_s"] = None if last is None else round(max(0.0, now - last), 3)
+            row["last_contact_s"] = rules.seconds_since(now, last)
             row["in_contact"] = bool(d.in_contact)
             row["disk_problem"] = d.disk_problem
         elif mid == cfg.self_id:
             row["lag"] = 0 if role == "LEADER" else None
             row["disk_problem"] = me["disk_problem"]
         members.append(row)
-    configuration = {"index": config_index, "committed": config_index <= store.committed_index}
+    configuration = {"index": config_index,
+                     "committed": rules.configuration_committed(config_index, store.committed_index)}
     return {"member": me, "members": members, "configuration": configuration}
 
 

@@ -16,12 +16,18 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater
+from zope.interface import implementer
+
+from dledger.interfaces import INemesisWorkload
 
 TOPIC = "NemesisTopic"
 CGROUP = "nemesis_cg"
 
 
+@implementer(INemesisWorkload)
 class BrokerWorkload:
+    """Producers and consumers of one topic through the name server (see the module docstring)."""
+
     def __init__(self, run: Any, rng: random.Random, clients: int):
         from dledger_rocketmq.client import RouteClient
         self.run, self.rng = run, rng

@@ -18,7 +18,9 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater
+from zope.interface import implementer
 
+from dledger.interfaces import INemesisWorkload
 from dledger.testing.nemesis.workload import ClientWorkload
 
 KEYS = [f"k{i}" for i in range(4)]
@@ -33,6 +35,7 @@ def available() -> str | None:
     return None
 
 
+@implementer(INemesisWorkload)
 class KVWorkload(ClientWorkload):
     def __init__(self, run: Any, peers: str, rng: random.Random, clients: int):
         from dledger_example.kv.history import KVHistory

@@ -17,12 +17,15 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater
+from zope.interface import implementer
 
 from dledger.errors import DLedgerError
+from dledger.interfaces import INemesisWorkload
 from dledger.testing.checker import History
 from dledger.testing.nemesis.workload import ClientWorkload
 
 
+@implementer(INemesisWorkload)
 class LogWorkload(ClientWorkload):
     at_least_once = False  # an append of unknown outcome is never resent: each body is in the log at most once
 
