@@ -28,7 +28,7 @@ from dledger.transport.limits import (
     tls_hello,
 )
 from dledger.transport.remoting import Frame, FrameError, FrameSplitter, Header
-from dledger.transport.sockopts import set_no_delay
+from dledger.transport.sockopts import set_no_delay, set_read_size
 
 
 class FramedConnection(Protocol):
@@ -110,6 +110,7 @@ class FramedConnection(Protocol):
 
     def connectionMade(self) -> None:
         set_no_delay(self.transport)
+        set_read_size(self.transport)
         if self.limits is not None and self.limits.idle_timeout > 0:
             self._last_frame = self.clock.seconds()
             self._idle_timer = self.clock.callLater(self.limits.idle_timeout, self._idle_check)
