@@ -177,6 +177,8 @@ class DLedgerConfig:
     enable_batch_push: bool = True  # dledger: on by default (Java: off)
     max_batch_push_size: int = MiB  # bytes per push (Java: 4 KiB); each push is a flush round on a follower
     max_pending_size: int = 1000  # in-flight pushes per follower
+    # dledger: bytes of pushes in flight per follower, in full pushes (maxBatchPushSize each); see docs/configuration.md
+    max_in_flight_full_pushes: int = 4
     enable_fast_advance_commit_index: bool = True  # dledger: NOOP at term start (Java: off)
     # membership change (issue #23, docs/operations.md "Replacing a member")
     join_existing: bool = False  # dledger: this member joins a running group: a learner until the log says otherwise
@@ -354,7 +356,7 @@ def _validate(cfg: DLedgerConfig) -> None:
              "max_vote_interval_ms", "max_pending_requests_num", "max_wait_ack_time_ms",
              "max_push_time_out_ms", "mapped_file_size_for_entry_data",
              "mapped_file_size_for_entry_index", "max_entry_size", "flush_file_interval",
-             "check_point_interval", "max_batch_push_size", "max_pending_size",
+             "check_point_interval", "max_batch_push_size", "max_pending_size", "max_in_flight_full_pushes",
              "min_take_leadership_vote_interval_ms",
              "max_take_leadership_vote_interval_ms", "leadership_transfer_wait_timeout",
              "max_frame_size", "lmdb_map_size")

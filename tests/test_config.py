@@ -70,6 +70,7 @@ def test_self_id_must_be_a_peer():
     ({"enable_batch_push": "maybe"}, "expected true or false"),
     ({"enable_batch_push": "true"}, "expected true or false"),
     ({"check_point_interval": "500"}, "expected an integer"),
+    ({"max_in_flight_full_pushes": 0}, "maxInFlightFullPushes: must be > 0"),
 ])
 def test_invalid_values_are_refused(options, message):
     """Out-of-range or mistyped values raise ConfigError naming the option."""

@@ -6,14 +6,18 @@ each in one reactor turn; a large backlog then took the leader's heartbeats with
 
 from __future__ import annotations
 
-from dledger.replication import leader as leader_module
+import pytest
+
 from dledger.testing import Cluster
 
 BATCH = 64 * 1024
 
 
-def test_a_far_behind_follower_gets_at_most_the_byte_window_in_flight():
-    cluster = Cluster(3, seed=7, max_batch_push_size=BATCH, max_pending_size=1000)
+@pytest.mark.parametrize("full_pushes", [None, 2])
+def test_a_far_behind_follower_gets_at_most_the_byte_window_in_flight(full_pushes):
+    """The window is ``maxInFlightFullPushes`` full pushes: the default (4) and a smaller one set in the config."""
+    options = {} if full_pushes is None else {"max_in_flight_full_pushes": full_pushes}
+    cluster = Cluster(3, seed=7, max_batch_push_size=BATCH, max_pending_size=1000, **options)
     try:
         cluster.start()
         leader = cluster.wait_for_leader()
@@ -21,7 +25,7 @@ def test_a_far_behind_follower_gets_at_most_the_byte_window_in_flight():
         cluster.crash(lagging)
         leader = cluster.append_committed([bytes([i % 251]) * (BATCH - 200) for i in range(120)])
         dispatcher = cluster.servers[leader].replicator.dispatchers[lagging]
-        window = leader_module.IN_FLIGHT_FULL_PUSHES * cluster.servers[leader].replicator.max_batch_bytes
+        window = (full_pushes or 4) * cluster.servers[leader].replicator.max_batch_bytes
         seen = []
         sent = dispatcher.sent_append
 

@@ -62,3 +62,43 @@ def test_every_stream_protocol_sets_no_delay_when_connected():
     missing = [f"{path}:{name}" for path, name, made in found
                if made is None or "set_no_delay" not in ast.unparse(made)]
     assert missing == []
+
+
+class _Wrapper:
+    """A protocol wrapper's shape (the listener's guard, a TLS layer): the connection is its ``transport``."""
+
+    def __init__(self, transport):
+        self.transport = transport
+
+
+def _connection():
+    from twisted.internet.abstract import FileDescriptor
+
+    return FileDescriptor.__new__(FileDescriptor)  # the TCP connection's class, without a reactor or socket
+
+
+def test_set_read_size_table():
+    """The read size is set on the TCP connection, found through the wrappers in front of it."""
+    from dledger.transport.sockopts import READ_SIZE, set_read_size
+
+    direct, wrapped, deep = _connection(), _connection(), _connection()
+    assert set_read_size(direct) is True and direct.bufferSize == READ_SIZE
+    assert set_read_size(_Wrapper(_Wrapper(wrapped)), 1234) is True and wrapped.bufferSize == 1234
+    assert set_read_size(_Wrapper(_Wrapper(_Wrapper(_Wrapper(deep))))) is False  # never deeper than 4 hops
+    assert deep.bufferSize == 65536  # Twisted's default, untouched
+    assert set_read_size(StringTransport()) is False  # a fake transport: nothing to tune
+    assert set_read_size(None) is False
+
+
+def test_a_remoting_connection_reads_more_than_twisteds_default():
+    """A leader's batch is what one read holds: the member's connections read READ_SIZE at a time."""
+    from twisted.internet.task import Clock
+
+    from dledger.transport.protocol import RemotingProtocol
+    from dledger.transport.sockopts import READ_SIZE
+
+    connection = _connection()
+    proto = RemotingProtocol(Clock())
+    proto.makeConnection(_Wrapper(connection))
+    assert READ_SIZE > 65536
+    assert connection.bufferSize == READ_SIZE

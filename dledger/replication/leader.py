@@ -46,12 +46,6 @@ def _encoded_size(batch: Sequence[Entry]) -> int:
 #: A follower more than this many entries behind the leader gets an info line (and another when it has
 #: caught up); see "What it logs" in docs/operations.md.
 BEHIND_LOG_ENTRIES = 1000
-#: Bytes of APPENDs in flight to one follower, in full pushes (``maxBatchPushSize``): 4 MiB at the default,
-#: more than a LAN's bandwidth-delay product, and a bound on what one reactor turn reads and sends.  Each
-#: push in flight is held two or three times on the leader (entries read back, the encoded frame, the
-#: transport's buffer): 16 made a leader catching up one follower peak at 181-187 MB RSS, 4 at 136 MB with
-#: the same batched throughput (issue #28 target 4, docs/benchmarks.md).
-IN_FLIGHT_FULL_PUSHES = 4
 #: While a follower does not answer, the leader repeats one summary line per this many seconds.
 DOWN_SUMMARY_INTERVAL = 60.0
 
@@ -461,7 +455,11 @@ class LeaderReplicator:
         self.max_in_flight = cfg.max_pending_size
         #: Bytes of APPENDs in flight to one follower (:meth:`Progress.may_append`): a few full pushes, enough
         #: to keep a loopback or LAN link busy, never a reactor turn that reads a whole backlog.
-        self.max_in_flight_bytes = IN_FLIGHT_FULL_PUSHES * self.max_batch_bytes
+        #: ``maxInFlightFullPushes`` full pushes (``maxBatchPushSize``): 4 MiB at the defaults, more than a LAN's
+        #: bandwidth-delay product. Each push in flight is held two or three times on the leader (entries read
+        #: back, the encoded frame, the transport's buffer): 16 made a leader catching up one follower peak at
+        #: 181-187 MB RSS, 4 at 136 MB with the same batched throughput (issue #28 target 4, docs/benchmarks.md).
+        self.max_in_flight_bytes = cfg.max_in_flight_full_pushes * self.max_batch_bytes
         #: The member's snapshots (``server.snapshots.store``; None: no snapshots, never InstallSnapshot).
         self.snapshot_store = snapshot_store
         #: What each peer is (:class:`dledger.replication.peerkind.PeerKinds`; None: every peer is dledger).

@@ -176,8 +176,8 @@ class Link:
             ready.addCallbacks(lambda _: self._ready(protocol), self._not_ready, errbackArgs=(protocol,))
             return
         ready.addErrback(lambda f: None)
-        if protocol._ready_result is not None:
-            self._not_ready(Failure(protocol._ready_result), protocol)
+        if protocol.ready_error is not None:
+            self._not_ready(Failure(protocol.ready_error), protocol)
             return
         self._ready(protocol)
 

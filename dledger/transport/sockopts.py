@@ -23,3 +23,28 @@ def set_no_delay(transport) -> bool:
     except Exception:  # not a TCP socket, or already closed: nothing to tune
         return False
     return True
+
+
+#: Bytes one read of a request/reply connection takes from the socket (Twisted's default: 64 KiB).  The
+#: frames of one read are decoded first and their APPENDs stored as one batch (``IBatchRequestHandler``),
+#: so the read size bounds a leader's batch: 64 KiB held ~60 one-entry APPENDs of 1 KiB, and every batch
+#: costs a push per follower, a flush round and a reply write.  A larger read lets a pipelined client's
+#: backlog go as one batch (issue #28 target 2, docs/benchmarks.md "Round 2b").
+READ_SIZE = 256 * 1024
+
+
+def set_read_size(transport, size: int = READ_SIZE) -> bool:
+    """Let the TCP connection under ``transport`` (through protocol wrappers) read ``size`` bytes at a time.
+
+    True if set; False when there is no file-descriptor transport underneath (test fakes, in-memory).
+    """
+    from twisted.internet.abstract import FileDescriptor
+
+    for _ in range(4):  # a guard's wrapper, a TLS layer: never deeper
+        if transport is None:
+            return False
+        if isinstance(transport, FileDescriptor):
+            transport.bufferSize = size
+            return True
+        transport = getattr(transport, "transport", None)
+    return False
