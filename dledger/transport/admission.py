@@ -12,7 +12,7 @@ check reads in one place, apart from framing and dispatch (issue #26 item 3).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.python.failure import Failure
@@ -26,8 +26,21 @@ from dledger.security import secret as auth_secret
 from dledger.transport import remoting
 from dledger.transport.remoting import Frame, Header
 
-if TYPE_CHECKING:
-    from dledger.transport.protocol import RemotingProtocol
+
+class AuthHost(Protocol):
+    """What :class:`ConnectionAuth` uses of its connection (a ``RemotingProtocol``), named here rather than
+    imported: ``protocol`` imports this module, and a type-only import back would be a circle
+    (tests/test_import_graph.py)."""
+
+    transport: Any
+    handler: Any
+    peer: str
+    peer_host: str
+    expected_peer: Any
+
+    def raw_call(self, code: int, body: bytes, timeout: float) -> Deferred: ...
+
+    def _abandon(self) -> None: ...
 
 
 class ConnectionAuth:
@@ -38,7 +51,7 @@ class ConnectionAuth:
     in the other modes), which the connection uses to sign and check frames.
     """
 
-    def __init__(self, proto: RemotingProtocol, guard: Any = None, credentials: Any = None):
+    def __init__(self, proto: AuthHost, guard: Any = None, credentials: Any = None):
         self.proto = proto
         self.guard = guard
         self.credentials = credentials
