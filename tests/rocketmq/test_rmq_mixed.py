@@ -3,16 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dledger_rocketmq.control import (
-    KIND_TOPIC_CONFIG,
-    OffsetCommit,
-    decode_control,
-    encode_metadata,
-    encode_offset_commits,
-)
-from dledger_rocketmq.message import Address, decode_record
-from dledger_rocketmq.migrate_check import SCHEDULE_TOPIC, BrokerView, assess
-from dledger_rocketmq.mixed import (
+from dledger_rocketmq.broker.mixed import (
     TERM_START_TOPIC,
     Mode,
     group_mode,
@@ -21,6 +12,15 @@ from dledger_rocketmq.mixed import (
     term_start_record,
     transition,
 )
+from dledger_rocketmq.client.migrate_check import SCHEDULE_TOPIC, BrokerView, assess
+from dledger_rocketmq.common.control import (
+    KIND_TOPIC_CONFIG,
+    OffsetCommit,
+    decode_control,
+    encode_metadata,
+    encode_offset_commits,
+)
+from dledger_rocketmq.common.message import Address, decode_record
 from dledger_rocketmq.plugin import broker_for
 from rmq_cluster_util import broker_cluster, master, msg, put
 
@@ -138,7 +138,7 @@ def test_undecided_master_asks_its_peers_before_the_first_control_entry(tmp_path
 
 
 def test_control_entries_in_the_log_round_trip_through_local_apply(tmp_path):
-    from dledger_rocketmq.mixed import apply_locally
+    from dledger_rocketmq.broker.mixed import apply_locally
 
     cluster = broker_cluster(tmp_path)
     b = master(cluster)
@@ -202,7 +202,7 @@ class FakeBroker:
         self.asked: list[int] = []
 
     def request(self, code, ext):
-        from dledger_rocketmq import fastjson
+        from dledger_rocketmq.common import fastjson
         from twisted.internet.defer import succeed
         self.asked.append(code)
         if code == 106:
@@ -222,7 +222,7 @@ class FakeBroker:
 
 
 def test_gather_asks_the_name_server_then_the_master_first_then_the_slaves():
-    from dledger_rocketmq.migrate_check import gather
+    from dledger_rocketmq.client.migrate_check import gather
     from twisted.internet.defer import ensureDeferred, succeed
 
     topics = {"T": {"topicName": "T", "readQueueNums": 2}, "BenchmarkTest": {"readQueueNums": 1024},

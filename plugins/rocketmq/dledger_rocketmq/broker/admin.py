@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dledger_rocketmq import fastjson
-from dledger_rocketmq.consumequeue import java_string_hash
-from dledger_rocketmq.control import MAX_NAME_LENGTH
-from dledger_rocketmq.metadata import (
+from dledger_rocketmq.common import fastjson
+from dledger_rocketmq.common.control import MAX_NAME_LENGTH
+from dledger_rocketmq.store.consumequeue import java_string_hash
+from dledger_rocketmq.store.metadata import (
     BENCHMARK_TOPIC,
     DEFAULT_TOPIC,
     OFFSET_MOVED_EVENT,

@@ -1,10 +1,10 @@
 """The Broker facade: one per member with ``rocketmq.enabled``; what the broker port (and tests) call.
 
-It ties the CommitLog on dledger (:mod:`~dledger_rocketmq.commitlog`), the
-consume-queue dispatch (:mod:`~dledger_rocketmq.dispatch`), role switching
-(:mod:`~dledger_rocketmq.roles`) and the metadata (:mod:`~dledger_rocketmq.metadata`,
-consumer offsets through the log, :mod:`~dledger_rocketmq.sync`,
-:mod:`~dledger_rocketmq.schedule`) together and is itself a Twisted service
+It ties the CommitLog on dledger (:mod:`~dledger_rocketmq.store.commitlog`), the
+consume-queue dispatch (:mod:`~dledger_rocketmq.store.dispatch`), role switching
+(:mod:`~dledger_rocketmq.broker.roles`) and the metadata (:mod:`~dledger_rocketmq.store.metadata`,
+consumer offsets through the log, :mod:`~dledger_rocketmq.broker.sync`,
+:mod:`~dledger_rocketmq.store.schedule`) together and is itself a Twisted service
 of the member (added by the plugin's ``dledger_services`` hook): started once
 the member serves (store recovered, metadata loaded), stopped before the
 store closes (delayed delivery stopped, queues flushed, metadata persisted).
@@ -26,11 +26,11 @@ from dledger import diskio
 from dledger.codes import ResponseCode, Role
 from dledger.errors import DLedgerError
 from dledger.messages import AppendEntryRequest
-from dledger_rocketmq import oldlog
-from dledger_rocketmq.batch import BatchItem, batch_records
-from dledger_rocketmq.commitlog import CommitLog, PutResult, PutStatus  # noqa: F401 (part of the facade's API)
-from dledger_rocketmq.consumequeue import DEFAULT_FILE_SIZE
-from dledger_rocketmq.control import (
+from dledger_rocketmq.broker.mixed import MixedGroup
+from dledger_rocketmq.broker.roles import MASTER, RoleManager
+from dledger_rocketmq.broker.sync import SlaveSync, SyncKind
+from dledger_rocketmq.common.batch import BatchItem, batch_records
+from dledger_rocketmq.common.control import (
     KIND_ACL_CONFIG,
     KIND_GROUP_CONFIG,
     KIND_TOPIC_CONFIG,
@@ -38,19 +38,19 @@ from dledger_rocketmq.control import (
     encode_metadata,
     encode_offset_commits,
 )
-from dledger_rocketmq.dispatch import Dispatcher
-from dledger_rocketmq.machine import BrokerMachine, MachineFeed
-from dledger_rocketmq.message import (
+from dledger_rocketmq.common.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
     PROPERTY_DELAY_TIME_LEVEL,
     Address,
     MessageRecord,
 )
-from dledger_rocketmq.metadata import BrokerMetadata, MetadataError
-from dledger_rocketmq.mixed import MixedGroup
-from dledger_rocketmq.roles import MASTER, RoleManager
-from dledger_rocketmq.schedule import DelayedDelivery, ScheduleQueueReader, to_schedule
-from dledger_rocketmq.sync import SlaveSync, SyncKind
+from dledger_rocketmq.store import oldlog
+from dledger_rocketmq.store.commitlog import CommitLog, PutResult, PutStatus  # noqa: F401 (part of the facade's API)
+from dledger_rocketmq.store.consumequeue import DEFAULT_FILE_SIZE
+from dledger_rocketmq.store.dispatch import Dispatcher
+from dledger_rocketmq.store.machine import BrokerMachine, MachineFeed
+from dledger_rocketmq.store.metadata import BrokerMetadata, MetadataError
+from dledger_rocketmq.store.schedule import DelayedDelivery, ScheduleQueueReader, to_schedule
 
 log = Logger()
 
@@ -215,7 +215,8 @@ def parse_host(text: str) -> Address:
 
 
 def delayed(record: MessageRecord) -> MessageRecord:
-    """The record a send stores: :func:`~dledger_rocketmq.schedule.to_schedule` for a DELAY level > 0, else itself.
+    """The record a send stores: :func:`~dledger_rocketmq.store.schedule.to_schedule` for a DELAY level > 0,
+    else itself.
 
     A byte check first, so ordinary sends do not parse their properties.
     """
@@ -235,7 +236,7 @@ class Broker(MultiService):
     what the broker port will provide; without it there is no sync, which
     consumer offsets do not need (they go through the log).  Delayed delivery
     runs while master.  Control entries are applied by the metadata state
-    machine (``machine``, :mod:`~dledger_rocketmq.machine`); ``on_control``
+    machine (``machine``, :mod:`~dledger_rocketmq.store.machine`); ``on_control``
     is the dispatcher's control callback (default: nothing).
     """
 
@@ -265,7 +266,7 @@ class Broker(MultiService):
         self.meta.setServiceParent(self)
         #: The metadata as a state machine (name "rocketmq"): it applies the control entries, is snapshotted
         #: and restored; the member's StateMachines feeds it (registered by the plugin's dledger_state_machines
-        #: hook), else the broker feeds it from the commit feed (:class:`~dledger_rocketmq.machine.MachineFeed`).
+        #: hook), else the broker feeds it from the commit feed (:class:`~dledger_rocketmq.store.machine.MachineFeed`).
         self.machine = BrokerMachine(self.meta, queue_state=self._queue_state, on_applied=self._metadata_applied,
                                      store=server.store)
         #: Control entries go to the machine; the dispatcher only indexes records (a custom ``on_control``
@@ -447,7 +448,7 @@ class Broker(MultiService):
     def change_metadata(self, kind: int, configs: Sequence[dict]) -> Deferred:
         """Create/replace or delete topic or subscription-group configs through the log (master only).
 
-        ``kind`` is a :mod:`~dledger_rocketmq.control` metadata kind (3-6).
+        ``kind`` is a :mod:`~dledger_rocketmq.common.control` metadata kind (3-6).
         Fires with the entry's index once it is committed and applied here
         (``meta.topics`` / ``meta.groups`` show it); every member applies it
         in log order.  Fails as :meth:`commit_offsets` does.
@@ -459,8 +460,8 @@ class Broker(MultiService):
         return self.append_control(body)
 
     def change_acl(self, config, source: str, file_source: str | None = None) -> Deferred:
-        """Put ``config`` (an :class:`~dledger_rocketmq.acl.AclConfig`) in effect on every member, through the log
-        (master only); fires with the entry's index once committed and applied here.  ``file_source``: the file
+        """Put ``config`` (an :class:`~dledger_rocketmq.common.acl.AclConfig`) in effect on every member, through the
+        log (master only); fires with the entry's index once committed and applied here.  ``file_source``: the file
         this config comes from (None: an admin change, the last file applied stays the group's)."""
         file_source = self.meta.acl.file_source if file_source is None else file_source
         return self.change_metadata(KIND_ACL_CONFIG, [{"acl": config.to_dict(), "source": source,
@@ -496,7 +497,7 @@ class Broker(MultiService):
         """Append one control entry (master only); fires with its index once committed and applied here.
 
         In a group mixed with Java brokers the master applies it to its own tables instead (fires with -1;
-        slaves get them by the slave sync: :mod:`~dledger_rocketmq.mixed`); ``force``: append anyway.
+        slaves get them by the slave sync: :mod:`~dledger_rocketmq.broker.mixed`); ``force``: append anyway.
         """
         server = self.server
         if server.state.role is not Role.LEADER or not self.roles.is_master():
@@ -586,7 +587,7 @@ class Broker(MultiService):
     # -- role --------------------------------------------------------------------------------
     @property
     def role(self) -> str:
-        """"MASTER" once switched (see :mod:`dledger_rocketmq.roles`), else "SLAVE"."""
+        """"MASTER" once switched (see :mod:`dledger_rocketmq.broker.roles`), else "SLAVE"."""
         return MASTER if self.roles.is_master() else "SLAVE"
 
     @property
@@ -608,7 +609,7 @@ class Broker(MultiService):
     def put_batch(self, template: MessageRecord, items: Sequence) -> Deferred:
         """``put_messages(batch_records(items, template))``, encoded a batch at a time (SEND_BATCH_MESSAGE).
 
-        ``items``: BatchItems or :func:`~dledger_rocketmq.batch.batch_views`.
+        ``items``: BatchItems or :func:`~dledger_rocketmq.common.batch.batch_views`.
         A batch where a message carries a DELAY level (stock clients refuse to
         send one) takes :meth:`put_messages`, which rewrites each such message.
         """

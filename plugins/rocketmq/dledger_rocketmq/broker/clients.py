@@ -1,7 +1,7 @@
 """Client sessions of one broker port: producer/consumer groups, subscriptions, expiry (pure, no I/O).
 
 What RocketMQ's ProducerManager / ConsumerManager keep, as data and
-decisions the handlers in :mod:`~dledger_rocketmq.port_clients` call: a
+decisions the handlers in :mod:`~dledger_rocketmq.broker.port_clients` call: a
 client registers its groups by HEART_BEAT (every 30 s), leaves by
 UNREGISTER_CLIENT or by closing its connection, and is dropped 120 s after
 its last heartbeat.  A consumer group's member set (and its subscriptions)
@@ -23,15 +23,15 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from dledger_rocketmq import fastjson
-from dledger_rocketmq.heartbeat import (  # noqa: F401 (re-exported: the client sessions' data model)
+from dledger_rocketmq.broker.port import FAQ
+from dledger_rocketmq.common import fastjson
+from dledger_rocketmq.common.heartbeat import (  # noqa: F401 (re-exported: the client sessions' data model)
     ConsumerData,
     Heartbeat,
     HeartbeatError,
     Subscription,
     parse_heartbeat,
 )
-from dledger_rocketmq.port import FAQ
 
 #: A channel without a heartbeat for this long is dropped (RocketMQ's channelExpiredTimeout).
 CHANNEL_EXPIRED_MS = 120_000

@@ -5,7 +5,7 @@ refresh is up to ``pollNameServerInterval`` away) sends to a member that is
 now a slave.  RocketMQ answers SERVICE_NOT_AVAILABLE and the send fails
 (apache/rocketmq#3858 asks for forwarding).  Here a slave that knows the
 current master's broker address -- from its latest registration answer
-(:class:`~dledger_rocketmq.registration.MasterFetcher`, valid only for the
+(:class:`~dledger_rocketmq.namesrv.registration.MasterFetcher`, valid only for the
 dledger term and leader it was learned under) -- relays the request to the
 master's broker port and relays the answer back, so a live slave address keeps
 accepting sends during and after a switch.
@@ -31,7 +31,7 @@ from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger
 
 from dledger.ratelog import RateLimitedLog
-from dledger_rocketmq.port import SEND_BATCH_MESSAGE, SEND_MESSAGE, SEND_MESSAGE_V2, Reply, Request
+from dledger_rocketmq.broker.port import SEND_BATCH_MESSAGE, SEND_MESSAGE, SEND_MESSAGE_V2, Reply, Request
 
 log = Logger()
 

@@ -4,11 +4,11 @@ A dledger group's members change online (``dledger members add|promote|remove|re
 configuration in force is ``server.membership`` (:class:`dledger.interfaces.IMembership`), which this
 module observes.  What the broker layer does about it:
 
-* **Broker ids** stay RocketMQ's (:func:`dledger_rocketmq.roles.broker_id_for`): a member ``n<k>``
+* **Broker ids** stay RocketMQ's (:func:`dledger_rocketmq.broker.roles.broker_id_for`): a member ``n<k>``
   is slave ``k + 1``, whenever it joined -- a member added later with a new id never takes an existing
   or a removed member's id (use a new id for a new machine: ``n3``, ``n4``...).  Ids of another form
   keep their position among the bootstrap ``--peers`` (as before); a member that *joins* with such an
-  id (``joinExisting``) gets :func:`~dledger_rocketmq.roles.joined_broker_id`, a number derived from
+  id (``joinExisting``) gets :func:`~dledger_rocketmq.broker.roles.joined_broker_id`, a number derived from
   its id alone, from 1000 up, so it is the same on every start.
 * **Registration waits for catch-up.**  A new member joins as a learner; the leader promotes it to
   voter once its log is within ``learnerPromoteLag`` entries of the leader's (the leader compares the
@@ -31,7 +31,7 @@ module observes.  What the broker layer does about it:
   until it registers again.
 
 The decision is the pure function :func:`registration_step` (table tests); :class:`MemberRegistration`
-moves events and calls :class:`~dledger_rocketmq.registration.Registration`.
+moves events and calls :class:`~dledger_rocketmq.namesrv.registration.Registration`.
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ from typing import Any
 from twisted.logger import Logger
 
 from dledger.ratelog import RateLimitedLog
-from dledger_rocketmq import fastjson
-from dledger_rocketmq.port import SUCCESS
-from dledger_rocketmq.roles import MASTER, numbered_id
+from dledger_rocketmq.broker.port import SUCCESS
+from dledger_rocketmq.broker.roles import MASTER, numbered_id
+from dledger_rocketmq.common import fastjson
 
-log = Logger(namespace="dledger_rocketmq.membership")
+log = Logger(namespace="dledger_rocketmq.broker.membership")
 
 GET_BROKER_CLUSTER_INFO = 106
 UNREGISTER_BROKER = 104
@@ -102,7 +102,7 @@ def registration_step(*, is_master: bool, member: bool, voter: bool, config_inde
 
 
 class MemberRegistration:
-    """Gates a member's :class:`~dledger_rocketmq.registration.Registration` on the configuration in force.
+    """Gates a member's :class:`~dledger_rocketmq.namesrv.registration.Registration` on the configuration in force.
 
     Without ``server.membership`` (a dledger without membership change) the gate is always open and
     nothing is observed: the broker registers as it always did.

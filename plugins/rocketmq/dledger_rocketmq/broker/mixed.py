@@ -16,7 +16,7 @@ empty NOOP).  So while a Java broker may be in the group:
   (as a Java master does) and reach slaves through RocketMQ's slave sync
   (GET_ALL_TOPIC_CONFIG / CONSUMER_OFFSET / DELAY_OFFSET /
   SUBSCRIPTIONGROUP_CONFIG), which Java slaves call already and dledger
-  slaves call too (:mod:`~dledger_rocketmq.sync`);
+  slaves call too (:mod:`~dledger_rocketmq.broker.sync`);
 * a new leader's term-start NOOP carries one valid CommitLog record
   (:func:`term_start_record`, topic :data:`TERM_START_TOPIC`, queue offset
   0) that a Java broker indexes harmlessly instead of skipping messages;
@@ -42,7 +42,7 @@ from twisted.logger import Logger
 
 from dledger import diskio
 from dledger.replication.peerkind import PeerKind
-from dledger_rocketmq.control import (
+from dledger_rocketmq.common.control import (
     KIND_GROUP_CONFIG,
     KIND_TOPIC_CONFIG,
     METADATA_KINDS,
@@ -50,7 +50,7 @@ from dledger_rocketmq.control import (
     encode_metadata,
     encode_offset_commits,
 )
-from dledger_rocketmq.message import Address, MessageRecord, encode_record
+from dledger_rocketmq.common.message import Address, MessageRecord, encode_record
 
 log = Logger()
 

@@ -54,15 +54,15 @@ from dledger.transport.remoting import (
     UnsupportedSerializeTypeError,
 )
 from dledger.transport.sockopts import set_no_delay
-from dledger_rocketmq.batch import batch_records, batch_views, decode_batch
-from dledger_rocketmq.broker import GetResult, GetStatus
-from dledger_rocketmq.brokerstats import BrokerStatsManager
-from dledger_rocketmq.commitlog import PutResult, PutStatus
-from dledger_rocketmq.consumequeue import tag_hash
-from dledger_rocketmq.control import OffsetCommit
-from dledger_rocketmq.errors import ArgumentError, CodecError
-from dledger_rocketmq.message import Address, MessageRecord
-from dledger_rocketmq.metadata import PERM_READ, PERM_WRITE, topic_config
+from dledger_rocketmq.broker.broker import GetResult, GetStatus
+from dledger_rocketmq.broker.brokerstats import BrokerStatsManager
+from dledger_rocketmq.common.batch import batch_records, batch_views, decode_batch
+from dledger_rocketmq.common.control import OffsetCommit
+from dledger_rocketmq.common.errors import ArgumentError, CodecError
+from dledger_rocketmq.common.message import Address, MessageRecord
+from dledger_rocketmq.store.commitlog import PutResult, PutStatus
+from dledger_rocketmq.store.consumequeue import tag_hash
+from dledger_rocketmq.store.metadata import PERM_READ, PERM_WRITE, topic_config
 
 log = Logger()
 
@@ -78,10 +78,10 @@ SEND_BATCH_MESSAGE = 320
 #: Modules that add request handlers to every BrokerPort: ``"module:function"``, called with the port as it is
 #: made (``port.handlers[code] = fn``; ``port.connection_lost_callbacks.append(...)``).  One line per module.
 EXTENSIONS: list[str] = [
-    "dledger_rocketmq.port_admin:install",
-    "dledger_rocketmq.port_clients:install",
-    "dledger_rocketmq.port_acl:install",
-    "dledger_rocketmq.forward:install",  # last: it wraps the send handlers the others installed
+    "dledger_rocketmq.broker.port_admin:install",
+    "dledger_rocketmq.broker.port_clients:install",
+    "dledger_rocketmq.broker.port_acl:install",
+    "dledger_rocketmq.broker.forward:install",  # last: it wraps the send handlers the others installed
 ]
 
 SUCCESS = 0

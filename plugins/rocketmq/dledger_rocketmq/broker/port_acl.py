@@ -1,8 +1,8 @@
 """Access control on the broker port: RocketMQ ACL (``rocketmq.aclEnable``) and client-certificate roles.
 
-:class:`PortAccess` is what :meth:`dledger_rocketmq.port.BrokerPort.process`
+:class:`PortAccess` is what :meth:`dledger_rocketmq.broker.port.BrokerPort.process`
 asks before any handler runs, so every request code is covered, including
-codes added later (a code without a row in :func:`dledger_rocketmq.acl.needs`
+codes added later (a code without a row in :func:`dledger_rocketmq.common.acl.needs`
 needs a valid signature; the admin codes need an admin account).
 
 Where the accounts come from: ``rocketmq.aclFile`` (a RocketMQ 4.x
@@ -16,7 +16,7 @@ an ACL, a member enforces its own file.
 With ``rocketmq.tlsClientAuth`` the port speaks TLS with the member's
 certificate and asks for client certificates signed by the group CA
 (``authMode = "tls"``): a connection with one is judged by the certificate's
-role (:func:`dledger_rocketmq.acl.decide_role`), one without by the ACL (or
+role (:func:`dledger_rocketmq.common.acl.decide_role`), one without by the ACL (or
 refused when the ACL is off).
 """
 
@@ -28,8 +28,8 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from dledger.ratelog import RateLimitedLog
-from dledger_rocketmq import acl
-from dledger_rocketmq.port import SUCCESS, SYSTEM_ERROR, Reply, Request
+from dledger_rocketmq.broker.port import SUCCESS, SYSTEM_ERROR, Reply, Request
+from dledger_rocketmq.common import acl
 
 log = Logger()
 

@@ -1,4 +1,4 @@
-"""The broker port's admin, query and metadata codes (an extension module of :mod:`dledger_rocketmq.port`).
+"""The broker port's admin, query and metadata codes (an extension module of :mod:`dledger_rocketmq.broker.port`).
 
 ``install(port)`` adds handlers for what mqadmin and a RocketMQ slave send
 to a broker:
@@ -7,7 +7,7 @@ to a broker:
   DELETE_TOPIC_IN_BROKER (215), UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (200),
   DELETE_SUBSCRIPTIONGROUP (207).  Unlike RocketMQ (which changes the
   master's table and lets slaves copy it every 10 s), each change is a
-  CONTROL entry in the dledger log (:mod:`~dledger_rocketmq.control` kinds
+  CONTROL entry in the dledger log (:mod:`~dledger_rocketmq.common.control` kinds
   3-6) applied by every member in log order, and the reply is sent once the
   entry is committed and applied here: a new master knows every topic
   created before the switch;
@@ -22,9 +22,9 @@ to a broker:
   producerConnection, queryMsgById's message track): VIEW_BROKER_STATS_DATA
   (315), GET_BROKER_CONSUME_STATS (317), QUERY_TOPIC_CONSUME_BY_WHO (300),
   GET_PRODUCER_CONNECTION_LIST (204).  The figures are the port's
-  :class:`~dledger_rocketmq.brokerstats.BrokerStatsManager` (``port.broker_stats``).
+  :class:`~dledger_rocketmq.broker.brokerstats.BrokerStatsManager` (``port.broker_stats``).
 
-The decisions and body formats are in :mod:`dledger_rocketmq.admin`.
+The decisions and body formats are in :mod:`dledger_rocketmq.broker.admin`.
 """
 
 from __future__ import annotations
@@ -37,17 +37,8 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from dledger.errors import DLedgerError
-from dledger_rocketmq import admin, fastjson
-from dledger_rocketmq.commitlog import store_timestamp_position
-from dledger_rocketmq.control import (
-    KIND_GROUP_CONFIG,
-    KIND_GROUP_DELETE,
-    KIND_TOPIC_CONFIG,
-    KIND_TOPIC_DELETE,
-)
-from dledger_rocketmq.errors import CodecError
-from dledger_rocketmq.message import MESSAGE_MAGIC, decode_record
-from dledger_rocketmq.port import (
+from dledger_rocketmq.broker import admin
+from dledger_rocketmq.broker.port import (
     QUERY_NOT_FOUND,
     SUCCESS,
     SYSTEM_ERROR,
@@ -58,7 +49,17 @@ from dledger_rocketmq.port import (
     ext_int,
     ext_str,
 )
-from dledger_rocketmq.sync import SyncKind, master_body
+from dledger_rocketmq.broker.sync import SyncKind, master_body
+from dledger_rocketmq.common import fastjson
+from dledger_rocketmq.common.control import (
+    KIND_GROUP_CONFIG,
+    KIND_GROUP_DELETE,
+    KIND_TOPIC_CONFIG,
+    KIND_TOPIC_DELETE,
+)
+from dledger_rocketmq.common.errors import CodecError
+from dledger_rocketmq.common.message import MESSAGE_MAGIC, decode_record
+from dledger_rocketmq.store.commitlog import store_timestamp_position
 
 log = Logger()
 

@@ -31,8 +31,7 @@ from twisted.logger import Logger
 
 from dledger.errors import DLedgerError
 from dledger.transport.remoting import FLAG_ONEWAY, Header
-from dledger_rocketmq import fastjson
-from dledger_rocketmq.clients import (
+from dledger_rocketmq.broker.clients import (
     CONSUMER_NOT_ONLINE,
     NO_PERMISSION,
     ClientRegistry,
@@ -40,11 +39,8 @@ from dledger_rocketmq.clients import (
     parse_heartbeat,
     pull_subscription_check,
 )
-from dledger_rocketmq.errors import CodecError
-from dledger_rocketmq.longpoll import PullHolds, hold_seconds, should_hold
-from dledger_rocketmq.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_TYPE_MASK, decode_record, peek_record
-from dledger_rocketmq.metadata import PERM_READ, PERM_WRITE, subscription_group_config, topic_config
-from dledger_rocketmq.port import (
+from dledger_rocketmq.broker.longpoll import PullHolds, hold_seconds, should_hold
+from dledger_rocketmq.broker.port import (
     PULL_MESSAGE,
     PULL_NOT_FOUND,
     SEND_BATCH_MESSAGE,
@@ -63,7 +59,7 @@ from dledger_rocketmq.port import (
     pull_args,
     subscription_codes,
 )
-from dledger_rocketmq.retry import (
+from dledger_rocketmq.broker.retry import (
     DEFAULT_MAX_RECONSUME_TIMES,
     LockTable,
     max_reconsume_times,
@@ -73,6 +69,10 @@ from dledger_rocketmq.retry import (
     send_back,
     send_back_args,
 )
+from dledger_rocketmq.common import fastjson
+from dledger_rocketmq.common.errors import CodecError
+from dledger_rocketmq.common.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_TYPE_MASK, decode_record, peek_record
+from dledger_rocketmq.store.metadata import PERM_READ, PERM_WRITE, subscription_group_config, topic_config
 
 log = Logger()
 

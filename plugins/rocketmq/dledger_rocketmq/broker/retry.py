@@ -22,14 +22,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from dledger_rocketmq.message import (
+from dledger_rocketmq.broker.port import ArgumentError, ext_bool, ext_int, ext_str
+from dledger_rocketmq.common.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_WAIT_STORE_MSG_OK,
     MessageRecord,
 )
-from dledger_rocketmq.metadata import PERM_READ, PERM_WRITE, topic_config
-from dledger_rocketmq.port import ArgumentError, ext_bool, ext_int, ext_str
-from dledger_rocketmq.schedule import java_properties
+from dledger_rocketmq.store.metadata import PERM_READ, PERM_WRITE, topic_config
+from dledger_rocketmq.store.schedule import java_properties
 
 PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
 PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"

@@ -166,7 +166,7 @@ def transfer_targets(server) -> list[str]:
 class RoleManager:
     """The broker's role, driven by dledger's role changes and leader-ready events.
 
-    ``dispatcher`` (a :class:`dledger_rocketmq.dispatch.Dispatcher`) says when
+    ``dispatcher`` (a :class:`dledger_rocketmq.store.dispatch.Dispatcher`) says when
     the queues have caught up; ``rebuild`` rebuilds the topic-queue table;
     ``on_master`` / ``on_slave`` start and stop what belongs to each role
     (delayed delivery, metadata sync), called with the manager.

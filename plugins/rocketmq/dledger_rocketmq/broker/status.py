@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 
 from dledger.status.model import section, table
-from dledger_rocketmq.consumequeue import DELAY_LEVELS_MS, SCHEDULE_TOPIC
+from dledger_rocketmq.store.consumequeue import DELAY_LEVELS_MS, SCHEDULE_TOPIC
 
 #: Queue rows per consumer group sent to the page at most (the largest lags first); the metrics carry all.
 MAX_OFFSET_ROWS = 5000

@@ -34,11 +34,11 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from dledger.ratelog import RateLimitedLog
-from dledger_rocketmq import fastjson
-from dledger_rocketmq.metadata import BrokerMetadata, subscription_group_table, topic_table
-from dledger_rocketmq.offsets import ConsumerOffsetTable, DelayOffsetTable
+from dledger_rocketmq.common import fastjson
+from dledger_rocketmq.store.metadata import BrokerMetadata, subscription_group_table, topic_table
+from dledger_rocketmq.store.offsets import ConsumerOffsetTable, DelayOffsetTable
 
-log = Logger(namespace="dledger_rocketmq.sync")
+log = Logger(namespace="dledger_rocketmq.broker.sync")
 
 DEFAULT_INTERVAL = 10.0
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dledger.commands.argtypes import add_tls_options
-from dledger_rocketmq.broker import parse_host
+from dledger_rocketmq.broker.broker import parse_host
 
 PROG = "dledger rocketmq"
 
@@ -134,8 +134,8 @@ class UsageProblem(ValueError):
 def client_options(args) -> dict[str, Any]:
     """``credentials`` and ``tls_options`` for the client from the security options (UsageProblem if unusable)."""
     from dledger.security.tls import TLSConfigError
-    from dledger_rocketmq.acl import AclConfigError, Credentials
-    from dledger_rocketmq.client import tls_options
+    from dledger_rocketmq.client.client import tls_options
+    from dledger_rocketmq.common.acl import AclConfigError, Credentials
 
     kw: dict[str, Any] = {}
     if bool(args.access_key) != bool(args.secret_key_file):
@@ -155,7 +155,7 @@ def client_options(args) -> dict[str, Any]:
 
 
 def _client(args):
-    from dledger_rocketmq.client import BlockingRocketMQClient
+    from dledger_rocketmq.client.client import BlockingRocketMQClient
 
     host, port = args.addr
     return BlockingRocketMQClient(host, port, timeout=args.timeout, **client_options(args))
@@ -165,7 +165,7 @@ def _run(args, fn) -> int:
     """Connect, run ``fn(client)``, map failures to one line (exit 1; unusable options: exit 2)."""
     from twisted.internet.error import ConnectError
 
-    from dledger_rocketmq.client import RocketMQError
+    from dledger_rocketmq.client.client import RocketMQError
 
     try:
         client = _client(args)
@@ -255,10 +255,10 @@ def cmd_offsets(args) -> int:
 def inspect_store(root: Path, *, last: int = 3, data_root: Path | None = None, self_id: str | None = None
                   ) -> dict[str, Any]:
     """What ``inspect`` shows, as a dict (StoreError subclasses for unusable files)."""
-    from dledger_rocketmq.consumequeue import ConsumeQueues
-    from dledger_rocketmq.errors import CodecError
-    from dledger_rocketmq.metadata import BrokerMetadata
-    from dledger_rocketmq.migration import StoreReader
+    from dledger_rocketmq.common.errors import CodecError
+    from dledger_rocketmq.store.consumequeue import ConsumeQueues
+    from dledger_rocketmq.store.metadata import BrokerMetadata
+    from dledger_rocketmq.store.migration import StoreReader
 
     cq_size = None
     for f in sorted((root / "consumequeue").glob("*/*/*")):
@@ -300,7 +300,7 @@ def inspect_store(root: Path, *, last: int = 3, data_root: Path | None = None, s
 
 def _topic_names(root: Path, meta) -> list[str]:
     """The topics of ``config/topics.json`` as written (the loaded table also holds this tool's defaults)."""
-    from dledger_rocketmq import fastjson
+    from dledger_rocketmq.common import fastjson
 
     try:
         data = fastjson.loads((root / "config" / "topics.json").read_bytes())
@@ -311,7 +311,7 @@ def _topic_names(root: Path, meta) -> list[str]:
 
 def cmd_inspect(args) -> int:
     from dledger.errors import StoreError
-    from dledger_rocketmq.errors import CodecError
+    from dledger_rocketmq.common.errors import CodecError
 
     root = Path(args.dir)
     if not root.is_dir():
@@ -341,8 +341,8 @@ def cmd_migrate_check(args) -> int:
     from twisted.internet.threads import blockingCallFromThread
 
     from dledger.blocking import private_reactor
-    from dledger_rocketmq import migrate_check
-    from dledger_rocketmq.client import connect
+    from dledger_rocketmq.client import migrate_check
+    from dledger_rocketmq.client.client import connect
 
     try:
         kw = client_options(args)

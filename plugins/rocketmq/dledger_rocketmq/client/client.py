@@ -1,4 +1,4 @@
-"""A small Python client for the broker port (:mod:`dledger_rocketmq.port`): Deferred and blocking forms.
+"""A small Python client for the broker port (:mod:`dledger_rocketmq.broker.port`): Deferred and blocking forms.
 
     d = connect(reactor, "127.0.0.1", 10911)          # Deferred of a RocketMQClient
     d.addCallback(lambda c: c.send("T", b"hi", tags="A"))  # SendResult(msg_id, queue_id, queue_offset)
@@ -34,9 +34,7 @@ from twisted.internet.threads import blockingCallFromThread
 
 from dledger.transport.remoting import FLAG_ONEWAY, FrameError, FrameSplitter, Header
 from dledger.transport.sockopts import set_no_delay
-from dledger_rocketmq.batch import BatchItem, encode_batch
-from dledger_rocketmq.message import MessageRecord, decode_record, encode_properties
-from dledger_rocketmq.port import (
+from dledger_rocketmq.broker.port import (
     GET_MAX_OFFSET,
     GET_MIN_OFFSET,
     PULL_MESSAGE,
@@ -51,6 +49,8 @@ from dledger_rocketmq.port import (
     decode_header,
     encode_command,
 )
+from dledger_rocketmq.common.batch import BatchItem, encode_batch
+from dledger_rocketmq.common.message import MessageRecord, decode_record, encode_properties
 
 _I32 = struct.Struct(">i")
 
@@ -135,7 +135,7 @@ class RocketMQClient:
                  max_frame_size: int = 16 * 1024 * 1024, default_topic_queue_nums: int = 4,
                  credentials: Any = None):
         self.reactor = reactor
-        #: A :class:`dledger_rocketmq.acl.Credentials`: every request is signed as AclClientRPCHook signs it
+        #: A :class:`dledger_rocketmq.common.acl.Credentials`: every request is signed as AclClientRPCHook signs it
         #: (brokers with RocketMQ ACL); None: unsigned.
         self.credentials = credentials
         self.timeout = timeout
@@ -231,7 +231,7 @@ class RocketMQClient:
         return self.send_encoded_batch(topic, encode_batch([BatchItem(b, props) for b in bodies]), queue_id=queue_id)
 
     def send_encoded_batch(self, topic: str, body: bytes, *, queue_id: int = 0) -> Deferred:
-        """SEND_BATCH_MESSAGE of a body already encoded with :func:`~dledger_rocketmq.batch.encode_batch` (a load
+        """SEND_BATCH_MESSAGE of a body already encoded with :func:`~dledger_rocketmq.common.batch.encode_batch` (a load
         generator sends one body many times); fires with a :class:`SendResult`."""
         return self.request(SEND_BATCH_MESSAGE, self._send_ext(topic, queue_id, "", True), body
                             ).addCallback(self._send_result)
@@ -308,7 +308,7 @@ def connect(reactor: Any, host: str, port: int, *, timeout: float = 10.0, tls_op
             **kw: Any) -> Deferred:
     """Connect to a broker port; fires with a :class:`RocketMQClient`.
 
-    ``credentials`` (:class:`dledger_rocketmq.acl.Credentials`) signs every
+    ``credentials`` (:class:`dledger_rocketmq.common.acl.Credentials`) signs every
     request (RocketMQ ACL); ``tls_options`` (:func:`tls_options`) speaks TLS
     (a broker port with ``ssl:`` or ``rocketmq.tlsClientAuth``).
     """

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dledger_rocketmq import fastjson
+from dledger_rocketmq.common import fastjson
 
 GET_MAX_OFFSET = 30
 GET_ALL_TOPIC_CONFIG = 21

@@ -48,7 +48,7 @@ ACCESS_KEY = "AccessKey"
 SIGNATURE = "Signature"
 SECURITY_TOKEN = "SecurityToken"
 #: extFields a signature never covers: the signature itself, the query flag RocketMQ leaves out, and the mark a
-#: slave adds when it relays a client's send to the master (dledger_rocketmq.forward), so the master checks the
+#: slave adds when it relays a client's send to the master (dledger_rocketmq.broker.forward), so the master checks the
 #: client's own signature.
 UNSIGNED_FIELDS = frozenset({SIGNATURE, "_UNIQUE_KEY_QUERY", "dledgerForwardedBy"})
 RETRY_PREFIX = "%RETRY%"
@@ -503,7 +503,7 @@ def needs(code: int, ext: Mapping[str, str], body: bytes = b"") -> dict[str, int
     elif code in (UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP):
         add(group(ext.get("consumerGroup")), SUB)
     elif code == HEART_BEAT:
-        from dledger_rocketmq.heartbeat import HeartbeatError, parse_heartbeat
+        from dledger_rocketmq.common.heartbeat import HeartbeatError, parse_heartbeat
 
         try:
             heartbeat = parse_heartbeat(body)

@@ -17,8 +17,8 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from dledger_rocketmq.errors import CodecError, CorruptRecordError, RecordTooLargeError, TruncatedRecordError
-from dledger_rocketmq.message import MAX_PROPERTIES_LENGTH, MessageRecord
+from dledger_rocketmq.common.errors import CodecError, CorruptRecordError, RecordTooLargeError, TruncatedRecordError
+from dledger_rocketmq.common.message import MAX_PROPERTIES_LENGTH, MessageRecord
 
 _HEAD = struct.Struct(">iiiii")  # TOTALSIZE, MAGICCODE, BODYCRC, FLAG, BODYLEN
 _I16 = struct.Struct(">h")

@@ -4,7 +4,7 @@ Why: in RocketMQ's DLedger mode consumer offsets live only in the master's
 memory and reach the slaves by a 10 s pull, so a new master serves offsets up
 to 10 s old and consumers see duplicates after every switch.  Here an offset
 commit is appended to the dledger log as a CONTROL entry; every member applies
-committed control entries in log order (see :mod:`dledger_rocketmq.offsets`),
+committed control entries in log order (see :mod:`dledger_rocketmq.store.offsets`),
 so the new master knows every offset committed before the switch.
 
 Layout (big-endian), one dledger entry body::
@@ -25,7 +25,7 @@ without RocketMQ's 10 s metadata sync::
 delete (``{"topicName": ...}``), 5 = subscription-group configs
 (SubscriptionGroupConfig beans), 6 = groups to delete (``{"groupName": ...}``),
 7 = the whole ACL in effect (one object: ``{"acl": <plain_acl.yml as JSON>,
-"source": ...}``, :mod:`dledger_rocketmq.acl`), so every master enforces the
+"source": ...}``, :mod:`dledger_rocketmq.common.acl`), so every master enforces the
 same accounts.
 ``timestamp`` is the master's clock when it appended the change: every member
 stamps its table's DataVersion with it, so the DataVersions agree.  Control
@@ -40,7 +40,7 @@ import json
 import struct
 from typing import NamedTuple
 
-from dledger_rocketmq.errors import CodecError
+from dledger_rocketmq.common.errors import CodecError
 
 MAGIC = b"RMQC"
 KIND_OFFSET_COMMIT = 1

@@ -17,7 +17,17 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from dledger_rocketmq.consumequeue import java_string_hash
+
+# Here, at the bottom layer, because fastjson orders keys as Java's HashMap does and consume queues (tag
+# codes) and admin (queue hashes) need the same hash: store/consumequeue.py re-exports it.
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode()``: ``s[0]*31^(n-1) + ... + s[n-1]`` over UTF-16 code units, as an int32."""
+    h = 0
+    data = text.encode("utf-16-be", errors="surrogatepass")
+    for i in range(0, len(data), 2):
+        h = (31 * h + (data[i] << 8 | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
 
 # -- reading ----------------------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """HEART_BEAT bodies (RocketMQ's HeartbeatData JSON) as data: producer groups, consumers, subscriptions.
 
-Pure parsing, below everything that uses it: the client sessions (:mod:`~dledger_rocketmq.clients`) register
-what a heartbeat says, and the ACL (:mod:`~dledger_rocketmq.acl`) finds the groups and topics it names
+Pure parsing, below everything that uses it: the client sessions (:mod:`~dledger_rocketmq.broker.clients`) register
+what a heartbeat says, and the ACL (:mod:`~dledger_rocketmq.common.acl`) finds the groups and topics it names
 without importing the broker port.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dledger_rocketmq import fastjson
-from dledger_rocketmq.errors import ArgumentError
+from dledger_rocketmq.common import fastjson
+from dledger_rocketmq.common.errors import ArgumentError
 
 
 class HeartbeatError(ArgumentError):

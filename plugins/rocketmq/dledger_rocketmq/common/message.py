@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from dledger_rocketmq.errors import CodecError, CorruptRecordError, RecordTooLargeError, TruncatedRecordError
+from dledger_rocketmq.common.errors import CodecError, CorruptRecordError, RecordTooLargeError, TruncatedRecordError
 
 MESSAGE_MAGIC = -626843481  # 0xDAA320A7 as a signed int32
 BLANK_MAGIC = -875286124  # 0xCBD43194 as a signed int32

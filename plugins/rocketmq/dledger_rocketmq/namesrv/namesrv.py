@@ -7,8 +7,8 @@ clusters (GET_BROKER_CLUSTER_INFO 106) and topics
 (GET_ALL_TOPIC_LIST_FROM_NAMESERVER 206); mqadmin deleteTopic removes a topic's route
 (DELETE_TOPIC_IN_NAMESRV 216, an admin code with ACL); any other code is answered
 REQUEST_CODE_NOT_SUPPORTED.  The decisions and the table are
-:mod:`dledger_rocketmq.routes`; this module moves frames (the broker port's
-protocol and header codec, :mod:`dledger_rocketmq.port`) and time: a broker
+:mod:`dledger_rocketmq.namesrv.routes`; this module moves frames (the broker port's
+protocol and header codec, :mod:`dledger_rocketmq.broker.port`) and time: a broker
 is removed the moment its connection closes, and after ``expiry`` (120 s)
 without a registration otherwise (checked every ``scan_interval``, 10 s,
 on the injected IReactorTime).
@@ -35,8 +35,7 @@ from twisted.python.failure import Failure
 from dledger.ratelog import RateLimitedLog
 from dledger.transport.listener import ListenerGuard, ListenerLimits
 from dledger.transport.remoting import Header
-from dledger_rocketmq import routes
-from dledger_rocketmq.port import (
+from dledger_rocketmq.broker.port import (
     FAQ,
     SUCCESS,
     SYSTEM_ERROR,
@@ -50,8 +49,9 @@ from dledger_rocketmq.port import (
     ext_str,
     unsupported_reply,
 )
+from dledger_rocketmq.namesrv import routes
 
-log = Logger(namespace="dledger_rocketmq.namesrv")
+log = Logger(namespace="dledger_rocketmq.namesrv.namesrv")
 
 REGISTER_BROKER = 103
 UNREGISTER_BROKER = 104
@@ -82,7 +82,7 @@ def register_reply(result: routes.RegisterResult) -> Reply:
 class NameServer(service.Service):
     """The name server's endpoint and table (see the module docstring).
 
-    It has what :class:`~dledger_rocketmq.port.BrokerPortProtocol` needs of
+    It has what :class:`~dledger_rocketmq.broker.port.BrokerPortProtocol` needs of
     a port (``max_frame_size``, ``connections``, ``connection_lost_callbacks``,
     ``handle``), so the broker port's framing and header codec serve it too.
     """
@@ -215,7 +215,7 @@ class NameServer(service.Service):
 
     def refuse(self, request: Request) -> Reply | None:
         """The ACL's answer to a request (None: go on); routes are changed only by admin accounts."""
-        from dledger_rocketmq import acl
+        from dledger_rocketmq.common import acl
 
         host = request.conn.born_host.host if request.conn is not None else None
         refusal = acl.decide(self.acl() or acl.AclConfig({}), request.code, request.ext, request.body, host,
@@ -330,7 +330,7 @@ class Options(usage.Options):
             raise usage.UsageError(str(exc)) from None
         self["acl"] = None
         if self["acl-file"]:
-            from dledger_rocketmq.acl import AclConfigError, load_acl_file
+            from dledger_rocketmq.common.acl import AclConfigError, load_acl_file
 
             try:
                 self["acl"] = load_acl_file(self["acl-file"])

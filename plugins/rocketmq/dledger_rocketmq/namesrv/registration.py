@@ -39,12 +39,12 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from dledger.ratelog import RateLimitedLog
-from dledger_rocketmq import client as rmq_client
-from dledger_rocketmq import routes
-from dledger_rocketmq.broker import parse_host
-from dledger_rocketmq.port import SUCCESS
+from dledger_rocketmq.broker.broker import parse_host
+from dledger_rocketmq.broker.port import SUCCESS
+from dledger_rocketmq.client import client as rmq_client
+from dledger_rocketmq.namesrv import routes
 
-log = Logger(namespace="dledger_rocketmq.registration")
+log = Logger(namespace="dledger_rocketmq.namesrv.registration")
 
 REGISTER_BROKER = 103
 UNREGISTER_BROKER = 104
@@ -171,7 +171,7 @@ class MasterFetcher:
 
     def client(self) -> defer.Deferred:
         """A connected client to the current master's broker port, or a failure at once if it is not known
-        (a forwarded send must not wait for an address; see :mod:`dledger_rocketmq.forward`)."""
+        (a forwarded send must not wait for an address; see :mod:`dledger_rocketmq.broker.forward`)."""
         if self.stopped or not self.known():
             return defer.fail(rmq_client.RocketMQError(-1, "the master's address is not known here"))
         return self._connected(self.master_addr)
@@ -243,7 +243,7 @@ class Registration(service.Service):
         self._soon: Any = None
         self._log = RateLimitedLog(log, self._clock(), interval=60.0)
         self._hooked = False
-        #: Whether to register now (:class:`dledger_rocketmq.membership.MemberRegistration` sets it: a new member
+        #: Whether to register now (:class:`dledger_rocketmq.broker.membership.MemberRegistration` sets it: a new member
         #: waits for catch-up, a removed one withdraws); a closed gate unregisters a broker that was registered.
         self.gate: Callable[[], bool] = lambda: True
         self.registered = False  # REGISTER_BROKER sent and not withdrawn since

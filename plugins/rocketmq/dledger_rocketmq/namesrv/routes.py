@@ -3,7 +3,7 @@
 Why a module of its own: every decision the name server makes -- who is
 the master of a broker group, which queues a topic has, when a broker has
 gone silent -- lives here as plain data and small functions, so the table
-tests need no sockets and no reactor; :mod:`dledger_rocketmq.namesrv` only
+tests need no sockets and no reactor; :mod:`dledger_rocketmq.namesrv.namesrv` only
 moves frames and time.
 
 What it keeps (names as in RocketMQ): per brokerName a ``BrokerData``
@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dledger_rocketmq import fastjson
+from dledger_rocketmq.common import fastjson
 
 MASTER_ID = 0
 #: Seconds without a registration after which a broker is dropped (RocketMQ's BROKER_CHANNEL_EXPIRED_TIME).

@@ -43,9 +43,8 @@ from dledger.entry import BODY_OFFSET
 from dledger.errors import DLedgerError
 from dledger.interfaces import IAppendHook, IPositionReader
 from dledger.messages import AppendEntryRequest
-from dledger_rocketmq.consumequeue import is_dispatched
-from dledger_rocketmq.errors import CodecError
-from dledger_rocketmq.message import (
+from dledger_rocketmq.common.errors import CodecError
+from dledger_rocketmq.common.message import (
     BORN_HOST_POSITION,
     BORNHOST_V6_FLAG,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -59,6 +58,7 @@ from dledger_rocketmq.message import (
     encode_record,
     message_ids,
 )
+from dledger_rocketmq.store.consumequeue import is_dispatched
 
 log = Logger()
 

@@ -40,8 +40,9 @@ from typing import NamedTuple
 from twisted.internet.defer import Deferred, succeed
 
 from dledger.diskio import create_sized_file, fsync_dir, fsync_fd, remove_file, write_at
-from dledger_rocketmq.errors import CodecError, CorruptRecordError, StoreLayoutError, TruncatedRecordError
-from dledger_rocketmq.message import (
+from dledger_rocketmq.common.errors import CodecError, CorruptRecordError, StoreLayoutError, TruncatedRecordError
+from dledger_rocketmq.common.fastjson import java_string_hash
+from dledger_rocketmq.common.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_TAGS,
     TRANSACTION_COMMIT_TYPE,
@@ -84,15 +85,6 @@ FILLER = Unit(0, FILLER_SIZE, 0)
 
 
 # -- what a record's unit is ------------------------------------------------------------------------------
-
-def java_string_hash(text: str) -> int:
-    """Java's ``String.hashCode()``: ``s[0]*31^(n-1) + ... + s[n-1]`` over UTF-16 code units, as an int32."""
-    h = 0
-    data = text.encode("utf-16-be", errors="surrogatepass")
-    for i in range(0, len(data), 2):
-        h = (31 * h + (data[i] << 8 | data[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h & 0x80000000 else h
-
 
 #: A broker sees few distinct tags and hashes one per message dispatched: remember the last few thousand.
 _cached_string_hash = lru_cache(maxsize=4096)(java_string_hash)

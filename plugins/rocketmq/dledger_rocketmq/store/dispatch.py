@@ -48,8 +48,21 @@ from dledger.entry import BODY_OFFSET, HEADER, HEADER_SIZE
 from dledger.errors import DLedgerError
 from dledger.interfaces import ICommitListener
 from dledger.ratelog import RateLimitedLog
-from dledger_rocketmq.commitlog import CONTROL_PREFIX, is_record_body
-from dledger_rocketmq.consumequeue import (
+from dledger_rocketmq.common.errors import CodecError, CorruptRecordError, StoreLayoutError
+from dledger_rocketmq.common.message import (
+    BORN_HOST_POSITION,
+    BORNHOST_V6_FLAG,
+    MESSAGE_MAGIC,
+    PROPERTY_TAGS,
+    STOREHOST_V6_FLAG,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_TYPE_MASK,
+    decode_record,
+    parse_properties,
+    property_value,
+)
+from dledger_rocketmq.store.commitlog import CONTROL_PREFIX, is_record_body
+from dledger_rocketmq.store.consumequeue import (
     DEFAULT_FILE_SIZE,
     DEFAULT_OPEN_FILES,
     DELAY_LEVELS_MS,
@@ -61,19 +74,6 @@ from dledger_rocketmq.consumequeue import (
     tag_hash,
     tags_code_of,
     unit_for,
-)
-from dledger_rocketmq.errors import CodecError, CorruptRecordError, StoreLayoutError
-from dledger_rocketmq.message import (
-    BORN_HOST_POSITION,
-    BORNHOST_V6_FLAG,
-    MESSAGE_MAGIC,
-    PROPERTY_TAGS,
-    STOREHOST_V6_FLAG,
-    TRANSACTION_COMMIT_TYPE,
-    TRANSACTION_TYPE_MASK,
-    decode_record,
-    parse_properties,
-    property_value,
 )
 
 log = Logger()

@@ -2,7 +2,7 @@
 
 Why: before snapshots, a member rebuilt its topics, subscription groups,
 consumer and delay offsets and ACL from ``config/*.json`` plus a replay of
-the control entries (:mod:`dledger_rocketmq.control`) committed after the
+the control entries (:mod:`dledger_rocketmq.common.control`) committed after the
 index saved in ``consumerOffset.json.dledger``.  That needs the log to reach
 back to that index, so the log could never be compacted, and a member wiped
 after compaction came back without any metadata.  Now the tables are an
@@ -55,11 +55,11 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from dledger.interfaces import ICommitListener, IStateMachine
-from dledger_rocketmq.control import MAGIC, METADATA_KINDS, control_kind, decode_control
-from dledger_rocketmq.metadata import AclTable, MetadataError, VersionedTable
-from dledger_rocketmq.offsets import SEPARATOR
+from dledger_rocketmq.common.control import MAGIC, METADATA_KINDS, control_kind, decode_control
+from dledger_rocketmq.store.metadata import AclTable, MetadataError, VersionedTable
+from dledger_rocketmq.store.offsets import SEPARATOR
 
-log = Logger(namespace="dledger_rocketmq.machine")
+log = Logger(namespace="dledger_rocketmq.store.machine")
 
 NAME = "rocketmq"
 FORMAT = "dledger-rocketmq-metadata"
@@ -306,7 +306,7 @@ class BrokerMachine:
     # -- waiting ---------------------------------------------------------------------------
     def caught_up(self, index: int) -> bool:
         """Has every entry up to ``index`` the machine is fed (all but NOOPs) been applied?"""
-        from dledger_rocketmq.dispatch import only_noops_between
+        from dledger_rocketmq.store.dispatch import only_noops_between
 
         done = self.applied_index
         return done >= index or (self.store is not None and only_noops_between(self.store, done, index))

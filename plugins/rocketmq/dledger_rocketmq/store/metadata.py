@@ -19,7 +19,7 @@ old content) and run through a ``BlockingIO``, so on a running member the
 fsyncs happen off the reactor thread; only files that changed are written.
 ``consumerOffset.json.dledger`` (ours) records the last log index the
 written tables include: where the metadata state machine
-(:mod:`dledger_rocketmq.machine`) starts when the member has no snapshot;
+(:mod:`dledger_rocketmq.store.machine`) starts when the member has no snapshot;
 with one, the snapshot is the source of truth and the files are its copy in
 RocketMQ's shapes.
 """
@@ -37,11 +37,11 @@ from twisted.logger import Logger
 
 from dledger import diskio
 from dledger.errors import StoreError
-from dledger_rocketmq import fastjson
-from dledger_rocketmq.consumequeue import SCHEDULE_TOPIC
-from dledger_rocketmq.offsets import ConsumerOffsetTable, DelayOffsetTable
+from dledger_rocketmq.common import fastjson
+from dledger_rocketmq.store.consumequeue import SCHEDULE_TOPIC
+from dledger_rocketmq.store.offsets import ConsumerOffsetTable, DelayOffsetTable
 
-log = Logger(namespace="dledger_rocketmq.metadata")
+log = Logger(namespace="dledger_rocketmq.store.metadata")
 
 TOPICS_FILE = "topics.json"
 CONSUMER_OFFSET_FILE = "consumerOffset.json"
@@ -235,7 +235,7 @@ class AclTable:
     """
 
     def __init__(self) -> None:
-        self.config: Any = None  # dledger_rocketmq.acl.AclConfig, None until the log carried one
+        self.config: Any = None  # dledger_rocketmq.common.acl.AclConfig, None until the log carried one
         self.source = ""
         self.file_source = ""
         self.timestamp = 0
@@ -243,7 +243,7 @@ class AclTable:
 
     def apply(self, obj: dict, timestamp: int) -> bool:
         """Take the ACL of a committed kind-7 entry; False (nothing changed) if it is the one in effect."""
-        from dledger_rocketmq.acl import parse_acl
+        from dledger_rocketmq.common.acl import parse_acl
 
         config = parse_acl(obj.get("acl"), "ACL control entry")
         source, file_source = str(obj.get("source", "")), str(obj.get("file", ""))
@@ -267,7 +267,7 @@ class AclTable:
 
     @classmethod
     def from_json(cls, text: bytes | str) -> AclTable:
-        from dledger_rocketmq.acl import AclConfigError, parse_acl
+        from dledger_rocketmq.common.acl import AclConfigError, parse_acl
 
         obj = json.loads(text)
         if not isinstance(obj, dict):
@@ -388,14 +388,14 @@ class BrokerMetadata(service.Service):
     # -- changes carried by the log ------------------------------------------
 
     def apply_change(self, entry: Any) -> int:
-        """Apply a committed metadata control entry (:mod:`~dledger_rocketmq.control` kinds 3-6) to the tables.
+        """Apply a committed metadata control entry (:mod:`~dledger_rocketmq.common.control` kinds 3-6) to the tables.
 
         Every member calls this in log order, so the topic and subscription
         group tables are the same everywhere (DataVersion included: it is
         stamped with the entry's timestamp).  Returns how many entries changed;
         a put equal to what is there already changes nothing.
         """
-        from dledger_rocketmq import control
+        from dledger_rocketmq.common import control
 
         if entry.kind == control.KIND_ACL_CONFIG:
             return sum(self.acl.apply(config, entry.timestamp) for config in entry.configs)

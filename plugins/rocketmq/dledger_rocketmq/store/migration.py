@@ -31,8 +31,8 @@ from typing import NamedTuple
 
 from dledger.entry import BLANK_MAGIC as DLEDGER_BLANK_MAGIC
 from dledger.entry import BODY_OFFSET, decode_entry, peek
-from dledger_rocketmq.errors import StoreLayoutError, TruncatedRecordError
-from dledger_rocketmq.message import (
+from dledger_rocketmq.common.errors import StoreLayoutError, TruncatedRecordError
+from dledger_rocketmq.common.message import (
     MESSAGE_MAGIC,
     MIN_BLANK_LENGTH,
     MessageRecord,

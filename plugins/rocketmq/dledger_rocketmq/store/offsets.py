@@ -4,7 +4,7 @@
 (``{"topic@group": {queueId: offset}}``) with two differences that matter
 after a master switch:
 
-- commits arrive through the dledger log (:mod:`dledger_rocketmq.control`)
+- commits arrive through the dledger log (:mod:`dledger_rocketmq.common.control`)
   and are applied on *every* member in log order, so a new master already
   holds every offset committed before the switch (RocketMQ's slaves copy the
   master's table every 10 s and a new master serves offsets up to 10 s old);
@@ -23,10 +23,10 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from dledger_rocketmq import fastjson
-from dledger_rocketmq.control import ControlEntry, ControlError, OffsetCommit, decode_control
+from dledger_rocketmq.common import fastjson
+from dledger_rocketmq.common.control import ControlEntry, ControlError, OffsetCommit, decode_control
 
-log = Logger(namespace="dledger_rocketmq.offsets")
+log = Logger(namespace="dledger_rocketmq.store.offsets")
 
 SEPARATOR = "@"
 #: ConsumerOffsetManager's ``new ConcurrentHashMap<>(512)`` (iteration order of the file).

@@ -4,7 +4,7 @@ With ``rocketmq.storePathCommitLog`` naming an existing CommitLog directory:
 
 * **first start** (the member's dledger data directory has no file yet):
   the old last file's unused tail gets a blank record
-  (:func:`~dledger_rocketmq.migration.plan_first_start`, written and
+  (:func:`~dledger_rocketmq.store.migration.plan_first_start`, written and
   fsynced before the store opens), and the dledger store is told to start
   its log at ``dividedCommitlogOffset`` = the end of that file
   (``MmapLogStore.set_initial_position``), so physical offsets never overlap;
@@ -28,8 +28,8 @@ from pathlib import Path
 from twisted.logger import Logger
 
 from dledger import diskio
-from dledger_rocketmq.errors import StoreLayoutError, TruncatedRecordError
-from dledger_rocketmq.migration import StoreReader, divided_offset, plan_first_start
+from dledger_rocketmq.common.errors import StoreLayoutError, TruncatedRecordError
+from dledger_rocketmq.store.migration import StoreReader, divided_offset, plan_first_start
 
 log = Logger()
 _NAME = re.compile(r"^[0-9]{20}$")

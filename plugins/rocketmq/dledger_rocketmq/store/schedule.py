@@ -34,10 +34,9 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from dledger.ratelog import RateLimitedLog
-from dledger_rocketmq import fastjson
-from dledger_rocketmq.consumequeue import DELAY_LEVELS_MS, SCHEDULE_TOPIC, ConsumeQueues, Unit
-from dledger_rocketmq.errors import CodecError
-from dledger_rocketmq.message import (
+from dledger_rocketmq.common import fastjson
+from dledger_rocketmq.common.errors import CodecError
+from dledger_rocketmq.common.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
@@ -48,9 +47,10 @@ from dledger_rocketmq.message import (
     encode_properties,
     parse_properties,
 )
-from dledger_rocketmq.offsets import DelayOffsetTable
+from dledger_rocketmq.store.consumequeue import DELAY_LEVELS_MS, SCHEDULE_TOPIC, ConsumeQueues, Unit
+from dledger_rocketmq.store.offsets import DelayOffsetTable
 
-log = Logger(namespace="dledger_rocketmq.schedule")
+log = Logger(namespace="dledger_rocketmq.store.schedule")
 
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 #: ScheduleMessageService's timings (seconds): first run after start, idle poll, retry after a failed put.

@@ -36,9 +36,9 @@ from twisted.internet.task import deferLater
 from dledger.bench.runner import progress, run_benchmark
 from dledger.commands.argtypes import positive_float, positive_int
 from dledger.launcher import LocalGroup, durable_store, free_ports
-from dledger_rocketmq.batch import BatchItem, encode_batch
-from dledger_rocketmq.client import RocketMQError, connect, message_properties
-from dledger_rocketmq.localgroup import broker_port_args, wait_for_master
+from dledger_rocketmq.client.client import RocketMQError, connect, message_properties
+from dledger_rocketmq.common.batch import BatchItem, encode_batch
+from dledger_rocketmq.tools.localgroup import broker_port_args, wait_for_master
 
 PHASES = ("batch", "single", "dispatch")
 TOPIC = "BenchTopic"
@@ -234,7 +234,7 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
                                             "size": opts.size, "queues": opts.queues, "phases": list(opts.phases),
                                             "python": sys.version.split()[0]}}
     if "dispatch" in opts.phases:
-        from dledger_rocketmq import bench_dispatch
+        from dledger_rocketmq.tools import bench_dispatch
 
         say("dispatch: in-process dispatcher, 200,000 records over the queues")
         r = bench_dispatch.run(200_000, opts.queues, 32, opts.size, bench_dispatch.DEFAULT_FILE_SIZE)

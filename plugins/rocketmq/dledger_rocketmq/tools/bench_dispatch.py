@@ -1,4 +1,4 @@
-"""Consume-queue dispatch throughput: ``python -m dledger_rocketmq.bench_dispatch --messages 200000 --queues 8``.
+"""Consume-queue dispatch throughput: ``python -m dledger_rocketmq.tools.bench_dispatch --messages 200000 --queues 8``.
 
 Feeds synthetic committed entries (one RocketMQ record of ``--body`` bytes
 each, round-robin over ``--queues`` queues of one topic) to a
@@ -23,9 +23,7 @@ from typing import NamedTuple
 from twisted.internet.task import Clock
 
 from dledger.entry import HEADER_SIZE
-from dledger_rocketmq.consumequeue import DEFAULT_FILE_SIZE, ConsumeQueues
-from dledger_rocketmq.dispatch import Dispatcher
-from dledger_rocketmq.message import (
+from dledger_rocketmq.common.message import (
     QUEUE_ID_POSITION,
     MessageRecord,
     encode_properties,
@@ -33,6 +31,8 @@ from dledger_rocketmq.message import (
     patch_physical_offset,
     patch_queue_offset,
 )
+from dledger_rocketmq.store.consumequeue import DEFAULT_FILE_SIZE, ConsumeQueues
+from dledger_rocketmq.store.dispatch import Dispatcher
 
 
 class _Entry(NamedTuple):
@@ -99,7 +99,7 @@ def run(messages: int, queues: int, batch: int, body_size: int, file_size: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dledger_rocketmq.bench_dispatch",
+    parser = argparse.ArgumentParser(prog="python -m dledger_rocketmq.tools.bench_dispatch",
                                      description="Consume-queue dispatch throughput (units/s) in a temp dir.")
     parser.add_argument("--messages", type=int, default=200_000, help="records to dispatch (default 200000)")
     parser.add_argument("--queues", type=int, default=8, help="queues of the topic, round-robin (default 8)")

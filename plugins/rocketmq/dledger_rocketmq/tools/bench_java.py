@@ -34,10 +34,10 @@ from twisted.internet.task import deferLater
 from dledger.bench.runner import run_benchmark
 from dledger.commands.argtypes import positive_float, positive_int
 from dledger.launcher import TWISTD, LocalGroup, child_env, durable_store, free_ports
-from dledger_rocketmq.client import connect
-from dledger_rocketmq.localgroup import broker_port_args, wait_for_master
+from dledger_rocketmq.client.client import connect
+from dledger_rocketmq.tools.localgroup import broker_port_args, wait_for_master
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 PROGRAM = ROOT / "tools" / "rmq_producer_bench" / "ProducerBench.java"
 KIT = Path(os.environ.get("DLEDGER_JAVAKIT", ROOT.parent / "shared" / "javakit"))
 TOPIC = "BenchTopic"

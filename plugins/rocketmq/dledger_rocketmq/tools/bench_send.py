@@ -1,4 +1,4 @@
-"""The broker port's per-send work without the log: ``python -m dledger_rocketmq.bench_send [--calls N]``.
+"""The broker port's per-send work without the log: ``python -m dledger_rocketmq.tools.bench_send [--calls N]``.
 
 Times (min of 7 rounds of ``--calls`` calls, microseconds per call) the three
 steps of a SEND_MESSAGE_V2 from a Java client that the broker layer does on
@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import timeit
 
-from dledger_rocketmq.commitlog import PutResult, PutStatus
-from dledger_rocketmq.port import Request, decode_json_header, reply_frame, send_args, send_reply
+from dledger_rocketmq.broker.port import Request, decode_json_header, reply_frame, send_args, send_reply
+from dledger_rocketmq.store.commitlog import PutResult, PutStatus
 
 #: A SEND_MESSAGE_V2 header as the stock 4.9.8 producer writes it (13 extFields, all strings).
 JAVA_HEADER = (b'{"code":310,"extFields":{"a":"bench_java_pg","b":"BenchTopic","c":"TBW102","d":"8","e":"3","f":"0",'
@@ -43,7 +43,8 @@ def run(calls: int = 20_000) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m dledger_rocketmq.bench_send", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dledger_rocketmq.tools.bench_send",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=20_000, help="calls per round (default 20000)")
     args = p.parse_args(argv)
     print(", ".join(f"{k} {v}" for k, v in run(max(1, args.calls)).items()))

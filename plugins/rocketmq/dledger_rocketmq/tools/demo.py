@@ -1,7 +1,7 @@
 """``make demo-rocketmq``: a name server and two 3-member broker groups as real twistd processes on 127.0.0.1.
 
 What it shows: both groups (broker-a, broker-b, one cluster) register with
-the name server; the route-aware client (:class:`~dledger_rocketmq.client.RouteClient`)
+the name server; the route-aware client (:class:`~dledger_rocketmq.client.client.RouteClient`)
 spreads sends over both groups' queues and pulls them all back; then
 broker-a's master is killed (SIGKILL): the name server drops it at once,
 the group elects a new leader, the new master registers as brokerId 0, and
@@ -9,7 +9,7 @@ sends and pulls go on through the new route.  Every process it starts is
 stopped at the end (and killed if it does not stop).  Exit status 0 when
 every message sent was read back exactly once, 1 otherwise.
 
-    python -m dledger_rocketmq.demo [--dir DIR] [--messages N]
+    python -m dledger_rocketmq.tools.demo [--dir DIR] [--messages N]
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Any
 
 from twisted.internet import defer, task
 
-from dledger_rocketmq import fastjson
-from dledger_rocketmq.client import RocketMQError, RouteClient, connect, message_queues, route_masters
+from dledger_rocketmq.client.client import RocketMQError, RouteClient, connect, message_queues, route_masters
+from dledger_rocketmq.common import fastjson
 
 #: twistd with this interpreter (so the children import the same packages as this process).
 TWISTD = "import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'twistd'; sys.exit(run())"
@@ -239,7 +239,7 @@ async def run(reactor: Any, args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dledger_rocketmq.demo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m dledger_rocketmq.tools.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", help="working directory (default: a temporary one, removed at the end)")
     parser.add_argument("--messages", type=int, default=20, help="messages to send before and after the kill")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, stores)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Container, Mapping
 from typing import Any
 
-from dledger_rocketmq.client import connect
+from dledger_rocketmq.client.client import connect
 
 
 def broker_port_args(ports: Mapping[str, int], host: str = "127.0.0.1") -> dict[str, list[str]]:
