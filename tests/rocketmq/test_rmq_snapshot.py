@@ -233,7 +233,7 @@ def test_a_snapshot_fails_with_one_line_when_dispatch_never_reaches_its_index(tm
     vb.dispatcher.caught_up = lambda index: False  # this member's dispatch is stuck
     out = []
     vs.snapshots.take().addBoth(out.append)
-    cluster.run(vb.snapshot_dispatch_timeout - 1)
+    cluster.run(vb.queue_flush.snapshot_dispatch_timeout - 1)
     assert out == []
     assert cluster.run_until(lambda: bool(out), 5)
     why = out[0].getErrorMessage()

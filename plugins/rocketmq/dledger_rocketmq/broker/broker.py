@@ -18,26 +18,20 @@ from enum import Enum
 from pathlib import Path
 
 from twisted.application.service import MultiService, Service
-from twisted.internet.defer import CancelledError, Deferred, fail, gatherResults, maybeDeferred, succeed
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from dledger import diskio
-from dledger.codes import ResponseCode, Role
+from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
-from dledger.messages import AppendEntryRequest
+from dledger_rocketmq.broker.controls import ControlWriter
 from dledger_rocketmq.broker.mixed import MixedGroup
+from dledger_rocketmq.broker.queueflush import QueueFlusher
 from dledger_rocketmq.broker.roles import MASTER, RoleManager
 from dledger_rocketmq.broker.sync import SlaveSync, SyncKind
 from dledger_rocketmq.common.batch import BatchItem, batch_records
-from dledger_rocketmq.common.control import (
-    KIND_ACL_CONFIG,
-    KIND_GROUP_CONFIG,
-    KIND_TOPIC_CONFIG,
-    OffsetCommit,
-    encode_metadata,
-    encode_offset_commits,
-)
+from dledger_rocketmq.common.control import KIND_ACL_CONFIG, OffsetCommit
 from dledger_rocketmq.common.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
     PROPERTY_DELAY_TIME_LEVEL,
@@ -49,7 +43,7 @@ from dledger_rocketmq.store.commitlog import CommitLog, PutResult, PutStatus  # 
 from dledger_rocketmq.store.consumequeue import DEFAULT_FILE_SIZE
 from dledger_rocketmq.store.dispatch import Dispatcher
 from dledger_rocketmq.store.machine import BrokerMachine, MachineFeed
-from dledger_rocketmq.store.metadata import BrokerMetadata, MetadataError
+from dledger_rocketmq.store.metadata import BrokerMetadata
 from dledger_rocketmq.store.schedule import DelayedDelivery, ScheduleQueueReader, to_schedule
 
 log = Logger()
@@ -267,13 +261,16 @@ class Broker(MultiService):
         #: The metadata as a state machine (name "rocketmq"): it applies the control entries, is snapshotted
         #: and restored; the member's StateMachines feeds it (registered by the plugin's dledger_state_machines
         #: hook), else the broker feeds it from the commit feed (:class:`~dledger_rocketmq.store.machine.MachineFeed`).
-        self.machine = BrokerMachine(self.meta, queue_state=self._queue_state, on_applied=self._metadata_applied,
-                                     store=server.store)
+        self.machine = BrokerMachine(self.meta, queue_state=lambda index: self.queue_flush.queue_state(index),
+                                     on_applied=self._metadata_applied, store=server.store)
         #: Control entries go to the machine; the dispatcher only indexes records (a custom ``on_control``
         #: still receives them, as before).
         self.dispatcher = Dispatcher(server, self.root, file_size=options.consume_queue_file_size,
                                      on_control=on_control or (lambda index, body: None))
         self.progress = Progress(self.dispatcher, self.machine)
+        #: The consume queues' periodic flush and the flush a snapshot waits for (:mod:`.queueflush`).
+        self.queue_flush = QueueFlusher(server, self.dispatcher, self.machine, options.flush_interval,
+                                        running=lambda: self.running)
         self.dispatcher.on_rebase = self._queue_rebased
         self.roles = RoleManager(server, self.progress, rebuild=self._rebuild_table,
                                  on_master=lambda m: self._tell(self.master_callbacks, "master"),
@@ -308,15 +305,12 @@ class Broker(MultiService):
         server.noop_body = self.mixed.noop_body
         self.master_callbacks.insert(0, Broker._master_duties)
         self.slave_callbacks.insert(0, Broker._slave_duties)
-        self._flush_timer = None
-        self._flushing: Deferred | None = None  # a periodic flush whose fsyncs still run
         #: Called with (broker, ControlEntry) on every member after a topic or subscription-group change from
         #: the log changed its tables (e.g. to re-register with the name server, as RocketMQ does after a topic
         #: is created); one that raises is logged.
         self.metadata_callbacks: list[Callable[[Broker, object], object]] = []
-        #: Topic name -> the callers waiting for its auto-creation entry in flight (one entry per name at a time).
-        #: Topic/group creations in flight: (control kind, name) -> waiters (one log entry per name at a time).
-        self._creating: dict[tuple[int, str], list[Deferred]] = {}
+        #: Offset commits and metadata changes as control entries through the log (:mod:`.controls`).
+        self.controls = ControlWriter(self)
         #: (topic, queue id) -> ((queue min, log's min physical offset), first kept offset): see _kept_min.
         self._kept: dict[tuple[str, int], tuple[tuple[int, int], int]] = {}
 
@@ -342,20 +336,18 @@ class Broker(MultiService):
             self.server.add_commit_listener(MachineFeed(self.machine))
         self.server.add_commit_listener(self.dispatcher)
         super().startService()
-        self._schedule_flush()
+        self.queue_flush.start()
 
     def stopService(self):
         """Stop delayed delivery (puts in flight end), flush the queues, then the children (metadata persisted)."""
         Service.stopService(self)
-        if self._flush_timer is not None and self._flush_timer.active():
-            self._flush_timer.cancel()
-        self._flush_timer = None
+        self.queue_flush.stop()
         self.roles.stop()
         self.dispatcher.fail_waiters(DLedgerError(ResponseCode.TERM_CHANGED, f"{self.server.self_id} is stopping"))
         self.machine.fail_waiters(DLedgerError(ResponseCode.TERM_CHANGED, f"{self.server.self_id} is stopping"))
         d = self._stop_delivery()
-        if self._flushing is not None:  # a round still syncing on a pool thread: the last flush comes after it
-            flushing = self._flushing
+        if self.queue_flush.flushing is not None:  # a round still syncing on a pool thread: the last flush after it
+            flushing = self.queue_flush.flushing
             d.addBoth(lambda _: flushing)
 
         def rest(_):
@@ -387,41 +379,6 @@ class Broker(MultiService):
         bases = self.machine.queue_bases
         bases[(topic, queue_id)] = max(bases.get((topic, queue_id), 0), next_offset)
 
-    #: Seconds a snapshot waits for the consume-queue dispatch to reach its index before it fails (one line).
-    snapshot_dispatch_timeout = 60.0
-
-    def _queue_state(self, index: int) -> Deferred:
-        """For a snapshot at ``index``: the next offset of every consume queue once dispatch reached ``index``,
-        after the queues are flushed (their units for every entry the snapshot covers durable before
-        compaction may delete the entries; a periodic flush still running is waited for too)."""
-        wait = self.dispatcher.wait_dispatched(index)
-        timer = self.server.clock.callLater(self.snapshot_dispatch_timeout, wait.cancel)
-
-        def stop_timer(result):
-            if timer.active():
-                timer.cancel()
-            return result
-
-        def timed_out(failure):
-            failure.trap(CancelledError)
-            raise MetadataError(f"{self.server.self_id}: consume-queue dispatch did not reach index {index} "
-                                f"within {self.snapshot_dispatch_timeout:g} s (lag {self.dispatcher.lag()} bytes)")
-
-        def table(_):
-            queues = self.dispatcher.queues
-            out = dict(self.machine.queue_bases)
-            if queues is not None:
-                for q in queues.queues():
-                    key = (q.topic, q.queue_id)
-                    out[key] = max(out.get(key, 0), q.max_offset)
-            flushed = self.dispatcher.flush_with(self.server.blocking_io)
-            if self._flushing is not None:  # a periodic flush took queues before this one: wait for it too
-                periodic = Deferred()
-                self._flushing.addBoth(lambda r: (periodic.callback(None), r)[1])
-                flushed = gatherResults([flushed, periodic], consumeErrors=True)
-            return flushed.addCallback(lambda _: out)
-        return wait.addBoth(stop_timer).addErrback(timed_out).addCallback(table)
-
     @property
     def offsets(self):
         """The consumer offset table (``meta.offsets``), fed from committed control entries on every member."""
@@ -439,11 +396,7 @@ class Broker(MultiService):
         with a :class:`DLedgerError` (NOT_LEADER on a slave or a leader that is
         not master yet; ControlError for bad commits).
         """
-        try:
-            body = encode_offset_commits(list(commits), reset=reset)
-        except ValueError as exc:
-            return fail(exc)
-        return self.append_control(body)
+        return self.controls.commit_offsets(commits, reset=reset)
 
     def change_metadata(self, kind: int, configs: Sequence[dict]) -> Deferred:
         """Create/replace or delete topic or subscription-group configs through the log (master only).
@@ -453,69 +406,29 @@ class Broker(MultiService):
         (``meta.topics`` / ``meta.groups`` show it); every member applies it
         in log order.  Fails as :meth:`commit_offsets` does.
         """
-        try:
-            body = encode_metadata(kind, list(configs), int(self.server.clock.seconds() * 1000))
-        except ValueError as exc:
-            return fail(exc)
-        return self.append_control(body)
+        return self.controls.change_metadata(kind, configs)
 
     def change_acl(self, config, source: str, file_source: str | None = None) -> Deferred:
         """Put ``config`` (an :class:`~dledger_rocketmq.common.acl.AclConfig`) in effect on every member, through the
         log (master only); fires with the entry's index once committed and applied here.  ``file_source``: the file
         this config comes from (None: an admin change, the last file applied stays the group's)."""
-        file_source = self.meta.acl.file_source if file_source is None else file_source
-        return self.change_metadata(KIND_ACL_CONFIG, [{"acl": config.to_dict(), "source": source,
-                                                       "file": file_source}])
+        return self.controls.change_acl(config, source, file_source)
 
     def create_topic(self, config: dict) -> Deferred:
         """Create a topic through the log (a send's auto-creation); concurrent calls for one name share one entry."""
-        return self._create_once(KIND_TOPIC_CONFIG, config["topicName"], config)
+        return self.controls.create_topic(config)
 
     def create_group(self, config: dict) -> Deferred:
         """Create a subscription group through the log (a heartbeat's auto-creation); one entry per name at a time."""
-        return self._create_once(KIND_GROUP_CONFIG, config["groupName"], config)
+        return self.controls.create_group(config)
 
-    def _create_once(self, kind: int, name: str, config: dict) -> Deferred:
-        key = (kind, name)
-        d: Deferred = Deferred()
-        waiters = self._creating.get(key)
-        if waiters is not None:
-            waiters.append(d)
-            return d
-        self._creating[key] = [d]
-
-        def done(result):
-            for waiter in self._creating.pop(key, []):
-                if isinstance(result, Failure):
-                    waiter.errback(result)
-                else:
-                    waiter.callback(result)
-        self.change_metadata(kind, [config]).addBoth(done)
-        return d
-
-    def append_control(self, body: bytes, *, force: bool = False, settled: bool = False) -> Deferred:
+    def append_control(self, body: bytes, *, force: bool = False) -> Deferred:
         """Append one control entry (master only); fires with its index once committed and applied here.
 
-        In a group mixed with Java brokers the master applies it to its own tables instead (fires with -1;
-        slaves get them by the slave sync: :mod:`~dledger_rocketmq.broker.mixed`); ``force``: append anyway.
+        In a group mixed with Java brokers :meth:`MixedGroup.route_control` may apply it to this member's tables
+        instead (fires with -1; slaves get them by the slave sync); ``force``: append anyway.
         """
-        server = self.server
-        if server.state.role is not Role.LEADER or not self.roles.is_master():
-            return fail(DLedgerError(ResponseCode.NOT_LEADER, f"{server.self_id} is not the master",
-                                     leader_id=server.state.leader_id))
-        if not force and not settled and self.mixed.mode is None:  # peers not known yet: ask them first (issue #27)
-            return self.mixed.settle().addCallback(lambda _: self.append_control(body, force=False, settled=True))
-        if not force and self.mixed.local_control():
-            return self.mixed.apply_locally(body)
-        d = maybeDeferred(server.handle_append, AppendEntryRequest(group=server.config.group, body=body))
-
-        def appended(resp):
-            code = getattr(resp, "code", ResponseCode.SUCCESS)
-            if int(code) != int(ResponseCode.SUCCESS):
-                raise DLedgerError(ResponseCode(int(code)), f"control entry append answered {code}")
-            index = resp.index
-            return self.machine.wait_applied(index).addCallback(lambda _: index)
-        return d.addCallback(appended)
+        return self.controls.append(body, force=force)
 
     # -- role duties ------------------------------------------------------------------------------
     def _master_duties(self) -> None:
@@ -545,28 +458,6 @@ class Broker(MultiService):
         if self.delivery is not None and self.delivery.running:
             return maybeDeferred(self.delivery.stopService)
         return succeed(None)
-
-    def _schedule_flush(self) -> None:
-        if self.options.flush_interval > 0:
-            self._flush_timer = self.server.clock.callLater(self.options.flush_interval, self._flush)
-
-    def _flush(self) -> None:
-        """The periodic consume-queue flush: its fsyncs on the member's BlockingIO (a pool thread), the next one
-        scheduled when it is done (a slow disk never has two rounds running)."""
-        self._flush_timer = None
-        if not self.running:
-            return
-
-        def failed(failure):
-            failure.trap(OSError)
-            log.error("{id}: consume-queue flush failed: {exc}", id=self.server.self_id, exc=failure.value)
-
-        def done(_):
-            self._flushing = None
-            if self.running:
-                self._schedule_flush()
-        d = self.dispatcher.flush_with(self.server.blocking_io).addErrback(failed).addBoth(done)
-        self._flushing = None if d.called else d
 
     def _tell(self, callbacks: list, what: str) -> None:
         """Run role callbacks; one that raises is logged and does not stop the others or the switch."""

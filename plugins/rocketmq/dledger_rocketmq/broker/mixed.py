@@ -170,7 +170,7 @@ def resume_bodies(meta, now_ms: int) -> list[bytes]:
 class MixedGroup(Service):
     """The member's mode, kept up to date from ``server.peer_kinds`` every :data:`CHECK_INTERVAL` seconds.
 
-    ``broker.append_control`` asks :meth:`local_control`; the core's leader asks :meth:`noop_body` for its
+    The broker's control entries ask :meth:`route_control`; the core's leader asks :meth:`noop_body` for its
     term-start NOOP (``server.noop_body``).
     """
 
@@ -202,6 +202,22 @@ class MixedGroup(Service):
         """
         self.check()  # what the peers answered since the last tick counts at once
         return self.current() is Mode.MIXED
+
+    def route_control(self, body: bytes) -> Deferred | None:
+        """Where the master's control entry goes in this group: None: into the log (the caller appends it).
+
+        Otherwise a Deferred of what the caller gets: -1 once applied to this member's tables (MIXED, or
+        undecided: slaves get them by the slave sync), or, while no mode is decided, the same once the peers
+        were asked (:meth:`settle`): applied locally, or appended (``broker.append_control(force=True)``).
+        """
+        if self.mode is None:  # peers not known yet: ask them first (issue #27)
+            return self.settle().addCallback(lambda _: self._route_settled(body))
+        return self.apply_locally(body) if self.local_control() else None
+
+    def _route_settled(self, body: bytes) -> Deferred:
+        if self.local_control():
+            return self.apply_locally(body)
+        return self.broker.append_control(body, force=True)
 
     def settle(self) -> Deferred:
         """Fires once the mode is decided, or once the peers not known yet were asked again (at most every
