@@ -335,12 +335,9 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_migrate_check(args) -> int:
-    import threading
-
     from twisted.internet.defer import ensureDeferred
-    from twisted.internet.threads import blockingCallFromThread
 
-    from dledger.blocking import private_reactor
+    from dledger.blocking import ReactorThread
     from dledger_rocketmq.client import migrate_check
     from dledger_rocketmq.client.client import connect
 
@@ -349,25 +346,19 @@ def cmd_migrate_check(args) -> int:
     except UsageProblem as exc:
         return _fail(str(exc), 2)
     namesrv = f"{args.addr[0]}:{args.addr[1]}"
-    reactor = private_reactor()
-    thread = threading.Thread(target=reactor.run, kwargs={"installSignalHandlers": False},
-                              name="rocketmq-migrate-check", daemon=True)
-    thread.start()
+    thread = ReactorThread("rocketmq-migrate-check")
 
     def dial(addr: str):
         a = parse_host(addr)
-        return connect(reactor, a.host, a.port, timeout=args.timeout, **kw)
+        return connect(thread.reactor, a.host, a.port, timeout=args.timeout, **kw)
 
-    def run():
-        d = ensureDeferred(migrate_check.gather(dial, namesrv, args.broker_name))
-        return d.addTimeout(args.timeout * 10, reactor)
     try:
-        views = blockingCallFromThread(reactor, run)
+        views = thread.call(lambda: ensureDeferred(migrate_check.gather(dial, namesrv, args.broker_name)),
+                            args.timeout * 10)
     except Exception as exc:
         return _fail(f"cannot check {args.broker_name} through {namesrv}: {str(exc) or type(exc).__name__}")
     finally:
-        reactor.callFromThread(reactor.stop)
-        thread.join(10)
+        thread.stop()
     verdict = migrate_check.assess(args.broker_name, views, members=args.members, max_offset_lag=args.max_offset_lag)
     obj = {"safe": verdict.safe, "line": verdict.line, "reasons": verdict.reasons, **verdict.figures,
            "brokers": {str(i): {"addr": v.addr, "error": v.error} for i, v in sorted(views.items())}}

@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import json
 import struct
-import threading  # allowed: the blocking client's single reactor thread (as dledger.blocking)
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ from twisted.internet import protocol
 from twisted.internet.defer import Deferred, fail, maybeDeferred
 from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint
-from twisted.internet.threads import blockingCallFromThread
 
 from dledger.transport.remoting import FLAG_ONEWAY, FrameError, FrameSplitter, Header
 from dledger.transport.sockopts import set_no_delay
@@ -333,20 +331,18 @@ def tls_options(tls_ca: str, tls_cert: str | None = None, tls_key: str | None = 
 
 
 class BlockingRocketMQClient:
-    """Blocking calls on a private reactor thread (the mechanism of :class:`dledger.blocking.BlockingClient`)."""
+    """Blocking calls on a private reactor thread (:class:`dledger.blocking.ReactorThread`, as
+    :class:`dledger.blocking.BlockingClient`)."""
 
     def __init__(self, host: str, port: int, *, timeout: float = 10.0, **kw: Any):
-        from dledger.blocking import private_reactor
+        from dledger.blocking import ReactorThread
 
         self.timeout = timeout
-        self._reactor = private_reactor()
-        self._thread = threading.Thread(target=self._reactor.run, kwargs={"installSignalHandlers": False},
-                                        name="rocketmq-blocking-client", daemon=True)
-        self._thread.start()
+        self._thread = ReactorThread("rocketmq-blocking-client")
         self._closed = False
         try:
-            self.client: RocketMQClient = self._call(lambda: connect(self._reactor, host, port, timeout=timeout,
-                                                                     **kw))
+            self.client: RocketMQClient = self._call(lambda: connect(self._thread.reactor, host, port,
+                                                                     timeout=timeout, **kw))
         except BaseException:
             self._stop()
             raise
@@ -355,13 +351,8 @@ class BlockingRocketMQClient:
         if self._closed:
             raise RocketMQError(-1, "client is closed")
         limit = self.timeout if timeout is None else timeout
-
-        def run() -> Deferred:
-            d = maybeDeferred(fn)
-            d.addTimeout(limit + 1, self._reactor)
-            return d
         try:
-            return blockingCallFromThread(self._reactor, run)
+            return self._thread.call(fn, limit + 1)
         except DeferredTimeout:
             raise RocketMQError(-1, f"no answer within {limit:g}s") from None
 
@@ -389,14 +380,13 @@ class BlockingRocketMQClient:
 
     def _stop(self) -> None:
         self._closed = True
-        self._reactor.callFromThread(self._reactor.stop)
-        self._thread.join(10)
+        self._thread.stop()
 
     def close(self) -> None:
         if self._closed:
             return
         try:
-            blockingCallFromThread(self._reactor, lambda: maybeDeferred(self.client.close))
+            self._thread.call(self.client.close)
         finally:
             self._stop()
 
