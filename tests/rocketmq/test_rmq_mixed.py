@@ -273,3 +273,16 @@ def test_commits_applied_while_undecided_go_through_the_log_once_decided(tmp_pat
     assert b.mixed.check() is L
     others = [broker_for(s) for s in cluster.servers.values() if broker_for(s) is not b]
     assert cluster.run_until(lambda: all(o.query_offset("cg", "T", 2) == 11 for o in others), 10)
+
+
+def test_route_control_says_where_a_control_entry_goes(tmp_path):
+    """MixedGroup.route_control: None (the broker appends it) in a dledger-only group; applied to this member's
+    tables (fires with -1, nothing appended) once a Java peer is known."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    body = encode_offset_commits([OffsetCommit("cg", "T", 2, 5)])
+    assert b.mixed.mode is L and b.mixed.route_control(body) is None
+    b.server.peer_kinds.learn(next(iter(b.server.peer_kinds.peers)), J)
+    end = b.server.store.ledger_end_index
+    assert run(cluster, b.mixed.route_control(body)) == -1
+    assert b.query_offset("cg", "T", 2) == 5 and b.server.store.ledger_end_index == end
