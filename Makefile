@@ -34,9 +34,9 @@ demo: $(STAMP)
 	$(VENV)/bin/dledger demo
 
 # A name server and two 3-member RocketMQ broker groups as twistd processes on 127.0.0.1: sends, pulls, a master
-# killed, the switch shown; every process stopped at the end (dledger_rocketmq/demo.py, docs/rocketmq.md).
+# killed, the switch shown; every process stopped at the end (dledger_rocketmq/tools/demo.py, docs/rocketmq.md).
 demo-rocketmq: $(STAMP)
-	$(PY) -m dledger_rocketmq.demo
+	$(PY) -m dledger_rocketmq.tools.demo
 
 # Debian's chromium (the status page's headless-browser test) and prometheus (promtool checks the alert rules),
 # installed where missing and apt-get can (root, a Debian system); where not, those tests skip with the reason.

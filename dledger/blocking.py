@@ -1,7 +1,7 @@
 """A blocking client for scripts and non-Twisted programs: ``BlockingClient(peers, group).append(b"x")``.
 
-It owns a private reactor running in one background thread -- the only
-thread dledger itself starts.  Each call hands the request to that reactor
+It owns a private reactor running in one background thread
+(:class:`ReactorThread`) -- the only thread dledger itself starts.  Each call hands the request to that reactor
 and waits for the answer, so any number of threads may share one client.
 The reactor is not the global one (it does not register itself as
 Twisted's I/O thread), so the program may run its own reactor too.
@@ -18,7 +18,7 @@ Appends are at least once, as with :class:`dledger.client.DLedgerClient`.
 
 from __future__ import annotations
 
-import threading  # allowed: the blocking client's single reactor thread (see module docstring)
+import threading  # allowed: the blocking clients' reactor thread (ReactorThread, see module docstring)
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +44,57 @@ def private_reactor() -> Any:
     return reactor
 
 
+class ReactorThread:
+    """A private reactor (:func:`private_reactor`) running in one daemon thread: what a blocking client stands on.
+
+    ``call(fn, timeout)`` runs ``fn`` on that reactor (it returns a Deferred or a plain value) and blocks the
+    calling thread until the result is there, which it returns (or raises the failure's exception); any number
+    of threads may call at once.  ``timeout`` (seconds, None: wait as long as it takes) cancels a Deferred still
+    pending and raises ``twisted.internet.defer.TimeoutError``.  ``stop()`` stops the reactor and joins the
+    thread (idempotent); a call after it raises RuntimeError.  :class:`BlockingClient`, the RocketMQ plugin's
+    blocking client and ``dledger rocketmq migrate-check`` all run on one.
+
+        thread = ReactorThread("my-client")
+        try:
+            client = thread.call(lambda: connect(thread.reactor, ...))
+            print(thread.call(lambda: client.ping(), timeout=5))
+        finally:
+            thread.stop()
+    """
+
+    def __init__(self, name: str = "dledger-reactor") -> None:
+        self.reactor = private_reactor()
+        self._stopped = False
+        self._thread = threading.Thread(target=self.reactor.run, kwargs={"installSignalHandlers": False},
+                                        name=name, daemon=True)
+        self._thread.start()
+
+    def call(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+        """``fn()`` on the reactor thread, its (Deferred's) result here; see the class docstring."""
+        if self._stopped:
+            raise RuntimeError(f"{self._thread.name}: the reactor thread is stopped")
+
+        def run() -> Deferred:
+            d = maybeDeferred(fn)
+            if timeout is not None:
+                d.addTimeout(timeout, self.reactor)
+            return d
+        return blockingCallFromThread(self.reactor, run)
+
+    @property
+    def alive(self) -> bool:
+        """The reactor thread runs (False once :meth:`stop` returned)."""
+        return self._thread.is_alive()
+
+    def stop(self, join_timeout: float = 10.0) -> None:
+        """Stop the reactor and wait up to ``join_timeout`` seconds for its thread to end (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.reactor.callFromThread(self.reactor.stop)
+        self._thread.join(join_timeout)
+
+
 class BlockingClient:
     """Blocking calls to a group over TCP; ``close()`` (or a ``with`` block) stops the background reactor."""
 
@@ -52,27 +103,21 @@ class BlockingClient:
         from dledger.client import connect
 
         self.timeout = timeout
-        self._reactor = private_reactor()
         self._closed = False
-        # Built before the thread starts: nothing else touches the reactor yet.
-        self._client = connect(peers, group, reactor=self._reactor, request_timeout=request_timeout,
-                               **client_options)
-        self._thread = threading.Thread(target=self._reactor.run, kwargs={"installSignalHandlers": False},
-                                        name="dledger-blocking-client", daemon=True)
-        self._thread.start()
+        self._thread = ReactorThread("dledger-blocking-client")
+        try:
+            self._client = self._thread.call(lambda: connect(peers, group, reactor=self._thread.reactor,
+                                                             request_timeout=request_timeout, **client_options))
+        except BaseException:
+            self._thread.stop()
+            raise
 
     def _call(self, fn: Callable[[], Deferred], timeout: float | None = None) -> Any:
         if self._closed:
             raise DLedgerError(ResponseCode.NETWORK_ERROR, "client is closed")
         limit = self.timeout if timeout is None else timeout
-
-        def run() -> Deferred:
-            d = maybeDeferred(fn)
-            d.addTimeout(limit, self._reactor)
-            return d
-
         try:
-            return blockingCallFromThread(self._reactor, run)
+            return self._thread.call(fn, limit)
         except DeferredTimeout:
             raise DLedgerError(ResponseCode.TIMEOUT, f"no answer within {limit:g}s") from None
 
@@ -133,7 +178,7 @@ class BlockingClient:
     @property
     def thread_alive(self) -> bool:
         """The client's reactor thread runs (False once :meth:`close` returned)."""
-        return self._thread.is_alive()
+        return self._thread.alive
 
     def close(self) -> None:
         """Close the connections and stop the reactor thread (idempotent)."""
@@ -144,8 +189,7 @@ class BlockingClient:
         except DLedgerError:
             pass
         self._closed = True
-        self._reactor.callFromThread(self._reactor.stop)
-        self._thread.join(10)
+        self._thread.stop()
 
     def __enter__(self) -> BlockingClient:
         return self

@@ -158,7 +158,7 @@ def dledger_status_sections(server):
     ``tables`` of ``columns`` and ``rows``), which the page renders like the core's own, paged 25 rows
     at a time.  Keep it cheap and read-only; a provider that raises is shown as unavailable (one
     rate-limited log line) and never fails the page.  The broker plugin's topics, queues, consumer
-    groups and delayed messages are one (``dledger_rocketmq.status``).
+    groups and delayed messages are one (``dledger_rocketmq.broker.status``).
     """
 
 

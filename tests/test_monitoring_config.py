@@ -136,8 +136,8 @@ def exported_names(text: str) -> set[str]:
 async def test_every_expression_names_metrics_a_member_and_its_broker_export(tmp_path, reactor):
     """Scrape the leader and a follower of a real broker group: every name of the rules and dashboard is there."""
     pytest.importorskip("dledger_rocketmq")
-    from dledger_rocketmq.client import connect
-    from dledger_rocketmq.localgroup import broker_port_args, wait_for_master
+    from dledger_rocketmq.client.client import connect
+    from dledger_rocketmq.tools.localgroup import broker_port_args, wait_for_master
     from twisted.web.client import Agent, readBody
 
     from dledger.launcher import LocalGroup, durable_store, free_ports

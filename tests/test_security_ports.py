@@ -45,7 +45,7 @@ def tls_exchange(port, ca, data):
 async def test_rocketmq_broker_port_serves_over_ssl_endpoint(reactor, certdir):
     """rocketmq.listen=ssl:...: a TLS client gets the broker's reply (an unsupported code answered with code 3)."""
     pytest.importorskip("dledger_rocketmq")
-    from dledger_rocketmq.port import BrokerPort, encode_command
+    from dledger_rocketmq.broker.port import BrokerPort, encode_command
 
     broker = SimpleNamespace(server=SimpleNamespace(self_id="n0", clock=reactor))
     port = BrokerPort(broker, ssl_endpoint(certdir), reactor=reactor)

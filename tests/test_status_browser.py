@@ -145,7 +145,7 @@ async def wait(reactor, condition, what: str, timeout: float = 20.0, interval: f
 async def fill_broker(reactor, port: int, rounds: int = 3) -> None:
     """Messages on 8 queues (a round a second: the sparklines have a shape), a consumer group's offsets and one
     delayed message, through the broker port."""
-    from dledger_rocketmq.client import connect
+    from dledger_rocketmq.client.client import connect
 
     c = await connect(reactor, "127.0.0.1", port, timeout=5.0, default_topic_queue_nums=8)
     try:
@@ -165,7 +165,7 @@ async def fill_broker(reactor, port: int, rounds: int = 3) -> None:
 async def test_page_shows_a_leader_change_within_two_seconds_of_a_kill(tmp_path, reactor):
     """A follower's page, live in the browser, names the new leader within 2 s of kill -9 of the old one."""
     pytest.importorskip("dledger_rocketmq")
-    from dledger_rocketmq.localgroup import broker_port_args, wait_for_master
+    from dledger_rocketmq.tools.localgroup import broker_port_args, wait_for_master
 
     from dledger.launcher import LocalGroup, durable_store, free_ports
 

@@ -22,9 +22,9 @@ from twisted.internet.threads import deferToThread
 
 pytest.importorskip("dledger_rocketmq")
 
-from dledger_rocketmq.acl import Credentials
-from dledger_rocketmq.client import connect
-from dledger_rocketmq.localgroup import broker_port_args
+from dledger_rocketmq.client.client import connect
+from dledger_rocketmq.common.acl import Credentials
+from dledger_rocketmq.tools.localgroup import broker_port_args
 
 from dledger.launcher import LocalGroup, durable_store, free_ports
 from dledger.security import certs

@@ -23,9 +23,9 @@ import pytest_twisted
 pytest.importorskip("dledger_rocketmq")
 pytest.importorskip("dledger_spark")
 
-from dledger_rocketmq.acl import Credentials
-from dledger_rocketmq.client import RocketMQError, connect
-from dledger_rocketmq.localgroup import broker_port_args
+from dledger_rocketmq.client.client import RocketMQError, connect
+from dledger_rocketmq.common.acl import Credentials
+from dledger_rocketmq.tools.localgroup import broker_port_args
 
 from dledger.launcher import LocalGroup, durable_store, free_ports
 from dledger.security import certs

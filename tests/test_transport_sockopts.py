@@ -32,7 +32,7 @@ def test_set_no_delay_table():
 
 def test_the_rocketmq_client_turns_nagle_off():
     """The client's requests are small writes too: RocketMQ's NettyRemotingClient sets TCP_NODELAY."""
-    from dledger_rocketmq.client import _ClientProtocol
+    from dledger_rocketmq.client.client import _ClientProtocol
 
     proto = _ClientProtocol(SimpleNamespace(max_frame_size=1 << 20))
     transport = NoDelayTransport()

@@ -63,7 +63,7 @@ def arrow_batch(fmt: str, group: str, entries: list, now: float):
 
 def _rocketmq_batch(pa, schema, group: str, entries: list, now: float):
     try:
-        from dledger_rocketmq import control, message
+        from dledger_rocketmq.common import control, message
     except ImportError:
         raise RuntimeError("dledger source: format=rocketmq needs the dledger-rocketmq plugin "
                            "(pip install dledger-spark[rocketmq])") from None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dledger_rocketmq.message import MessageRecord, encode_properties
+from dledger_rocketmq.common.message import MessageRecord, encode_properties
 from dledger_rocketmq.plugin import broker_for
 
 from dledger import plugins

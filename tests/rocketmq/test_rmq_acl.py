@@ -1,4 +1,4 @@
-"""RocketMQ ACL (dledger_rocketmq.acl): signatures, plain_acl.yml, the code -> resource map, the decision."""
+"""RocketMQ ACL (dledger_rocketmq.common.acl): signatures, plain_acl.yml, the code -> resource map, the decision."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 import os
 
 import pytest
-from dledger_rocketmq import acl
-from dledger_rocketmq.acl import DENY, PUB, SUB, AclConfigError, AddressPattern
+from dledger_rocketmq.common import acl
+from dledger_rocketmq.common.acl import DENY, PUB, SUB, AclConfigError, AddressPattern
 
 # -- signatures: vectors made by the real Java client (AclClientRPCHook of rocketmq-acl 4.9.8) -------------------
 
@@ -217,7 +217,7 @@ def test_what_each_code_needs(code, ext, body, expected):
 
 def test_every_code_the_port_answers_has_a_row():
     """A code the broker port answers is mapped, admin-only, or listed as signature-only: a new code fails here."""
-    from dledger_rocketmq.port import BrokerPort
+    from dledger_rocketmq.broker.port import BrokerPort
 
     class Broker:  # what the extensions look at while installing
         server = type("S", (), {"clock": None, "self_id": "n0"})()
@@ -325,7 +325,7 @@ def test_certificate_roles(role, code, ext, ok):
 
 def test_acl_changes_keep_the_rest():
     """updateAclConfig / deleteAccessConfig / updateGlobalWhiteAddr change one thing of the configuration."""
-    from dledger_rocketmq.port_acl import account_from_header
+    from dledger_rocketmq.broker.port_acl import account_from_header
 
     raw = account_from_header({"accessKey": "producer1", "topicPerms": "A=PUB,B=SUB", "admin": "false"},
                               dict(CONFIG.accounts["producer1"].raw))
@@ -351,7 +351,7 @@ def test_credentials_from_a_file(tmp_path):
 def test_alions_numbers_and_booleans_verify():
     """ali-ons sends numbers and booleans in a JSON header and signs their toString(): the port reads them as
     those strings, so the signature verifies (and a changed number does not)."""
-    from dledger_rocketmq.port import decode_json_header
+    from dledger_rocketmq.broker.port import decode_json_header
 
     fields = {"producerGroup": "pg", "topic": "TopicTest", "queueId": 3, "sysFlag": 0, "bornTimestamp": 1700000000000,
               "flag": 0, "batch": False, "unitMode": False, "OnsChannel": "ALIYUN", "AccessKey": "producer1"}

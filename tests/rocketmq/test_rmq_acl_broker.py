@@ -6,13 +6,13 @@ import json
 import stat
 
 import pytest
-from dledger_rocketmq import acl
-from dledger_rocketmq.control import KIND_ACL_CONFIG, ControlError, decode_control, encode_metadata
-from dledger_rocketmq.metadata import ACL_FILE, AclTable, BrokerMetadata
-from dledger_rocketmq.namesrv import NameServer
+from dledger_rocketmq.broker.port import BrokerPort, Request
+from dledger_rocketmq.broker.port_acl import PortAccess
+from dledger_rocketmq.common import acl
+from dledger_rocketmq.common.control import KIND_ACL_CONFIG, ControlError, decode_control, encode_metadata
+from dledger_rocketmq.namesrv.namesrv import NameServer
 from dledger_rocketmq.plugin import anonymous_surface_error, broker_for
-from dledger_rocketmq.port import BrokerPort, Request
-from dledger_rocketmq.port_acl import PortAccess
+from dledger_rocketmq.store.metadata import ACL_FILE, AclTable, BrokerMetadata
 from rmq_cluster_util import broker_cluster, master
 from twisted.internet.task import Clock
 
@@ -61,7 +61,7 @@ def test_the_acl_is_persisted_private_and_loaded(tmp_path):
 
 def test_a_damaged_acl_file_is_one_line(tmp_path):
     """A damaged aclConfig.json without a .bak stops the load with one line naming it."""
-    from dledger_rocketmq.metadata import MetadataError
+    from dledger_rocketmq.store.metadata import MetadataError
 
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / ACL_FILE).write_text(json.dumps({"acl": {"accounts": [{"accessKey": "x"}]}}))
@@ -153,7 +153,7 @@ def test_the_name_server_checks_accounts_and_admin_for_registrations():
 
 def test_twistd_namesrv_acl_file_errors_are_one_line(tmp_path):
     """twistd rocketmq-namesrv --acl-file with a bad file: a usage error of one line."""
-    from dledger_rocketmq.namesrv import Options
+    from dledger_rocketmq.namesrv.namesrv import Options
     from twisted.python import usage
 
     f = tmp_path / "bad.yml"

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from dledger_rocketmq.acl import Credentials
-from dledger_rocketmq.client import RocketMQError, connect
-from dledger_rocketmq.localgroup import broker_port_args
+from dledger_rocketmq.client.client import RocketMQError, connect
+from dledger_rocketmq.common.acl import Credentials
+from dledger_rocketmq.tools.localgroup import broker_port_args
 from twisted.internet import protocol
 from twisted.internet.defer import Deferred
 
@@ -201,7 +201,7 @@ async def test_a_secured_group_refuses_unsigned_requests_and_takes_signed_ones(t
 async def test_client_certificates_on_the_broker_port_act_by_their_role(tmp_path, reactor):
     """rocketmq.tlsClientAuth: the broker port speaks TLS; a write certificate sends, a read one only pulls, an
     admin one may delete a topic, no certificate (and no ACL) is refused, plaintext gets no answer."""
-    from dledger_rocketmq.client import tls_options
+    from dledger_rocketmq.client.client import tls_options
 
     ports = dict(zip(["n0", "n1", "n2"], free_ports(3), strict=True))
     options, creds, _ = secured_options(tmp_path, tlsClientAuth=True)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 from conftest import GOLDEN
-from dledger_rocketmq import admin, fastjson
-from dledger_rocketmq.control import (
+from dledger_rocketmq.broker import admin
+from dledger_rocketmq.broker.port import decode_header
+from dledger_rocketmq.common import fastjson
+from dledger_rocketmq.common.control import (
     KIND_GROUP_CONFIG,
     KIND_GROUP_DELETE,
     KIND_TOPIC_CONFIG,
@@ -17,9 +19,8 @@ from dledger_rocketmq.control import (
     encode_metadata,
     encode_offset_commits,
 )
-from dledger_rocketmq.metadata import BrokerMetadata, topic_config
-from dledger_rocketmq.offsets import ConsumerOffsetTable
-from dledger_rocketmq.port import decode_header
+from dledger_rocketmq.store.metadata import BrokerMetadata, topic_config
+from dledger_rocketmq.store.offsets import ConsumerOffsetTable
 
 from dledger.transport.remoting import FrameSplitter
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import re
 
 from conftest import GOLDEN
-from dledger_rocketmq import fastjson
-from dledger_rocketmq.control import KIND_TOPIC_CONFIG, KIND_TOPIC_DELETE, OffsetCommit, encode_metadata
-from dledger_rocketmq.message import MessageRecord, encode_properties
+from dledger_rocketmq.broker.port import BrokerPort, decode_header, encode_command
+from dledger_rocketmq.broker.port_admin import NOT_SET
+from dledger_rocketmq.common import fastjson
+from dledger_rocketmq.common.control import KIND_TOPIC_CONFIG, KIND_TOPIC_DELETE, OffsetCommit, encode_metadata
+from dledger_rocketmq.common.message import MessageRecord, encode_properties
 from dledger_rocketmq.plugin import broker_for
-from dledger_rocketmq.port import BrokerPort, decode_header, encode_command
-from dledger_rocketmq.port_admin import NOT_SET
 from rmq_cluster_util import broker_cluster, master, put, settled
 from twisted.internet.testing import StringTransport
 
@@ -328,8 +328,8 @@ def test_hostile_query_fields_get_one_line_errors(tmp_path):
 def test_served_sync_bodies_load_into_a_slave(tmp_path):
     """The four GET_ALL bodies the port serves load, through the slave sync's own rule (apply_sync), into a
     fresh member's metadata with the master's tables."""
-    from dledger_rocketmq.metadata import BrokerMetadata
-    from dledger_rocketmq.sync import SyncKind, apply_sync
+    from dledger_rocketmq.broker.sync import SyncKind, apply_sync
+    from dledger_rocketmq.store.metadata import BrokerMetadata
 
     cluster, b, port = group(tmp_path)
     replay(cluster, port, "017-update-and-create-topic")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from dledger_rocketmq.client import connect
-from dledger_rocketmq.localgroup import broker_port_args, wait_for_master
+from dledger_rocketmq.client.client import connect
+from dledger_rocketmq.tools.localgroup import broker_port_args, wait_for_master
 from twisted.internet import protocol
 from twisted.internet.defer import Deferred
 
@@ -30,7 +30,7 @@ from dledger.testing.procs import LogFile as Process
 ROOT = Path(__file__).resolve().parent.parent.parent
 DRIVER = ROOT / "tools" / "alions" / "failover.js"
 NODE = shutil.which("node")
-HAS_NAMESRV = importlib.util.find_spec("dledger_rocketmq.namesrv") is not None
+HAS_NAMESRV = importlib.util.find_spec("dledger_rocketmq.namesrv.namesrv") is not None
 STORE = durable_store()
 pytestmark = [
     pytest.mark.process,

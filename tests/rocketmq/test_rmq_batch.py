@@ -9,9 +9,9 @@ import struct
 
 import pytest
 from conftest import GOLDEN, STORE, golden_entries
-from dledger_rocketmq import batch as b
-from dledger_rocketmq import message as m
-from dledger_rocketmq.errors import CodecError, CorruptRecordError, RecordTooLargeError, TruncatedRecordError
+from dledger_rocketmq.common import batch as b
+from dledger_rocketmq.common import message as m
+from dledger_rocketmq.common.errors import CodecError, CorruptRecordError, RecordTooLargeError, TruncatedRecordError
 from hypothesis import given
 from hypothesis import strategies as st
 

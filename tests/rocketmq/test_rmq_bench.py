@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dledger_rocketmq.bench import BATCH_PROPERTIES, PHASES, TOPIC, Options, format_results, splitter_batch
+from dledger_rocketmq.tools.bench import BATCH_PROPERTIES, PHASES, TOPIC, Options, format_results, splitter_batch
 
 from dledger.launcher import child_env, durable_store
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dledger_rocketmq.bench_java import WORKLOADS, missing_java, ratios
+from dledger_rocketmq.tools.bench_java import WORKLOADS, missing_java, ratios
 
 from dledger.launcher import child_env, durable_store
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from dledger_rocketmq.broker import GetStatus, next_offset_correction, parse_host, queue_status, tag_matches
-from dledger_rocketmq.consumequeue import tag_hash
-from dledger_rocketmq.message import Address, decode_record
+from dledger_rocketmq.broker.broker import GetStatus, next_offset_correction, parse_host, queue_status, tag_matches
+from dledger_rocketmq.common.message import Address, decode_record
 from dledger_rocketmq.plugin import broker_for
+from dledger_rocketmq.store.consumequeue import tag_hash
 from rmq_cluster_util import broker_cluster, master, msg, put, settled
 
 from dledger import plugins

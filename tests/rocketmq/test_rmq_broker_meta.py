@@ -8,16 +8,16 @@ import shutil
 
 import pytest
 from dledger_rocketmq import plugin
-from dledger_rocketmq.broker import Broker, delayed
-from dledger_rocketmq.commitlog import PutStatus
-from dledger_rocketmq.consumequeue import SCHEDULE_TOPIC
-from dledger_rocketmq.control import OffsetCommit
-from dledger_rocketmq.dispatch import resume_index
-from dledger_rocketmq.message import MessageRecord, decode_record, encode_properties
-from dledger_rocketmq.metadata import APPLIED_INDEX_FILE, CONSUMER_OFFSET_FILE, MetadataError, topic_config
-from dledger_rocketmq.offsets import ConsumerOffsetTable
+from dledger_rocketmq.broker.broker import Broker, delayed
+from dledger_rocketmq.broker.sync import master_body
+from dledger_rocketmq.common.control import OffsetCommit
+from dledger_rocketmq.common.message import MessageRecord, decode_record, encode_properties
 from dledger_rocketmq.plugin import broker_for
-from dledger_rocketmq.sync import master_body
+from dledger_rocketmq.store.commitlog import PutStatus
+from dledger_rocketmq.store.consumequeue import SCHEDULE_TOPIC
+from dledger_rocketmq.store.dispatch import resume_index
+from dledger_rocketmq.store.metadata import APPLIED_INDEX_FILE, CONSUMER_OFFSET_FILE, MetadataError, topic_config
+from dledger_rocketmq.store.offsets import ConsumerOffsetTable
 from rmq_cluster_util import broker_cluster, master, msg, put, settled
 from twisted.internet.defer import succeed
 

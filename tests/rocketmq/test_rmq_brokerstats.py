@@ -1,4 +1,4 @@
-"""RocketMQ's runtime statistics (dledger_rocketmq.brokerstats): windows, rates, latency figures, daily totals,
+"""RocketMQ's runtime statistics (dledger_rocketmq.broker.brokerstats): windows, rates, latency figures, daily totals,
 and the admin codes that report them through the broker port."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import re
 from datetime import UTC, datetime
 
 import pytest
-from dledger_rocketmq import admin, brokerstats, fastjson
-from dledger_rocketmq.brokerstats import (
+from dledger_rocketmq.broker import admin, brokerstats
+from dledger_rocketmq.broker.brokerstats import (
     BROKER_PUT_NUMS,
     GROUP_GET_NUMS,
     TOPIC_PUT_NUMS,
@@ -19,7 +19,8 @@ from dledger_rocketmq.brokerstats import (
     latency_bucket,
     percentile,
 )
-from dledger_rocketmq.port import BrokerPort, encode_command
+from dledger_rocketmq.broker.port import BrokerPort, encode_command
+from dledger_rocketmq.common import fastjson
 from test_rmq_admin_port import ask, golden, group, replay
 
 from dledger.transport.remoting import Header

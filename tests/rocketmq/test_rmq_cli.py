@@ -57,7 +57,7 @@ def test_inspect_missing_dir(tmp_path, capsys):
 
 def test_inspect_store_written_by_the_plugin(tmp_path, capsys):
     """inspect reads a one-member mmap group's broker store: queue offsets, last messages, committed offsets."""
-    from dledger_rocketmq.control import OffsetCommit
+    from dledger_rocketmq.common.control import OffsetCommit
     from rmq_cluster_util import master, msg, put, settled
 
     from dledger import plugins

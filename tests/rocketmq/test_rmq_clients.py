@@ -6,8 +6,7 @@ import json
 
 import pytest
 from conftest import GOLDEN
-from dledger_rocketmq.client import RocketMQClient
-from dledger_rocketmq.clients import (
+from dledger_rocketmq.broker.clients import (
     ClientChannel,
     ClientRegistry,
     ConsumerData,
@@ -19,8 +18,9 @@ from dledger_rocketmq.clients import (
     parse_heartbeat,
     pull_subscription_check,
 )
+from dledger_rocketmq.broker.port import BrokerPort, decode_header, encode_command
+from dledger_rocketmq.client.client import RocketMQClient
 from dledger_rocketmq.plugin import broker_for
-from dledger_rocketmq.port import BrokerPort, decode_header, encode_command
 from rmq_cluster_util import broker_cluster, master
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock

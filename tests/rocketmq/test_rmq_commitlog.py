@@ -5,15 +5,21 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from dledger_rocketmq.commitlog import (
+from dledger_rocketmq.common.message import (
+    TRANSACTION_PREPARED_TYPE,
+    Address,
+    MessageRecord,
+    decode_record,
+    encode_record,
+)
+from dledger_rocketmq.plugin import broker_for
+from dledger_rocketmq.store.commitlog import (
     PutStatus,
     advance_offsets,
     plan_offsets,
     put_status_for,
     store_timestamp_position,
 )
-from dledger_rocketmq.message import TRANSACTION_PREPARED_TYPE, Address, MessageRecord, decode_record, encode_record
-from dledger_rocketmq.plugin import broker_for
 from rmq_cluster_util import broker_cluster, master, msg, put
 
 from dledger.codes import ResponseCode
@@ -158,8 +164,8 @@ def _put_batch(cluster, broker, template, items):
 @pytest.mark.parametrize("sys_flag", [0, TRANSACTION_PREPARED_TYPE])
 def test_put_batch_stores_what_put_messages_stores(tmp_path, sys_flag):
     """A batch encoded together is stored byte for byte as its records put one by one, with the same answer."""
-    from dledger_rocketmq.batch import BatchItem, batch_records
-    from dledger_rocketmq.message import encode_properties
+    from dledger_rocketmq.common.batch import BatchItem, batch_records
+    from dledger_rocketmq.common.message import encode_properties
     items = [BatchItem(b"body-%d" % i, encode_properties({"TAGS": f"t{i % 2}"}), i) for i in range(6)]
     template = MessageRecord(topic="T", body=b"", queue_id=1, sys_flag=sys_flag, born_timestamp=5,
                              born_host=Address("10.0.0.9", 4000))
@@ -182,7 +188,7 @@ def test_put_batch_stores_what_put_messages_stores(tmp_path, sys_flag):
 
 def test_put_batch_refuses_what_put_refuses(tmp_path):
     """An empty batch, a slave, a message too large: the same refusals as put, and no queue offset consumed."""
-    from dledger_rocketmq.batch import BatchItem
+    from dledger_rocketmq.common.batch import BatchItem
     cluster = broker_cluster(tmp_path)
     b = master(cluster)
     slave = next(broker_for(s) for s in cluster.servers.values() if broker_for(s) is not b)
@@ -197,8 +203,8 @@ def test_put_batch_refuses_what_put_refuses(tmp_path):
 def test_a_batch_with_a_delay_level_is_rewritten_as_put_messages_does(tmp_path):
     """Broker.put_batch leaves a batch with a DELAY property to put_messages: the delayed message goes to the
     schedule topic, the others stay in their topic, as one put of the records would store them."""
-    from dledger_rocketmq.consumequeue import SCHEDULE_TOPIC
-    from dledger_rocketmq.message import encode_properties
+    from dledger_rocketmq.common.message import encode_properties
+    from dledger_rocketmq.store.consumequeue import SCHEDULE_TOPIC
     cluster = broker_cluster(tmp_path)
     b = master(cluster)
     items = [(b"now", encode_properties({"TAGS": "a"}), 0), (b"later", encode_properties({"DELAY": "2"}), 0)]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from conftest import CQ_FILE_SIZE, FILE_SIZE, STORE, index_rows
-from dledger_rocketmq import consumequeue as cq
-from dledger_rocketmq.errors import CodecError, CorruptRecordError, StoreLayoutError
-from dledger_rocketmq.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, MessageRecord
-from dledger_rocketmq.migration import StoreReader
+from dledger_rocketmq.common.errors import CodecError, CorruptRecordError, StoreLayoutError
+from dledger_rocketmq.common.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, MessageRecord
+from dledger_rocketmq.store import consumequeue as cq
+from dledger_rocketmq.store.migration import StoreReader
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -1,11 +1,11 @@
-"""Broker CONTROL entries (dledger_rocketmq.control): layout, strict decoding, round trip."""
+"""Broker CONTROL entries (dledger_rocketmq.common.control): layout, strict decoding, round trip."""
 
 from __future__ import annotations
 
 import struct
 
 import pytest
-from dledger_rocketmq.control import (
+from dledger_rocketmq.common.control import (
     KIND_OFFSET_COMMIT,
     KIND_OFFSET_RESET,
     ControlEntry,
@@ -15,7 +15,7 @@ from dledger_rocketmq.control import (
     encode_offset_commits,
     is_control,
 )
-from dledger_rocketmq.message import MessageRecord, encode_record
+from dledger_rocketmq.common.message import MessageRecord, encode_record
 from hypothesis import given
 from hypothesis import strategies as st
 

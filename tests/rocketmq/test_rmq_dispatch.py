@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from dledger_rocketmq.dispatch import EntryKind, entry_kind, resume_physical
-from dledger_rocketmq.message import Address, MessageRecord, encode_record
+from dledger_rocketmq.common.message import Address, MessageRecord, encode_record
 from dledger_rocketmq.plugin import broker_for
+from dledger_rocketmq.store.dispatch import EntryKind, entry_kind, resume_physical
 from hypothesis import given
 from hypothesis import strategies as st
 from rmq_cluster_util import broker_cluster, master, msg, put, queue_units, settled
@@ -80,7 +80,7 @@ def test_restart_resumes_dispatch_and_rebuilds_damaged_queues(tmp_path):
 
 def test_units_past_the_committed_end_are_dropped_at_start(tmp_path):
     """A unit whose record lies past the log's committed position is dropped on start (never served)."""
-    from dledger_rocketmq.consumequeue import ConsumeQueue, Unit
+    from dledger_rocketmq.store.consumequeue import ConsumeQueue, Unit
     cluster = broker_cluster(tmp_path)
     b = master(cluster)
     put(cluster, b, msg())
@@ -113,9 +113,9 @@ def test_a_new_leaders_noop_is_no_dispatch_lag(tmp_path):
 def test_index_fields_agree_with_unit_for_on_every_golden_record():
     """The dispatch fast path gives exactly unit_for(decode_record(...)) for all 177 records of the golden store."""
     from conftest import STORE, golden_entries
-    from dledger_rocketmq.consumequeue import unit_for
-    from dledger_rocketmq.dispatch import index_fields
-    from dledger_rocketmq.message import decode_record
+    from dledger_rocketmq.common.message import decode_record
+    from dledger_rocketmq.store.consumequeue import unit_for
+    from dledger_rocketmq.store.dispatch import index_fields
     seen = 0
     for entry in golden_entries(STORE / "dledger-n1" / "data"):
         rec = decode_record(entry.body, verify_crc=False)
@@ -127,8 +127,8 @@ def test_index_fields_agree_with_unit_for_on_every_golden_record():
 @pytest.mark.parametrize("cut", [1, 10, 60])
 def test_index_fields_refuses_a_cut_record(cut):
     """A record whose bytes do not add up to TOTALSIZE is refused with a CodecError, never mis-indexed."""
-    from dledger_rocketmq.dispatch import index_fields
-    from dledger_rocketmq.errors import CodecError
+    from dledger_rocketmq.common.errors import CodecError
+    from dledger_rocketmq.store.dispatch import index_fields
     raw = encode_record(msg(tags="A", body=b"0123456789" * 5))
     with pytest.raises(CodecError):
         index_fields(raw[:-cut])
@@ -144,8 +144,8 @@ class _FakeServer:
 
 
 def _dispatcher(tmp_path, file_size=20 * 10):
-    from dledger_rocketmq.consumequeue import ConsumeQueues
-    from dledger_rocketmq.dispatch import Dispatcher
+    from dledger_rocketmq.store.consumequeue import ConsumeQueues
+    from dledger_rocketmq.store.dispatch import Dispatcher
     d = Dispatcher(_FakeServer(), tmp_path, file_size=file_size, max_open_files=4)
     d.queues = ConsumeQueues(tmp_path, file_size=file_size, max_open_files=4)
     return d
@@ -153,8 +153,8 @@ def _dispatcher(tmp_path, file_size=20 * 10):
 
 def test_a_delivery_is_one_pwrite_per_queue_file(tmp_path, monkeypatch):
     """The units of one commit-feed delivery are written per queue with one pwrite per file (each was its own)."""
-    from dledger_rocketmq import consumequeue as cq
-    from dledger_rocketmq.bench_dispatch import make_entries
+    from dledger_rocketmq.store import consumequeue as cq
+    from dledger_rocketmq.tools.bench_dispatch import make_entries
     entries = make_entries(36, 3, 16)  # 12 units per queue; files of 10 units
     writes = []
     real = cq.write_at
@@ -176,8 +176,8 @@ def test_a_delivery_is_one_pwrite_per_queue_file(tmp_path, monkeypatch):
 
 def test_a_failed_write_puts_the_dispatched_position_back(tmp_path, monkeypatch):
     """If a delivery's units cannot be written, the dispatcher is where it was before it; a redelivery completes it."""
-    from dledger_rocketmq import consumequeue as cq
-    from dledger_rocketmq.bench_dispatch import make_entries
+    from dledger_rocketmq.store import consumequeue as cq
+    from dledger_rocketmq.tools.bench_dispatch import make_entries
     entries = make_entries(8, 2, 16)
     d = _dispatcher(tmp_path)
     d.entries_committed(entries[:4])
@@ -197,8 +197,8 @@ def test_a_failed_write_puts_the_dispatched_position_back(tmp_path, monkeypatch)
 
 
 def test_bench_dispatch_runs_on_a_tiny_workload(capsys):
-    """python -m dledger_rocketmq.bench_dispatch runs (tiny workload, few open files) and refuses bad arguments."""
-    from dledger_rocketmq import bench_dispatch
+    """python -m dledger_rocketmq.tools.bench_dispatch runs (tiny workload, few open files), refuses bad arguments."""
+    from dledger_rocketmq.tools import bench_dispatch
     assert bench_dispatch.main(["--messages", "60", "--queues", "5", "--batch", "7", "--body", "10",
                                 "--file-size", "100", "--max-open-files", "2"]) == 0
     assert "messages=60 queues=5 batch=7: dispatch " in capsys.readouterr().out
@@ -211,8 +211,8 @@ def test_bench_dispatch_runs_on_a_tiny_workload(capsys):
 
 def _quick_as_index_fields(body):
     """quick_unit's answer in index_fields' shape (None stays None)."""
-    from dledger_rocketmq.consumequeue import Unit, tag_hash
-    from dledger_rocketmq.dispatch import quick_unit
+    from dledger_rocketmq.store.consumequeue import Unit, tag_hash
+    from dledger_rocketmq.store.dispatch import quick_unit
     found = quick_unit(body)
     if found is None:
         return None
@@ -223,7 +223,7 @@ def _quick_as_index_fields(body):
 def test_quick_unit_agrees_with_index_fields_on_every_golden_record():
     """Where the fast path answers for a golden record, it gives index_fields' unit; it answers for plain ones."""
     from conftest import STORE, golden_entries
-    from dledger_rocketmq.dispatch import index_fields
+    from dledger_rocketmq.store.dispatch import index_fields
     answered = 0
     for entry in golden_entries(STORE / "dledger-n1" / "data"):
         quick = _quick_as_index_fields(entry.body)
@@ -252,7 +252,7 @@ def _props(raw: bytes) -> MessageRecord:
 ])
 def test_quick_unit_answers_only_where_it_is_certain(name, record, answers):
     """quick_unit answers plain records exactly as index_fields does, and leaves every special case to it."""
-    from dledger_rocketmq.dispatch import index_fields, quick_unit
+    from dledger_rocketmq.store.dispatch import index_fields, quick_unit
     body = encode_record(record)
     assert (quick_unit(body) is not None) is answers, name
     if answers:
@@ -262,7 +262,7 @@ def test_quick_unit_answers_only_where_it_is_certain(name, record, answers):
 @pytest.mark.parametrize("cut", [1, 10, 60])
 def test_quick_unit_leaves_a_cut_record_to_the_full_decode(cut):
     """A record whose bytes do not add up is never answered by the fast path (index_fields then refuses it)."""
-    from dledger_rocketmq.dispatch import quick_unit
+    from dledger_rocketmq.store.dispatch import quick_unit
     raw = encode_record(msg(tags="A", body=b"0123456789" * 5))
     assert quick_unit(raw[:-cut]) is None
     assert quick_unit(raw + b"\0") is None
@@ -273,8 +273,8 @@ def test_quick_unit_leaves_a_cut_record_to_the_full_decode(cut):
        body=st.binary(max_size=40), garbage=st.binary(max_size=6))
 def test_quick_unit_never_disagrees_with_index_fields(props, body, garbage):
     """On any record (and any record with bytes appended), the fast path is silent or gives index_fields' unit."""
-    from dledger_rocketmq.dispatch import index_fields
-    from dledger_rocketmq.errors import CodecError
+    from dledger_rocketmq.common.errors import CodecError
+    from dledger_rocketmq.store.dispatch import index_fields
     raw_props = "\x02".join(f"{k}\x01{v}" for k, v in props).encode()
     for raw in (encode_record(MessageRecord(topic="T", body=body, properties=raw_props)),
                 encode_record(_props(raw_props)) + garbage):
@@ -288,9 +288,9 @@ def test_quick_unit_never_disagrees_with_index_fields(props, body, garbage):
 
 def test_fast_and_full_dispatch_write_the_same_queues(tmp_path):
     """A dispatcher on the fast path and one decoding every record (verify_crc) build identical queues."""
-    from dledger_rocketmq.bench_dispatch import make_entries
-    from dledger_rocketmq.consumequeue import ConsumeQueues
-    from dledger_rocketmq.dispatch import Dispatcher
+    from dledger_rocketmq.store.consumequeue import ConsumeQueues
+    from dledger_rocketmq.store.dispatch import Dispatcher
+    from dledger_rocketmq.tools.bench_dispatch import make_entries
     entries = make_entries(50, 4, 16)
     views = []
     for verify in (False, True):
@@ -310,9 +310,9 @@ def test_fast_and_full_dispatch_write_the_same_queues(tmp_path):
 def test_a_queue_restarts_after_records_the_log_no_longer_holds(tmp_path, verify):
     """Entries skipped because the log now starts after them (compaction, an installed snapshot): each queue whose
     units all lie before the log's begin restarts at its next unit; the old next offset goes to on_rebase."""
-    from dledger_rocketmq.bench_dispatch import make_entries
-    from dledger_rocketmq.consumequeue import ConsumeQueues
-    from dledger_rocketmq.dispatch import Dispatcher
+    from dledger_rocketmq.store.consumequeue import ConsumeQueues
+    from dledger_rocketmq.store.dispatch import Dispatcher
+    from dledger_rocketmq.tools.bench_dispatch import make_entries
     entries = make_entries(36, 3, 16)  # queue offsets 0..11 in each of 3 queues
     server = _FakeServer()
     begin = [0]

@@ -21,9 +21,9 @@ import re
 
 import pytest
 import pytest_twisted
-from dledger_rocketmq.client import RocketMQError, connect
-from dledger_rocketmq.localgroup import broker_port_args, wait_for_master
-from dledger_rocketmq.message import message_id
+from dledger_rocketmq.client.client import RocketMQError, connect
+from dledger_rocketmq.common.message import message_id
+from dledger_rocketmq.tools.localgroup import broker_port_args, wait_for_master
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 

@@ -1,14 +1,14 @@
-"""A slave forwards sends to the master it learned from the name server (dledger_rocketmq.forward)."""
+"""A slave forwards sends to the master it learned from the name server (dledger_rocketmq.broker.forward)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-from dledger_rocketmq import registration
-from dledger_rocketmq.forward import FORWARDED, should_forward
+from dledger_rocketmq.broker.forward import FORWARDED, should_forward
+from dledger_rocketmq.broker.port import SEND_MESSAGE_V2
+from dledger_rocketmq.namesrv import registration
 from dledger_rocketmq.plugin import broker_for, registration_for
-from dledger_rocketmq.port import SEND_MESSAGE_V2
 from test_rmq_registration import Net, group_with_namesrv, run
 
 

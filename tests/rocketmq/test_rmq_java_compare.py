@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from dledger_rocketmq.bench_java import broker_ports
-from dledger_rocketmq.client import connect
-from dledger_rocketmq.localgroup import wait_for_master
+from dledger_rocketmq.client.client import connect
+from dledger_rocketmq.tools.bench_java import broker_ports
+from dledger_rocketmq.tools.localgroup import wait_for_master
 from test_rmq_java_process import (
     GROUP,
     KIT,

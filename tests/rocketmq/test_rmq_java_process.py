@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from dledger_rocketmq.client import connect
-from dledger_rocketmq.localgroup import broker_port_args, wait_for_master
+from dledger_rocketmq.client.client import connect
+from dledger_rocketmq.tools.localgroup import broker_port_args, wait_for_master
 from twisted.internet import protocol
 from twisted.internet.defer import Deferred
 
@@ -237,7 +237,7 @@ async def cluster_brokers(reactor, namesrv_port: int) -> dict:
         return {}
     try:
         header, body = await c.request(106, {})
-        from dledger_rocketmq import fastjson
+        from dledger_rocketmq.common import fastjson
         return fastjson.loads(body).get("brokerAddrTable", {}) if header.code == 0 else {}
     except Exception:
         return {}
@@ -303,7 +303,7 @@ async def test_mqadmin_commands_against_our_group_and_the_java_namesrv(tmp_path,
     an error; brokerStatus shows the messages counted (not requests) and live rates; clusterList's #Hour and
     #SPACE are RocketMQ's arithmetic on our runtime info; our members also register with the real Java
     NameServer, which lists them to mqadmin."""
-    from dledger_rocketmq import admin as rmq_admin
+    from dledger_rocketmq.broker import admin as rmq_admin
 
     namesrv_port, java_ns_port, *rest = free_ports(5)
     ports = dict(zip(["n0", "n1", "n2"], rest, strict=True))

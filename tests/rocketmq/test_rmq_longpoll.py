@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from dledger_rocketmq.broker import GetStatus, queue_status
-from dledger_rocketmq.longpoll import MAX_SUSPEND_MS, PullHolds, hold_seconds, should_hold, wakes
-from dledger_rocketmq.port import BrokerPort, encode_command
+from dledger_rocketmq.broker.broker import GetStatus, queue_status
+from dledger_rocketmq.broker.longpoll import MAX_SUSPEND_MS, PullHolds, hold_seconds, should_hold, wakes
+from dledger_rocketmq.broker.port import BrokerPort, encode_command
 from rmq_cluster_util import broker_cluster, master, msg, put, settled
 from test_rmq_clients import FRAMES, Conn, golden, same_shape
 from twisted.internet.task import Clock
@@ -298,7 +298,7 @@ def test_sql92_subscriptions_are_refused_not_served_unfiltered(group):
 
 def test_python_client_long_polls(group):
     """RocketMQClient.pull(suspend=...) is held at the end of the queue and fires FOUND when a message comes."""
-    from dledger_rocketmq.client import RocketMQClient, client_factory
+    from dledger_rocketmq.client.client import RocketMQClient, client_factory
     from twisted.test.iosim import FakeTransport, connect
     cluster, b, port = group
     fill(cluster, b, "TopicL", 0, 1)

@@ -7,9 +7,9 @@ contract's ISnapshotWriter/ISnapshotReader), no member and no clock.
 from __future__ import annotations
 
 import pytest
-from dledger_rocketmq import acl
-from dledger_rocketmq.broker import first_kept_offset
-from dledger_rocketmq.control import (
+from dledger_rocketmq.broker.broker import first_kept_offset
+from dledger_rocketmq.common import acl
+from dledger_rocketmq.common.control import (
     KIND_ACL_CONFIG,
     KIND_GROUP_CONFIG,
     KIND_TOPIC_CONFIG,
@@ -18,8 +18,8 @@ from dledger_rocketmq.control import (
     encode_metadata,
     encode_offset_commits,
 )
-from dledger_rocketmq.machine import NAME, BrokerMachine, SnapshotFormatError
-from dledger_rocketmq.metadata import BrokerMetadata, subscription_group_config, topic_config
+from dledger_rocketmq.store.machine import NAME, BrokerMachine, SnapshotFormatError
+from dledger_rocketmq.store.metadata import BrokerMetadata, subscription_group_config, topic_config
 from twisted.internet.defer import Deferred, succeed
 from zope.interface import implementer
 from zope.interface.verify import verifyObject

@@ -1,7 +1,7 @@
 """Broker members coming and going (issue #23 item 6): broker ids, registration gated on catch-up, removal.
 
 Pure decisions as tables; the gate driven on ``task.Clock`` against a real in-memory name server
-(:class:`dledger_rocketmq.namesrv.NameServer` over iosim) with a fake ``server.membership``.
+(:class:`dledger_rocketmq.namesrv.namesrv.NameServer` over iosim) with a fake ``server.membership``.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from dledger_rocketmq import registration
-from dledger_rocketmq.membership import Action, MemberRegistration, departed_broker_ids, registration_step
-from dledger_rocketmq.namesrv import NameServer
-from dledger_rocketmq.registration import Registration
-from dledger_rocketmq.roles import JOINED_BASE, RoleManager, joined_broker_id, member_broker_id, transfer_targets
+from dledger_rocketmq.broker.membership import Action, MemberRegistration, departed_broker_ids, registration_step
+from dledger_rocketmq.broker.roles import JOINED_BASE, RoleManager, joined_broker_id, member_broker_id, transfer_targets
+from dledger_rocketmq.namesrv import registration
+from dledger_rocketmq.namesrv.namesrv import NameServer
+from dledger_rocketmq.namesrv.registration import Registration
 from test_rmq_registration import Net, fake_broker, settle
 from twisted.internet import task
 from twisted.internet.defer import Deferred
@@ -307,9 +307,9 @@ def brokers_of(ns) -> dict:
 def test_in_process_group_replaces_a_slave_and_the_new_member_becomes_master(tmp_path, net):
     """n3 joins: not in the route as a learner; once promoted and caught up it is slave 4 holding every message;
     n1 removed: unregistered; then the master removed: leadership moves, and n3 as master serves everything."""
-    from dledger_rocketmq.message import decode_record
+    from dledger_rocketmq.broker.port import BrokerPort
+    from dledger_rocketmq.common.message import decode_record
     from dledger_rocketmq.plugin import broker_for, registration_for
-    from dledger_rocketmq.port import BrokerPort
     from rmq_cluster_util import msg, put, queue_units
     from test_rmq_registration import group_with_namesrv, run, serve_sync
 
@@ -373,7 +373,7 @@ def brokers_of_group(ns) -> dict:
 
 def test_status_page_shows_the_registration_decision(tmp_path, monkeypatch):
     """The broker's status section says whether the member registered, waits (and why) or withdrew."""
-    from dledger_rocketmq import status
+    from dledger_rocketmq.broker import status
 
     membership = FakeMembership(_config("n0", "n1", "n3?", index=7))
     b = joining_member(tmp_path, task.Clock(), membership)

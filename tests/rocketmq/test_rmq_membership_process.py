@@ -22,10 +22,10 @@ import os
 
 import pytest
 import pytest_twisted
-from dledger_rocketmq import fastjson
-from dledger_rocketmq.client import RocketMQError, connect
-from dledger_rocketmq.localgroup import broker_port_args, wait_for_master
-from dledger_rocketmq.namesrv import NameServer
+from dledger_rocketmq.client.client import RocketMQError, connect
+from dledger_rocketmq.common import fastjson
+from dledger_rocketmq.namesrv.namesrv import NameServer
+from dledger_rocketmq.tools.localgroup import broker_port_args, wait_for_master
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 

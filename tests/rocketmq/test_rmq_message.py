@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 from conftest import MIGRATION, STORE, golden_entries, index_rows
-from dledger_rocketmq import message as m
-from dledger_rocketmq.errors import CodecError, CorruptRecordError, RecordTooLargeError, TruncatedRecordError
+from dledger_rocketmq.common import message as m
+from dledger_rocketmq.common.errors import CodecError, CorruptRecordError, RecordTooLargeError, TruncatedRecordError
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -1,4 +1,4 @@
-"""Broker metadata files (dledger_rocketmq.metadata): RocketMQ's config/*.json, load, .bak, atomic periodic persist."""
+"""Broker metadata files (dledger_rocketmq.store.metadata): RocketMQ's config/*.json, load, .bak, periodic persist."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 from conftest import GOLDEN, STORE
-from dledger_rocketmq import fastjson
-from dledger_rocketmq.control import OffsetCommit
-from dledger_rocketmq.metadata import (
+from dledger_rocketmq.common import fastjson
+from dledger_rocketmq.common.control import OffsetCommit
+from dledger_rocketmq.store.metadata import (
     BrokerMetadata,
     MetadataError,
     default_topics,

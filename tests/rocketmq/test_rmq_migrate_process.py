@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from dledger_rocketmq import fastjson
-from dledger_rocketmq.client import connect
+from dledger_rocketmq.client.client import connect
+from dledger_rocketmq.common import fastjson
 from test_rmq_java_process import JsonLines, java_env, stop_child
 from twisted.internet import utils
 

@@ -6,10 +6,10 @@ import shutil
 
 import pytest
 from conftest import CQ_FILE_SIZE, FILE_SIZE, MIGRATION, index_rows
-from dledger_rocketmq import consumequeue as cq
-from dledger_rocketmq import migration as mg
-from dledger_rocketmq.errors import CorruptRecordError, StoreLayoutError, TruncatedRecordError
-from dledger_rocketmq.message import decode_record
+from dledger_rocketmq.common.errors import CorruptRecordError, StoreLayoutError, TruncatedRecordError
+from dledger_rocketmq.common.message import decode_record
+from dledger_rocketmq.store import consumequeue as cq
+from dledger_rocketmq.store import migration as mg
 
 PHASE2_INDEX = MIGRATION / "phase2-dledger" / "INDEX.md"
 OLD_ROWS = index_rows(PHASE2_INDEX, "### `commitlog/00000000000000000000`")[:-1]  # the last row is the blank

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 from conftest import CQ_FILE_SIZE, FILE_SIZE, MIGRATION, restore
-from dledger_rocketmq.broker import GetStatus
-from dledger_rocketmq.commitlog import PutStatus
-from dledger_rocketmq.errors import StoreLayoutError
-from dledger_rocketmq.message import decode_record
+from dledger_rocketmq.broker.broker import GetStatus
+from dledger_rocketmq.common.errors import StoreLayoutError
+from dledger_rocketmq.common.message import decode_record
+from dledger_rocketmq.store.commitlog import PutStatus
 from rmq_cluster_util import master, msg, put, settled
 
 from dledger import plugins

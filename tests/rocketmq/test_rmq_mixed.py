@@ -3,16 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dledger_rocketmq.control import (
-    KIND_TOPIC_CONFIG,
-    OffsetCommit,
-    decode_control,
-    encode_metadata,
-    encode_offset_commits,
-)
-from dledger_rocketmq.message import Address, decode_record
-from dledger_rocketmq.migrate_check import SCHEDULE_TOPIC, BrokerView, assess
-from dledger_rocketmq.mixed import (
+from dledger_rocketmq.broker.mixed import (
     TERM_START_TOPIC,
     Mode,
     group_mode,
@@ -21,6 +12,15 @@ from dledger_rocketmq.mixed import (
     term_start_record,
     transition,
 )
+from dledger_rocketmq.client.migrate_check import SCHEDULE_TOPIC, BrokerView, assess
+from dledger_rocketmq.common.control import (
+    KIND_TOPIC_CONFIG,
+    OffsetCommit,
+    decode_control,
+    encode_metadata,
+    encode_offset_commits,
+)
+from dledger_rocketmq.common.message import Address, decode_record
 from dledger_rocketmq.plugin import broker_for
 from rmq_cluster_util import broker_cluster, master, msg, put
 
@@ -138,7 +138,7 @@ def test_undecided_master_asks_its_peers_before_the_first_control_entry(tmp_path
 
 
 def test_control_entries_in_the_log_round_trip_through_local_apply(tmp_path):
-    from dledger_rocketmq.mixed import apply_locally
+    from dledger_rocketmq.broker.mixed import apply_locally
 
     cluster = broker_cluster(tmp_path)
     b = master(cluster)
@@ -202,7 +202,7 @@ class FakeBroker:
         self.asked: list[int] = []
 
     def request(self, code, ext):
-        from dledger_rocketmq import fastjson
+        from dledger_rocketmq.common import fastjson
         from twisted.internet.defer import succeed
         self.asked.append(code)
         if code == 106:
@@ -222,7 +222,7 @@ class FakeBroker:
 
 
 def test_gather_asks_the_name_server_then_the_master_first_then_the_slaves():
-    from dledger_rocketmq.migrate_check import gather
+    from dledger_rocketmq.client.migrate_check import gather
     from twisted.internet.defer import ensureDeferred, succeed
 
     topics = {"T": {"topicName": "T", "readQueueNums": 2}, "BenchmarkTest": {"readQueueNums": 1024},
@@ -273,3 +273,16 @@ def test_commits_applied_while_undecided_go_through_the_log_once_decided(tmp_pat
     assert b.mixed.check() is L
     others = [broker_for(s) for s in cluster.servers.values() if broker_for(s) is not b]
     assert cluster.run_until(lambda: all(o.query_offset("cg", "T", 2) == 11 for o in others), 10)
+
+
+def test_route_control_says_where_a_control_entry_goes(tmp_path):
+    """MixedGroup.route_control: None (the broker appends it) in a dledger-only group; applied to this member's
+    tables (fires with -1, nothing appended) once a Java peer is known."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    body = encode_offset_commits([OffsetCommit("cg", "T", 2, 5)])
+    assert b.mixed.mode is L and b.mixed.route_control(body) is None
+    b.server.peer_kinds.learn(next(iter(b.server.peer_kinds.peers)), J)
+    end = b.server.store.ledger_end_index
+    assert run(cluster, b.mixed.route_control(body)) == -1
+    assert b.query_offset("cg", "T", 2) == 5 and b.server.store.ledger_end_index == end

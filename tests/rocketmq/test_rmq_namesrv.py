@@ -8,10 +8,11 @@ from datetime import datetime
 
 import pytest
 from conftest import GOLDEN
-from dledger_rocketmq import fastjson, routes
-from dledger_rocketmq.namesrv import NameServer
-from dledger_rocketmq.port import decode_header, encode_command
-from dledger_rocketmq.routes import RegisterBody, RouteTable
+from dledger_rocketmq.broker.port import decode_header, encode_command
+from dledger_rocketmq.common import fastjson
+from dledger_rocketmq.namesrv import routes
+from dledger_rocketmq.namesrv.namesrv import NameServer
+from dledger_rocketmq.namesrv.routes import RegisterBody, RouteTable
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 
 from dledger.transport.remoting import FrameSplitter, Header

@@ -1,4 +1,4 @@
-"""Consumer and delay offset tables (dledger_rocketmq.offsets) and RocketMQ's JSON dialect (fastjson)."""
+"""Consumer and delay offset tables (dledger_rocketmq.store.offsets) and RocketMQ's JSON dialect (fastjson)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from conftest import GOLDEN, STORE
-from dledger_rocketmq import fastjson
-from dledger_rocketmq.control import OffsetCommit, decode_control, encode_offset_commits
-from dledger_rocketmq.offsets import ConsumerOffsetTable, DelayOffsetTable
+from dledger_rocketmq.common import fastjson
+from dledger_rocketmq.common.control import OffsetCommit, decode_control, encode_offset_commits
+from dledger_rocketmq.store.offsets import ConsumerOffsetTable, DelayOffsetTable
 from hypothesis import given
 from hypothesis import strategies as st
 

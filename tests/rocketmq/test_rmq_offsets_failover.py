@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dledger_rocketmq.control import OffsetCommit, encode_offset_commits, is_control
-from dledger_rocketmq.offsets import ConsumerOffsetTable
+from dledger_rocketmq.common.control import OffsetCommit, encode_offset_commits, is_control
+from dledger_rocketmq.store.offsets import ConsumerOffsetTable
 
 from dledger.testing import Cluster
 

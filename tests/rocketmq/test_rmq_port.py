@@ -8,11 +8,8 @@ import struct
 import pytest
 import pytest_twisted
 from conftest import GOLDEN
-from dledger_rocketmq.broker import GetResult, GetStatus
-from dledger_rocketmq.client import PullResult, RocketMQClient, RocketMQError, client_factory
-from dledger_rocketmq.commitlog import PutResult, PutStatus
-from dledger_rocketmq.plugin import broker_for
-from dledger_rocketmq.port import (
+from dledger_rocketmq.broker.broker import GetResult, GetStatus
+from dledger_rocketmq.broker.port import (
     ArgumentError,
     BrokerPort,
     PullArgs,
@@ -27,6 +24,9 @@ from dledger_rocketmq.port import (
     send_topic_check,
     subscription_tags,
 )
+from dledger_rocketmq.client.client import PullResult, RocketMQClient, RocketMQError, client_factory
+from dledger_rocketmq.plugin import broker_for
+from dledger_rocketmq.store.commitlog import PutResult, PutStatus
 from rmq_cluster_util import broker_cluster, master, msg, put, settled
 from twisted.internet.testing import StringTransport
 from twisted.test.iosim import FakeTransport, connect
@@ -314,8 +314,8 @@ def test_client_send_pull_offsets_and_slave(tmp_path):
 @pytest_twisted.inlineCallbacks
 def test_port_on_real_sockets_with_client_and_cli(reactor, tmp_path, capsys):
     """Members listen on 127.0.0.1; the client and the CLI send and pull; a slave refuses sends over TCP."""
-    from dledger_rocketmq import cli as rmq_cli  # noqa: F401 (the CLI module the hook adds)
-    from dledger_rocketmq.client import connect as rmq_connect
+    from dledger_rocketmq.client import cli as rmq_cli  # noqa: F401 (the CLI module the hook adds)
+    from dledger_rocketmq.client.client import connect as rmq_connect
     from dledger_rocketmq.plugin import port_for
     from twisted.internet import threads
 

@@ -4,8 +4,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from dledger_rocketmq.commitlog import PutResult, PutStatus
-from dledger_rocketmq.port import (
+from dledger_rocketmq.broker.port import (
     SEND_EXTRA,
     SEND_MESSAGE_V2,
     BrokerPortProtocol,
@@ -19,6 +18,7 @@ from dledger_rocketmq.port import (
     send_args,
     send_reply,
 )
+from dledger_rocketmq.store.commitlog import PutResult, PutStatus
 from twisted.internet.testing import StringTransport
 
 from dledger.transport.remoting import FLAG_RESPONSE, Header, HeaderError
@@ -126,8 +126,8 @@ def test_the_port_turns_nagle_off_on_every_connection():
 
 
 def test_the_send_micro_benchmark_times_each_step():
-    """python -m dledger_rocketmq.bench_send keeps working (figures printed, never asserted)."""
-    from dledger_rocketmq import bench_send
+    """python -m dledger_rocketmq.tools.bench_send keeps working (figures printed, never asserted)."""
+    from dledger_rocketmq.tools import bench_send
 
     out = bench_send.run(calls=10)
     assert set(out) == {"decode_json_header_us", "send_header_us", "send_reply_frame_us"}

@@ -13,15 +13,15 @@ from types import SimpleNamespace
 import pytest
 import pytest_twisted
 from conftest import GOLDEN
-from dledger_rocketmq import port as port_module
-from dledger_rocketmq import registration, routes
-from dledger_rocketmq.client import RocketMQClient, RocketMQError, client_factory
-from dledger_rocketmq.metadata import BrokerMetadata, topic_config, topic_table
-from dledger_rocketmq.namesrv import NameServer
+from dledger_rocketmq.broker import port as port_module
+from dledger_rocketmq.broker.port import BrokerPort, Reply, decode_header, encode_command
+from dledger_rocketmq.broker.sync import SlaveSync, SyncKind, apply_sync, master_body
+from dledger_rocketmq.client.client import RocketMQClient, RocketMQError, client_factory
+from dledger_rocketmq.namesrv import registration, routes
+from dledger_rocketmq.namesrv.namesrv import NameServer
+from dledger_rocketmq.namesrv.registration import MasterFetcher, Registration
 from dledger_rocketmq.plugin import broker_for, registration_for
-from dledger_rocketmq.port import BrokerPort, Reply, decode_header, encode_command
-from dledger_rocketmq.registration import MasterFetcher, Registration
-from dledger_rocketmq.sync import SlaveSync, SyncKind, apply_sync, master_body
+from dledger_rocketmq.store.metadata import BrokerMetadata, topic_config, topic_table
 from rmq_cluster_util import settled
 from twisted.internet import task
 from twisted.internet.defer import fail, succeed
@@ -417,7 +417,7 @@ def test_group_registers_and_failover_names_exactly_one_new_master(tmp_path, net
 @pytest_twisted.inlineCallbacks
 def test_failover_over_real_sockets(reactor, tmp_path):
     """127.0.0.1: members register with a real name server; after the master's kill the new one is the only id 0."""
-    from dledger_rocketmq.client import connect as rmq_connect
+    from dledger_rocketmq.client.client import connect as rmq_connect
     from dledger_rocketmq.plugin import namesrv_for
 
     from dledger.testing import Cluster

@@ -13,8 +13,8 @@ from dledger.launcher import processes_mentioning
 @pytest.mark.process
 def test_demo_rocketmq_spreads_fails_over_and_stops_everything(tmp_path):
     """Two groups register, sends spread, a master kill is survived, all is read back, exit 0, no process left."""
-    out = subprocess.run([sys.executable, "-m", "dledger_rocketmq.demo", "--dir", str(tmp_path), "--messages", "8"],
-                         capture_output=True, text=True, timeout=240)
+    out = subprocess.run([sys.executable, "-m", "dledger_rocketmq.tools.demo", "--dir", str(tmp_path),
+                          "--messages", "8"], capture_output=True, text=True, timeout=240)
     text = out.stdout
     assert out.returncode == 0, text + out.stderr
     assert "name server: broker-a master" in text and "name server: broker-b master" in text

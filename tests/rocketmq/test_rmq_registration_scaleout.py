@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from dledger_rocketmq import registration
-from dledger_rocketmq.client import RouteClient, message_queues, route_masters
-from dledger_rocketmq.namesrv import NameServer
+from dledger_rocketmq.broker.port import BrokerPort
+from dledger_rocketmq.client.client import RouteClient, message_queues, route_masters
+from dledger_rocketmq.namesrv import registration
+from dledger_rocketmq.namesrv.namesrv import NameServer
 from dledger_rocketmq.plugin import broker_for
-from dledger_rocketmq.port import BrokerPort
 from test_rmq_registration import Net
 
 from dledger import plugins

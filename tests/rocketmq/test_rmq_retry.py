@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from dledger_rocketmq.message import Address, MessageRecord, decode_record, encode_properties
-from dledger_rocketmq.port import ArgumentError, BrokerPort, encode_command
-from dledger_rocketmq.retry import (
+from dledger_rocketmq.broker.port import ArgumentError, BrokerPort, encode_command
+from dledger_rocketmq.broker.retry import (
     LockTable,
     SendBackArgs,
     max_reconsume_times,
@@ -15,7 +14,8 @@ from dledger_rocketmq.retry import (
     send_back,
     send_back_args,
 )
-from dledger_rocketmq.schedule import SCHEDULE_TOPIC, java_properties, to_schedule
+from dledger_rocketmq.common.message import Address, MessageRecord, decode_record, encode_properties
+from dledger_rocketmq.store.schedule import SCHEDULE_TOPIC, java_properties, to_schedule
 from rmq_cluster_util import broker_cluster, master, put, settled
 from test_rmq_clients import Conn, golden, same_shape
 from test_rmq_longpoll import wait_reply

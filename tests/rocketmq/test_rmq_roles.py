@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dledger_rocketmq.commitlog import PutStatus
-from dledger_rocketmq.plugin import broker_for
-from dledger_rocketmq.roles import (
+from dledger_rocketmq.broker.roles import (
     MASTER,
     SLAVE,
     RoleAction,
@@ -15,6 +13,8 @@ from dledger_rocketmq.roles import (
     role_action,
     waiting_for,
 )
+from dledger_rocketmq.plugin import broker_for
+from dledger_rocketmq.store.commitlog import PutStatus
 from rmq_cluster_util import broker_cluster, master, msg, put, queue_units, settled
 
 from dledger.codes import Role

@@ -1,4 +1,4 @@
-"""Delayed messages (dledger_rocketmq.schedule): the SCHEDULE_TOPIC_XXXX rewrite and DelayedDelivery."""
+"""Delayed messages (dledger_rocketmq.store.schedule): the SCHEDULE_TOPIC_XXXX rewrite and DelayedDelivery."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import CQ_FILE_SIZE, STORE, golden_entries
-from dledger_rocketmq.consumequeue import SCHEDULE_TOPIC, ConsumeQueues, Unit, tags_code
-from dledger_rocketmq.message import MessageRecord, decode_record, encode_properties, encode_record
-from dledger_rocketmq.offsets import DelayOffsetTable
-from dledger_rocketmq.schedule import (
+from dledger_rocketmq.common.message import MessageRecord, decode_record, encode_properties, encode_record
+from dledger_rocketmq.store.consumequeue import SCHEDULE_TOPIC, ConsumeQueues, Unit, tags_code
+from dledger_rocketmq.store.offsets import DelayOffsetTable
+from dledger_rocketmq.store.schedule import (
     DelayedDelivery,
     ScheduleError,
     ScheduleQueueReader,

@@ -11,11 +11,11 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from dledger_rocketmq.broker import GetStatus
-from dledger_rocketmq.control import KIND_GROUP_CONFIG, KIND_TOPIC_CONFIG, OffsetCommit
-from dledger_rocketmq.machine import BrokerMachine
-from dledger_rocketmq.metadata import subscription_group_config, topic_config
+from dledger_rocketmq.broker.broker import GetStatus
+from dledger_rocketmq.common.control import KIND_GROUP_CONFIG, KIND_TOPIC_CONFIG, OffsetCommit
 from dledger_rocketmq.plugin import broker_for
+from dledger_rocketmq.store.machine import BrokerMachine
+from dledger_rocketmq.store.metadata import subscription_group_config, topic_config
 from rmq_cluster_util import master, msg, put, settled
 from test_rmq_machine import CONFIG, tables
 
@@ -180,7 +180,7 @@ def test_a_wiped_member_returns_through_install_snapshot_and_serves_as_master(tm
     """Every member snapshotted and compacted; a follower wiped (log, snapshots, broker dir) comes back through
     InstallSnapshot with every topic, group, offset and the ACL; made master, a consumer resumes at its committed
     offsets (no re-delivery below them) and queue offsets continue."""
-    from dledger_rocketmq.message import decode_record
+    from dledger_rocketmq.common.message import decode_record
     cluster = snap_cluster(tmp_path, snapshot_chunk_size=1024, snapshot_file_size=4096)
     b = master(cluster)
     populate(cluster, b, n_records=10)  # offsets 0..4 in each queue
@@ -233,7 +233,7 @@ def test_a_snapshot_fails_with_one_line_when_dispatch_never_reaches_its_index(tm
     vb.dispatcher.caught_up = lambda index: False  # this member's dispatch is stuck
     out = []
     vs.snapshots.take().addBoth(out.append)
-    cluster.run(vb.snapshot_dispatch_timeout - 1)
+    cluster.run(vb.queue_flush.snapshot_dispatch_timeout - 1)
     assert out == []
     assert cluster.run_until(lambda: bool(out), 5)
     why = out[0].getErrorMessage()

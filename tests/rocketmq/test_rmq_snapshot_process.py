@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from dledger_rocketmq import fastjson
-from dledger_rocketmq.acl import Credentials
-from dledger_rocketmq.client import RocketMQError, connect
-from dledger_rocketmq.localgroup import broker_port_args
+from dledger_rocketmq.client.client import RocketMQError, connect
+from dledger_rocketmq.common import fastjson
+from dledger_rocketmq.common.acl import Credentials
+from dledger_rocketmq.tools.localgroup import broker_port_args
 
 from dledger.launcher import LocalGroup, durable_store, free_ports
 

@@ -1,13 +1,13 @@
-"""The broker on the status page and in /metrics (dledger_rocketmq.status): topics, queues, consumers, delays."""
+"""The broker on the status page and in /metrics (dledger_rocketmq.broker.status): topics, queues, consumers, delays."""
 
 from __future__ import annotations
 
 import pytest
-from dledger_rocketmq import status
-from dledger_rocketmq.clients import ClientRegistry
-from dledger_rocketmq.control import OffsetCommit
-from dledger_rocketmq.heartbeat import ConsumerData, Heartbeat, Subscription
-from dledger_rocketmq.message import MessageRecord, encode_properties
+from dledger_rocketmq.broker import status
+from dledger_rocketmq.broker.clients import ClientRegistry
+from dledger_rocketmq.common.control import OffsetCommit
+from dledger_rocketmq.common.heartbeat import ConsumerData, Heartbeat, Subscription
+from dledger_rocketmq.common.message import MessageRecord, encode_properties
 from dledger_rocketmq.plugin import broker_for
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families

@@ -1,12 +1,12 @@
-"""Slave metadata sync (dledger_rocketmq.sync): at once on role/master change, every 10 s, never backwards."""
+"""Slave metadata sync (dledger_rocketmq.broker.sync): at once on role/master change, every 10 s, never backwards."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import GOLDEN, STORE
-from dledger_rocketmq.control import OffsetCommit
-from dledger_rocketmq.metadata import BrokerMetadata, topic_config
-from dledger_rocketmq.sync import ORDER, SlaveSync, SyncKind, apply_sync, master_body
+from dledger_rocketmq.broker.sync import ORDER, SlaveSync, SyncKind, apply_sync, master_body
+from dledger_rocketmq.common.control import OffsetCommit
+from dledger_rocketmq.store.metadata import BrokerMetadata, topic_config
 from test_rmq_offsets import frame_body
 from twisted.internet import defer, task
 

@@ -1,7 +1,7 @@
 """The broker workload: producers and consumers through the name server, every send, pull, commit and resume
 recorded (the rules are :mod:`.brokercheck`'s).
 
-Producers use :class:`dledger_rocketmq.client.RouteClient` with ``retries=0`` and resend a body themselves
+Producers use :class:`dledger_rocketmq.client.client.RouteClient` with ``retries=0`` and resend a body themselves
 after a failure, up to 3 attempts, each attempt an event: so a body stored twice is allowed only when it was
 sent twice. Consumers of one consumer group pull each queue of the topic from the master the route names,
 commit their offset every few messages, and on any error start a new session that resumes from the offset the
@@ -29,7 +29,7 @@ class BrokerWorkload:
     """Producers and consumers of one topic through the name server (see the module docstring)."""
 
     def __init__(self, run: Any, rng: random.Random, clients: int):
-        from dledger_rocketmq.client import RouteClient
+        from dledger_rocketmq.client.client import RouteClient
         self.run, self.rng = run, rng
         self.reactor = run.reactor
         self.namesrv = f"{run.net.addrs['namesrv']}:9876"
@@ -46,7 +46,7 @@ class BrokerWorkload:
         return self.route_client(self.reactor, self.namesrv, timeout=2.0, retries=0, route_ttl=1.0)
 
     async def start(self) -> None:
-        from dledger_rocketmq.client import route_masters
+        from dledger_rocketmq.client.client import route_masters
         rc = self._rc()
 
         async def routed():
@@ -107,7 +107,7 @@ class BrokerWorkload:
 
     async def _session(self, rc: Any) -> None:
         """Resume every queue from the broker's stored offset, then pull and commit until an error."""
-        from dledger_rocketmq.client import message_queues, route_masters
+        from dledger_rocketmq.client.client import message_queues, route_masters
         self.session += 1
         session = self.session
         route = await rc.route(TOPIC, fresh=True)
@@ -164,7 +164,7 @@ class BrokerWorkload:
 
     async def read_back(self) -> dict[str, dict[int, str]]:
         """Every queue of the topic from offset 0 (a consumer group of its own), once a master serves them."""
-        from dledger_rocketmq.client import message_queues, route_masters
+        from dledger_rocketmq.client.client import message_queues, route_masters
         rc = self._rc()
         try:
             async def read():

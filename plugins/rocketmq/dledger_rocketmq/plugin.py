@@ -3,18 +3,18 @@
 The plugin is installed in every test environment of the repository, so it
 does **nothing** on a member unless ``rocketmq.enabled`` is true: every hook
 returns no handler, hook, listener or service then.  With it, each member
-gets one :class:`dledger_rocketmq.broker.Broker` (made on first use by any
+gets one :class:`dledger_rocketmq.broker.broker.Broker` (made on first use by any
 hook, kept per server): its append hook, its role-change handler and
 leader-ready listener (roles), and the broker itself as a service (which
 loads its metadata and registers the consume-queue dispatcher on the commit
 feed once the store is recovered; its metadata persists as a child service),
-plus the broker port (:mod:`dledger_rocketmq.port`) when ``rocketmq.listen`` is set
-and the name-server registration (:mod:`dledger_rocketmq.registration`, which also
+plus the broker port (:mod:`dledger_rocketmq.broker.port`) when ``rocketmq.listen`` is set
+and the name-server registration (:mod:`dledger_rocketmq.namesrv.registration`, which also
 gives the slave metadata sync its ``fetch``) when ``rocketmq.namesrvAddr`` is set.
-The broker's metadata is a state machine (:mod:`dledger_rocketmq.machine`),
+The broker's metadata is a state machine (:mod:`dledger_rocketmq.store.machine`),
 returned by ``dledger_state_machines``: snapshotted and restored with the log.
 The one exception to "inert": ``rocketmq.namesrvListen`` runs a name server
-(:mod:`dledger_rocketmq.namesrv`) inside the member even without the broker.
+(:mod:`dledger_rocketmq.namesrv.namesrv`) inside the member even without the broker.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from twisted.logger import Logger
 
 from dledger.hookspecs import hookimpl
 from dledger.plugin_types import ExtraOption
-from dledger_rocketmq.broker import Broker, BrokerOptions, parse_host
-from dledger_rocketmq.message import DEFAULT_MAX_MESSAGE_SIZE
+from dledger_rocketmq.broker.broker import Broker, BrokerOptions, parse_host
+from dledger_rocketmq.common.message import DEFAULT_MAX_MESSAGE_SIZE
 
 log = Logger()
 _brokers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -62,7 +62,7 @@ def positive_seconds(value) -> float:
 
 def namesrv_addrs(value) -> str:
     """``host:port;host:port`` (RocketMQ's namesrvAddr), checked when the config is read."""
-    from dledger_rocketmq.registration import parse_namesrv_addrs
+    from dledger_rocketmq.namesrv.registration import parse_namesrv_addrs
 
     text = str(value)
     parse_namesrv_addrs(text)
@@ -212,7 +212,7 @@ def check_surfaces(server) -> None:
 def member_credentials(server):
     """The member's own ACL credentials (rocketmq.accessKey/secretKeyFile), or None; ConfigError if unreadable."""
     from dledger.errors import ConfigError
-    from dledger_rocketmq.acl import AclConfigError, Credentials
+    from dledger_rocketmq.common.acl import AclConfigError, Credentials
 
     ak = _extra(server, "accessKey")
     if not ak:
@@ -226,7 +226,7 @@ def member_credentials(server):
 def acl_for(server):
     """The ACL of rocketmq.aclFile (read at start; ConfigError with one line for a bad file), or None."""
     from dledger.errors import ConfigError
-    from dledger_rocketmq.acl import AclConfigError, load_acl_file
+    from dledger_rocketmq.common.acl import AclConfigError, load_acl_file
 
     if not _extra(server, "aclEnable"):
         return None
@@ -239,8 +239,8 @@ def acl_for(server):
 def _access_for(server, broker):
     """The broker port's PortAccess (ACL and/or client-certificate roles), or None when neither is on."""
     from dledger.errors import ConfigError
-    from dledger_rocketmq.acl import AclConfigError
-    from dledger_rocketmq.port_acl import PortAccess
+    from dledger_rocketmq.broker.port_acl import PortAccess
+    from dledger_rocketmq.common.acl import AclConfigError
 
     acl_enable, tls_auth = bool(_extra(server, "aclEnable")), bool(_extra(server, "tlsClientAuth"))
     if not (acl_enable or tls_auth):
@@ -275,7 +275,7 @@ def broker_for(server) -> Broker | None:
         return None
     kw = {}
     if options.namesrv_addr:  # a slave learns its master from the name servers: the metadata sync can run
-        from dledger_rocketmq.registration import MasterFetcher
+        from dledger_rocketmq.namesrv.registration import MasterFetcher
 
         tls_options = None
         if _extra(server, "tlsClientAuth"):  # the master's port speaks TLS: present the member's certificate
@@ -336,7 +336,7 @@ def registration_for(server):
 
 
 def member_gate_for(server):
-    """The member's :class:`~dledger_rocketmq.membership.MemberRegistration` (registration's gate), or None."""
+    """The member's :class:`~dledger_rocketmq.broker.membership.MemberRegistration` (registration's gate), or None."""
     return _member_gates.get(server)
 
 
@@ -352,7 +352,7 @@ def dledger_services(server, collection):
     broker = broker_for(server)
     if listen:  # a name server inside the member (the broker layer need not be on)
         from dledger.transport.listener import ListenerLimits
-        from dledger_rocketmq.namesrv import NameServer
+        from dledger_rocketmq.namesrv.namesrv import NameServer
 
         acl = None
         if _extra(server, "aclEnable"):  # the group's ACL when the broker runs here, else the member's file
@@ -365,7 +365,7 @@ def dledger_services(server, collection):
     if broker is not None:
         broker.setServiceParent(collection)
         if broker.options.listen:
-            from dledger_rocketmq.port import BrokerPort
+            from dledger_rocketmq.broker.port import BrokerPort
 
             access, tls_options = _access_for(server, broker)
             port = _ports[server] = BrokerPort(broker, broker.options.listen,
@@ -378,16 +378,16 @@ def dledger_services(server, collection):
                 log.warn("{id}: rocketmq.aclEnable without rocketmq.accessKey: this member's requests to the master "
                          "(slave metadata sync) and to name servers with ACL are unsigned and will be refused",
                          id=server.self_id)
-            port.master_fetcher = _fetchers.get(server)  # slaves forward sends to it (dledger_rocketmq.forward)
+            port.master_fetcher = _fetchers.get(server)  # slaves forward sends to it (dledger_rocketmq.broker.forward)
             port.setServiceParent(collection)
         if broker.options.namesrv_addr:
-            from dledger_rocketmq.registration import Registration, parse_namesrv_addrs
+            from dledger_rocketmq.namesrv.registration import Registration, parse_namesrv_addrs
 
             reg = _registrations[server] = Registration(
                 broker, parse_namesrv_addrs(broker.options.namesrv_addr),
                 period=broker.options.register_period_ms / 1000, compressed=broker.options.compressed_register,
                 fetcher=_fetchers.get(server), credentials=member_credentials(server))
-            from dledger_rocketmq.membership import MemberRegistration
+            from dledger_rocketmq.broker.membership import MemberRegistration
 
             gate = _member_gates[server] = MemberRegistration(broker)
             gate.attach(reg)  # a new member registers once caught up; a removed one unregisters (issue #23)
@@ -396,14 +396,14 @@ def dledger_services(server, collection):
 
 @hookimpl
 def dledger_cli_commands(subparsers):
-    from dledger_rocketmq import cli
+    from dledger_rocketmq.client import cli
 
     cli.register(subparsers)
 
 
 @hookimpl
 def dledger_bench_subjects(subparsers):
-    from dledger_rocketmq import bench, bench_java
+    from dledger_rocketmq.tools import bench, bench_java
 
     bench.register(subparsers)
     bench_java.register(subparsers)
@@ -412,7 +412,7 @@ def dledger_bench_subjects(subparsers):
 @hookimpl
 def dledger_status_sections(server):
     """The broker's topics, queues, consumer groups and delayed messages on the status page."""
-    from dledger_rocketmq import status
+    from dledger_rocketmq.broker import status
 
     broker = broker_for(server)
     return [status.status_provider(server, broker, lambda: port_for(server), lambda: member_gate_for(server))] \
@@ -422,8 +422,8 @@ def dledger_status_sections(server):
 @hookimpl
 def dledger_metric_families(server):
     """``rocketmq_*`` families: dispatch lag, queue max offsets, consumer offsets and lag, delayed messages
-    (dledger_rocketmq.status), and the broker port's runtime statistics (dledger_rocketmq.brokerstats)."""
-    from dledger_rocketmq import status
+    (dledger_rocketmq.broker.status), and the broker port's runtime statistics (dledger_rocketmq.broker.brokerstats)."""
+    from dledger_rocketmq.broker import status
 
     broker = broker_for(server)
     if not broker:
@@ -433,7 +433,7 @@ def dledger_metric_families(server):
         port = _ports.get(server)
         if port is None:
             return []
-        from dledger_rocketmq.brokerstats import metric_families
+        from dledger_rocketmq.broker.brokerstats import metric_families
 
         return metric_families(port.broker_stats, server.config.group, server.self_id)
     return [status.metrics_provider(server, broker, lambda: port_for(server)), runtime_stats]

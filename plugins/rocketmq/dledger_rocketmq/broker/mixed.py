@@ -1,0 +1,329 @@
+"""A broker group mixing dledger members with RocketMQ's Java brokers (issue #27: live migration).
+
+Why: a Java broker in DLedger mode (RocketMQ 4.9.x, ``DLedgerCommitLog``)
+parses **every** entry body of its log as a CommitLog record.  On a body
+that is not one -- a dledger control entry (``RMQC``: offsets, topics,
+groups, ACL) or an empty term-start NOOP -- its ReputMessageService logs
+``[BUG]dispatch message to consume queue error`` and skips **the rest of
+the buffer it read** (``reputFromOffset += result.getSize() - readSize``):
+every message after that entry in the same read never reaches its consume
+queues, so a Java slave that later becomes master never serves them
+(checked live against the kit's 4.9.8 broker: 10 messages lost behind one
+empty NOOP).  So while a Java broker may be in the group:
+
+* the member writes **only plain CommitLog records**: offset commits, topic
+  and subscription-group changes are applied to the master's own tables
+  (as a Java master does) and reach slaves through RocketMQ's slave sync
+  (GET_ALL_TOPIC_CONFIG / CONSUMER_OFFSET / DELAY_OFFSET /
+  SUBSCRIPTIONGROUP_CONFIG), which Java slaves call already and dledger
+  slaves call too (:mod:`~dledger_rocketmq.broker.sync`);
+* a new leader's term-start NOOP carries one valid CommitLog record
+  (:func:`term_start_record`, topic :data:`TERM_START_TOPIC`, queue offset
+  0) that a Java broker indexes harmlessly instead of skipping messages;
+  dledger members never dispatch NOOPs.
+
+Once every peer answers as a dledger member the group is DLEDGER again:
+control entries resume, and a master first writes its whole offset,
+topic and group tables as control entries so every member holds them.
+Each move is logged once.  The decisions are the pure functions at the
+top (:func:`group_mode`, :func:`transition`); :class:`MixedGroup` only
+watches ``server.peer_kinds`` on the member's clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.logger import Logger
+
+from dledger import diskio
+from dledger.replication.peerkind import PeerKind
+from dledger_rocketmq.common.control import (
+    KIND_GROUP_CONFIG,
+    KIND_TOPIC_CONFIG,
+    METADATA_KINDS,
+    decode_control,
+    encode_metadata,
+    encode_offset_commits,
+)
+from dledger_rocketmq.common.message import Address, MessageRecord, encode_record
+
+log = Logger()
+
+#: The file in the broker's store root holding the last decided mode (``dledger`` or ``mixed``).
+MODE_FILE = "groupMode"
+
+
+def read_mode(path: Path) -> Mode | None:
+    """The mode kept in ``path`` (None: none kept, or unreadable: decided again from the peers)."""
+    try:
+        return Mode(path.read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return None
+
+#: The topic of the record a term-start NOOP carries in a mixed group (never routed: no topic config has it).
+TERM_START_TOPIC = "DLEDGER_TERM_START"
+#: Seconds between looks at the peers' kinds.
+CHECK_INTERVAL = 1.0
+#: Seconds before an undecided member asks its unknown peers again before a control entry (see settle).
+ASK_AGAIN = 10.0
+#: Most commits / configs per control entry when the tables are written out on the move back to DLEDGER.
+RESUME_CHUNK = 1000
+
+
+class Mode(enum.Enum):
+    """What the member writes into the log."""
+
+    #: Every peer is a dledger member: offsets, topics, groups and the ACL go through the log (control entries).
+    DLEDGER = "dledger"
+    #: A Java broker is (or may be) in the group: plain CommitLog records only, metadata by slave sync.
+    MIXED = "mixed"
+
+
+def group_mode(kinds: Mapping[str, PeerKind], peers: Sequence[str], *, probing: bool,
+               keep_java_compatible: bool = False, previous: Mode | None = None) -> Mode | None:
+    """The mode the member should be in, from what its peers answered (``server.peer_kinds``).
+
+    * ``keep_java_compatible`` (``rocketmq.keepJavaCompatible``): MIXED, whatever the peers are, so a Java
+      broker can still join later (the way back of a migration stays open);
+    * not ``probing`` (a member without the core's state machines never asks its peers): DLEDGER, as before;
+    * any peer known to be Java: MIXED;
+    * every peer known to be dledger: DLEDGER;
+    * otherwise (a peer that has not answered: down, or still starting) the mode stays ``previous`` (the
+      last one decided, kept across restarts); None when nothing was ever decided -- the member then acts
+      MIXED (:meth:`MixedGroup.current`): a control entry a Java peer later reads loses messages on it, a
+      local offset commit a dledger slave gets by the slave sync loses nothing.
+    """
+    if keep_java_compatible:
+        return Mode.MIXED
+    if not probing:
+        return Mode.DLEDGER
+    known = [kinds.get(p, PeerKind.UNKNOWN) for p in peers]
+    if PeerKind.JAVA in known:
+        return Mode.MIXED
+    if all(k is PeerKind.DLEDGER for k in known):
+        return Mode.DLEDGER
+    return previous
+
+
+def transition(old: Mode | None, new: Mode | None, *, is_master: bool) -> str | None:
+    """What a move from ``old`` to ``new`` asks for (None: nothing, the mode did not change or is undecided).
+
+    ``"log-mixed"``: say the member writes plain records only now; ``"resume"``: a master writes its
+    tables through the log (commits made while MIXED or undecided were local), then control entries
+    resume; ``"log-dledger"``: a slave says control entries resume (its master writes the tables).
+    """
+    if new is None or old is new:
+        return None
+    if new is Mode.MIXED:
+        return "log-mixed"
+    return "resume" if is_master else "log-dledger"
+
+
+def term_start_record(store_host: Address, now_ms: int) -> bytes:
+    """The body of a term-start NOOP in a mixed group: one valid CommitLog record a Java broker indexes.
+
+    Queue offset 0 and physical offset 0 every time: the first goes to the (never routed) queue
+    ``TERM_START_TOPIC``/0, a Java broker logs later ones as "built repeatedly" and skips them, and
+    physical offset 0 keeps them out of its message index.
+    """
+    return encode_record(MessageRecord(topic=TERM_START_TOPIC, body=b"dledger term start", born_timestamp=now_ms,
+                                       born_host=store_host, store_timestamp=now_ms, store_host=store_host))
+
+
+def apply_locally(machine, body: bytes) -> int:
+    """Apply a control entry's content to this member's tables only (a mixed group's master, as Java's).
+
+    Offsets never move backwards unless it is a reset; returns how many entries changed.  ValueError
+    (ControlError) for a body that does not decode.
+    """
+    entry = decode_control(body)
+    if entry is None:
+        raise ValueError("not a control entry")
+    meta = machine.meta
+    if entry.kind in METADATA_KINDS:
+        changed = meta.apply_change(entry)
+        if changed and machine.on_applied is not None:
+            machine.on_applied(-1, entry)
+        return changed
+    return meta.offsets.apply(entry.commits, from_log=False, reset=entry.is_reset)
+
+
+def resume_bodies(meta, now_ms: int) -> list[bytes]:
+    """The control entries a master writes on the move back to DLEDGER: every consumer offset, topic and
+    subscription group it holds (slaves that learnt them by the slave sync get them in log order too)."""
+    out = []
+    commits = meta.offsets.items()
+    for i in range(0, len(commits), RESUME_CHUNK):
+        out.append(encode_offset_commits(commits[i:i + RESUME_CHUNK]))
+    for kind, table in ((KIND_TOPIC_CONFIG, meta.topics), (KIND_GROUP_CONFIG, meta.groups)):
+        configs = [dict(v) for v in table.table.values()]
+        for i in range(0, len(configs), RESUME_CHUNK):
+            out.append(encode_metadata(kind, configs[i:i + RESUME_CHUNK], now_ms))
+    return out
+
+
+class MixedGroup(Service):
+    """The member's mode, kept up to date from ``server.peer_kinds`` every :data:`CHECK_INTERVAL` seconds.
+
+    The broker's control entries ask :meth:`route_control`; the core's leader asks :meth:`noop_body` for its
+    term-start NOOP (``server.noop_body``).
+    """
+
+    def __init__(self, broker, *, keep_java_compatible: bool = False, interval: float = CHECK_INTERVAL):
+        self.broker = broker
+        self.server = broker.server
+        self.keep_java_compatible = keep_java_compatible
+        self.interval = interval
+        #: Where the last decided mode is kept (a restarted member whose peers have not answered yet keeps it).
+        self.path = Path(broker.root) / MODE_FILE
+        self.mode: Mode | None = read_mode(self.path)
+        self._timer = None
+        self._resuming: Deferred | None = None
+        self._asked_at: float | None = None
+        #: A control entry was applied to this member's tables only since the last move (see _moved).
+        self.applied_locally = False
+        #: Moves made, oldest first ((seconds, mode)): what `dledger rocketmq migrate-check` and tests read.
+        self.moves: list[tuple[float, Mode]] = []
+
+    # -- what the broker and the core ask -------------------------------------------------------
+    def current(self) -> Mode:
+        return self.mode if self.mode is not None else Mode.MIXED
+
+    def local_control(self) -> bool:
+        """Control entries are applied locally instead of being written (MIXED, or not decided yet).
+
+        While a master writes its tables on the move back to DLEDGER, new control entries are appended
+        after them (the log keeps the order), not applied locally.
+        """
+        self.check()  # what the peers answered since the last tick counts at once
+        return self.current() is Mode.MIXED
+
+    def route_control(self, body: bytes) -> Deferred | None:
+        """Where the master's control entry goes in this group: None: into the log (the caller appends it).
+
+        Otherwise a Deferred of what the caller gets: -1 once applied to this member's tables (MIXED, or
+        undecided: slaves get them by the slave sync), or, while no mode is decided, the same once the peers
+        were asked (:meth:`settle`): applied locally, or appended (``broker.append_control(force=True)``).
+        """
+        if self.mode is None:  # peers not known yet: ask them first (issue #27)
+            return self.settle().addCallback(lambda _: self._route_settled(body))
+        return self.apply_locally(body) if self.local_control() else None
+
+    def _route_settled(self, body: bytes) -> Deferred:
+        if self.local_control():
+            return self.apply_locally(body)
+        return self.broker.append_control(body, force=True)
+
+    def settle(self) -> Deferred:
+        """Fires once the mode is decided, or once the peers not known yet were asked again (at most every
+        :data:`ASK_AGAIN` seconds: a member that is down stays unknown, and the mode then stays undecided)."""
+        self.check()
+        now = self.server.clock.seconds()
+        kinds = getattr(self.server, "peer_kinds", None)
+        if self.mode is not None or kinds is None or (self._asked_at is not None and now - self._asked_at < ASK_AGAIN):
+            return succeed(self.mode)
+        self._asked_at = now
+        return kinds.probe(list(kinds.peers)).addCallback(lambda _: self.check())
+
+    def noop_body(self) -> bytes:
+        """``server.noop_body``: a record in a mixed group (or one not decided), empty otherwise."""
+        self.check()
+        if self.current() is Mode.DLEDGER:
+            return b""
+        return term_start_record(self.broker.store_host, int(self.server.clock.seconds() * 1000))
+
+    def apply_locally(self, body: bytes) -> Deferred:
+        try:
+            apply_locally(self.broker.machine, body)
+        except ValueError as exc:
+            return fail(exc)
+        self.applied_locally = True
+        return succeed(-1)
+
+    # -- watching ---------------------------------------------------------------------------------
+    def _peer_view(self) -> tuple[Mapping[str, PeerKind], list[str], bool]:
+        kinds = getattr(self.server, "peer_kinds", None)
+        machines = getattr(getattr(self.server, "snapshots", None), "machines", None)
+        if kinds is None or not machines:  # the core probes its peers only when it runs state machines
+            return {}, [], False
+        return kinds.kinds, list(kinds.peers), True
+
+    def check(self) -> Mode | None:
+        kinds, peers, probing = self._peer_view()
+        new = group_mode(kinds, peers, probing=probing, keep_java_compatible=self.keep_java_compatible,
+                         previous=self.mode)
+        old = self.mode
+        what = transition(old, new, is_master=self.broker.roles.is_master())
+        self.mode = new
+        if what is not None:
+            self.moves.append((self.server.clock.seconds(), new))
+            self.broker.io.run(diskio.write_atomic, self.path, new.value.encode() + b"\n")
+            self._moved(what, old, kinds)
+        return new
+
+    def _moved(self, what: str, old: Mode | None, kinds: Mapping[str, PeerKind]) -> None:
+        sid = self.server.self_id
+        if what == "log-mixed":
+            java = sorted(p for p, k in kinds.items() if k is PeerKind.JAVA)
+            why = ("rocketmq.keepJavaCompatible" if self.keep_java_compatible else
+                   f"Java broker(s) {', '.join(java)}" if java else "peers not known yet")
+            log.warn("{id}: mixed broker group ({why}): writing plain CommitLog records only; offsets, topics and "
+                     "groups go by the slave sync", id=sid, why=why)
+            return
+        if old is None:
+            log.info("{id}: every peer is a dledger member: offsets, topics and groups go through the log", id=sid)
+            if what == "resume" and self.applied_locally:  # commits made while undecided go through the log too
+                self._resume()
+            return
+        log.warn("{id}: the last Java broker left the group: control entries resume{how}", id=sid,
+                 how=" (writing this master's tables through the log first)" if what == "resume" else "")
+        if what == "resume":
+            self._resume()
+
+    def _resume(self) -> None:
+        """Write the master's tables through the log, in order, before any later control entry."""
+        bodies = resume_bodies(self.broker.meta, int(self.server.clock.seconds() * 1000))
+        self.applied_locally = False
+        d = self._resuming = Deferred()
+
+        def next_one(_=None):
+            if not bodies or self.mode is not Mode.DLEDGER:
+                return None
+            body = bodies.pop(0)
+            return self.broker.append_control(body, force=True).addCallback(next_one)
+
+        def done(result):
+            self._resuming = None
+            if hasattr(result, "getErrorMessage"):
+                log.warn("{id}: writing the tables through the log failed ({e}); offsets committed meanwhile "
+                         "reach slaves by the slave sync", id=self.server.self_id, e=result.getErrorMessage())
+            d.callback(None)
+        succeed(None).addCallback(next_one).addBoth(done)
+
+    def startService(self):
+        super().startService()
+        self._tick()
+
+    def _tick(self):
+        self._timer = None
+        if not self.running:
+            return
+        try:
+            self.check()
+        finally:
+            self._timer = self.server.clock.callLater(self.interval, self._tick)
+
+    def stopService(self):
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        return super().stopService()
+
+
+__all__ = ["CHECK_INTERVAL", "MODE_FILE", "MixedGroup", "Mode", "TERM_START_TOPIC", "apply_locally",
+           "group_mode", "read_mode", "resume_bodies", "term_start_record", "transition"]
