@@ -308,3 +308,15 @@ def test_gathered_puts_on_a_slave_are_refused_each(tmp_path):
     calls = []
     out, _ = _gathered(cluster, slave, [msg(), msg()], calls)
     assert [r.status for r in out] == [PutStatus.SERVICE_NOT_AVAILABLE] * 2 and calls == []
+
+
+def test_a_gathered_put_over_the_members_entry_size_fails_alone_and_leaves_no_gap(tmp_path):
+    """A record within maxMessageSize but over the member's maxEntrySize is refused before the append (the member
+    would refuse it after its queue offset was planned): the puts after it get the next offsets, no gap."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    object.__setattr__(b.server.config, "max_entry_size", 1024)
+    out, _ = _gathered(cluster, b, [msg(body=b"a"), msg(body=bytes(2000)), msg(body=b"c")], [])
+    assert [r.status for r in out] == [PutStatus.PUT_OK, PutStatus.UNKNOWN_ERROR, PutStatus.PUT_OK]
+    assert [out[0].queue_offset, out[2].queue_offset] == [0, 1]
+    assert "maxEntrySize" in out[1].error
