@@ -555,7 +555,7 @@ class BrokerPortProtocol(protocol.Protocol):
 
     def dataReceived(self, data: bytes):
         # The single sends of one read go to the log as one store batch (CommitLog.gather), each answered alone.
-        commitlog = getattr(self.port.broker, "commitlog", None)
+        commitlog = getattr(getattr(self.port, "broker", None), "commitlog", None)  # None: the name server's port
         if commitlog is not None:
             commitlog.gather()
         try:
