@@ -194,6 +194,23 @@ class IBatchRequestHandler(IRequestHandler):
         """
 
 
+class IBatchAppender(Interface):
+    """A member that appends several client requests as ONE store batch (optional; the DLedgerServer).
+
+    For an embedding layer that gathers requests itself (the RocketMQ
+    broker's single sends arriving in one read): one store write, one
+    replicator notification, but each request keeps its own answer.
+    """
+
+    def handle_appends(requests) -> list:
+        """Append ``requests`` (AppendEntryRequests, in this order) as one store batch.
+
+        Returns one result per request, in order: a Deferred firing with its
+        AppendEntryResponse when its last entry commits, or a ``Failure`` (a
+        refused request fails alone; never raises).
+        """
+
+
 class ILeaderAware(Interface):
     """A request handler that knows which member leads now (optional).
 

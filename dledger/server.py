@@ -23,7 +23,7 @@ from dledger.election.elector import LeaderElector
 from dledger.election.handover import Handover
 from dledger.election.state import MemberState
 from dledger.errors import DLedgerError
-from dledger.interfaces import IBatchRequestHandler, ILeaderAware, IPluginRequests
+from dledger.interfaces import IBatchAppender, IBatchRequestHandler, ILeaderAware, IPluginRequests
 from dledger.leader_ready import LeaderReady
 from dledger.membership import wiring as membership_wiring
 from dledger.mending import Mending
@@ -63,7 +63,7 @@ log = Logger()
 GET_MAX_BYTES = readpath.GET_MAX_BYTES
 
 
-@implementer(IBatchRequestHandler, ILeaderAware, IPluginRequests)
+@implementer(IBatchAppender, IBatchRequestHandler, ILeaderAware, IPluginRequests)
 class DLedgerServer:
     """One member of a group."""
 
@@ -369,6 +369,15 @@ class DLedgerServer:
         if isinstance(result, Failure):
             result.raiseException()
         return result
+
+    def handle_appends(self, requests: list[AppendEntryRequest]) -> list:
+        """Append several requests as ONE store batch (:class:`~dledger.interfaces.IBatchAppender`).
+
+        For a plugin that gathers client requests itself (one store write and
+        one replicator wake-up for many, instead of one each); each result is
+        what :meth:`handle_append` would give, a ``Failure`` where it raises.
+        """
+        return self.client_appends.append_requests(requests, self.replicator)
 
     def handle_get(self, request: GetEntriesRequest):
         """Committed entries from ``beginIndex`` (:meth:`dledger.readpath.ReadPath.handle_get`)."""

@@ -18,7 +18,7 @@ from dledger.codes import EntryType, ResponseCode
 from dledger.entry import BODY_OFFSET, Entry, decode_entry, encode_entry
 from dledger.errors import AppendHookError, DLedgerError
 from dledger.hookspecs import hookimpl
-from dledger.interfaces import IAppendHook, IPositionReader
+from dledger.interfaces import IAppendHook, IBatchAppender, IPositionReader
 from dledger.messages import AppendEntryRequest
 from dledger.store.guard import LogGuard
 from dledger.store.memory import MemoryLogStore
@@ -431,3 +431,29 @@ async def test_twistd_member_runs_a_plugins_service_and_leader_ready(fake_plugin
         assert group.log_lines("n0", "stopped cleanly")
     finally:
         group.close()
+
+
+def test_handle_appends_is_one_store_batch_with_an_answer_each():
+    """The public many-requests append: one store batch (one call of the store's batch append), a result per
+    request in order; a refused request (wrong group) fails alone; the others commit at consecutive indexes."""
+    cluster = Cluster(3, seed=5)
+    cluster.start()
+    leader = cluster.wait_for_leader()
+    server = cluster.servers[leader]
+    assert cluster.run_until(lambda: server.leader_ready.is_ready, 10)
+    assert IBatchAppender.providedBy(server)
+    batches = []
+    real = server.client_appends.append_batch
+    server.client_appends.append_batch = lambda entries: batches.append(len(entries)) or real(entries)
+    reqs = [AppendEntryRequest(group="g0", body=b"one"), AppendEntryRequest(group="nope", body=b"x"),
+            AppendEntryRequest(group="g0", batch_msgs=[b"two", b"three"]), AppendEntryRequest(group="g0", body=b"four")]
+    results = server.handle_appends(reqs)
+    assert batches == [4]
+    assert isinstance(results[1], Failure) and results[1].value.code is ResponseCode.UNKNOWN_GROUP
+    answers = {}
+    for k in (0, 2, 3):
+        results[k].addCallback(lambda r, k=k: answers.__setitem__(k, r))
+    assert cluster.run_until(lambda: len(answers) == 3, 10)
+    assert answers[2].index == answers[0].index + 2 and answers[3].index == answers[0].index + 3
+    committed = [e.body for e in cluster.committed_entries(leader) if not e.is_noop]
+    assert committed[-4:] == [b"one", b"two", b"three", b"four"]

@@ -243,3 +243,86 @@ def test_a_put_the_quorum_never_acknowledged_is_not_put_ok(tmp_path):
     result = put(cluster, b, msg(body=b"never held by a quorum"), timeout=30)
     assert result.status is not PutStatus.PUT_OK, result
     assert result.status in (PutStatus.OS_PAGECACHE_BUSY, PutStatus.UNKNOWN_ERROR, PutStatus.SERVICE_NOT_AVAILABLE)
+
+
+def _gathered(cluster, b, records, calls):
+    """Put ``records`` one by one between gather() and flush_gathered(); run until all are answered."""
+    server = b.server
+    real = server.handle_appends
+    server.handle_appends = lambda reqs: calls.append(len(reqs)) or real(reqs)
+    out = [None] * len(records)
+    b.commitlog.gather()
+    for k, r in enumerate(records):
+        b.put_message(r).addBoth(lambda result, k=k: out.__setitem__(k, result))
+    held = server.store.ledger_end_index
+    b.commitlog.flush_gathered()
+    assert cluster.run_until(lambda: None not in out, 10), "gathered puts never answered"
+    return out, held  # in the order of the puts
+
+
+def test_gathered_single_puts_are_one_store_batch_with_an_answer_each(tmp_path):
+    """The single sends of one read: held until the flush, then ONE handle_appends; each answered with its own
+    queue offset (consecutive per queue), physical offset (its entry's pos + 48) and message id."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    put(cluster, b, msg(body=b"before"))
+    end = b.server.store.ledger_end_index
+    calls = []
+    records = [msg(body=b"g0"), msg(body=b"g1", queue_id=3), msg(body=b"g2"), msg(body=b"g3")]
+    out, held = _gathered(cluster, b, records, calls)
+    assert held == end  # nothing was appended before the flush
+    assert calls == [4]
+    assert all(r.status is PutStatus.PUT_OK for r in out), out
+    assert [(r.queue_id, r.queue_offset, r.count) for r in out] == [(0, 1, 1), (3, 0, 1), (0, 2, 1), (0, 3, 1)]
+    assert len({r.physical_offset for r in out}) == 4
+    for r, sent in zip(out, records, strict=True):
+        rec = decode_record(b.get_message(r.physical_offset, _size(b, r.physical_offset)))
+        assert (rec.body, rec.queue_id, rec.queue_offset, rec.physical_offset) == (
+            sent.body, sent.queue_id, r.queue_offset, r.physical_offset)
+        assert rec.message_id == r.msg_id and r.msg_ids == (r.msg_id,)
+    assert put(cluster, b, msg(body=b"after")).queue_offset == 4
+
+
+def test_a_gathered_put_refused_by_the_member_fails_alone_and_consumes_no_offset(tmp_path):
+    """Pending appends full after two of three: the third answers OS_PAGECACHE_BUSY, the first two PUT_OK, and
+    the queue's next offset follows the two stored."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    b.server.pending.limit, saved = len(b.server.pending) + 2, b.server.pending.limit
+    out, _ = _gathered(cluster, b, [msg(body=b"a"), msg(body=b"b"), msg(body=b"c")], [])
+    b.server.pending.limit = saved
+    assert [r.status for r in out] == [PutStatus.PUT_OK, PutStatus.PUT_OK, PutStatus.OS_PAGECACHE_BUSY]
+    assert [r.queue_offset for r in out[:2]] == [0, 1]
+    assert put(cluster, b, msg()).queue_offset == 2
+
+
+def test_a_gathered_put_too_large_fails_alone_and_consumes_no_offset(tmp_path):
+    """A record over maxMessageSize answers MESSAGE_ILLEGAL; the puts around it get consecutive offsets."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    big = msg(body=bytes(b.commitlog.max_message_size + 1))
+    out, _ = _gathered(cluster, b, [msg(body=b"a"), big, msg(body=b"c")], [])
+    assert [r.status for r in out] == [PutStatus.PUT_OK, PutStatus.MESSAGE_ILLEGAL, PutStatus.PUT_OK]
+    assert [out[0].queue_offset, out[2].queue_offset] == [0, 1]
+
+
+def test_gathered_puts_on_a_slave_are_refused_each(tmp_path):
+    """A slave holds nothing: every gathered put answers SERVICE_NOT_AVAILABLE, no append is tried."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    slave = next(broker_for(s) for s in cluster.servers.values() if broker_for(s) is not b)
+    calls = []
+    out, _ = _gathered(cluster, slave, [msg(), msg()], calls)
+    assert [r.status for r in out] == [PutStatus.SERVICE_NOT_AVAILABLE] * 2 and calls == []
+
+
+def test_a_gathered_put_over_the_members_entry_size_fails_alone_and_leaves_no_gap(tmp_path):
+    """A record within maxMessageSize but over the member's maxEntrySize is refused before the append (the member
+    would refuse it after its queue offset was planned): the puts after it get the next offsets, no gap."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    object.__setattr__(b.server.config, "max_entry_size", 1024)
+    out, _ = _gathered(cluster, b, [msg(body=b"a"), msg(body=bytes(2000)), msg(body=b"c")], [])
+    assert [r.status for r in out] == [PutStatus.PUT_OK, PutStatus.UNKNOWN_ERROR, PutStatus.PUT_OK]
+    assert [out[0].queue_offset, out[2].queue_offset] == [0, 1]
+    assert "maxEntrySize" in out[1].error

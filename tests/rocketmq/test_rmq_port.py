@@ -385,3 +385,32 @@ def test_port_in_use_fails_the_start(reactor):
         assert (yield port.listening) is None
     finally:
         yield taken.stopListening()
+
+
+def test_the_single_sends_of_one_read_are_one_store_batch_each_answered(tmp_path):
+    """Three SEND_MESSAGE_V2 frames in one read: one handle_appends of three requests; three SUCCESS replies,
+    each with its own consecutive queueOffset and msgId."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    port = BrokerPort(b, "tcp:0")
+    first = _ask(cluster, port, "310-send-message-v2")  # the topic exists from here on
+    assert first.header.code == 0
+    calls = []
+    real = b.server.handle_appends
+    b.server.handle_appends = lambda reqs: calls.append(len(reqs)) or real(reqs)
+    proto, tr = _server(port)
+    proto.dataReceived((FRAMES / "310-send-message-v2-request.bin").read_bytes() * 3)
+    assert calls == [3]
+    splitter = FrameSplitter(header_decoder=decode_header)
+    replies = []
+
+    def three_replies() -> bool:
+        replies.extend(splitter.feed(tr.value()))
+        tr.clear()
+        return len(replies) == 3
+    assert cluster.run_until(three_replies, 10)
+    assert [r.header.code for r in replies] == [0, 0, 0]
+    offsets = [int(r.header.ext_fields["queueOffset"]) for r in replies]
+    start = int(first.header.ext_fields["queueOffset"]) + 1
+    assert offsets == [start, start + 1, start + 2]
+    assert len({r.header.ext_fields["msgId"] for r in replies}) == 3

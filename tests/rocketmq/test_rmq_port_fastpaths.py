@@ -132,3 +132,12 @@ def test_the_send_micro_benchmark_times_each_step():
     out = bench_send.run(calls=10)
     assert set(out) == {"decode_json_header_us", "send_header_us", "send_reply_frame_us"}
     assert all(v > 0 for v in out.values())
+
+
+def test_the_put_path_micro_benchmark_runs_both_ways(capsys):
+    """bench_send --puts: a simulated group's single puts one by one and gathered, each answered (a bounded run)."""
+    from dledger_rocketmq import bench_send
+
+    bench_send.main(["--calls", "10", "--puts", "4", "--put-rounds", "2"])
+    line = capsys.readouterr().out
+    assert "put_one_us" in line and "put_gathered_us" in line

@@ -554,6 +554,10 @@ class BrokerPortProtocol(protocol.Protocol):
             self.born_host = Address("127.0.0.1", 0)
 
     def dataReceived(self, data: bytes):
+        # The single sends of one read go to the log as one store batch (CommitLog.gather), each answered alone.
+        commitlog = getattr(getattr(self.port, "broker", None), "commitlog", None)  # None: the name server's port
+        if commitlog is not None:
+            commitlog.gather()
         try:
             for frame in self.splitter.feed(data):
                 if self.closed:
@@ -565,6 +569,9 @@ class BrokerPortProtocol(protocol.Protocol):
             warn_peer(self, "bad frame", "closing connection from {peer}: {exc}", peer=str(self.born_host), exc=why)
             self.closed = True
             self.transport.loseConnection()
+        finally:
+            if commitlog is not None:
+                commitlog.flush_gathered()
 
     def unfinished_request(self) -> int:
         """Bytes the frame now arriving will have (0: none): the guard's read timeout closes a slow sender."""

@@ -36,6 +36,7 @@ from enum import Enum
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from dledger.codes import ResponseCode, Role
@@ -167,6 +168,32 @@ def is_record_body(body: bytes | bytearray | memoryview, offset: int = 0) -> boo
             and _I32.unpack_from(body, offset + MAGIC_POSITION)[0] == MESSAGE_MAGIC)
 
 
+def _answered(resp, ok: PutResult) -> PutResult:
+    """``ok`` if the pending append committed.
+
+    A pending append that does not commit is *answered* (WAIT_QUORUM_ACK_TIMEOUT, TERM_CHANGED), not
+    failed: only SUCCESS means a quorum holds it (the nemesis found PUT_OK for a message no quorum held).
+    """
+    code = getattr(resp, "code", ResponseCode.SUCCESS)
+    if int(code) != int(ResponseCode.SUCCESS):
+        return PutResult(put_status_for(code), error=f"the append was answered {ResponseCode(int(code)).name}")
+    return ok
+
+
+def _failed(f) -> PutResult:
+    code = getattr(f.value, "code", ResponseCode.UNKNOWN)
+    return PutResult(put_status_for(code), error=str(f.value))
+
+
+def _answer_into(resp, ok: PutResult, d: Deferred) -> None:
+    """A gathered put's answer, fired into the Deferred its caller holds (cheaper than chaining one to it)."""
+    d.callback(_answered(resp, ok))
+
+
+def _fail_into(f, d: Deferred) -> None:
+    d.callback(_failed(f))
+
+
 @implementer(IAppendHook)
 class PhysicalOffsetHook:
     """Leader-side append hook: PHYSICALOFFSET = entry.pos + 48 and STORETIMESTAMP = now, for broker puts only."""
@@ -223,6 +250,8 @@ class CommitLog:
         self.placed: list[int] = []
         self.put_ms = 0  # the store time of the put in progress (the hook writes it)
         self.hook = PhysicalOffsetHook(self)
+        self.gathering = 0  # > 0: single-record puts wait in ``gathered`` for :meth:`flush_gathered`
+        self.gathered: list[tuple[MessageRecord, Deferred]] = []
 
     def now_ms(self) -> int:
         return int(self.server.clock.seconds() * 1000)
@@ -246,6 +275,10 @@ class CommitLog:
         IPv6 bits that go with it), its planned queue offset, and the
         physical offset and store time the append hook writes.
         """
+        if self.gathering and len(records) == 1:
+            d = Deferred()
+            self.gathered.append((records[0], d))
+            return d
         refused = self._refuse_put(len(records))
         if refused is not None:
             return refused
@@ -286,6 +319,89 @@ class CommitLog:
                 self.offsets[key] = max(self.offsets.get(key, 0), first + stored)
         return self._append(bodies, template.queue_id, first, advance)
 
+    # -- gathered puts: the single sends of one read, one store batch ------------------------------
+    def gather(self) -> None:
+        """Hold single-record puts until :meth:`flush_gathered`, which appends them as ONE store batch.
+
+        The broker port calls the pair around the frames of one read: a
+        many-threaded producer's single sends arrive several to a read, and
+        one store write, one replicator wake-up and one pass of offset
+        planning for all of them cost less than one each.  Each put keeps
+        its own answer (its own pending append: one refused or failed put
+        does not fail the others).  Calls nest; the outermost flush appends.
+        """
+        self.gathering += 1
+
+    def flush_gathered(self) -> None:
+        """Append the puts held since :meth:`gather` (dledger's public ``handle_appends``) and answer each."""
+        self.gathering -= 1
+        if self.gathering or not self.gathered:
+            return
+        puts, self.gathered = self.gathered, []
+        refused = self._refuse_put(len(puts))
+        if refused is not None:
+            for _, d in puts:
+                d.callback(refused.result)
+            return
+        server, offsets = self.server, self.offsets
+        group, host, limit = server.config.group, self.store_host, self.max_message_size
+        # A put refused after its queue offset was planned would leave a gap before the next put of its queue:
+        # the member's per-entry size check is made here first (refusals by state or a full pending queue come
+        # in order, so every put after the first refused one is refused too).  One refusal stays out of reach:
+        # another plugin's append hook refusing a RocketMQ record (see docs/rocketmq.md).
+        entry_limit = server.config.max_entry_size - BODY_OFFSET
+        nexts: dict[QueueKey, int] = {}  # offsets planned here; the table advances only by what is stored
+        waiting, requests = [], []
+        for record, d in puts:
+            key = None
+            q = 0
+            if is_dispatched(record):
+                key = (record.topic, record.queue_id)
+                q = nexts.get(key)
+                if q is None:
+                    q = offsets.get(key, 0)
+            try:
+                body = encode_record(record, max_size=limit, queue_offset=q, physical_offset=0, store_host=host)
+            except CodecError as exc:
+                d.callback(PutResult(PutStatus.MESSAGE_ILLEGAL, error=str(exc)))
+                continue
+            if len(body) > entry_limit:
+                d.callback(PutResult(put_status_for(ResponseCode.UNEXPECTED_ARGUMENT),
+                                     error=f"record of {len(body)} bytes exceeds maxEntrySize"))
+                continue
+            if key is not None:
+                nexts[key] = q + 1
+            requests.append(AppendEntryRequest(group=group, body=body))
+            waiting.append((record.queue_id, key, q, d))
+        if not requests:
+            return
+        self.putting, self.placed, self.put_ms = True, [], self.now_ms()
+        try:
+            results = server.handle_appends(requests)
+        except Exception as exc:  # a bug below us must not leave the callers without an answer
+            log.failure("{id}: put failed", id=server.self_id)
+            results = [DLedgerError(ResponseCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")] * len(requests)
+        finally:
+            self.putting = False
+        placed = self.placed
+        if len(placed) != len(requests):  # a failed entry the hook saw: a retried one reuses its position
+            placed = list(dict.fromkeys(placed))
+        prefix = host.packed().hex().upper()
+        j = 0
+        for (queue_id, key, q, d), result in zip(waiting, results, strict=True):
+            if not isinstance(result, Deferred):
+                error = result.value if isinstance(result, Failure) else result
+                d.callback(PutResult(put_status_for(getattr(error, "code", ResponseCode.UNKNOWN)), error=str(error)))
+                continue
+            physical = placed[j]
+            j += 1
+            if key is not None and offsets.get(key, 0) <= q:
+                offsets[key] = q + 1
+            msg_id = f"{prefix}{physical & 0xFFFFFFFFFFFFFFFF:016X}"
+            ok = PutResult(PutStatus.PUT_OK, msg_id=msg_id, queue_id=queue_id, queue_offset=q,
+                           physical_offset=physical, msg_ids=(msg_id,), count=1)
+            result.addCallbacks(_answer_into, _fail_into, callbackArgs=(ok, d), errbackArgs=(d,))
+
     def _refuse_put(self, count: int) -> Deferred | None:
         """The PutResult of a put that cannot be taken here (nothing to put, not the master); None if it can."""
         if not count:
@@ -321,18 +437,7 @@ class CommitLog:
                        queue_offset=first_offset, physical_offset=placed[0] if placed else -1, msg_ids=ids,
                        count=len(bodies))
 
-        def answered(resp):
-            # A pending append that does not commit is *answered* (WAIT_QUORUM_ACK_TIMEOUT, TERM_CHANGED), not
-            # failed: only SUCCESS means a quorum holds it (the nemesis found PUT_OK for a message no quorum held).
-            code = getattr(resp, "code", ResponseCode.SUCCESS)
-            if int(code) != int(ResponseCode.SUCCESS):
-                return PutResult(put_status_for(code), error=f"the append was answered {ResponseCode(int(code)).name}")
-            return ok
-
-        def failed(f):
-            code = getattr(f.value, "code", ResponseCode.UNKNOWN)
-            return PutResult(put_status_for(code), error=str(f.value))
-        d.addCallbacks(answered, failed)
+        d.addCallbacks(_answered, _failed, callbackArgs=(ok,))
         return d
 
     # -- reads ---------------------------------------------------------------------------------

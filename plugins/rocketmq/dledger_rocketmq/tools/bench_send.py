@@ -7,11 +7,20 @@ the master's reactor besides the put: the JSON header decoded
 the two handlers that look at it (the transaction check and the send), and
 the reply frame of a successful send.  Run it with another tree first on
 ``PYTHONPATH`` to compare (docs/benchmarks.md, "Broker layer (perf-broker)").
+
+``--puts N`` adds the put path itself: a simulated 3-member broker group in
+this process (``dledger.testing.Cluster``, mmap stores in a temporary
+directory, virtual time), rounds of N single-message puts answered, put one
+by one (``put_one_us``) and gathered as the port gathers the sends of one read
+(``put_gathered_us``, when the tree has ``CommitLog.gather``), alternating;
+process CPU per put, the whole group's (leader, followers, simulated network).
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
+import time
 import timeit
 
 from dledger_rocketmq.broker.port import Request, decode_json_header, reply_frame, send_args, send_reply
@@ -42,12 +51,66 @@ def run(calls: int = 20_000) -> dict[str, float]:
             "send_reply_frame_us": per_call(lambda: reply_frame(header, send_reply(result)))}
 
 
+def put_path(puts: int = 64, rounds: int = 40) -> dict[str, float]:
+    """Process CPU per single put, one by one and gathered (see the module's docstring)."""
+    from dledger import plugins
+    from dledger.testing import Cluster
+    from dledger_rocketmq.message import MessageRecord
+    from dledger_rocketmq.plugin import broker_for
+
+    with tempfile.TemporaryDirectory(prefix="bench-send-") as tmp:
+        cluster = Cluster(3, seed=1, plugin_manager=plugins.make_plugin_manager(), store_base_dir=tmp,
+                          extras={"rocketmq.enabled": True})
+        cluster.start()
+        try:
+            found = []
+
+            def master_found() -> bool:
+                found[:] = [b for b in map(broker_for, cluster.servers.values()) if b.role == "MASTER"]
+                return len(found) == 1
+            if not cluster.run_until(master_found, 60):
+                raise RuntimeError("no master in the simulated group")
+            broker = found[0]
+            body = bytes(1024)
+            gathers = hasattr(broker.commitlog, "gather")
+
+            def one_round(gathered: bool) -> float:
+                out: list = []
+                began = time.process_time()
+                if gathered:
+                    broker.commitlog.gather()
+                for k in range(puts):
+                    broker.put_message(MessageRecord(topic="BenchTopic", body=body, queue_id=k % 8,
+                                                     born_timestamp=1)).addBoth(out.append)
+                if gathered:
+                    broker.commitlog.flush_gathered()
+                if not cluster.run_until(lambda: len(out) == puts, 30):
+                    raise RuntimeError("puts never answered")
+                return time.process_time() - began
+            one_round(False)  # warm-up
+            totals = {"put_one_us": 0.0, "put_gathered_us": 0.0}
+            for _ in range(rounds):
+                totals["put_one_us"] += one_round(False)
+                if gathers:
+                    totals["put_gathered_us"] += one_round(True)
+        finally:
+            cluster.stop()
+    out = {k: round(v / (rounds * puts) * 1e6, 1) for k, v in totals.items() if v}
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m dledger_rocketmq.tools.bench_send",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=20_000, help="calls per round (default 20000)")
+    p.add_argument("--puts", type=int, default=0,
+                   help="also time the put path: rounds of this many single puts in a simulated group (0: not)")
+    p.add_argument("--put-rounds", type=int, default=40, help="rounds of --puts puts each way (default 40)")
     args = p.parse_args(argv)
-    print(", ".join(f"{k} {v}" for k, v in run(max(1, args.calls)).items()))
+    figures = run(max(1, args.calls))
+    if args.puts > 0:
+        figures.update(put_path(args.puts, max(1, args.put_rounds)))
+    print(", ".join(f"{k} {v}" for k, v in figures.items()))
 
 
 if __name__ == "__main__":
