@@ -136,7 +136,7 @@ def test_the_send_micro_benchmark_times_each_step():
 
 def test_the_put_path_micro_benchmark_runs_both_ways(capsys):
     """bench_send --puts: a simulated group's single puts one by one and gathered, each answered (a bounded run)."""
-    from dledger_rocketmq import bench_send
+    from dledger_rocketmq.tools import bench_send
 
     bench_send.main(["--calls", "10", "--puts", "4", "--put-rounds", "2"])
     line = capsys.readouterr().out

@@ -20,7 +20,7 @@ both serialize types (0 JSON, 1 ROCKETMQ binary) and lenient extFields
 the request's serialize type.
 
 Client sessions (heartbeats, consumer groups, subscription checks, long
-polling, locks, send-back) are the extension :mod:`~dledger_rocketmq.port_clients`,
+polling, locks, send-back) are the extension :mod:`~dledger_rocketmq.broker.port_clients`,
 which replaces the PULL_MESSAGE handler with one composed of this module's
 ``pull_precheck`` / ``commit_pulled`` / ``read_pull``.
 """
@@ -614,7 +614,7 @@ class BrokerPortFactory(protocol.Factory):
 class _Stats:
     requests: int = 0
     errors: int = 0
-    forwarded: int = 0  # sends relayed to the master (dledger_rocketmq.forward)
+    forwarded: int = 0  # sends relayed to the master (dledger_rocketmq.broker.forward)
     by_code: dict[int, int] = field(default_factory=dict)
 
 
@@ -627,7 +627,7 @@ class BrokerPort(service.Service):
                  now_ms: Callable[[], int] | None = None, access: Any = None, limits: ListenerLimits | None = None,
                  tls_options: Any = None):
         self.broker = broker
-        #: Who may do what (a :class:`dledger_rocketmq.port_acl.PortAccess`: RocketMQ ACL, client-certificate
+        #: Who may do what (a :class:`dledger_rocketmq.broker.port_acl.PortAccess`: RocketMQ ACL, client-certificate
         #: roles), asked before every handler; None: everyone may do everything (RocketMQ without aclEnable).
         self.access = access
         self.endpoint = endpoint
@@ -645,13 +645,13 @@ class BrokerPort(service.Service):
         self.listening_port = None
         self.stats = _Stats()
         #: RocketMQ's runtime statistics (BrokerStatsManager, StoreStatsService, BrokerStats) of this member's
-        #: sends and pulls, sampled every second while the port runs (dledger_rocketmq.brokerstats).
+        #: sends and pulls, sampled every second while the port runs (dledger_rocketmq.broker.brokerstats).
         options = getattr(broker, "options", None)
         self.broker_stats = BrokerStatsManager(self.now_ms(),
                                                cluster=getattr(options, "cluster_name", "DefaultCluster"))
         self._stats_loop: task.LoopingCall | None = None
         #: Where a slave learns the current master's broker address (a registration.MasterFetcher, set by the
-        #: plugin when rocketmq.namesrvAddr is set): dledger_rocketmq.forward relays sends to it.
+        #: plugin when rocketmq.namesrvAddr is set): dledger_rocketmq.broker.forward relays sends to it.
         self.master_fetcher = None
         #: Fires with the listening port once bound, or fails.
         self.listening: Deferred = Deferred()

@@ -1,6 +1,6 @@
 """Broker-port extension: client sessions, long polling, ordered-consumer locks and send-back.
 
-Installed on every :class:`~dledger_rocketmq.port.BrokerPort` (one line in
+Installed on every :class:`~dledger_rocketmq.broker.port.BrokerPort` (one line in
 ``port.EXTENSIONS``), it answers HEART_BEAT (34), UNREGISTER_CLIENT (35),
 CONSUMER_SEND_MSG_BACK (36), END_TRANSACTION (37, refused: no transactional
 messages), GET_CONSUMER_LIST_BY_GROUP (38), LOCK_BATCH_MQ (41),
@@ -12,13 +12,13 @@ group whose members or subscriptions changed, and replaces the
 PULL_MESSAGE handler with one that checks a push consumer's pull against
 the group's subscription (as stored from its heartbeats; tag filtering on
 the broker) and holds pulls with the SUSPEND flag that find nothing
-(:mod:`~dledger_rocketmq.longpoll`).
+(:mod:`~dledger_rocketmq.broker.longpoll`).
 
 The state (:class:`ClientSessions`, ``port.sessions``) is per port and in
 memory, as in RocketMQ: clients heartbeat every 30 s, so a restarted or new
 master learns them again within that time.  Decisions live in
-:mod:`~dledger_rocketmq.clients`, :mod:`~dledger_rocketmq.longpoll` and
-:mod:`~dledger_rocketmq.retry`; this module moves frames and time.
+:mod:`~dledger_rocketmq.broker.clients`, :mod:`~dledger_rocketmq.broker.longpoll` and
+:mod:`~dledger_rocketmq.broker.retry`; this module moves frames and time.
 """
 
 from __future__ import annotations

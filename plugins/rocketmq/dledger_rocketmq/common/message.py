@@ -395,13 +395,13 @@ def encode_batch_records(template: MessageRecord, items: Sequence, *, first_queu
     """The stored bytes of each batch item made into ``template``'s record, as the put path stores them.
 
     Byte for byte ``encode_record(r, queue_offset=..., physical_offset=0,
-    store_host=store_host)`` of each record :func:`~dledger_rocketmq.batch.batch_records`
+    store_host=store_host)`` of each record :func:`~dledger_rocketmq.common.batch.batch_records`
     makes (item ``i`` at queue offset ``first_queue_offset + i *
     queue_offset_step``), with what every record of a batch shares (topic,
     hosts, flags, times) checked and encoded once: a batch of 64 1 KiB
     messages is encoded at about twice the speed of a record at a time.
     ``items`` unpack to ``(body, properties, flag)`` (BatchItems, or the
-    views of :func:`~dledger_rocketmq.batch.batch_views`).  The same
+    views of :func:`~dledger_rocketmq.common.batch.batch_views`).  The same
     CodecErrors as :func:`encode_record`.
     """
     t = template

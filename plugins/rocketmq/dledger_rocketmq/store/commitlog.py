@@ -19,7 +19,7 @@ offsets by assigning batch offsets outside the put lock).  A put whose
 entries were stored but then fail later (quorum timeout, term change) keeps
 its offsets: its entries are in the log and may commit.  When the member
 becomes master the table is rebuilt from the consume queues after dispatch
-has caught up with a fully committed log (:mod:`dledger_rocketmq.roles`), so
+has caught up with a fully committed log (:mod:`dledger_rocketmq.broker.roles`), so
 anything a lost leadership truncated is forgotten there.
 
 The append hook refuses RocketMQ records that do not come through
@@ -233,7 +233,7 @@ class CommitLog:
     """Puts records through the member (leader only) and reads committed records by physical offset.
 
     ``old_reader`` serves offsets below ``divided`` (a migrated store's old
-    CommitLog files, see :mod:`dledger_rocketmq.migration`).
+    CommitLog files, see :mod:`dledger_rocketmq.store.migration`).
     """
 
     server: object
@@ -299,7 +299,7 @@ class CommitLog:
         The items share the template's topic and queue, so their queue
         offsets are consecutive (all 0 for records that get no unit, as
         :func:`plan_offsets` gives); the records are encoded together
-        (:func:`~dledger_rocketmq.message.encode_batch_records`).  The caller
+        (:func:`~dledger_rocketmq.common.message.encode_batch_records`).  The caller
         applies no DELAY rewrite: a batch with a DELAY property goes through :meth:`put`.
         """
         refused = self._refuse_put(len(items))

@@ -17,7 +17,7 @@ Recovery (:meth:`Dispatcher.recover`, at service start, store recovered):
   index read from the entry header at ``physical offset - 48``), or at the
   log's first entry; records already indexed are replays the queues skip.
   Control entries go to ``on_control`` (the broker's metadata state machine
-  applies them itself, :mod:`dledger_rocketmq.machine`);
+  applies them itself, :mod:`dledger_rocketmq.store.machine`);
 * a queue whose units all index records the log no longer holds (compacted
   away, or the log reset to an installed snapshot) restarts at its next
   record (:meth:`Dispatcher._after_gap`).
@@ -103,7 +103,7 @@ _I16 = struct.Struct(">h")
 def index_fields(body: bytes, levels: tuple[int, ...] = DELAY_LEVELS_MS) -> tuple[str, int, int, Unit] | None:
     """``(topic, queue_id, queue_offset, unit)`` of a committed record; None if it gets no unit.
 
-    What :func:`~dledger_rocketmq.consumequeue.unit_for` gives for the
+    What :func:`~dledger_rocketmq.store.consumequeue.unit_for` gives for the
     decoded record, without decoding hosts or copying the body (dispatch
     runs on every member for every message).  CorruptRecordError if the
     field lengths do not add up to TOTALSIZE = the body's length.

@@ -16,7 +16,7 @@ offsets: the *dispatch lag* is how many acknowledged messages a consumer of
 that member could not see yet; after the phase, *drain* is the time until
 every member's queues hold every acknowledged message.  Progress lines go to
 stderr; figures are printed, never asserted.  The ``dispatch`` phase runs
-the in-process dispatcher benchmark (:mod:`dledger_rocketmq.bench_dispatch`).
+the in-process dispatcher benchmark (:mod:`dledger_rocketmq.tools.bench_dispatch`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Feeds synthetic committed entries (one RocketMQ record of ``--body`` bytes
 each, round-robin over ``--queues`` queues of one topic) to a
-:class:`~dledger_rocketmq.dispatch.Dispatcher` in commit-feed deliveries of
+:class:`~dledger_rocketmq.store.dispatch.Dispatcher` in commit-feed deliveries of
 ``--batch`` entries, over ConsumeQueues in a temporary directory, and prints
 the units per second of the dispatch loop and of the final flush.  No
 cluster and no log: what is measured is the dispatcher's decode and the

@@ -3,7 +3,7 @@
 Times (min of 7 rounds of ``--calls`` calls, microseconds per call) the three
 steps of a SEND_MESSAGE_V2 from a Java client that the broker layer does on
 the master's reactor besides the put: the JSON header decoded
-(:func:`~dledger_rocketmq.port.decode_json_header`), the send header read by
+(:func:`~dledger_rocketmq.broker.port.decode_json_header`), the send header read by
 the two handlers that look at it (the transaction check and the send), and
 the reply frame of a successful send.  Run it with another tree first on
 ``PYTHONPATH`` to compare (docs/benchmarks.md, "Broker layer (perf-broker)").
@@ -55,8 +55,12 @@ def put_path(puts: int = 64, rounds: int = 40) -> dict[str, float]:
     """Process CPU per single put, one by one and gathered (see the module's docstring)."""
     from dledger import plugins
     from dledger.testing import Cluster
-    from dledger_rocketmq.message import MessageRecord
-    from dledger_rocketmq.plugin import broker_for
+    from dledger_rocketmq.broker.broker import Broker
+    from dledger_rocketmq.common.message import MessageRecord
+
+    def broker_for(server):
+        # The member's Broker among its plugin services (tools sit below the plugin module: no import of it).
+        return next((s for s in server.services if isinstance(s, Broker)), None)
 
     with tempfile.TemporaryDirectory(prefix="bench-send-") as tmp:
         cluster = Cluster(3, seed=1, plugin_manager=plugins.make_plugin_manager(), store_base_dir=tmp,
@@ -66,7 +70,8 @@ def put_path(puts: int = 64, rounds: int = 40) -> dict[str, float]:
             found = []
 
             def master_found() -> bool:
-                found[:] = [b for b in map(broker_for, cluster.servers.values()) if b.role == "MASTER"]
+                brokers = [broker_for(server) for server in cluster.servers.values()]
+                found[:] = [b for b in brokers if b is not None and b.role == "MASTER"]
                 return len(found) == 1
             if not cluster.run_until(master_found, 60):
                 raise RuntimeError("no master in the simulated group")
