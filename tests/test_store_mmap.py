@@ -342,7 +342,7 @@ def test_failing_append_hook_leaves_nothing_behind(member_dir, state):
 
 def test_batch_is_one_write_per_data_file(member_dir, state, monkeypatch):
     """A batch costs one pwrite per data file it touches (plus the blank markers), not one per entry."""
-    from dledger.store import mmapfile
+    from dledger.store import mmapwriter as mmapfile
 
     writes = []
     real = mmapfile._write_at
@@ -364,7 +364,7 @@ def test_batch_is_one_write_per_data_file(member_dir, state, monkeypatch):
 def test_batch_write_failure_keeps_the_runs_written_before(member_dir, state, monkeypatch):
     """ENOSPC on the second data file of a batch: the first file's entries stay, the caller learns which."""
     from dledger.errors import BatchAppendError
-    from dledger.store import mmapfile
+    from dledger.store import mmapwriter as mmapfile
 
     store = open_mmap(member_dir, state)
     real, calls = mmapfile._write_at, []
