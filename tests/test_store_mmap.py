@@ -228,9 +228,12 @@ def test_sync_policy_does_not_flush_by_itself(member_dir, state, clock):
 
 # -- flushing ----------------------------------------------------------------------------------
 def test_threaded_flush_reports_only_what_it_covered(member_dir, state):
-    """Appends made while a flush runs on the thread pool are not reported by it; flushes asked meanwhile group."""
+    """Appends made while a flush runs on the thread pool are not reported by it; flushes asked meanwhile group.
+
+    One round at a time (``flush_rounds=1``); two pipelined rounds: tests/test_store_groupcommit.py.
+    """
     io = HandIO()
-    store = open_mmap(member_dir, state, blocking_io=io)
+    store = open_mmap(member_dir, state, blocking_io=io, flush_rounds=1)
     append(store, 10, state)
     first = store.flush()
     append(store, 5, state)

@@ -120,8 +120,9 @@ class MmapLogStore(MmapAppendWriter, MmapReader, MmapLifeCycle, MmapFileSet, Mma
         self._data: MappedFileList | None = None
         self._index: MappedFileList | None = None
         self._ilog: IndexLog | None = None
-        self._graveyard: list[MappedFile] = []
-        self._gc = GroupCommit(blocking_io, self._prepare_flush, after_round=self._bury)
+        #: Removed files still open, with the number of the last round started when each was removed.
+        self._graveyard: list[tuple[int, MappedFile]] = []
+        self._gc = GroupCommit(blocking_io, self._prepare_flush, after_round=self._bury, depth=options.flush_rounds)
         self._flushing: FlushTracker | None = None
         self._disk_full = False
         self._used_ratio = 0.0

@@ -21,9 +21,10 @@ class MmapFileSet:
     def closing_files(self) -> tuple[MappedFile, ...]:
         """Removed files still open because the running flush round may be syncing their descriptors.
 
-        Read-only, for tests and diagnostics: they are closed when that round ends (or at shutdown).
+        Read-only, for tests and diagnostics: they are closed when the rounds that ran when they were
+        removed have ended (or at shutdown); rounds started later never had their descriptors.
         """
-        return tuple(self._graveyard)
+        return tuple(f for _seq, f in self._graveyard)
 
     @property
     def data_files(self) -> list[Path]:
@@ -41,7 +42,7 @@ class MmapFileSet:
         for lst in (self._data, self._index):
             if lst is not None:
                 lst.close()
-        for f in self._graveyard:
+        for _seq, f in self._graveyard:
             f.close()
         self._graveyard = []
         self._set_data_tail(None)
@@ -50,14 +51,20 @@ class MmapFileSet:
         self._claim = None
 
     def _close_file(self, f: MappedFile) -> None:
-        """Close a removed file now, or after the running flush round (it may be syncing its descriptor)."""
+        """Close a removed file now, or after the flush rounds running now (they may be syncing its descriptor)."""
         if self._gc.busy:
-            self._graveyard.append(f)
+            self._graveyard.append((self._gc.started, f))
         else:
             f.close()
 
     def _bury(self) -> None:
-        if not self._gc.busy:
-            for f in self._graveyard:
-                f.close()
-            self._graveyard = []
+        """After a round: close the removed files no running round may still use (rounds end in order)."""
+        if self._graveyard:
+            finished = self._gc.finished
+            keep = []
+            for seq, f in self._graveyard:
+                if seq <= finished:
+                    f.close()
+                else:
+                    keep.append((seq, f))
+            self._graveyard = keep
