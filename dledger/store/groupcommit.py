@@ -208,8 +208,9 @@ class GroupCommit:
         while rounds and rounds[0].outcome is not None:
             rnd = rounds.popleft()
             self.finished = rnd.seq
-            self.stats.record(perf_counter() - rnd.t0, rnd.blocked)
             outcome = rnd.outcome
+            if outcome is True:  # a failed round is counted in stats.failures only
+                self.stats.record(perf_counter() - rnd.t0, rnd.blocked)
             if outcome is True and not rnd.stale:
                 self.flushed_index = max(self.flushed_index, rnd.target)
                 self._after()
