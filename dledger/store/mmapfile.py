@@ -161,6 +161,11 @@ class MmapLogStore(MmapAppendWriter, MmapReader, MmapLifeCycle, MmapFileSet, Mma
         return self._recent
 
     @property
+    def flush_rounds(self) -> int:
+        """How many flush rounds may run at once (``options.flush_rounds``): a caller may ask that many."""
+        return self.options.flush_rounds
+
+    @property
     def flush_stats(self):
         """Latency and reactor-blocked time of recent flush rounds (:class:`.groupcommit.FlushStats`)."""
         return self._gc.stats
