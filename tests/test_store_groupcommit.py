@@ -221,3 +221,65 @@ def test_nothing_dirty_behind_a_running_round_waits_for_it():
 def test_depth_must_be_one_or_more():
     with pytest.raises(ValueError, match="at least 1"):
         GroupCommit(HandIO(), _Plans(), depth=0)
+
+
+def test_a_member_asks_the_next_flush_at_once_and_counts_entries_only_once_synced(tmp_path, monkeypatch):
+    """The member's Flusher (what a leader counts and a follower acknowledges by) keeps two flushes in flight
+    on a pipelining store, and resolves a wait only once every finished fdatasync covers the entry."""
+    from twisted.internet import task
+
+    from dledger import diskio
+    from dledger.replication.durability import Flusher
+
+    io, clock = HandIO(), task.Clock()
+    store = _open(tmp_path / "m", io)
+    syncs = SyncLog(store)
+    monkeypatch.setattr(diskio, "flush_files", syncs)
+    flusher = Flusher(store, clock)
+    acks: list = []
+    store.append_batch_as_leader([Entry(body=bytes(300), term=1) for _ in range(2)])
+    w1 = _acks(store, flusher.wait(1), syncs, acks)
+    clock.advance(0)
+    store.append_batch_as_leader([Entry(body=bytes(300), term=1) for _ in range(4)])
+    w2 = _acks(store, flusher.wait(5), syncs, acks)
+    clock.advance(0)
+    assert len(io.calls) == 2, "the second flush was asked for while the first ran"
+    io.complete(1)
+    clock.advance(0)
+    assert acks == [], "the second round ended first: nothing is counted before the first one ends"
+    io.complete(0)
+    clock.advance(0)
+    assert fired(w1) == 1 and fired(w2) == 5 and [a[0] for a in acks] == [1, 5]
+    assert all(covered and jobs == 2 for _i, jobs, covered in acks), acks
+    flusher.stop()
+    store.abandon()
+
+
+def test_a_member_keeps_one_flush_in_flight_on_a_store_that_runs_one_round():
+    """A store without ``flush_rounds`` (memory, lmdb, the simulated disk) gets one flush at a time, as before."""
+    from twisted.internet import task
+
+    from dledger.replication.durability import Flusher
+
+    class OneRound:
+        flushed_index = -1
+
+        def __init__(self):
+            self.asked: list[Deferred] = []
+
+        def flush(self):
+            d = Deferred()
+            self.asked.append(d)
+            return d
+
+    store, clock = OneRound(), task.Clock()
+    flusher = Flusher(store, clock)
+    flusher.wait(0)
+    clock.advance(0)
+    flusher.wait(1)
+    clock.advance(0)
+    assert len(store.asked) == 1
+    store.flushed_index = 0
+    store.asked[0].callback(0)
+    clock.advance(0)
+    assert len(store.asked) == 2
