@@ -148,7 +148,7 @@ def test_follower_writes_the_bytes_a_push_carried(tmp_path, monkeypatch):
     """A decoded binary push hands the store its encoded entries, which the mmap store writes without re-encoding."""
     from dledger.entry import Entry, EntryList
     from dledger.messages import PushEntryRequest
-    from dledger.store import mmapfile
+    from dledger.store import mmapwriter as mmapfile
     from dledger.store.mmapfile import MmapLogStore
     from dledger.testing.store_contract import FakeMemberState
     from dledger.transport import remoting

@@ -228,9 +228,12 @@ def test_sync_policy_does_not_flush_by_itself(member_dir, state, clock):
 
 # -- flushing ----------------------------------------------------------------------------------
 def test_threaded_flush_reports_only_what_it_covered(member_dir, state):
-    """Appends made while a flush runs on the thread pool are not reported by it; flushes asked meanwhile group."""
+    """Appends made while a flush runs on the thread pool are not reported by it; flushes asked meanwhile group.
+
+    One round at a time (``flush_rounds=1``); two pipelined rounds: tests/test_store_groupcommit.py.
+    """
     io = HandIO()
-    store = open_mmap(member_dir, state, blocking_io=io)
+    store = open_mmap(member_dir, state, blocking_io=io, flush_rounds=1)
     append(store, 10, state)
     first = store.flush()
     append(store, 5, state)
@@ -342,7 +345,7 @@ def test_failing_append_hook_leaves_nothing_behind(member_dir, state):
 
 def test_batch_is_one_write_per_data_file(member_dir, state, monkeypatch):
     """A batch costs one pwrite per data file it touches (plus the blank markers), not one per entry."""
-    from dledger.store import mmapfile
+    from dledger.store import mmapwriter as mmapfile
 
     writes = []
     real = mmapfile._write_at
@@ -364,7 +367,7 @@ def test_batch_is_one_write_per_data_file(member_dir, state, monkeypatch):
 def test_batch_write_failure_keeps_the_runs_written_before(member_dir, state, monkeypatch):
     """ENOSPC on the second data file of a batch: the first file's entries stay, the caller learns which."""
     from dledger.errors import BatchAppendError
-    from dledger.store import mmapfile
+    from dledger.store import mmapwriter as mmapfile
 
     store = open_mmap(member_dir, state)
     real, calls = mmapfile._write_at, []

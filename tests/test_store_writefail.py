@@ -128,7 +128,7 @@ def test_a_write_error_is_disk_error_and_refused_until_retry(tmp_path, monkeypat
     store = small_store(tmp_path, clock, None)
     state = store.member_state
     state.role, state.leader_id = Role.LEADER, "n1"
-    from dledger.store import mmapfile
+    from dledger.store import mmapwriter as mmapfile
     calls = []
 
     def broken(fd, data, offset):

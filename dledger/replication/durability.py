@@ -1,9 +1,12 @@
-"""Group commit: one store flush in flight at a time, many waiters served by each.
+"""Group commit: one store flush in flight at a time (two for a store that pipelines its rounds), many
+waiters served by each.
 
 An entry counts toward the quorum (leader) or is acknowledged (follower)
 only once the store reports it durable.  Requests that arrive while a flush
 runs are covered by the next one, so a burst of appends costs one or two
-fsyncs, not one each.  With ``flushPolicy=async`` (Java's behaviour) nothing
+fsyncs, not one each.  A store whose ``flush_rounds`` is 2 (the mmap store) runs the next flush
+beside the running one and still reports rounds in order, so a second flush is asked for at once rather
+than after the first ends (issue #28, round 2b).  With ``flushPolicy=async`` (Java's behaviour) nothing
 waits: the store flushes on its own timer.
 """
 
@@ -31,7 +34,9 @@ class Flusher:
         self.sync = sync
         self._waiters: list[tuple[int, int, Deferred]] = []
         self._seq = itertools.count()
-        self._flushing = False
+        self._flushing = 0  # store flushes asked for and not yet answered
+        #: How many flushes may be in flight: the store's pipelined rounds (see the module docstring).
+        self._max_flushing = getattr(store, "flush_rounds", 1)
         self._scheduled = None
         self._stopped = False
         self.flushes = 0
@@ -47,7 +52,7 @@ class Flusher:
         return d
 
     def _schedule(self) -> None:
-        if self._flushing or self._scheduled is not None or self._stopped:
+        if self._flushing >= self._max_flushing or self._scheduled is not None or self._stopped:
             return
         self._scheduled = self.clock.callLater(0, self._flush)
 
@@ -55,13 +60,13 @@ class Flusher:
         self._scheduled = None
         if self._stopped:
             return
-        self._flushing = True
+        self._flushing += 1
         self.flushes += 1
         d = self.store.flush()
         d.addCallbacks(self._flushed, self._failed)
 
     def _flushed(self, _result) -> None:
-        self._flushing = False
+        self._flushing -= 1
         flushed = self.store.flushed_index
         while self._waiters and self._waiters[0][0] <= flushed:
             _, _, d = heapq.heappop(self._waiters)
@@ -70,7 +75,7 @@ class Flusher:
             self._schedule()
 
     def _failed(self, failure) -> None:
-        self._flushing = False
+        self._flushing -= 1
         if isinstance(failure.value, OSError):  # a disk that fails every flush: one line a minute, no traceback
             self._fail_log.error("flush", "flush of the store in {dir} failed: {why}; failing {n} waiters "
                                  "(DISK_ERROR)", dir=getattr(self.store, "member_dir", "?"),

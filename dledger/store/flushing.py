@@ -149,7 +149,10 @@ class FlushTracker:
             for lst in dirs:
                 lst.dir_dirty = True
 
-        return FlushPlan(end_index, work, done=self.flushed, failed=failed)
+        def done(_result) -> None:
+            self.flushed(upto=write_pos)  # what this round synced, not what a round after it took
+
+        return FlushPlan(end_index, work, done=done, failed=failed)
 
     def index_sync(self, checkpoint_end: int) -> tuple[list[int], Callable[[], None]]:
         """The index files to fdatasync before a checkpoint up to ``checkpoint_end`` is written, and an undo.
@@ -191,7 +194,7 @@ class FlushTracker:
                 _release(self.index, r[0], r[1])
                 self.index_reread = None
 
-    def flushed(self, _result=None) -> None:
+    def flushed(self, _result=None, *, upto: int | None = None) -> None:
         """After a round: drop our mapping of flushed, full pages so RSS does not grow with the log.
 
         In steps of :data:`RELEASE_STEP` bytes, not after every round: a busy member runs hundreds of
@@ -200,6 +203,8 @@ class FlushTracker:
         if not self.release_pages:
             return
         data_to = min(self.data_lo, self._write_pos())
+        if upto is not None:
+            data_to = min(data_to, upto)
         if release_due(self.data_released, data_to):
             self.data_released = _release(self.data, self.data_released, data_to)
         index_to = self.index_lo * INDEX_UNIT_SIZE

@@ -1,4 +1,4 @@
-"""Group commit: one flush round at a time; every flush asked for meanwhile shares the next round.
+"""Group commit: flush rounds, one (or, pipelined, two) at a time; every flush asked for meanwhile shares the next.
 
 A round snapshots what is dirty *now* (``prepare``, on the reactor), makes
 it durable through a :class:`dledger.diskio.BlockingIO` (inline, or on the
@@ -87,39 +87,64 @@ class FlushStats:
 
 
 class _Round:
-    __slots__ = ("plan", "waiters", "t0", "blocked")
+    __slots__ = ("plan", "waiters", "t0", "blocked", "target", "seq", "outcome", "stale")
 
-    def __init__(self, plan: FlushPlan, waiters: list[Deferred], t0: float):
+    def __init__(self, plan: FlushPlan, waiters: list[Deferred], t0: float, seq: int):
         self.plan, self.waiters, self.t0, self.blocked = plan, waiters, t0, 0.0
+        self.target = plan.target
+        self.seq = seq
+        #: None while running; True once its work is durable; a Failure if it failed.
+        self.outcome: bool | Failure | None = None
+        #: An earlier round failed while this one ran: its target is not durable (the failed range is not).
+        self.stale = False
 
 
 class GroupCommit:
-    """Runs flush rounds one at a time; see the module docstring."""
+    """Runs flush rounds, up to ``depth`` at a time, completing in order; see the module docstring.
+
+    ``depth`` 1 is one round at a time: a flush asked for while one runs waits for its end, then a whole
+    round of its own.  ``depth`` 2 starts that round at once, beside the running one (issue #28: a
+    request no longer waits a whole round behind each arrival, nor the reactor's turn between rounds);
+    its waiters still fire only after every earlier round is durable, because a later round does not
+    sync what an earlier one took (new files, directories, the earlier bytes).  Only stores whose rounds
+    may overlap use it (fdatasync of a descriptor covers whatever was written to it before the call,
+    whichever thread calls it).
+    """
 
     def __init__(self, io: BlockingIO, prepare: Callable[[], FlushPlan], *,
-                 after_round: Callable[[], None] | None = None, flushed_index: int = -1):
+                 after_round: Callable[[], None] | None = None, flushed_index: int = -1, depth: int = 1):
+        if depth < 1:
+            raise ValueError(f"group commit depth must be at least 1, not {depth}")
         self.io = io
         self._prepare = prepare
         self._after_round = after_round
         self.flushed_index = flushed_index
+        self.depth = depth
         self.stats = FlushStats()
-        self.busy = False
-        self._target = -1
+        #: Rounds started, and rounds finished (in order: every round numbered <= ``finished`` has ended).
+        self.started = 0
+        self.finished = 0
+        self._rounds: deque[_Round] = deque()
         self._next: list[Deferred] = []
+
+    @property
+    def busy(self) -> bool:
+        """A round is running (its descriptors may be in use by a worker thread)."""
+        return bool(self._rounds)
 
     def request(self) -> Deferred:
         """A Deferred firing with :attr:`flushed_index` once everything appended so far is durable."""
         d: Deferred = Deferred()
         self._next.append(d)
-        if not self.busy:
+        if len(self._rounds) < self.depth:
             self._run_round()
         return d
 
     def cap(self, index: int) -> None:
         """Entries after ``index`` were removed or replaced: neither the past nor a running round covers them."""
         self.flushed_index = min(self.flushed_index, index)
-        if self.busy:
-            self._target = min(self._target, index)
+        for rnd in self._rounds:
+            rnd.target = min(rnd.target, index)
 
     def _run_round(self) -> None:
         waiters, self._next = self._next, []
@@ -129,13 +154,14 @@ class GroupCommit:
         except Exception:
             self._fail_waiters(waiters, Failure())
             return
-        rnd = _Round(plan, waiters, t0)
-        self._target = plan.target
-        if plan.work is None:
+        self.started += 1
+        rnd = _Round(plan, waiters, t0, self.started)
+        self._rounds.append(rnd)
+        if plan.work is None:  # nothing dirty: done, but it reports only after the rounds before it
             rnd.blocked = perf_counter() - t0
-            self._complete(rnd)
+            rnd.outcome = True
+            self._drain()
             return
-        self.busy = True
         rnd.blocked = perf_counter() - t0
         self._attempt(rnd)
 
@@ -162,27 +188,41 @@ class GroupCommit:
         if again:
             self._attempt(rnd)
             return
-        self._complete(rnd)
-
-    def _complete(self, rnd: _Round) -> None:
-        self.flushed_index = max(self.flushed_index, self._target)
-        self.busy = False
-        self.stats.record(perf_counter() - rnd.t0, rnd.blocked)
-        self._after()
-        for w in rnd.waiters:
-            w.callback(self.flushed_index)
-        if self._next and not self.busy:
-            self._run_round()
+        rnd.outcome = True
+        self._drain()
 
     def _work_failed(self, failure: Failure, rnd: _Round) -> None:
-        self.busy = False
         self.stats.failures += 1
         log.failure("flush round failed", failure)
         if rnd.plan.failed is not None:
             rnd.plan.failed(failure)
-        self._after()
-        self._fail_waiters(rnd.waiters, failure)
-        if self._next and not self.busy:
+        for later in self._rounds:
+            if later.seq > rnd.seq:
+                later.stale = True
+        rnd.outcome = failure
+        self._drain()
+
+    def _drain(self) -> None:
+        """Report the finished rounds at the head of the queue, oldest first; then start the next if asked."""
+        rounds = self._rounds
+        while rounds and rounds[0].outcome is not None:
+            rnd = rounds.popleft()
+            self.finished = rnd.seq
+            outcome = rnd.outcome
+            if outcome is True:  # a failed round is counted in stats.failures only
+                self.stats.record(perf_counter() - rnd.t0, rnd.blocked)
+            if outcome is True and not rnd.stale:
+                self.flushed_index = max(self.flushed_index, rnd.target)
+                self._after()
+                for w in rnd.waiters:
+                    w.callback(self.flushed_index)
+            elif outcome is True:  # durable itself, but an earlier round's range is not: ask again
+                self._after()
+                self._next[:0] = rnd.waiters
+            else:
+                self._after()
+                self._fail_waiters(rnd.waiters, outcome)
+        if self._next and len(rounds) < self.depth:
             self._run_round()
 
     def _after(self) -> None:

@@ -22,7 +22,9 @@ class MmapStoreOptions:
     ``full_verify`` makes start-up verify every entry instead of starting at
     the checkpoint; ``release_flushed_pages`` unmaps flushed pages so RSS does
     not grow with the log; ``truncate_damaged`` is the operator's permission
-    to cut a damaged log (see :mod:`dledger.store.recovery`).  ``retention``
+    to cut a damaged log (see :mod:`dledger.store.recovery`).  ``flush_rounds`` is how many group-commit
+    rounds may run at once (2: the next round's fdatasync is issued while the previous one runs, rounds
+    still complete in order; 1: one at a time, as before issue #28's round 2b).  ``retention``
     None means the default policy.  Bad sizes or an unknown flush policy
     raise ValueError when the options are built.
     """
@@ -39,6 +41,7 @@ class MmapStoreOptions:
     full_verify: bool = False
     release_flushed_pages: bool = True
     truncate_damaged: bool = False
+    flush_rounds: int = 2
 
     def __post_init__(self) -> None:
         if self.index_file_size <= 0 or self.index_file_size % INDEX_UNIT_SIZE:
@@ -48,6 +51,8 @@ class MmapStoreOptions:
             raise ValueError(f"data file size {self.data_file_size} cannot hold an entry")
         if self.flush_policy not in FLUSH_POLICIES:
             raise ValueError(f"flush policy {self.flush_policy!r} is not one of {FLUSH_POLICIES}")
+        if self.flush_rounds not in (1, 2):
+            raise ValueError(f"flush rounds {self.flush_rounds} is not 1 or 2")
         if self.retention is None:
             object.__setattr__(self, "retention", RetentionPolicy())
 
