@@ -20,11 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DIRECTORIES = ("dledger", "plugins", "spark", "tools")
 LIMIT = 400
 
-#: Classes over the limit today -> the most lines each may have until it is split.  Remove an entry
-#: when its class is split (the test says when); never raise a ceiling.
-ALLOWED: dict[str, int] = {
-    "MmapLogStore": 779,  # dledger/store/mmapfile.py
-}
+#: Classes over the limit -> the most lines each may have until it is split.  Remove an entry when its
+#: class is split (the test says when); never raise a ceiling, never add one.  Empty since design round 2
+#: split MmapLogStore (779), RemotingProtocol (553) and Broker (496).
+ALLOWED: dict[str, int] = {}
 
 
 def class_sizes(source: str, where: str) -> list[tuple[str, int, str]]:
