@@ -115,7 +115,7 @@ def ingest(peers: str, group: str, count: int, args, work: Path, members=()) -> 
     from dledger_spark.ingest import Progress
     from dledger_spark.options import parse_options
     from dledger_spark.proctree import cpu_of, tree_cpu_split
-    from dledger_spark.session import get_session
+    from dledger_spark.session import get_session, stop_session
 
     opts = {"peers": peers, "group": group, "readFrom": args.read_from}
     if args.batches > 1:
@@ -124,7 +124,7 @@ def ingest(peers: str, group: str, count: int, args, work: Path, members=()) -> 
         opts["partitionBytes"] = str(args.partition_bytes)
     t0 = time.monotonic()
     conf = dict(item.split("=", 1) for item in args.conf if "=" in item)
-    spark = get_session(args.master, app_name="dledger-bench-ingest", conf=conf)
+    spark = get_session(args.master, app_name="dledger-bench-ingest", conf=conf, record_archive=True)
     up = time.monotonic()
     session_s = up - t0
     say(f"ingest: Spark session ({args.master}) up in {session_s:.1f} s")
@@ -178,7 +178,7 @@ def ingest(peers: str, group: str, count: int, args, work: Path, members=()) -> 
                 "spark_cpu_split_us_per_row": {k: round(v / max(rows, 1) * 1e6, 1) for k, v in sorted(split.items())},
                 "members_cpu_us_per_row": round(members_cpu / max(rows, 1) * 1e6, 1) if members else None}
     finally:
-        spark.stop()
+        stop_session(spark)  # and keeps the JVM's class archive it recorded, if any (session.get_session)
 
 
 def run(args) -> int:

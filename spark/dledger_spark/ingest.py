@@ -280,7 +280,9 @@ def start_query(args, opts: dict[str, str], parsed, conf: dict[str, str], checkp
     """The SparkSession, the started streaming query into Parquet, and its Progress."""
     from dledger_spark.session import get_session
 
-    spark = get_session(args.master, conf=conf)
+    # --once records the driver JVM's class archive the first time (session.stop_session keeps it): a
+    # continuous ingest is stopped by a signal, whose grace period the archive's write should not eat.
+    spark = get_session(args.master, conf=conf, record_archive=args.once)
     try:
         from pyspark.sql import functions as F
 
@@ -324,7 +326,9 @@ def watch(args, spark, query, progress: Progress) -> int:
         for s, handler in old.items():
             signal.signal(s, handler)
         progress.close()
-        spark.stop()
+        from dledger_spark.session import stop_session
+
+        stop_session(spark)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,9 @@ does the same for the ``dledger`` source alone in a session someone else made.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import sys
 
 #: A small local session: the UI off, few shuffle partitions (ingest has no shuffle worth more).
@@ -27,6 +29,118 @@ LOCAL_CONF = {
 LOCAL_JVM_CONF = {
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC",
 }
+
+
+#: Environment variable naming the local driver JVM's class archive (a path), or ``off``.
+CLASS_ARCHIVE_ENV = "DLEDGER_SPARK_CLASS_ARCHIVE"
+#: Only the archive's errors are shown: its dump warns of every class it cannot keep (hundreds of lines).
+CLASS_ARCHIVE_QUIET = "-Xlog:cds=error,cds+dynamic=error"
+
+
+def class_archive_flags(path: str | None, exists: bool) -> str:
+    """The JVM options for the class archive (AppCDS) at ``path``: use it if it ``exists``, else record it.
+
+    A fresh driver JVM loads and verifies ~15,000 classes from Spark's jars; an archive of them, mapped at
+    start, measured the session's start 23/20 s instead of 29/39 s and its first read 38/24 s instead of
+    58/36 s (two interleaved pairs under load 12-18: docs/benchmarks.md "Round 2b").  Java 17 has no
+    -XX:+AutoCreateSharedArchive, so the first run records the archive when its JVM exits
+    (``-XX:ArchiveClassesAtExit``, a few seconds of the JVM's exit) and later runs map it.  A stale archive
+    (other jars, another JDK) is refused by the JVM, which then starts without it.
+    """
+    if not path:
+        return ""
+    quoted = f'"{path}"' if any(c.isspace() for c in path) else path
+    flag = "SharedArchiveFile" if exists else "ArchiveClassesAtExit"
+    return f"-XX:{flag}={quoted} {CLASS_ARCHIVE_QUIET}"
+
+
+def class_archive_path(env=None) -> str | None:
+    """Where the local driver JVM's class archive is kept (None: not used).
+
+    ``DLEDGER_SPARK_CLASS_ARCHIVE``: a path, or ``off``; unset: one file per Spark version, ``java``
+    and jar set under ``$XDG_CACHE_HOME`` (``~/.cache``) ``/dledger-spark/``, so an upgrade never meets
+    an archive of other classes.
+    """
+    env = os.environ if env is None else env
+    chosen = env.get(CLASS_ARCHIVE_ENV)
+    if chosen is not None:
+        return None if chosen.strip().lower() in ("", "off", "0", "false", "no") else chosen
+    try:
+        import pyspark
+    except ImportError:  # pragma: no cover
+        return None
+    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
+    java_home = env.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    try:
+        names = sorted(os.listdir(jars))
+    except OSError:
+        return None  # a pyspark without its jars (spark-submit's own SPARK_HOME): leave the JVM alone
+    key = hashlib.sha256("\n".join([pyspark.__version__, os.path.realpath(java or "java"), *names]).encode())
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "dledger-spark", f"spark-{pyspark.__version__}-{key.hexdigest()[:12]}.jsa")
+
+
+#: ``(recording, final)``: the archive this process's JVM records at its exit, and where it goes once whole.
+_recording: tuple[str, str] | None = None
+
+
+def _class_archive(record: bool) -> tuple[str, bool] | None:
+    """``(path, exists)`` for :func:`class_archive_flags`, or None (no archive: unset, off, or not recorded here).
+
+    A JVM mapping a half-written archive dies (SIGBUS), so an archive is recorded under a name of its own
+    and renamed into place only after its JVM has exited (:func:`stop_session`).
+    """
+    global _recording
+    path = class_archive_path()
+    if path is None:
+        return None
+    if os.path.isfile(path):
+        return path, True
+    if not record:
+        return None
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    except OSError:
+        return None  # an unwritable cache: start without the archive
+    _recording = (f"{path}.{os.getpid()}.tmp", path)
+    return _recording[0], False
+
+
+def stop_session(spark, timeout: float = 120.0) -> None:
+    """Stop ``spark``; if its JVM records a class archive (:func:`get_session`), stop the JVM and keep the archive.
+
+    The JVM writes the archive as it exits, so it is asked to exit (its stdin closed, as when this process
+    ends) and waited for up to ``timeout`` seconds; an archive whose JVM did not exit cleanly is removed.
+    """
+    global _recording
+    spark.stop()
+    if _recording is None:
+        return
+    recording, final = _recording
+    _recording = None
+    from pyspark import SparkContext
+
+    proc = getattr(SparkContext._gateway, "proc", None) if SparkContext._gateway is not None else None
+    ok = False
+    if proc is not None and proc.stdin is not None:
+        try:
+            SparkContext._gateway.shutdown()
+        except Exception:
+            pass
+        SparkContext._gateway = SparkContext._jvm = None  # a later session launches a JVM of its own
+        try:
+            proc.stdin.close()
+            ok = proc.wait(timeout) == 0
+        except Exception:
+            ok = False
+    try:
+        if ok and os.path.getsize(recording) > 0:
+            os.replace(recording, final)
+        else:
+            os.remove(recording)
+    except OSError:
+        pass
 
 
 def ensure_python() -> str:
@@ -88,21 +202,32 @@ def _is_connect(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def session_conf(master: str | None, submitted: bool, conf: dict | None = None) -> dict[str, str]:
+def session_conf(master: str | None, submitted: bool, conf: dict | None = None,
+                 class_archive: tuple[str, bool] | None = None) -> dict[str, str]:
     """The configuration :func:`get_session` gives a session of ``master`` (None: ``local[2]`` unless
-    ``submitted``, i.e. under spark-submit, whose master and settings hold); ``conf`` (``--conf``) wins."""
+    ``submitted``, i.e. under spark-submit, whose master and settings hold); ``conf`` (``--conf``) wins.
+
+    ``class_archive``: ``(path, exists)`` of the local driver JVM's class archive (:func:`class_archive_flags`).
+    """
     out: dict[str, str] = {}
     if master is not None or not submitted:
         out.update(LOCAL_CONF)
         if (master or "local[2]").startswith("local"):
             out.update(LOCAL_JVM_CONF)
+            if class_archive is not None:
+                key = "spark.driver.extraJavaOptions"
+                out[key] = f"{out[key]} {class_archive_flags(*class_archive)}".strip()
     return {**out, **(conf or {})}
 
 
-def get_session(master: str | None = None, app_name: str = "dledger-ingest", conf: dict | None = None):
+def get_session(master: str | None = None, app_name: str = "dledger-ingest", conf: dict | None = None,
+                record_archive: bool = False):
     """A SparkSession with the ``dledger`` source registered.
 
     ``master`` None: ``local[2]``, unless running under ``spark-submit`` (then its ``--master`` holds).
+    ``record_archive``: with no class archive yet, have this JVM record one; :func:`stop_session` then
+    stops the JVM and keeps the archive once it is whole (a command that ends its process: ``dledger
+    ingest``, the bench).  Without it an existing archive is used, none is made.
     """
     ensure_python()
     from pyspark.sql import SparkSession
@@ -110,7 +235,8 @@ def get_session(master: str | None = None, app_name: str = "dledger-ingest", con
     builder = SparkSession.builder.appName(app_name)
     if master is not None or not under_spark_submit():
         builder = builder.master(master or "local[2]")
-    for key, value in session_conf(master, under_spark_submit(), conf).items():
+    state = _class_archive(record_archive) if not under_spark_submit() else None
+    for key, value in session_conf(master, under_spark_submit(), conf, state).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     register(spark)

@@ -552,3 +552,87 @@ def test_session_conf(master, submitted, conf, has, lacks):
     got = session_conf(master, submitted, conf)
     assert {k: got.get(k) for k in has} == has
     assert not any(k in got for k in lacks)
+
+
+@pytest.mark.parametrize("path, exists, want", [
+    (None, False, ""),
+    ("/c/a.jsa", True, "-XX:SharedArchiveFile=/c/a.jsa -Xlog:cds=error,cds+dynamic=error"),
+    ("/c/a.jsa.7.tmp", False, "-XX:ArchiveClassesAtExit=/c/a.jsa.7.tmp -Xlog:cds=error,cds+dynamic=error"),
+    ("/my cache/a.jsa", True, '-XX:SharedArchiveFile="/my cache/a.jsa" -Xlog:cds=error,cds+dynamic=error'),
+])
+def test_class_archive_flags(path, exists, want):
+    """An archive that exists is mapped; one that does not is recorded at the JVM's exit; a path with spaces quoted."""
+    from dledger_spark.session import class_archive_flags
+
+    assert class_archive_flags(path, exists) == want
+
+
+@pytest.mark.parametrize("env, want", [
+    ({"DLEDGER_SPARK_CLASS_ARCHIVE": "off"}, None),
+    ({"DLEDGER_SPARK_CLASS_ARCHIVE": ""}, None),
+    ({"DLEDGER_SPARK_CLASS_ARCHIVE": "/x/s.jsa", "XDG_CACHE_HOME": "/c"}, "/x/s.jsa"),
+    ({"XDG_CACHE_HOME": "/c"}, "/c/dledger-spark/spark-"),  # a prefix: the rest names the version and jar set
+])
+def test_class_archive_path(env, want):
+    """The archive's place: the variable's path, off, or one file per Spark version and jar set in the cache."""
+    from dledger_spark.session import class_archive_path
+
+    got = class_archive_path(env)
+    if want is None or not want.endswith("-"):
+        assert got == want
+    else:
+        assert got.startswith(want) and got.endswith(".jsa")
+
+
+def test_session_conf_adds_the_class_archive_to_a_local_driver_only():
+    """The archive's flags join the local driver's JVM options; a cluster's driver and --conf are left alone."""
+    from dledger_spark.session import LOCAL_JVM_CONF, session_conf
+
+    key = "spark.driver.extraJavaOptions"
+    local = session_conf(None, False, None, ("/c/a.jsa", True))[key]
+    assert local.startswith(LOCAL_JVM_CONF[key]) and "-XX:SharedArchiveFile=/c/a.jsa" in local
+    assert key not in session_conf("spark://h:7077", False, None, ("/c/a.jsa", True))
+    assert session_conf(None, False, {key: ""}, ("/c/a.jsa", True))[key] == ""
+
+
+@pytest.mark.parametrize("exit_code, kept", [(0, True), (3, False)])
+def test_stop_session_keeps_a_recorded_archive_only_once_its_jvm_exited_cleanly(tmp_path, monkeypatch, exit_code, kept):
+    """A half-written archive crashes the next JVM (SIGBUS): it is renamed into place only after a clean exit."""
+    import os
+    import subprocess
+    import sys
+
+    from dledger_spark import session
+    from pyspark import SparkContext
+
+    final = tmp_path / "cache" / "s.jsa"
+    monkeypatch.setenv("DLEDGER_SPARK_CLASS_ARCHIVE", str(final))
+    path, exists = session._class_archive(record=True)
+    assert (exists, path) == (False, f"{final}.{os.getpid()}.tmp")
+    # A stand-in for the gateway JVM: writes the archive when its stdin closes, then exits with exit_code.
+    script = f"import sys; sys.stdin.read(); open({path!r}, 'wb').write(b'cds'); sys.exit({exit_code})"
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
+
+    class Gateway:
+        def __init__(self):
+            self.proc = proc
+
+        def shutdown(self):
+            pass
+
+    class Spark:
+        stopped = False
+
+        def stop(self):
+            self.stopped = True
+
+    monkeypatch.setattr(SparkContext, "_gateway", Gateway())
+    monkeypatch.setattr(SparkContext, "_jvm", None)
+    spark = Spark()
+    session.stop_session(spark, timeout=30)
+    assert spark.stopped and proc.returncode == exit_code
+    assert final.exists() is kept and not os.path.exists(path)
+    assert session._recording is None and SparkContext._gateway is None
+    # the next session maps the kept archive, or records again
+    assert session._class_archive(record=True) == ((str(final), True) if kept else (path, False))
+    session._recording = None

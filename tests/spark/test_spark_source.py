@@ -266,12 +266,14 @@ class BrokerGroup(Group):
     def master_client(self):
         """A blocking RocketMQ client of the member whose broker accepts sends (the leader's)."""
         from dledger_rocketmq.client.client import BlockingRocketMQClient, RocketMQError
+        from dledger_rocketmq.client import BlockingRocketMQClient, RocketMQError
+        from twisted.internet.error import ConnectError
 
         def attempt():
             for port in self.broker_ports.values():
                 try:
                     c = BlockingRocketMQClient("127.0.0.1", port, timeout=5)
-                except (RocketMQError, OSError):
+                except (RocketMQError, OSError, ConnectError):  # a member not listening yet: refused
                     continue
                 try:
                     c.send("Probe", b"probe")
