@@ -266,7 +266,6 @@ class BrokerGroup(Group):
     def master_client(self):
         """A blocking RocketMQ client of the member whose broker accepts sends (the leader's)."""
         from dledger_rocketmq.client.client import BlockingRocketMQClient, RocketMQError
-        from dledger_rocketmq.client import BlockingRocketMQClient, RocketMQError
         from twisted.internet.error import ConnectError
 
         def attempt():
