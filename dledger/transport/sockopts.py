@@ -29,8 +29,11 @@ def set_no_delay(transport) -> bool:
 #: frames of one read are decoded first and their APPENDs stored as one batch (``IBatchRequestHandler``),
 #: so the read size bounds a leader's batch: 64 KiB held ~60 one-entry APPENDs of 1 KiB, and every batch
 #: costs a push per follower, a flush round and a reply write.  A larger read lets a pipelined client's
-#: backlog go as one batch (issue #28 target 2, docs/benchmarks.md "Round 2b").
-READ_SIZE = 256 * 1024
+#: backlog go as one batch (issue #28 target 2, docs/benchmarks.md "Round 2b").  128 KiB, not 256: on the
+#: quiet machine 256 KiB cost the batched load (256 x 1 KiB requests, fsync) about a fifth of its rate
+#: (median 67,000 entries/s against 85,000-87,000 with 64 or 128 KiB), while 128 KiB kept most of the
+#: per-request CPU gain (interleaved triples in docs/benchmarks.md "Round 2b: the lead's rerun").
+READ_SIZE = 128 * 1024
 
 
 def set_read_size(transport, size: int = READ_SIZE) -> bool:
