@@ -16,12 +16,13 @@ The broker plugin's own sub-packages have their own direction test (tests/rocket
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
+
+from dledger.testing.imports import circles, imported_names, imports_of, shortest_cycle
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
@@ -105,118 +106,15 @@ def distribution_package(name: str) -> str:
     raise AssertionError(name)
 
 
-def imported_names(source: str, module: str, is_package: bool) -> list[tuple[str, ...]]:
-    """What each import statement anywhere in ``source`` names, as candidates, most specific first.
-
-    ``import a.b`` gives ``("a.b",)``; ``from a import b`` gives ``("a.b", "a")``: b is the submodule
-    if there is one, else a name of ``a``.  Relative imports are resolved against ``module``.
-    """
-    names: list[tuple[str, ...]] = []
-    package = module if is_package else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names.extend((alias.name,) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            names.extend((f"{target}.{alias.name}", target) for alias in node.names)
-    return names
-
-
-def resolve(name: str, modules: set[str]) -> str | None:
-    """The walked module ``name`` refers to: itself, else its nearest walked package (None: not ours)."""
-    while name and name not in modules:
-        name = name.rpartition(".")[0]
-    return name or None
-
-
 def import_graph(files: Mapping[str, Path]) -> dict[str, set[str]]:
     """module -> the walked modules it imports."""
     dotted = {m for m in files if "/" not in m}
-    graph: dict[str, set[str]] = {}
-    for module, path in files.items():
-        own = module if "/" not in module else ""
-        targets = set()
-        for candidates in imported_names(path.read_text(encoding="utf-8"), own, path.name == "__init__.py"):
-            found = next((c for c in candidates if c in dotted), None) or resolve(candidates[-1], dotted)
-            if found is not None:
-                targets.add(found)
-        targets.discard(module)
-        graph[module] = targets
-    return graph
+    return {module: imports_of(path.read_text(encoding="utf-8"), module if "/" not in module else "",
+                               path.name == "__init__.py", dotted) - {module}
+            for module, path in files.items()}
 
 
 # -- the checks, as pure functions (tested on small graphs below) ---------------------------------
-
-
-def circles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan's, iterative), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    counter = 0
-    for start in sorted(graph):
-        if start in index:
-            continue
-        work = [(start, iter(sorted(graph.get(start, ()))))]
-        index[start] = low[start] = counter
-        counter += 1
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, children = work[-1]
-            for child in children:
-                if child not in index:
-                    index[child] = low[child] = counter
-                    counter += 1
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph.get(child, ())))))
-                    break
-                if child in on_stack:
-                    low[node] = min(low[node], index[child])
-            else:
-                work.pop()
-                if work:
-                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
-                if low[node] == index[node]:
-                    component = []
-                    while True:
-                        member = stack.pop()
-                        on_stack.discard(member)
-                        component.append(member)
-                        if member == node:
-                            break
-                    if len(component) > 1:
-                        found.append(sorted(component))
-    return found
-
-
-def shortest_cycle(graph: Mapping[str, Iterable[str]], component: list[str]) -> list[str]:
-    """One shortest circle through the component's first module, ``[a, b, ..., a]``: what to read first."""
-    start, members = component[0], set(component)
-    previous: dict[str, str] = {}
-    frontier = [start]
-    while frontier:
-        following = []
-        for node in frontier:
-            for child in sorted(graph.get(node, ())):
-                if child == start:
-                    path = [node]
-                    while path[-1] != start:
-                        path.append(previous[path[-1]])
-                    return [*reversed(path), start]
-                if child in members and child not in previous:
-                    previous[child] = node
-                    following.append(child)
-        frontier = following
-    raise AssertionError(f"no circle through {start}")
 
 
 def place(module: str, layers: list[list[str]]) -> tuple[int, str] | None:

@@ -1,18 +1,20 @@
 """The broker plugin's layout (issue #26): sub-packages mirroring RocketMQ's modules, imports only downward.
 
-The checker is two pure functions over an import graph (``upward_imports``, ``cycles``) with table tests of
-their own, then applied to the graph read from the plugin's sources with ``ast`` (every import statement,
+The checker is two pure functions over an import graph (``upward_imports`` here, ``circles`` of
+:mod:`dledger.testing.imports`) with table tests of their own, then applied to the graph read from the
+plugin's sources with ``ast`` (:mod:`dledger.testing.imports`) (every import statement,
 ``if TYPE_CHECKING:`` blocks and function-level imports included).  docs/rocketmq.md's layer table is the
 one place the order is written; this test reads it and checks it against the files.
 """
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
 import pytest
+
+from dledger.testing import imports as graph_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "plugins" / "rocketmq" / "dledger_rocketmq"
@@ -27,41 +29,6 @@ ROOT_MODULES = {"plugin"}
 def upward_imports(graph: dict[str, set[str]], layer_of: dict[str, int]) -> list[tuple[str, str]]:
     """Edges (importer, imported) where the imported module sits in a higher layer than its importer."""
     return sorted((a, b) for a, deps in graph.items() for b in deps if layer_of[b] > layer_of[a])
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The import circles: strongly connected components of more than one module, or a self-import (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1 or v in graph.get(v, ()):
-                found.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return sorted(found)
 
 
 @pytest.mark.parametrize("graph, layers, expected", [
@@ -82,7 +49,7 @@ def test_upward_imports_table(graph, layers, expected):
     ({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c"}, "e": {"a", "c"}}, [["a", "b"], ["c", "d"]]),
 ])
 def test_cycles_table(graph, expected):
-    assert cycles(graph) == expected
+    assert graph_imports.circles(graph) == expected
 
 
 # -- reading the plugin ------------------------------------------------------------------------------------
@@ -100,26 +67,8 @@ def plugin_modules() -> dict[str, Path]:
 
 def imports_of(path: Path, modules: set[str], package_dir: Path = PACKAGE) -> set[str]:
     """The plugin's modules ``path`` imports anywhere in it (``from pkg import mod`` counts as ``pkg.mod``)."""
-    name = module_name(path, package_dir)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                base = f"{parent}.{base}" if base else parent
-            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
-        else:
-            continue
-        for target in targets:
-            while target and target not in modules:  # dledger_rocketmq.x.y.Name -> the module that holds it
-                target = target.rpartition(".")[0]
-            if target and target != name:
-                found.add(target)
-    return found
+    return graph_imports.imports_of(path.read_text(encoding="utf-8"), module_name(path, package_dir),
+                                    path.name == "__init__.py", modules)
 
 
 def doc_layers() -> list[tuple[str, list[str]]]:
@@ -193,4 +142,4 @@ def test_imports_only_run_downward():
 
 
 def test_no_import_circles():
-    assert cycles(plugin_graph()) == []
+    assert graph_imports.circles(plugin_graph()) == []
