@@ -91,6 +91,22 @@ def test_resume_bodies_carry_every_offset_topic_and_group(tmp_path):
     assert topics == set(b.meta.topics.table)
 
 
+def test_resume_bodies_carry_the_acl_in_effect(tmp_path):
+    """An ACL a master put in effect while the mode was undecided (its own table only) reaches the log on
+    the move to DLEDGER, first, as the slaves' ACL (CI: a secured group's slaves never got the aclFile)."""
+    from dledger_rocketmq.common.acl import parse_acl
+    from dledger_rocketmq.common.control import KIND_ACL_CONFIG
+
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    assert not [e for e in map(decode_control, resume_bodies(b.meta, 1000)) if e.kind == KIND_ACL_CONFIG]
+    config = parse_acl({"accounts": [{"accessKey": "rocketmq2", "secretKey": "12345678", "admin": True}]})
+    b.meta.acl.apply({"acl": config.to_dict(), "source": "file:abc", "file": "abc"}, 5)
+    first = decode_control(resume_bodies(b.meta, 1000)[0])
+    assert first.kind == KIND_ACL_CONFIG
+    assert [dict(c) for c in first.configs] == [{"acl": config.to_dict(), "source": "file:abc", "file": "abc"}]
+
+
 def run(cluster, d, timeout=10.0):
     out = []
     d.addBoth(out.append)

@@ -43,6 +43,7 @@ from twisted.logger import Logger
 from dledger import diskio
 from dledger.replication.peerkind import PeerKind
 from dledger_rocketmq.common.control import (
+    KIND_ACL_CONFIG,
     KIND_GROUP_CONFIG,
     KIND_TOPIC_CONFIG,
     METADATA_KINDS,
@@ -154,9 +155,15 @@ def apply_locally(machine, body: bytes) -> int:
 
 
 def resume_bodies(meta, now_ms: int) -> list[bytes]:
-    """The control entries a master writes on the move back to DLEDGER: every consumer offset, topic and
-    subscription group it holds (slaves that learnt them by the slave sync get them in log order too)."""
+    """The control entries a master writes on the move back to DLEDGER: the ACL in effect, every consumer
+    offset, topic and subscription group it holds (slaves that learnt them by the slave sync get them in log
+    order too).  The ACL first: a master that put its ``aclFile`` in effect while the mode was undecided
+    applied it to its own table only, and slaves check requests against the ACL the log gave them."""
     out = []
+    acl = meta.acl
+    if acl.config is not None:
+        out.append(encode_metadata(KIND_ACL_CONFIG, [{"acl": acl.config.to_dict(), "source": acl.source,
+                                                      "file": acl.file_source}], now_ms))
     commits = meta.offsets.items()
     for i in range(0, len(commits), RESUME_CHUNK):
         out.append(encode_offset_commits(commits[i:i + RESUME_CHUNK]))
