@@ -24,6 +24,7 @@ from dledger_rocketmq.common.control import (
     KIND_GROUP_CONFIG,
     KIND_TOPIC_CONFIG,
     OffsetCommit,
+    acl_entry,
     encode_metadata,
     encode_offset_commits,
 )
@@ -58,8 +59,7 @@ class ControlWriter:
 
     def change_acl(self, config, source: str, file_source: str | None = None) -> Deferred:
         file_source = self.broker.meta.acl.file_source if file_source is None else file_source
-        return self.change_metadata(KIND_ACL_CONFIG, [{"acl": config.to_dict(), "source": source,
-                                                       "file": file_source}])
+        return self.change_metadata(KIND_ACL_CONFIG, [acl_entry(config, source, file_source)])
 
     def create_topic(self, config: dict) -> Deferred:
         return self._create_once(KIND_TOPIC_CONFIG, config["topicName"], config)

@@ -47,6 +47,7 @@ from dledger_rocketmq.common.control import (
     KIND_GROUP_CONFIG,
     KIND_TOPIC_CONFIG,
     METADATA_KINDS,
+    acl_entry,
     decode_control,
     encode_metadata,
     encode_offset_commits,
@@ -162,8 +163,7 @@ def resume_bodies(meta, now_ms: int) -> list[bytes]:
     out = []
     acl = meta.acl
     if acl.config is not None:
-        out.append(encode_metadata(KIND_ACL_CONFIG, [{"acl": acl.config.to_dict(), "source": acl.source,
-                                                      "file": acl.file_source}], now_ms))
+        out.append(encode_metadata(KIND_ACL_CONFIG, [acl_entry(acl.config, acl.source, acl.file_source)], now_ms))
     commits = meta.offsets.items()
     for i in range(0, len(commits), RESUME_CHUNK):
         out.append(encode_offset_commits(commits[i:i + RESUME_CHUNK]))

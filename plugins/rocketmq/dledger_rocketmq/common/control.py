@@ -131,6 +131,12 @@ def check_metadata_name(what: str, name: object) -> str:
     return name
 
 
+def acl_entry(config, source: str, file_source: str) -> dict:
+    """One kind-7 (ACL) config: the ACL (an ``AclConfig``), who put it (``file:<sha256>`` or ``admin``) and the
+    last file put in effect -- what ``AclTable.apply`` reads back on every member."""
+    return {"acl": config.to_dict(), "source": source, "file": file_source}
+
+
 def encode_metadata(kind: int, configs: list[dict], timestamp: int) -> bytes:
     """The body of one metadata control entry (kinds 3-6) carrying ``configs`` (JSON objects with their name)."""
     if kind not in METADATA_KINDS:
