@@ -302,3 +302,50 @@ def test_route_control_says_where_a_control_entry_goes(tmp_path):
     end = b.server.store.ledger_end_index
     assert run(cluster, b.mixed.route_control(body)) == -1
     assert b.query_offset("cg", "T", 2) == 5 and b.server.store.ledger_end_index == end
+
+
+@pytest.mark.parametrize("gone, before, now, expect", [
+    (set(), {"A", "B"}, {"A", "B"}, set()),          # nothing left
+    (set(), {"A", "B"}, {"A"}, {"B"}),               # B deleted
+    ({"B"}, {"A"}, {"A", "B"}, set()),               # B created again: its config goes, not a delete
+    ({"B"}, {"A", "C"}, {"C"}, {"A", "B"}),          # deletes add up
+    (set(), set(), {"N"}, set()),                    # a new name is no delete
+])
+def test_gone_after(gone, before, now, expect):
+    from dledger_rocketmq.broker.mixed import gone_after
+
+    assert gone_after(gone, before, now) == expect
+
+
+def test_deletes_made_while_mixed_reach_the_log_on_the_move_back(tmp_path):
+    """A topic and a group put through the log, then deleted on the master while a Java peer was in the group
+    (its own tables only): on the move back to DLEDGER the master writes the deletes too, so the members that
+    hold them from the log lose them (they came back on a member replaying the log before)."""
+    from dledger_rocketmq.broker.mixed import GONE_FILE, read_gone
+    from dledger_rocketmq.common.control import KIND_GROUP_CONFIG, KIND_GROUP_DELETE, KIND_TOPIC_DELETE
+
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    others = [broker_for(s) for s in cluster.servers.values() if broker_for(s) is not b]
+    topic = {"topicName": "Doomed", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6}
+    group = {"groupName": "doomed_cg", "consumeEnable": True}
+    run(cluster, b.change_metadata(KIND_TOPIC_CONFIG, [topic]))
+    run(cluster, b.change_metadata(KIND_GROUP_CONFIG, [group]))
+    assert cluster.run_until(lambda: all("Doomed" in o.meta.topics.table and "doomed_cg" in o.meta.groups.table
+                                         for o in others), 10)
+    java = next(p for p in b.server.peer_kinds.peers)
+    b.server.peer_kinds.learn(java, J)
+    assert b.mixed.check() is M
+    assert run(cluster, b.change_metadata(KIND_TOPIC_DELETE, [{"topicName": "Doomed"}])) == -1  # local only
+    assert run(cluster, b.change_metadata(KIND_GROUP_DELETE, [{"groupName": "doomed_cg"}])) == -1
+    assert "Doomed" not in b.meta.topics.table
+    gone = {"topics": {"Doomed"}, "groups": {"doomed_cg"}}
+    assert cluster.run_until(lambda: b.mixed.gone == gone, 3), b.mixed.gone  # the member's ticks notice them
+    assert cluster.run_until(lambda: read_gone(b.mixed.gone_path) == gone, 3)  # kept across restarts
+    assert b.mixed.gone_path.name == GONE_FILE
+    b.server.peer_kinds.kinds[java] = D
+    assert b.mixed.check() is L
+    assert cluster.run_until(lambda: b.mixed._resuming is None, 10)
+    assert cluster.run_until(lambda: all("Doomed" not in o.meta.topics.table and "doomed_cg" not in o.meta.groups.table
+                                         for o in others), 10), [sorted(o.meta.topics.table) for o in others]
+    assert b.mixed.gone == {"topics": set(), "groups": set()}

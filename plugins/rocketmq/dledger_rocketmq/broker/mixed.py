@@ -33,6 +33,7 @@ watches ``server.peer_kinds`` on the member's clock.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -45,7 +46,9 @@ from dledger.replication.peerkind import PeerKind
 from dledger_rocketmq.common.control import (
     KIND_ACL_CONFIG,
     KIND_GROUP_CONFIG,
+    KIND_GROUP_DELETE,
     KIND_TOPIC_CONFIG,
+    KIND_TOPIC_DELETE,
     METADATA_KINDS,
     acl_entry,
     decode_control,
@@ -58,6 +61,11 @@ log = Logger()
 
 #: The file in the broker's store root holding the last decided mode (``dledger`` or ``mixed``).
 MODE_FILE = "groupMode"
+#: The file in the broker's store root holding the topics and groups deleted while the mode was not DLEDGER
+#: (``{"topics": [...], "groups": [...]}``): the deletes the move back writes through the log.
+GONE_FILE = "groupMode.deleted"
+#: The tables whose deletes are carried, with the control kind deleting an entry and the bean field naming it.
+GONE_TABLES = (("topics", KIND_TOPIC_DELETE, "topicName"), ("groups", KIND_GROUP_DELETE, "groupName"))
 
 
 def read_mode(path: Path) -> Mode | None:
@@ -66,6 +74,32 @@ def read_mode(path: Path) -> Mode | None:
         return Mode(path.read_text(encoding="utf-8").strip())
     except (OSError, ValueError):
         return None
+
+def read_gone(path: Path) -> dict[str, set[str]]:
+    """The names kept in ``path`` (:data:`GONE_FILE`); empty sets when there is none or it is unreadable."""
+    out: dict[str, set[str]] = {table: set() for table, _, _ in GONE_TABLES}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return out
+    if isinstance(data, dict):
+        for table in out:
+            names = data.get(table)
+            if isinstance(names, list):
+                out[table] = {n for n in names if isinstance(n, str) and n}
+    return out
+
+
+def gone_after(gone: set[str], before: set[str], now: set[str]) -> set[str]:
+    """The names deleted while the mode is not DLEDGER, once a table went from ``before`` to ``now``.
+
+    Why: the log holds the puts made before the group went MIXED; a member replaying it (restarted, or
+    catching up) would bring a topic or group back that was deleted meanwhile (by an admin on the master, or
+    by the slave sync copying a master's table) unless the move back writes the delete too.  A name that is
+    there again is no longer gone: the move back writes its config.
+    """
+    return (gone | (before - now)) - now
+
 
 #: The topic of the record a term-start NOOP carries in a mixed group (never routed: no topic config has it).
 TERM_START_TOPIC = "DLEDGER_TERM_START"
@@ -155,11 +189,13 @@ def apply_locally(machine, body: bytes) -> int:
     return meta.offsets.apply(entry.commits, from_log=False, reset=entry.is_reset)
 
 
-def resume_bodies(meta, now_ms: int) -> list[bytes]:
+def resume_bodies(meta, now_ms: int, gone: Mapping[str, set[str]] | None = None) -> list[bytes]:
     """The control entries a master writes on the move back to DLEDGER: the ACL in effect, every consumer
     offset, topic and subscription group it holds (slaves that learnt them by the slave sync get them in log
-    order too).  The ACL first: a master that put its ``aclFile`` in effect while the mode was undecided
-    applied it to its own table only, and slaves check requests against the ACL the log gave them."""
+    order too), and a delete of every topic and group in ``gone`` it does not hold (deleted while the mode
+    was not DLEDGER: see :func:`gone_after`).  The ACL first: a master that put its ``aclFile`` in effect
+    while the mode was undecided applied it to its own table only, and slaves check requests against the ACL
+    the log gave them."""
     out = []
     acl = meta.acl
     if acl.config is not None:
@@ -171,6 +207,11 @@ def resume_bodies(meta, now_ms: int) -> list[bytes]:
         configs = [dict(v) for v in table.table.values()]
         for i in range(0, len(configs), RESUME_CHUNK):
             out.append(encode_metadata(kind, configs[i:i + RESUME_CHUNK], now_ms))
+    for table_name, kind, name_key in GONE_TABLES:
+        held = getattr(meta, table_name).table
+        deletes = [{name_key: n} for n in sorted((gone or {}).get(table_name, ())) if n not in held]
+        for i in range(0, len(deletes), RESUME_CHUNK):
+            out.append(encode_metadata(kind, deletes[i:i + RESUME_CHUNK], now_ms))
     return out
 
 
@@ -189,6 +230,11 @@ class MixedGroup(Service):
         #: Where the last decided mode is kept (a restarted member whose peers have not answered yet keeps it).
         self.path = Path(broker.root) / MODE_FILE
         self.mode: Mode | None = read_mode(self.path)
+        #: Topics and groups deleted while the mode was not DLEDGER (kept in :data:`GONE_FILE`), and the names
+        #: the tables held at the last look (None: not looked yet).
+        self.gone_path = Path(broker.root) / GONE_FILE
+        self.gone = read_gone(self.gone_path)
+        self._names: dict[str, set[str]] | None = None
         self._timer = None
         self._resuming: Deferred | None = None
         self._asked_at: float | None = None
@@ -281,6 +327,7 @@ class MixedGroup(Service):
                    f"Java broker(s) {', '.join(java)}" if java else "peers not known yet")
             log.warn("{id}: mixed broker group ({why}): writing plain CommitLog records only; offsets, topics and "
                      "groups go by the slave sync", id=sid, why=why)
+            self.watch_deletes()  # the names the log gave: a delete from now on is this member's alone
             return
         if old is None:
             log.info("{id}: every peer is a dledger member: offsets, topics and groups go through the log", id=sid)
@@ -291,14 +338,43 @@ class MixedGroup(Service):
                  how=" (writing this master's tables through the log first)" if what == "resume" else "")
         if what == "resume":
             self._resume()
+        elif any(self.gone.values()):  # a slave: its master writes the tables (and the deletes it saw)
+            self._keep_gone({table: set() for table in self.gone})
+
+    def watch_deletes(self) -> None:
+        """Note the topics and groups that left this member's tables since the last look while the mode was not
+        DLEDGER (:func:`gone_after`), keeping them in :data:`GONE_FILE` across restarts.  Called on every change
+        of the two tables (their listeners), at the move to MIXED and on each tick (a table replaced whole)."""
+        if self.mode is Mode.DLEDGER:  # deletes go through the log: nothing to note (and no cost per change)
+            self._names = None
+            return
+        meta = self.broker.meta
+        names = {table: set(getattr(meta, table).table) for table, _, _ in GONE_TABLES}
+        before, self._names = self._names, names
+        if before is None:  # the first look since the mode left DLEDGER (or since the start)
+            return
+        gone = {table: gone_after(self.gone[table], before[table], names[table]) for table in names}
+        if gone != self.gone:
+            self._keep_gone(gone)
+
+    def _keep_gone(self, gone: dict[str, set[str]]) -> None:
+        self.gone = gone
+        if any(gone.values()):
+            data = json.dumps({t: sorted(n) for t, n in gone.items()}, sort_keys=True).encode() + b"\n"
+            self.broker.io.run(diskio.write_atomic, self.gone_path, data)
+        else:
+            self.broker.io.run(diskio.remove_file, self.gone_path)
 
     def _resume(self) -> None:
         """Write the master's tables through the log, in order, before any later control entry."""
-        bodies = resume_bodies(self.broker.meta, int(self.server.clock.seconds() * 1000))
+        self.watch_deletes()
+        bodies = resume_bodies(self.broker.meta, int(self.server.clock.seconds() * 1000), self.gone)
         self.applied_locally = False
         d = self._resuming = Deferred()
 
         def next_one(_=None):
+            if not bodies and self.mode is Mode.DLEDGER and any(self.gone.values()):
+                self._keep_gone({table: set() for table in self.gone})  # the deletes are in the log now
             if not bodies or self.mode is not Mode.DLEDGER:
                 return None
             body = bodies.pop(0)
@@ -314,6 +390,8 @@ class MixedGroup(Service):
 
     def startService(self):
         super().startService()
+        for table, _, _ in GONE_TABLES:
+            getattr(self.broker.meta, table).listeners.append(self.watch_deletes)
         self._tick()
 
     def _tick(self):
@@ -322,6 +400,7 @@ class MixedGroup(Service):
             return
         try:
             self.check()
+            self.watch_deletes()
         finally:
             self._timer = self.server.clock.callLater(self.interval, self._tick)
 
@@ -329,8 +408,12 @@ class MixedGroup(Service):
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
+        for table, _, _ in GONE_TABLES:
+            listeners = getattr(self.broker.meta, table).listeners
+            if self.watch_deletes in listeners:
+                listeners.remove(self.watch_deletes)
         return super().stopService()
 
 
-__all__ = ["CHECK_INTERVAL", "MODE_FILE", "MixedGroup", "Mode", "TERM_START_TOPIC", "apply_locally",
-           "group_mode", "read_mode", "resume_bodies", "term_start_record", "transition"]
+__all__ = ["CHECK_INTERVAL", "GONE_FILE", "MODE_FILE", "MixedGroup", "Mode", "TERM_START_TOPIC", "apply_locally",
+           "gone_after", "group_mode", "read_gone", "read_mode", "resume_bodies", "term_start_record", "transition"]
