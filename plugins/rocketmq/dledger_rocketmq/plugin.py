@@ -128,6 +128,9 @@ OPTIONS = {
                                 "old CommitLog file size in bytes (0: mappedFileSizeForEntryData)"),
     "listen": ("listen", "", str, "the broker port's endpoint (RocketMQ remoting), e.g. "
                "tcp:10911:interface=127.0.0.1; empty: no port"),
+    "vipListen": ("vip_listen", "", server_endpoint, "a second endpoint of the broker port, RocketMQ's VIP "
+                  "channel (a Java broker's listenPort - 2, e.g. tcp:10909:interface=127.0.0.1): Java slaves fetch "
+                  "their master's topic configs there, so a group mixed with Java brokers needs it; empty: none"),
     "maxFrameSize": ("max_frame_size", 16 * 1024 * 1024, int, "largest remoting frame the broker port accepts, "
                      "in bytes (a bigger one closes the connection)"),
     "namesrvAddr": ("namesrv_addr", "", namesrv_addrs, "name servers to register with, 'host:port;host:port' "
@@ -201,6 +204,8 @@ def check_surfaces(server) -> None:
         tls_client_auth=bool(_extra(server, "tlsClientAuth")), allow_anonymous=bool(_extra(server, "allowAnonymous")))
     if why is not None:
         raise ConfigError(why)
+    if _extra(server, "vipListen") and not _extra(server, "listen"):
+        raise ConfigError("rocketmq.vipListen needs rocketmq.listen (it is a second endpoint of the broker port)")
     if _extra(server, "aclEnable") and not _extra(server, "aclFile"):
         raise ConfigError("rocketmq.aclEnable needs rocketmq.aclFile (a RocketMQ plain_acl.yml with the accounts)")
     if _extra(server, "tlsClientAuth") and server.config.auth_mode != "tls":
@@ -370,7 +375,7 @@ def dledger_services(server, collection):
             access, tls_options = _access_for(server, broker)
             port = _ports[server] = BrokerPort(broker, broker.options.listen,
                                                max_frame_size=broker.options.max_frame_size, access=access,
-                                               tls_options=tls_options)
+                                               tls_options=tls_options, vip_endpoint=broker.options.vip_listen)
             if access is not None and access.file_config is not None:
                 broker.master_callbacks.append(access.on_master)
             if access is not None and access.enabled and broker.options.namesrv_addr and not _extra(server,

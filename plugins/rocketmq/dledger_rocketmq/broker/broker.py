@@ -186,6 +186,7 @@ class BrokerOptions:
     commitlog_file_size: int = 0
     persist_interval: float = 5.0
     listen: str = ""
+    vip_listen: str = ""
     max_frame_size: int = 16 * 1024 * 1024
     namesrv_addr: str = ""
     register_period_ms: int = 30_000

@@ -38,7 +38,7 @@ from typing import Any
 
 from twisted.application import service
 from twisted.internet import protocol, task
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
@@ -625,7 +625,7 @@ class BrokerPort(service.Service):
 
     def __init__(self, broker, endpoint: str, *, reactor: Any = None, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
                  now_ms: Callable[[], int] | None = None, access: Any = None, limits: ListenerLimits | None = None,
-                 tls_options: Any = None):
+                 tls_options: Any = None, vip_endpoint: str = ""):
         self.broker = broker
         #: Who may do what (a :class:`dledger_rocketmq.broker.port_acl.PortAccess`: RocketMQ ACL, client-certificate
         #: roles), asked before every handler; None: everyone may do everything (RocketMQ without aclEnable).
@@ -637,6 +637,12 @@ class BrokerPort(service.Service):
         #: endpoint string): the connection guard puts the listening factory behind TLS.
         self.tls_options = tls_options
         self.listener_guard: ListenerGuard | None = None
+        #: RocketMQ's VIP channel (``rocketmq.vipListen``, a Java broker's listenPort - 2): the same port on a
+        #: second endpoint, with its own connection guard.  Java 4.9.8 slaves send GET_ALL_TOPIC_CONFIG there
+        #: only, so without it a Java slave under a dledger master never learns a topic (issue #28, migfix).
+        self.vip_endpoint = vip_endpoint
+        self.vip_guard: ListenerGuard | None = None
+        self.vip_listening_port = None
         self.reactor = reactor
         self.max_frame_size = max_frame_size
         self.now_ms = now_ms or (lambda: int(time.time() * 1000))
@@ -714,11 +720,43 @@ class BrokerPort(service.Service):
             d.addCallback(settle)
             return
         failure = settle(report=False)
+        if failure is None and self.vip_endpoint:
+            failure = self._listen_vip(reactor)
+            if failure is not None:  # nothing left listening on the main endpoint either
+                self.listener_guard.stop()
+                port, self.listening_port = self.listening_port, None
+                if port is not None:
+                    port.stopListening()
         if failure is not None:
             self.running = 0
             if self._stats_loop is not None and self._stats_loop.running:
                 self._stats_loop.stop()
             failure.raiseException()
+
+    def _listen_vip(self, reactor: Any) -> Failure | None:
+        """Listen on the VIP endpoint too (same factory: same handlers, access checks and TLS); a bind that fails at
+        once is returned (the start fails with one line), a later failure is logged."""
+        self.vip_guard = ListenerGuard("broker VIP port", self.limits, reactor)
+        d = self.vip_guard.listen(reactor, self.vip_endpoint, self.factory, self.tls_options)
+        outcome: list = []
+        d.addBoth(outcome.append)
+
+        def settle(_=None, *, report: bool = True):
+            result = outcome[0]
+            if isinstance(result, Failure):
+                if report:
+                    log.error("{id}: cannot listen on rocketmq.vipListen={ep}: {err}", id=self.broker.server.self_id,
+                              ep=self.vip_endpoint, err=result.getErrorMessage())
+                return result
+            self.vip_listening_port = result
+            h = result.getHost()
+            log.info("{id}: RocketMQ broker VIP port on {host}:{port}", id=self.broker.server.self_id, host=h.host,
+                     port=h.port)
+            return None
+        if not outcome:
+            d.addCallback(settle).addErrback(lambda _: None)
+            return None
+        return settle(report=False)
 
     def start_stats(self, clock: Any) -> None:
         """Sample the runtime statistics every second on ``clock`` (startService does; until stopService)."""
@@ -740,9 +778,12 @@ class BrokerPort(service.Service):
             conn.transport.loseConnection()
         if self.listener_guard is not None:
             self.listener_guard.stop()
-        port, self.listening_port = self.listening_port, None
-        if port is not None:
-            return maybeDeferred(port.stopListening)
+        if self.vip_guard is not None:
+            self.vip_guard.stop()
+        ports = [p for p in (self.listening_port, self.vip_listening_port) if p is not None]
+        self.listening_port = self.vip_listening_port = None
+        if ports:
+            return gatherResults([maybeDeferred(p.stopListening) for p in ports], consumeErrors=True)
         return None
 
     # -- dispatch -----------------------------------------------------------------------------------
