@@ -169,8 +169,9 @@ def test_control_entries_in_the_log_round_trip_through_local_apply(tmp_path):
         apply_locally(b.machine, b"not a control entry")
 
 
-def view(i, maxes=None, consumer=None, delay=None, error=None):
-    return BrokerView(i, f"127.0.0.1:{10911 + i}", dict(maxes or {}), dict(consumer or {}), dict(delay or {}), error)
+def view(i, maxes=None, consumer=None, delay=None, error=None, topics=None):
+    return BrokerView(i, f"127.0.0.1:{10911 + i}", dict(maxes or {}), dict(consumer or {}), dict(delay or {}), error,
+                      topics)
 
 
 Q = {("T", 0): 10, ("T", 1): 12}
@@ -192,6 +193,11 @@ Q = {("T", 0): 10, ("T", 1): 12}
                                                                       delay={3: 4})},
      None, 0, True, "2 delayed message(s) pending"),
     ({0: view(0, Q), 2: view(2, error="timeout")}, None, 0, False, "slave 2 (127.0.0.1:10913) did not answer"),
+    # a slave whose slave sync never copied a topic (a Java slave under a dledger master without vipListen)
+    ({0: view(0, Q, topics={"T", "Late"}), 2: view(2, Q, topics={"T"})}, None, 0, False,
+     "slave 2 (127.0.0.1:10913) does not know topic(s) Late of the master's"),
+    ({0: view(0, Q, topics={"T", "BenchmarkTest"}), 2: view(2, Q, topics={"T", "Other"})}, None, 0, True, "safe"),
+    ({0: view(0, Q, topics={"T", "Late"}), 2: view(2, Q)}, None, 0, True, "safe"),  # not asked: not judged
 ])
 def test_assess(brokers, members, lag, safe, words):
     v = assess("G", brokers, members=members, max_offset_lag=lag)
@@ -259,6 +265,7 @@ def test_gather_asks_the_name_server_then_the_master_first_then_the_slaves():
     assert views[0].max_offsets == {("T", 0): 5, ("T", 1): 0}  # BenchmarkTest and the group's own topic not asked
     assert views[2].max_offsets == {("T", 0): 5}  # a slave is asked only where the master has messages
     assert views[2].consumer_offsets == {"T@g": {0: 4}} and views[2].delay_offsets == {3: 1}
+    assert views[0].topics == views[2].topics == set(topics)
     assert assess("G", views, members=2).safe
 
 

@@ -15,7 +15,11 @@ brokers, dledger members and any mix:
 * GET_ALL_CONSUMER_OFFSET of every slave must hold every offset of the
   master's within ``max_offset_lag`` messages;
 * GET_ALL_DELAY_OFFSET: no slave ahead of the master (it would skip pending
-  delayed messages when it takes over), the pending count reported.
+  delayed messages when it takes over), the pending count reported;
+* GET_ALL_TOPIC_CONFIG of every slave must hold every topic of the master's
+  (a slave without a topic answers TOPIC_NOT_EXIST to its pulls, and as
+  master to its sends; a Java slave under a dledger master learns topics
+  only through the master's VIP channel, ``rocketmq.vipListen``).
 
 :func:`assess` is the pure decision (a table test); :func:`gather` only asks.
 """
@@ -49,6 +53,8 @@ class BrokerView:
     consumer_offsets: dict[str, dict[int, int]] = field(default_factory=dict)
     delay_offsets: dict[int, int] = field(default_factory=dict)
     error: str | None = None
+    #: The topics it holds (GET_ALL_TOPIC_CONFIG); None: not asked.
+    topics: set[str] | None = None
 
 
 @dataclass
@@ -98,6 +104,12 @@ def assess(name: str, brokers: dict[int, BrokerView], *, members: int | None = N
                 if have is None or lag > max_offset_lag:
                     reasons.append(f"{who} consumer offset {key}/{q} " + (
                         "missing" if have is None else f"{lag} behind the master's ({have} < {want})"))
+        if master.topics is not None and s.topics is not None:
+            lacking = sorted(master.topics - s.topics - QUIET_TOPICS)
+            if lacking:
+                reasons.append(f"{who} does not know topic(s) {', '.join(lacking[:5])}"
+                               f"{f' and {len(lacking) - 5} more' if len(lacking) > 5 else ''} of the master's "
+                               "(its slave sync has not copied them)")
         for level, want in sorted(master.delay_offsets.items()):
             have = s.delay_offsets.get(level)
             if have is not None and have > want:
@@ -151,6 +163,8 @@ async def gather(connect, namesrv: str, name: str) -> dict[int, BrokerView]:
         try:
             code, body, _ = await _ask(connect, master.addr, GET_ALL_TOPIC_CONFIG, {})
             topics = (_json(body).get("topicConfigTable") or {}) if code == 0 else {}
+            if code == 0:
+                master.topics = set(topics)
             queues = [(t, q) for t, cfg in sorted(topics.items()) if t not in QUIET_TOPICS and t != name
                       for q in range(int(cfg.get("readQueueNums", 0)))]
         except Exception as exc:
@@ -176,6 +190,10 @@ async def gather(connect, namesrv: str, name: str) -> dict[int, BrokerView]:
             header, body = await c.request(GET_ALL_DELAY_OFFSET, {})
             if header.code == 0 and body:
                 view.delay_offsets = _int_keys(_json(body).get("offsetTable") or {})
+            if view.broker_id != 0:
+                header, body = await c.request(GET_ALL_TOPIC_CONFIG, {})
+                if header.code == 0:
+                    view.topics = set(_json(body).get("topicConfigTable") or {})
         except Exception as exc:
             view.error = str(exc) or type(exc).__name__
         finally:
