@@ -4,7 +4,8 @@ RocketMQ 4.9.8's ``BrokerOuterAPI.getAllTopicConfig`` sends GET_ALL_TOPIC_CONFIG
 channel only (``MixAll.brokerVIPChannel(true, addr)``: listenPort - 2), while the other three kinds of the
 slave sync go to the main port.  Without the VIP endpoint a Java slave under a dledger master logs
 ``SyncTopicConfig Exception ... connect to <port - 2> failed`` every 10 s and never learns a topic created
-after its store was last synced (the open problem of the short live migration test, docs/rocketmq.md).
+after its store was last synced (docs/rocketmq.md "Why a Java broker back on its old store did not learn a
+topic").
 """
 
 from __future__ import annotations

@@ -356,3 +356,29 @@ def test_deletes_made_while_mixed_reach_the_log_on_the_move_back(tmp_path):
     assert cluster.run_until(lambda: all("Doomed" not in o.meta.topics.table and "doomed_cg" not in o.meta.groups.table
                                          for o in others), 10), [sorted(o.meta.topics.table) for o in others]
     assert b.mixed.gone == {"topics": set(), "groups": set()}
+
+
+def test_a_mixed_member_without_vip_listen_says_what_java_slaves_miss(tmp_path):
+    """A member with a broker port but no rocketmq.vipListen that goes MIXED says (once per move) that Java slaves
+    under it learn no new topic; with vipListen set it does not."""
+    import dataclasses
+
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    java = next(p for p in b.server.peer_kinds.peers)
+    events: list[dict] = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        for vip, expect in (("", True), ("tcp:10909", False)):
+            b.options = dataclasses.replace(b.options, listen="tcp:10911", vip_listen=vip)
+            b.server.peer_kinds.kinds[java] = D
+            b.mixed.check()
+            events.clear()
+            b.server.peer_kinds.learn(java, J)
+            assert b.mixed.check() is M
+            said = [formatEvent(e) for e in events if "no rocketmq.vipListen" in formatEvent(e)]
+            assert bool(said) is expect, said
+    finally:
+        globalLogPublisher.removeObserver(events.append)

@@ -328,6 +328,11 @@ class MixedGroup(Service):
             log.warn("{id}: mixed broker group ({why}): writing plain CommitLog records only; offsets, topics and "
                      "groups go by the slave sync", id=sid, why=why)
             self.watch_deletes()  # the names the log gave: a delete from now on is this member's alone
+            options = getattr(self.broker, "options", None)
+            if java and options is not None and options.listen and not options.vip_listen:
+                log.warn("{id}: no rocketmq.vipListen: a Java slave fetches its master's topic configs on the VIP "
+                         "port (its listenPort - 2) only, so under this member as master it learns no new topic; "
+                         "set rocketmq.vipListen to this member's listen port - 2", id=sid)
             return
         if old is None:
             log.info("{id}: every peer is a dledger member: offsets, topics and groups go through the log", id=sid)
