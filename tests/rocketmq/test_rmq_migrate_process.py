@@ -13,11 +13,12 @@ RocketMQ's ``[BUG]dispatch message to consume queue error`` and never catches up
 "safe" again).
 
 The dledger members listen on RocketMQ's VIP channel too (``rocketmq.vipListen``, listenPort - 2: a Java
-slave fetches its master's topic configs there only); after the first step the test sends to a second
-topic, which the Java store left at that step cannot hold, so the Java broker back on it must learn it by
-the slave sync from a dledger master.  With ``DLEDGER_MIGRATE_NO_VIP=1`` (members without vipListen) the
-short variant fails: that broker never learns the topic (docs/rocketmq.md "Why a Java broker back on its
-old store did not learn a topic").
+slave fetches its master's topic configs there only); before the move back the test sends to a second
+topic while a dledger member is master: the Java slave then learns it by the slave sync (and
+``migrate-check`` says "safe" only once it has), and the Java store left at the first step cannot hold
+it, so the Java broker back on it must learn it too.  With ``DLEDGER_MIGRATE_NO_VIP=1`` (members without
+vipListen) the short variant fails: migrate-check never says "safe" again (docs/rocketmq.md "Why a Java
+broker back on its old store did not learn a topic").
 
 At the end: every broker knows both topics (GET_ALL_TOPIC_CONFIG) and serves every acknowledged message
 from its own consume queues without a hole, every acknowledged message was consumed, no queue offset was
@@ -370,8 +371,6 @@ async def run_migration(reactor, tmp_path: Path, capsys, *, full: bool) -> None:
             g.start_java(mid)
 
         await step(f"{a}: Java -> dledger", lambda: replace_with_dledger(a))
-        # a topic the Java store of `a` cannot hold: it learns it back on that store by the slave sync only
-        await wait_for(reactor, lambda: g.send_to_master(LATE_TOPIC), 60, f"a send to {LATE_TOPIC}")
         await step(f"kill -9 the Java master {first}", kill_master)
         await step(f"{first}: (killed) -> dledger", lambda: _start(g.start_dledger, first), members=2)
         # the remaining Java broker restarts (SIGTERM, its old store): a dledger member leads, the Java broker
@@ -383,6 +382,11 @@ async def run_migration(reactor, tmp_path: Path, capsys, *, full: bool) -> None:
 
         if g.kind[b] == "java" and await g.master() == b:
             await step(f"restart the Java master {b} (a dledger member leads)", lambda: restart_java_master(b))
+        # a topic created by the dledger master now: the Java slave learns it by the slave sync only (on the
+        # master's VIP port), and the Java store `a` left at the first step cannot hold it
+        await wait_for(reactor, lambda: g.send_to_master(LATE_TOPIC), 60, f"a send to {LATE_TOPIC}")
+        late_master = await wait_for(reactor, g.master, 60, f"the master after the send to {LATE_TOPIC}")
+        assert g.kind[late_master] == "dledger", f"{LATE_TOPIC} created by {late_master} ({g.kind[late_master]})"
         await step(f"{a}: dledger -> Java (back, on its old store)", lambda: replace_with_java(a))
         if full:
             await step(f"{b}: Java -> dledger", lambda: replace_with_dledger(b))
