@@ -382,3 +382,15 @@ def test_a_mixed_member_without_vip_listen_says_what_java_slaves_miss(tmp_path):
             assert bool(said) is expect, said
     finally:
         globalLogPublisher.removeObserver(events.append)
+
+
+def test_gone_file_round_trip(tmp_path):
+    """groupMode.deleted: what a restarted member reads back; missing or damaged: nothing gone (never an error)."""
+    from dledger_rocketmq.broker.mixed import read_gone
+
+    path = tmp_path / "groupMode.deleted"
+    assert read_gone(path) == {"topics": set(), "groups": set()}
+    path.write_text('{"topics": ["A", "", 3], "groups": ["g"]}\n')
+    assert read_gone(path) == {"topics": {"A"}, "groups": {"g"}}
+    path.write_text("not json")
+    assert read_gone(path) == {"topics": set(), "groups": set()}
