@@ -75,6 +75,7 @@ def read_mode(path: Path) -> Mode | None:
     except (OSError, ValueError):
         return None
 
+
 def read_gone(path: Path) -> dict[str, set[str]]:
     """The names kept in ``path`` (:data:`GONE_FILE`); empty sets when there is none or it is unreadable."""
     out: dict[str, set[str]] = {table: set() for table, _, _ in GONE_TABLES}
