@@ -55,6 +55,20 @@ def test_the_vip_endpoint_answers_like_the_broker_port(reactor, tmp_path):
         assert "VipTopic" in fastjson.loads(body)["topicConfigTable"]
         second = yield v.send("VipTopic", b"and a send through the VIP one", queue_id=0)
         assert (first.queue_offset, second.queue_offset) == (0, 1)
+        # a slave answers 21 on its main endpoint (migrate-check, mqadmin) but not on the VIP one (a Java slave's
+        # topic sync whose master address is stale must not copy a slave's table)
+        sl = next(s for s in cluster.servers.values() if s is not m)
+        yield cluster.when(lambda: "VipTopic" in broker_for(sl).meta.topics.table, 10)
+        slave_port = port_for(sl)
+        yield slave_port.listening
+        sv = yield rmq_connect(reactor, "127.0.0.1", slave_port.vip_listening_port.getHost().port, timeout=5)
+        clients.append(sv)
+        header, _ = yield sv.request(21, {})
+        assert header.code == 1 and "is not the master" in (header.remark or "")
+        sm = yield rmq_connect(reactor, "127.0.0.1", slave_port.listening_port.getHost().port, timeout=5)
+        clients.append(sm)
+        header, body = yield sm.request(21, {})
+        assert header.code == 0 and "VipTopic" in fastjson.loads(body)["topicConfigTable"]
         for c in clients:
             c.close()
         clients.clear()
@@ -110,3 +124,11 @@ def test_vip_listen_needs_listen():
         check_surfaces(server)
     assert str(info.value) == ("rocketmq.vipListen needs rocketmq.listen (it is a second endpoint of the broker "
                                "port)")
+
+
+def test_vip_topic_sync_refusal():
+    from dledger_rocketmq.broker.port import vip_topic_sync_refusal
+
+    assert vip_topic_sync_refusal(is_master=True, self_id="n0") is None
+    reply = vip_topic_sync_refusal(is_master=False, self_id="n2")
+    assert reply.code == 1 and reply.remark.startswith("n2 is not the master")

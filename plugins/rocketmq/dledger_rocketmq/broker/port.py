@@ -514,6 +514,25 @@ def unsupported_reply(code: int) -> Reply:
     return Reply(REQUEST_CODE_NOT_SUPPORTED, f" request type {code} not supported")
 
 
+#: RocketMQ's GET_ALL_TOPIC_CONFIG: what a Java slave's sync asks on its master's VIP port (and nothing else does).
+GET_ALL_TOPIC_CONFIG = 21
+
+
+def vip_topic_sync_refusal(*, is_master: bool, self_id: str) -> Reply | None:
+    """The answer to GET_ALL_TOPIC_CONFIG on the VIP endpoint: None (answer it) on the master, else a refusal.
+
+    Why: a Java slave keeps its master's address until its next registration (up to 10 s) and replaces its
+    whole topic table by what that address answers when the DataVersion differs.  A dledger member started
+    in the stopped master's place (same address, as the migration runbook does) is a slave with a table of
+    its own; answering would wipe the Java slave's topics (the full live migration test lost one that
+    way).  Refused, the Java slave logs the error and asks again at its next sync, then of the real master.
+    """
+    if is_master:
+        return None
+    return Reply(SYSTEM_ERROR, f"{self_id} is not the master: a Java slave's topic sync must not copy this member's "
+                               "table (ask the master registered with the name server)")
+
+
 @dataclass
 class Request:
     """One request as a handler sees it: code, lenient extFields, body, and the connection it came on."""
@@ -538,6 +557,9 @@ class Request:
 
 class BrokerPortProtocol(protocol.Protocol):
     """One client connection: frames in, one reply per two-way request out (in completion order)."""
+
+    #: It came in on the VIP endpoint (``rocketmq.vipListen``).
+    vip = False
 
     def __init__(self, port: BrokerPort):
         self.port = port
@@ -600,12 +622,14 @@ def _member_limits(broker: Any) -> ListenerLimits:
 class BrokerPortFactory(protocol.Factory):
     noisy = False
 
-    def __init__(self, port: BrokerPort):
+    def __init__(self, port: BrokerPort, *, vip: bool = False):
         self.port = port
+        self.vip = vip
 
     def buildProtocol(self, addr):
         p = BrokerPortProtocol(self.port)
         p.factory = self
+        p.vip = self.vip
         self.port.connections.add(p)
         return p
 
@@ -737,7 +761,7 @@ class BrokerPort(service.Service):
         """Listen on the VIP endpoint too (same factory: same handlers, access checks and TLS); a bind that fails at
         once is returned (the start fails with one line), a later failure is logged."""
         self.vip_guard = ListenerGuard("broker VIP port", self.limits, reactor)
-        d = self.vip_guard.listen(reactor, self.vip_endpoint, self.factory, self.tls_options)
+        d = self.vip_guard.listen(reactor, self.vip_endpoint, BrokerPortFactory(self, vip=True), self.tls_options)
         outcome: list = []
         d.addBoth(outcome.append)
 
@@ -825,6 +849,12 @@ class BrokerPort(service.Service):
         """
         if self.access is not None:
             refused = self.access.refuse(request)
+            if refused is not None:
+                return refused
+        if request.code == GET_ALL_TOPIC_CONFIG and getattr(request.conn, "vip", False):
+            roles = getattr(self.broker, "roles", None)
+            refused = vip_topic_sync_refusal(is_master=roles is not None and roles.is_master(),
+                                             self_id=self.broker.server.self_id)
             if refused is not None:
                 return refused
         handler = self.handlers.get(request.code)
