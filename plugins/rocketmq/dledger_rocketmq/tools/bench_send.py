@@ -6,13 +6,15 @@ the master's reactor besides the put: the JSON header decoded
 (:func:`~dledger_rocketmq.broker.port.decode_json_header`), the send header read by
 the two handlers that look at it (the transaction check and the send), and
 the reply frame of a successful send.  Run it with another tree first on
-``PYTHONPATH`` to compare (docs/benchmarks.md, "Broker layer (perf-broker)").
+``PYTHONPATH`` to compare (docs/benchmarks.md, "Broker layer (perf-broker)"):
+any tree that has this module (``dledger_rocketmq.tools``, from ``c695eab``
+on) has ``Request.sending`` and ``CommitLog.gather`` too.
 
 ``--puts N`` adds the put path itself: a simulated 3-member broker group in
 this process (``dledger.testing.Cluster``, mmap stores in a temporary
 directory, virtual time), rounds of N single-message puts answered, put one
 by one (``put_one_us``) and gathered as the port gathers the sends of one read
-(``put_gathered_us``, when the tree has ``CommitLog.gather``), alternating;
+(``put_gathered_us``), alternating;
 process CPU per put, the whole group's (leader, followers, simulated network).
 """
 
@@ -23,7 +25,7 @@ import tempfile
 import time
 import timeit
 
-from dledger_rocketmq.broker.port import Request, decode_json_header, reply_frame, send_args, send_reply
+from dledger_rocketmq.broker.port import Request, decode_json_header, reply_frame, send_reply
 from dledger_rocketmq.store.commitlog import PutResult, PutStatus
 
 #: A SEND_MESSAGE_V2 header as the stock 4.9.8 producer writes it (13 extFields, all strings).
@@ -39,10 +41,8 @@ def run(calls: int = 20_000) -> dict[str, float]:
     result = PutResult(PutStatus.PUT_OK, msg_id=MSG_ID, queue_id=3, queue_offset=12, msg_ids=(MSG_ID,), count=1)
 
     def send_header():
-        if hasattr(Request, "sending"):  # decoded once, read twice
-            req = Request(310, header.ext_fields)
-            return req.sending, req.sending
-        return send_args(310, header.ext_fields), send_args(310, header.ext_fields)  # older trees: twice
+        req = Request(310, header.ext_fields)  # decoded once, read by the transaction check and the send
+        return req.sending, req.sending
 
     def per_call(fn) -> float:
         return round(min(timeit.repeat(fn, number=calls, repeat=7)) / calls * 1e6, 2)
@@ -77,7 +77,6 @@ def put_path(puts: int = 64, rounds: int = 40) -> dict[str, float]:
                 raise RuntimeError("no master in the simulated group")
             broker = found[0]
             body = bytes(1024)
-            gathers = hasattr(broker.commitlog, "gather")
 
             def one_round(gathered: bool) -> float:
                 out: list = []
@@ -96,12 +95,10 @@ def put_path(puts: int = 64, rounds: int = 40) -> dict[str, float]:
             totals = {"put_one_us": 0.0, "put_gathered_us": 0.0}
             for _ in range(rounds):
                 totals["put_one_us"] += one_round(False)
-                if gathers:
-                    totals["put_gathered_us"] += one_round(True)
+                totals["put_gathered_us"] += one_round(True)
         finally:
             cluster.stop()
-    out = {k: round(v / (rounds * puts) * 1e6, 1) for k, v in totals.items() if v}
-    return out
+    return {k: round(v / (rounds * puts) * 1e6, 1) for k, v in totals.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
