@@ -375,14 +375,9 @@ class CommitLog:
             waiting.append((record.queue_id, key, q, d))
         if not requests:
             return
-        self.putting, self.placed, self.put_ms = True, [], self.now_ms()
-        try:
-            results = server.handle_appends(requests)
-        except Exception as exc:  # a bug below us must not leave the callers without an answer
-            log.failure("{id}: put failed", id=server.self_id)
-            results = [DLedgerError(ResponseCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")] * len(requests)
-        finally:
-            self.putting = False
+        results = self._placing(server.handle_appends, requests)
+        if isinstance(results, DLedgerError):
+            results = [results] * len(requests)
         placed = self.placed
         if len(placed) != len(requests):  # a failed entry the hook saw: a retried one reuses its position
             placed = list(dict.fromkeys(placed))
@@ -411,22 +406,33 @@ class CommitLog:
             return succeed(PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=f"{server.self_id} is not the master"))
         return None
 
+    def _placing(self, append: Callable, request):
+        """``append(request)`` on the member with the append hook armed: the bracket of every put.
+
+        Inside it the hook (:class:`PhysicalOffsetHook`) stamps each record
+        with this put's store time and collects the entries' physical offsets
+        in ``placed``; outside it the hook refuses RocketMQ records.  A
+        refusal is returned, not raised (a bug below us as INTERNAL_ERROR,
+        logged): every put must be answered.
+        """
+        self.putting, self.placed, self.put_ms = True, [], self.now_ms()
+        try:
+            return append(request)
+        except DLedgerError as exc:
+            return exc
+        except Exception as exc:  # a bug below us must not leave the caller without an answer
+            log.failure("{id}: put failed", id=self.server.self_id)
+            return DLedgerError(ResponseCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+        finally:
+            self.putting = False
+
     def _append(self, bodies: list[bytes], queue_id: int, first_offset: int,
                 advance: Callable[[int], None]) -> Deferred:
         """Append encoded records as one dledger batch, advance the queue offsets by what was stored; a PutResult."""
         server = self.server
         store = server.store
         before = store.ledger_end_index
-        self.putting, self.placed, self.put_ms = True, [], self.now_ms()
-        try:
-            d = server.handle_append(AppendEntryRequest(group=server.config.group, batch_msgs=bodies))
-        except DLedgerError as exc:
-            d = exc
-        except Exception as exc:  # a bug below us must not leave the caller without an answer
-            log.failure("{id}: put failed", id=server.self_id)
-            d = DLedgerError(ResponseCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
-        finally:
-            self.putting = False
+        d = self._placing(server.handle_append, AppendEntryRequest(group=server.config.group, batch_msgs=bodies))
         stored = store.ledger_end_index - before
         advance(stored)
         placed = self.placed[:stored]
