@@ -617,6 +617,10 @@ class BrokerPortProtocol(protocol.Protocol):
         if not self.closed and not request.is_oneway:
             self.transport.write(reply_frame(request, reply))
 
+    def answer_with(self, reply: Reply, request: Header) -> None:
+        """:meth:`answer` with the arguments the other way round: a Deferred's callback, no closure per request."""
+        self.answer(request, reply)
+
 
 def _member_limits(broker: Any) -> ListenerLimits:
     """The connection limits of the member ``broker`` runs in (defaults when it has no configuration)."""
@@ -800,12 +804,13 @@ class BrokerPort(service.Service):
                 self.stats.errors += 1
             conn.answer(header, d)
             return
+        d.addCallbacks(conn.answer_with, self._failed_answer, callbackArgs=(header,), errbackArgs=(conn, header))
 
-        def failed(f):
-            log.failure("rocketmq port: request {code} failed", f, code=header.code, level=LogLevel.debug)
-            self.stats.errors += 1
-            return Reply(SYSTEM_ERROR, f.getErrorMessage())
-        d.addErrback(failed).addCallback(lambda reply: conn.answer(header, reply))
+    def _failed_answer(self, f, conn: BrokerPortProtocol, header: Header) -> None:
+        """A handler's Deferred failed (a bug: handlers answer errors as replies): SYSTEM_ERROR, logged."""
+        log.failure("rocketmq port: request {code} failed", f, code=header.code, level=LogLevel.debug)
+        self.stats.errors += 1
+        conn.answer(header, Reply(SYSTEM_ERROR, f.getErrorMessage()))
 
     def process(self, request: Request) -> Reply | Deferred:
         """A Reply now, or a Deferred firing with one: the handler registered for the request's code.
