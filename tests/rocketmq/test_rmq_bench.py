@@ -60,3 +60,29 @@ def test_default_batch_follows_the_message_size():
     assert Options().batch == splitter_batch(1024, TOPIC, BATCH_PROPERTIES) == 941
     assert Options(size=4096).batch == splitter_batch(4096, TOPIC, BATCH_PROPERTIES) < 941
     assert Options(batch=64).batch == 64
+
+
+def test_raw_sends_write_send_message_v2_frames_and_route_replies_by_opaque():
+    """The single-send load generator's pre-encoded frames decode as the broker port reads them (topic, queue,
+    body, a fresh opaque each); replies reach their sender by opaque, a lost connection answers the rest None."""
+    from dledger_rocketmq.broker.port import SEND_MESSAGE_V2, decode_header, encode_command, send_args
+    from dledger_rocketmq.tools.bench import RawSends
+    from twisted.internet.testing import StringTransport
+
+    from dledger.transport.remoting import FrameSplitter, Header
+
+    raw = RawSends("pg", TOPIC, b"body", BATCH_PROPERTIES, 8)
+    raw.makeConnection(StringTransport())
+    got = []
+    raw.send(3, lambda h: got.append(("a", h)))
+    raw.send(5, lambda h: got.append(("b", h)))
+    frames = list(FrameSplitter(header_decoder=decode_header).feed(raw.transport.value()))
+    assert [f.header.opaque for f in frames] == [1, 2] and all(f.body == b"body" for f in frames)
+    assert {f.header.code for f in frames} == {SEND_MESSAGE_V2} and not any(f.header.is_response for f in frames)
+    args = [send_args(f.header.code, f.header.ext_fields) for f in frames]
+    assert [(a.topic, a.queue_id, a.properties, a.producer_group) for a in args] == [
+        (TOPIC, 3, BATCH_PROPERTIES, "pg"), (TOPIC, 5, BATCH_PROPERTIES, "pg")]
+    raw.dataReceived(encode_command(Header(0, 2, 1, "JAVA", 409, None, {"queueOffset": "7"})))
+    assert [(k, h.ext_fields["queueOffset"]) for k, h in got] == [("b", "7")]
+    raw.connectionLost()
+    assert got[-1] == ("a", None) and raw.waiting == {}

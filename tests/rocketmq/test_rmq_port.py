@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 
@@ -10,6 +11,10 @@ import pytest_twisted
 from conftest import GOLDEN
 from dledger_rocketmq.broker.broker import GetResult, GetStatus
 from dledger_rocketmq.broker.port import (
+    SEND_BATCH_MESSAGE,
+    SEND_MESSAGE,
+    SEND_MESSAGE_V2,
+    V2_NAMES,
     ArgumentError,
     BrokerPort,
     PullArgs,
@@ -388,7 +393,7 @@ def test_port_in_use_fails_the_start(reactor):
 
 
 def test_the_single_sends_of_one_read_are_one_store_batch_each_answered(tmp_path):
-    """Three SEND_MESSAGE_V2 frames in one read: one handle_appends of three requests; three SUCCESS replies,
+    """Three SEND_MESSAGE_V2 frames in one read: one append request of three records; three SUCCESS replies,
     each with its own consecutive queueOffset and msgId."""
     cluster = broker_cluster(tmp_path)
     b = master(cluster)
@@ -396,8 +401,8 @@ def test_the_single_sends_of_one_read_are_one_store_batch_each_answered(tmp_path
     first = _ask(cluster, port, "310-send-message-v2")  # the topic exists from here on
     assert first.header.code == 0
     calls = []
-    real = b.server.handle_appends
-    b.server.handle_appends = lambda reqs: calls.append(len(reqs)) or real(reqs)
+    real = b.server.handle_append
+    b.server.handle_append = lambda req: calls.append(len(req.bodies())) or real(req)
     proto, tr = _server(port)
     proto.dataReceived((FRAMES / "310-send-message-v2-request.bin").read_bytes() * 3)
     assert calls == [3]
@@ -414,3 +419,35 @@ def test_the_single_sends_of_one_read_are_one_store_batch_each_answered(tmp_path
     start = int(first.header.ext_fields["queueOffset"]) + 1
     assert offsets == [start, start + 1, start + 2]
     assert len({r.header.ext_fields["msgId"] for r in replies}) == 3
+
+
+_V2_JAVA = {"a": "pg", "b": "T", "c": "TBW102", "d": "8", "e": "3", "f": "0", "g": "1764258000000", "h": "0",
+            "i": "TAGS\u0001A\u0002UNIQ_KEY\u0001X", "j": "0", "k": "false", "m": "false", "n": "b0"}
+
+
+@pytest.mark.parametrize("ext", [
+    _V2_JAVA,
+    {"b": "T", "e": "0"},  # every default
+    {**_V2_JAVA, "d": "", "f": "", "g": "", "h": "", "j": "", "i": ""},  # empty fields: their defaults
+    {**_V2_JAVA, "m": "TRUE", "f": "-2147483648", "g": "-9223372036854775808"},
+    {**_V2_JAVA, "e": "2147483647", "g": "9223372036854775807"},
+])
+@pytest.mark.parametrize("code", [SEND_MESSAGE_V2, SEND_BATCH_MESSAGE])
+def test_send_args_v2_fast_path_reads_what_the_general_path_reads(ext, code):
+    """A well-formed V2 header is read straight from its short names: the same SendArgs as the general path
+    (the V2 names renamed to V1's, as it does)."""
+    renamed = {V2_NAMES[k]: v for k, v in ext.items()}
+    general = send_args(SEND_MESSAGE, renamed)
+    assert send_args(code, ext) == dataclasses.replace(general, batch=general.batch or code == SEND_BATCH_MESSAGE)
+
+
+@pytest.mark.parametrize("ext, error", [
+    ({"b": "T", "e": ""}, "queueId"),
+    ({"b": "T", "e": "1", "d": "x"}, "defaultTopicQueueNums"),
+    ({"b": "T", "e": "1", "f": "2147483648"}, "sysFlag"),
+    ({"b": "T", "e": "1", "g": "9223372036854775808"}, "bornTimestamp"),
+])
+def test_send_args_v2_errors_name_the_field(ext, error):
+    """What the fast path does not take goes the general way: the error names the field by its long name."""
+    with pytest.raises(ArgumentError, match=error):
+        send_args(SEND_MESSAGE_V2, ext)

@@ -141,3 +141,12 @@ def test_the_put_path_micro_benchmark_runs_both_ways(capsys):
     bench_send.main(["--calls", "10", "--puts", "4", "--put-rounds", "2"])
     line = capsys.readouterr().out
     assert "put_one_us" in line and "put_gathered_us" in line
+
+
+def test_the_port_path_micro_benchmark_answers_every_send():
+    """bench_send --port: whole SEND_MESSAGE_V2 frames through a simulated master's port, every one answered
+    SUCCESS (port_path raises otherwise); a bounded run, the figure printed, never asserted."""
+    from dledger_rocketmq.tools import bench_send
+
+    out = bench_send.port_path(sends=4, rounds=2)
+    assert set(out) == {"port_send_us"} and out["port_send_us"] > 0

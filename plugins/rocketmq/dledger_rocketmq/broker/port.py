@@ -310,6 +310,9 @@ class SendArgs:
 def send_args(code: int, ext: dict[str, str]) -> SendArgs:
     """The send header of a SEND_MESSAGE / SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE request."""
     if code in (SEND_MESSAGE_V2, SEND_BATCH_MESSAGE) and "b" in ext:
+        fast = _send_args_v2(code, ext)
+        if fast is not None:
+            return fast
         ext = {V2_NAMES.get(k, k): v for k, v in ext.items()}
     return SendArgs(producer_group=ext_str(ext, "producerGroup", ""), topic=ext_str(ext, "topic"),
                     default_topic=ext_str(ext, "defaultTopic", "TBW102"),
@@ -318,6 +321,33 @@ def send_args(code: int, ext: dict[str, str]) -> SendArgs:
                     born_timestamp=ext_int(ext, "bornTimestamp", 0, bits=64), flag=ext_int(ext, "flag", 0),
                     properties=ext.get("properties") or "", reconsume_times=ext_int(ext, "reconsumeTimes", 0),
                     batch=code == SEND_BATCH_MESSAGE or ext_bool(ext, "batch"))
+
+
+def _send_args_v2(code: int, ext: dict[str, str]) -> SendArgs | None:
+    """:func:`send_args` of a well-formed V2 header read straight from its short names; None for anything else.
+
+    Every single send of the stock producer comes this way: no renamed copy
+    of the extFields and no per-field helper calls (about half the cost of
+    the general path).  A field missing, empty or out of range returns None:
+    the general path gives the error naming the field, or its default.
+    """
+    try:
+        get = ext.get
+        topic, queue_id = ext["b"], int(ext["e"])
+        nums, sys_flag, flag, times = int(get("d") or 4), int(get("f") or 0), int(get("h") or 0), int(get("j") or 0)
+        born = int(get("g") or 0)
+    except (KeyError, ValueError, TypeError):
+        return None
+    group, default_topic = get("a", ""), get("c", "TBW102")
+    if not (type(topic) is type(group) is type(default_topic) is str and _LONG_MIN <= born <= _LONG_MAX
+            and _INT_MIN <= min(queue_id, nums, sys_flag, flag, times)
+            and max(queue_id, nums, sys_flag, flag, times) <= _INT_MAX):
+        return None
+    return SendArgs(group, topic, default_topic, nums, queue_id, sys_flag, born, flag,
+                    get("i") or "", times, code == SEND_BATCH_MESSAGE or get("m", "false").lower() == "true")
+
+
+_LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def send_template(args: SendArgs, body: bytes, born_host: Address, *, queue_id: int | None = None) -> MessageRecord:
@@ -609,6 +639,10 @@ class BrokerPortProtocol(protocol.Protocol):
         if not self.closed and not request.is_oneway:
             self.transport.write(reply_frame(request, reply))
 
+    def answer_with(self, reply: Reply, request: Header) -> None:
+        """:meth:`answer` with the arguments the other way round: a Deferred's callback, no closure per request."""
+        self.answer(request, reply)
+
 
 def _member_limits(broker: Any) -> ListenerLimits:
     """The connection limits of the member ``broker`` runs in (defaults when it has no configuration)."""
@@ -835,12 +869,13 @@ class BrokerPort(service.Service):
                 self.stats.errors += 1
             conn.answer(header, d)
             return
+        d.addCallbacks(conn.answer_with, self._failed_answer, callbackArgs=(header,), errbackArgs=(conn, header))
 
-        def failed(f):
-            log.failure("rocketmq port: request {code} failed", f, code=header.code, level=LogLevel.debug)
-            self.stats.errors += 1
-            return Reply(SYSTEM_ERROR, f.getErrorMessage())
-        d.addErrback(failed).addCallback(lambda reply: conn.answer(header, reply))
+    def _failed_answer(self, f, conn: BrokerPortProtocol, header: Header) -> None:
+        """A handler's Deferred failed (a bug: handlers answer errors as replies): SYSTEM_ERROR, logged."""
+        log.failure("rocketmq port: request {code} failed", f, code=header.code, level=LogLevel.debug)
+        self.stats.errors += 1
+        conn.answer(header, Reply(SYSTEM_ERROR, f.getErrorMessage()))
 
     def process(self, request: Request) -> Reply | Deferred:
         """A Reply now, or a Deferred firing with one: the handler registered for the request's code.

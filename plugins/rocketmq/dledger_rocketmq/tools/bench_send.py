@@ -6,32 +6,43 @@ the master's reactor besides the put: the JSON header decoded
 (:func:`~dledger_rocketmq.broker.port.decode_json_header`), the send header read by
 the two handlers that look at it (the transaction check and the send), and
 the reply frame of a successful send.  Run it with another tree first on
-``PYTHONPATH`` to compare (docs/benchmarks.md, "Broker layer (perf-broker)").
+``PYTHONPATH`` to compare (docs/benchmarks.md, "Broker layer (perf-broker)"):
+any tree that has this module (``dledger_rocketmq.tools``, from ``c695eab``
+on) has ``Request.sending`` and ``CommitLog.gather`` too.
 
 ``--puts N`` adds the put path itself: a simulated 3-member broker group in
 this process (``dledger.testing.Cluster``, mmap stores in a temporary
 directory, virtual time), rounds of N single-message puts answered, put one
 by one (``put_one_us``) and gathered as the port gathers the sends of one read
-(``put_gathered_us``, when the tree has ``CommitLog.gather``), alternating;
+(``put_gathered_us``), alternating;
 process CPU per put, the whole group's (leader, followers, simulated network).
+
+``--port N`` times whole sends on the same simulated group: rounds of N
+SEND_MESSAGE_V2 frames (the stock producer's JSON header, 1 KiB bodies, 8
+queues) handed to the master's broker port in one read, until every reply
+is written (``port_send_us``: frame decode, send header, put, replication,
+commit, consume-queue dispatch, reply; the whole group's process CPU per send).
 """
 
 from __future__ import annotations
 
 import argparse
+import struct
 import tempfile
 import time
 import timeit
+from contextlib import contextmanager
 
-from dledger_rocketmq.broker.port import Request, decode_json_header, reply_frame, send_args, send_reply
+from dledger_rocketmq.broker.port import Request, decode_json_header, reply_frame, send_reply
 from dledger_rocketmq.store.commitlog import PutResult, PutStatus
 
-#: A SEND_MESSAGE_V2 header as the stock 4.9.8 producer writes it (13 extFields, all strings).
+#: A SEND_MESSAGE_V2 header as the stock 4.9.8 producer writes it (13 extFields, all strings), to topic TOPIC.
 JAVA_HEADER = (b'{"code":310,"extFields":{"a":"bench_java_pg","b":"BenchTopic","c":"TBW102","d":"8","e":"3","f":"0",'
                b'"g":"1764258000000","h":"0","i":"TAGS\\u0001TagA\\u0002UNIQ_KEY\\u00017F0000010000","j":"0",'
                b'"k":"false","m":"false","n":"RaftNode00"},"flag":0,"language":"JAVA","opaque":12345,'
                b'"serializeTypeCurrentRPC":"JSON","version":399}')
 MSG_ID = "7F00000100002A9F0000000000000000"
+TOPIC = "BenchTopic"
 
 
 def run(calls: int = 20_000) -> dict[str, float]:
@@ -39,10 +50,8 @@ def run(calls: int = 20_000) -> dict[str, float]:
     result = PutResult(PutStatus.PUT_OK, msg_id=MSG_ID, queue_id=3, queue_offset=12, msg_ids=(MSG_ID,), count=1)
 
     def send_header():
-        if hasattr(Request, "sending"):  # decoded once, read twice
-            req = Request(310, header.ext_fields)
-            return req.sending, req.sending
-        return send_args(310, header.ext_fields), send_args(310, header.ext_fields)  # older trees: twice
+        req = Request(310, header.ext_fields)  # decoded once, read by the transaction check and the send
+        return req.sending, req.sending
 
     def per_call(fn) -> float:
         return round(min(timeit.repeat(fn, number=calls, repeat=7)) / calls * 1e6, 2)
@@ -51,12 +60,13 @@ def run(calls: int = 20_000) -> dict[str, float]:
             "send_reply_frame_us": per_call(lambda: reply_frame(header, send_reply(result)))}
 
 
-def put_path(puts: int = 64, rounds: int = 40) -> dict[str, float]:
-    """Process CPU per single put, one by one and gathered (see the module's docstring)."""
+@contextmanager
+def simulated_master():
+    """A simulated 3-member broker group in this process (virtual time, mmap stores in a temporary directory):
+    ``(cluster, master broker)``; stopped on exit."""
     from dledger import plugins
     from dledger.testing import Cluster
     from dledger_rocketmq.broker.broker import Broker
-    from dledger_rocketmq.common.message import MessageRecord
 
     def broker_for(server):
         # The member's Broker among its plugin services (tools sit below the plugin module: no import of it).
@@ -75,33 +85,75 @@ def put_path(puts: int = 64, rounds: int = 40) -> dict[str, float]:
                 return len(found) == 1
             if not cluster.run_until(master_found, 60):
                 raise RuntimeError("no master in the simulated group")
-            broker = found[0]
-            body = bytes(1024)
-            gathers = hasattr(broker.commitlog, "gather")
-
-            def one_round(gathered: bool) -> float:
-                out: list = []
-                began = time.process_time()
-                if gathered:
-                    broker.commitlog.gather()
-                for k in range(puts):
-                    broker.put_message(MessageRecord(topic="BenchTopic", body=body, queue_id=k % 8,
-                                                     born_timestamp=1)).addBoth(out.append)
-                if gathered:
-                    broker.commitlog.flush_gathered()
-                if not cluster.run_until(lambda: len(out) == puts, 30):
-                    raise RuntimeError("puts never answered")
-                return time.process_time() - began
-            one_round(False)  # warm-up
-            totals = {"put_one_us": 0.0, "put_gathered_us": 0.0}
-            for _ in range(rounds):
-                totals["put_one_us"] += one_round(False)
-                if gathers:
-                    totals["put_gathered_us"] += one_round(True)
+            yield cluster, found[0]
         finally:
             cluster.stop()
-    out = {k: round(v / (rounds * puts) * 1e6, 1) for k, v in totals.items() if v}
-    return out
+
+
+def port_path(sends: int = 64, rounds: int = 40) -> dict[str, float]:
+    """Process CPU per single send through the master's broker port (see the module's docstring)."""
+    from twisted.internet.testing import StringTransport
+
+    from dledger_rocketmq.broker.port import BrokerPort, BrokerPortProtocol
+    from dledger_rocketmq.store.metadata import topic_config
+
+    frames = b"".join(
+        struct.pack(">iI", 4 + len(h) + 1024, len(h)) + h + bytes(1024)
+        for h in (JAVA_HEADER.replace(b'"e":"3"', b'"e":"%d"' % (k % 8)).replace(b'"opaque":12345', b'"opaque":%d' % k)
+                  for k in range(sends)))
+    with simulated_master() as (cluster, broker):
+        broker.create_topic(topic_config(TOPIC, 8, 8))
+        if not cluster.run_until(lambda: broker.meta.topics.get(TOPIC) is not None, 30):
+            raise RuntimeError("the bench topic was never created")
+        port = BrokerPort(broker, "tcp:0")
+        conn = BrokerPortProtocol(port)
+        conn.makeConnection(StringTransport())
+        answered = []
+        real_answer = conn.answer
+        conn.answer = lambda request, reply: answered.append(reply.code) or real_answer(request, reply)
+
+        def one_round() -> float:
+            answered.clear()
+            conn.transport.clear()
+            began = time.process_time()
+            conn.dataReceived(frames)
+            if not cluster.run_until(lambda: len(answered) == sends, 30):
+                raise RuntimeError("sends never answered")
+            spent = time.process_time() - began
+            if any(answered):
+                raise RuntimeError(f"a send failed: codes {sorted(set(answered))}")
+            return spent
+        one_round()  # warm-up
+        total = sum(one_round() for _ in range(rounds))
+    return {"port_send_us": round(total / (rounds * sends) * 1e6, 1)}
+
+
+def put_path(puts: int = 64, rounds: int = 40) -> dict[str, float]:
+    """Process CPU per single put, one by one and gathered (see the module's docstring)."""
+    from dledger_rocketmq.common.message import MessageRecord
+
+    with simulated_master() as (cluster, broker):
+        body = bytes(1024)
+
+        def one_round(gathered: bool) -> float:
+            out: list = []
+            began = time.process_time()
+            if gathered:
+                broker.commitlog.gather()
+            for k in range(puts):
+                broker.put_message(MessageRecord(topic="BenchTopic", body=body, queue_id=k % 8,
+                                                 born_timestamp=1)).addBoth(out.append)
+            if gathered:
+                broker.commitlog.flush_gathered()
+            if not cluster.run_until(lambda: len(out) == puts, 30):
+                raise RuntimeError("puts never answered")
+            return time.process_time() - began
+        one_round(False)  # warm-up
+        totals = {"put_one_us": 0.0, "put_gathered_us": 0.0}
+        for _ in range(rounds):
+            totals["put_one_us"] += one_round(False)
+            totals["put_gathered_us"] += one_round(True)
+    return {k: round(v / (rounds * puts) * 1e6, 1) for k, v in totals.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,10 +163,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--puts", type=int, default=0,
                    help="also time the put path: rounds of this many single puts in a simulated group (0: not)")
     p.add_argument("--put-rounds", type=int, default=40, help="rounds of --puts puts each way (default 40)")
+    p.add_argument("--port", type=int, default=0,
+                   help="also time whole sends through the master's broker port: rounds of this many SEND_MESSAGE_V2 "
+                        "frames of 1 KiB in one read (0: not)")
     args = p.parse_args(argv)
     figures = run(max(1, args.calls))
     if args.puts > 0:
         figures.update(put_path(args.puts, max(1, args.put_rounds)))
+    if args.port > 0:
+        figures.update(port_path(args.port, max(1, args.put_rounds)))
     print(", ".join(f"{k} {v}" for k, v in figures.items()))
 
 
