@@ -8,7 +8,8 @@ Phases (a 3-member group of ``twistd dledger`` processes on 127.0.0.1 unless ``-
 ``ingest``  ``readStream.format("dledger")`` -> Parquet (``Trigger.AvailableNow``) on a ``local[2]`` session
             (``--master``): rows/s from the session being up to the query's end (only the session's own
             start -- the JVM's -- left out), the time to the first committed rows from the ingest's start,
-            and the CPU seconds per row of Spark's processes against the plain client's read (``get``)
+            and the CPU seconds per row of Spark's processes against the plain client's read (``get``); the
+            driver JVM's garbage collections (count, seconds) at the session's start, the first rows and the end
 
 Progress lines go to stdout while it runs; figures are printed, never asserted (docs/benchmarks.md).
 """
@@ -104,6 +105,24 @@ def bulk_get(peers: str, group: str, begin: int, end: int, binary: bool, members
             "members_cpu_us_per_row": members_cpu / max(n, 1) * 1e6 if members else None}
 
 
+def jvm_gc(spark) -> list | None:
+    """``[collections, seconds]`` of the driver JVM's garbage collectors since it started (None if unknown).
+
+    On a local master the driver is the executor too, so this is every collection of the ingest's JVM;
+    pauses are part of its CPU figure, this says how much (docs/benchmarks.md "Round 2c").
+    """
+    try:
+        beans = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
+        return [sum(int(b.getCollectionCount()) for b in beans),
+                round(sum(int(b.getCollectionTime()) for b in beans) / 1000.0, 2)]
+    except Exception:  # a session without a local gateway (Spark Connect): no figure
+        return None
+
+
+def gc_text(gc: list | None) -> str:
+    return "unknown" if gc is None else f"{gc[0]} collections, {gc[1]} s"
+
+
 def ingest(peers: str, group: str, count: int, args, work: Path, members=()) -> dict:
     """The ingest as ``dledger ingest --once`` runs it, timed from the session being up (the JVM start apart).
 
@@ -127,7 +146,8 @@ def ingest(peers: str, group: str, count: int, args, work: Path, members=()) -> 
     spark = get_session(args.master, app_name="dledger-bench-ingest", conf=conf, record_archive=True)
     up = time.monotonic()
     session_s = up - t0
-    say(f"ingest: Spark session ({args.master}) up in {session_s:.1f} s")
+    gc = {"session": jvm_gc(spark)}
+    say(f"ingest: Spark session ({args.master}) up in {session_s:.1f} s (JVM GC so far: {gc_text(gc['session'])})")
     try:
         warm_s = None
         if args.warm_up:
@@ -152,11 +172,14 @@ def ingest(peers: str, group: str, count: int, args, work: Path, members=()) -> 
             now = time.monotonic()
             if first_row is None and any(p.get("numInputRows") for p in query.recentProgress):
                 first_row = now - t0
-                say(f"ingest: first rows committed {first_row:.1f} s after the ingest's start")
+                gc["first_row"] = jvm_gc(spark)
+                say(f"ingest: first rows committed {first_row:.1f} s after the ingest's start (JVM GC so far: "
+                    f"{gc_text(gc['first_row'])})")
             if now - last_report >= 1.0:
                 progress.report(query)
                 last_report = now
         ended = time.monotonic()
+        gc["end"] = jvm_gc(spark)
         progress.report(query)
         split1, members_cpu = tree_cpu_split(set(members)), cpu_of(members) - members0
         split = {k: v - split0.get(k, 0.0) for k, v in split1.items()}
@@ -176,7 +199,8 @@ def ingest(peers: str, group: str, count: int, args, work: Path, members=()) -> 
                 "warm_up_s": round(warm_s, 1) if warm_s is not None else None,
                 "spark_cpu_us_per_row": round(cpu / max(rows, 1) * 1e6, 1),
                 "spark_cpu_split_us_per_row": {k: round(v / max(rows, 1) * 1e6, 1) for k, v in sorted(split.items())},
-                "members_cpu_us_per_row": round(members_cpu / max(rows, 1) * 1e6, 1) if members else None}
+                "members_cpu_us_per_row": round(members_cpu / max(rows, 1) * 1e6, 1) if members else None,
+                "jvm_gc": gc}
     finally:
         stop_session(spark)  # and keeps the JVM's class archive it recorded, if any (session.get_session)
 
@@ -250,7 +274,7 @@ def run(args) -> int:
                 f"session's start: {i['rows_per_s']:,} rows/s (target {TARGET_ROWS_PER_S:,}; {i['batches']} batches; "
                 f"without the first: {i['steady_rows_per_s'] or 0:,} rows/s); first rows {i['first_row_s']} s "
                 f"after the start (session {i['session_start_s']} s); {i['spark_cpu_us_per_row']} us CPU per row "
-                "in Spark's processes")
+                f"in Spark's processes; JVM GC: {gc_text(i['jvm_gc']['end'])}")
             if "get" in phases:
                 read = results["get"]
                 ratio = i["spark_cpu_us_per_row"] / max(read["client_cpu_us_per_row"], 1e-9)

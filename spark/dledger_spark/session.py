@@ -19,6 +19,11 @@ LOCAL_CONF = {
     "spark.sql.shuffle.partitions": "2",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
+    # The file sink sorts each task's rows by the partition columns (group, date) before writing unless
+    # it may keep a few files open at once: an ingest's task holds one group and usually one date, so
+    # the sort only copied every row (1 KiB bodies) into sorter pages the heap then had to carry
+    # (docs/benchmarks.md "Round 2c").  Past 4 open files a task sorts the rest, as before.
+    "spark.sql.maxConcurrentOutputFileWriters": "4",
 }
 
 #: A local master's driver JVM (the driver is the executor there).  A 1M-row ingest measured 18.6 instead of
@@ -26,8 +31,13 @@ LOCAL_CONF = {
 #: run of a minute or two) and the parallel collector (cheaper write barriers than G1 on 2 cores):
 #: docs/benchmarks.md "Spark ingest (perf-spark)".  A long-running stream may prefer C2:
 #: ``--conf spark.driver.extraJavaOptions=`` (empty) restores the JVM's defaults.
+#: ``-XX:MetaspaceSize=256m``: the class metadata an ingest's driver loads (Spark's classes, then Janino's
+#: generated ones) passes the JVM's first metaspace threshold (~21 MB) several times before the first row,
+#: and each crossing is a full collection ("Metadata GC Threshold": 4 of them, 1.8 s of pauses under
+#: load 10, before the first row); a first threshold above what an ingest loads leaves them out
+#: (docs/benchmarks.md "Round 2c").
 LOCAL_JVM_CONF = {
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC",
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC -XX:MetaspaceSize=256m",
 }
 
 

@@ -44,6 +44,11 @@ def test_bench_ingest_phase_times_the_first_rows_and_the_cost_against_the_plain_
     assert result["cost_ratio"] > 0 and result["cost_ratio_with_members"] > 0
     assert any(line.startswith("cost per row: ingest ") for line in lines)
     assert result["get"]["json_entries_per_s"] == []  # --reply binary: the plain client's read only
+    # the driver JVM's collections, cumulative: none lost between the session's start, the first rows, the end
+    gc = ingest["jvm_gc"]
+    assert set(gc) == {"session", "first_row", "end"} and None not in gc.values()
+    assert 0 <= gc["session"][0] <= gc["first_row"][0] <= gc["end"][0]
+    assert 0 <= gc["session"][1] <= gc["first_row"][1] <= gc["end"][1]
 
 
 @pytest.mark.parametrize("argv", [["--member-pids", "12,x"], ["--conf", "spark.ui.enabled"]])

@@ -535,18 +535,24 @@ def test_process_tree_leaves_out_excluded_subtrees():
     assert descendants(10, parents) == {10, 11, 12}
 
 
+#: A local driver's JVM: the client compiler, the parallel collector, a first metaspace threshold above an ingest's.
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC -XX:MetaspaceSize=256m"
+
+
 @pytest.mark.parametrize("master, submitted, conf, has, lacks", [
-    (None, False, None, {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC",
-                         "spark.ui.enabled": "false"}, ()),
-    ("local[4]", True, None, {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"}, ()),
-    ("spark://h:7077", False, None, {"spark.ui.enabled": "false"}, ("spark.driver.extraJavaOptions",)),
+    (None, False, None, {"spark.driver.extraJavaOptions": JVM_OPTIONS, "spark.ui.enabled": "false",
+                         "spark.sql.maxConcurrentOutputFileWriters": "4"}, ()),
+    ("local[4]", True, None, {"spark.driver.extraJavaOptions": JVM_OPTIONS}, ()),
+    ("spark://h:7077", False, None, {"spark.ui.enabled": "false", "spark.sql.maxConcurrentOutputFileWriters": "4"},
+     ("spark.driver.extraJavaOptions",)),
     (None, True, {"spark.sql.shuffle.partitions": "8"}, {"spark.sql.shuffle.partitions": "8"},  # spark-submit's hold
      ("spark.driver.extraJavaOptions", "spark.ui.enabled")),
     (None, False, {"spark.driver.extraJavaOptions": "", "spark.ui.enabled": "true"},
      {"spark.driver.extraJavaOptions": "", "spark.ui.enabled": "true"}, ()),  # --conf wins
 ])
 def test_session_conf(master, submitted, conf, has, lacks):
-    """A local driver gets the client compiler and the parallel collector; --conf overrides every default."""
+    """A local driver gets the client compiler, the parallel collector and a metaspace threshold; a session this
+    command makes (not spark-submit's) writes without the per-task sort; --conf overrides every default."""
     from dledger_spark.session import session_conf
 
     got = session_conf(master, submitted, conf)
