@@ -198,6 +198,11 @@ class Group:
 
     async def master(self) -> str | None:
         """The slot whose broker is registered as master (id 0) and takes a send."""
+        return await self.send_to_master("MigProbe", b"probe")
+
+    async def send_to_master(self, topic: str, body: bytes = b"late") -> str | None:
+        """One message to ``topic`` on the registered master (a Java master creates the topic:
+        autoCreateTopicEnable); the master's slot, None if there is none or it did not take the send."""
         addr = (await self.brokers()).get("0")
         if addr is None:
             return None
@@ -206,27 +211,10 @@ class Group:
         except Exception:
             return None
         try:
-            await c.send("MigProbe", b"probe", queue_id=0)
+            await c.send(topic, body, queue_id=0)
             return self.slot_of(addr)
         except Exception:
             return None
-        finally:
-            c.close()
-
-    async def send_to_master(self, topic: str) -> bool:
-        """One message to ``topic`` on the master (a Java master creates the topic: autoCreateTopicEnable)."""
-        addr = (await self.brokers()).get("0")
-        if addr is None:
-            return False
-        try:
-            c = await connect(self.reactor, "127.0.0.1", int(addr.rpartition(":")[2]), timeout=2)
-        except Exception:
-            return False
-        try:
-            await c.send(topic, b"late", queue_id=0)
-            return True
-        except Exception:
-            return False
         finally:
             c.close()
 
