@@ -35,8 +35,8 @@ class Flusher:
         self._waiters: list[tuple[int, int, Deferred]] = []
         self._seq = itertools.count()
         self._flushing = 0  # store flushes asked for and not yet answered
-        #: How many flushes may be in flight: the store's pipelined rounds (see the module docstring).
-        self._max_flushing = getattr(store, "flush_rounds", 1)
+        #: How many flushes may be in flight: the store's pipelined rounds (``ILogStore.flush_rounds``).
+        self._max_flushing = store.flush_rounds
         self._scheduled = None
         self._stopped = False
         self.flushes = 0

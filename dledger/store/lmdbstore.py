@@ -238,6 +238,10 @@ class LmdbLogStore(positions.EntryPositionReader):
                    clock=clock, blocking_io=blocking_io or diskio.INLINE,
                    truncate_damaged=config.truncate_damaged)
 
+    #: ``ILogStore.flush_rounds``: one round at a time (an LMDB sync covers the whole environment; a second
+    #: round beside it would sync the same pages again).
+    flush_rounds = 1
+
     # -- life cycle ------------------------------------------------------------
     @property
     def flushed_index(self) -> int:
