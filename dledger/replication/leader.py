@@ -555,7 +555,10 @@ class LeaderReplicator:
 
     # -- appends --------------------------------------------------------------------------
     def entries_appended(self, last_index: int) -> None:
-        """New entries are in the leader's store: make them durable and push them (batched per reactor turn).
+        """New entries are in the leader's store: make them durable and push them.
+
+        An idle follower gets them at once; followers with pushes in flight get them with the turn's pump
+        (``schedule_pump``), so appends made while pushes run are batched per reactor turn.
 
         One durability wait at a time: when it fires, a new one covers whatever was appended meanwhile,
         so a burst of appends costs one Deferred per flush round, not one per append.
