@@ -43,6 +43,10 @@ class ILogStore(Interface):
     ledger_end_term = Attribute("Term of the last entry, -1 when empty.")
     committed_index = Attribute("Highest index known committed; never past ledger_end_index.")
     flushed_index = Attribute("Highest index known durable (what a crash cannot take away).")
+    flush_rounds = Attribute(
+        "How many :meth:`flush` calls may usefully run at once (an int >= 1): 1 for a store whose rounds run one "
+        "after another, 2 for one that starts a round beside the running one (the mmap store's pipelined group "
+        "commit). The member's :class:`dledger.replication.durability.Flusher` keeps that many flushes in flight.")
 
     def startup() -> None:
         """Open and recover the log. Raises :class:`dledger.errors.StoreError` if it cannot."""

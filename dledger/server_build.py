@@ -11,6 +11,7 @@ import random
 from dledger import plugins
 from dledger.diskio import INLINE
 from dledger.election.state import MemberState
+from dledger.errors import ConfigError
 
 
 def build(cls, config, *, clock=None, transport=None, store=None, term_store=None,
@@ -38,6 +39,9 @@ def build(cls, config, *, clock=None, transport=None, store=None, term_store=Non
     state = MemberState(config.self_id, list(config.members), term_store, config.group, blocking_io=term_io)
     if store is None:
         store = store_type.make_log_store(config, state, clock=clock, blocking_io=blocking_io or INLINE)
+        if not hasattr(store, "flush_rounds"):  # a plugin's store written before ILogStore declared it
+            raise ConfigError(f"store type {config.store_type!r}: its log store has no flush_rounds attribute "
+                              "(ILogStore: 1 unless its flush rounds may run two at once; docs/plugins.md)")
     elif callable(store) and not hasattr(store, "append_as_leader"):
         store = store(config, state)
     if transport is None:

@@ -127,6 +127,34 @@ def test_hook_dledger_store_types(pm):
         plugins.store_types(pm)
 
 
+def test_a_plugin_store_without_flush_rounds_is_refused_with_one_line(pm):
+    """``ILogStore.flush_rounds`` is read as an attribute: a plugin store lacking it fails the build clearly."""
+    from dledger.config import make_config
+    from dledger.server import DLedgerServer
+    from dledger.store.memory import MemoryLogStore, MemoryTermVoteStore
+    from dledger.testing import SimClock
+    from dledger.transport.inprocess import InProcessNetwork
+
+    class Old:  # a store written before the attribute was declared
+        def __init__(self, state):
+            self.inner = MemoryLogStore(state)
+
+        def __getattr__(self, name):
+            if name == "flush_rounds":
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+    class P:
+        @hookimpl
+        def dledger_store_types(self):
+            return [StoreType("old", lambda c, s, **kw: Old(s), lambda c: MemoryTermVoteStore(), "an old store")]
+    pm.register(P())
+    clock = SimClock()
+    with pytest.raises(ConfigError, match="store type 'old': its log store has no flush_rounds attribute"):
+        DLedgerServer.build(make_config(transport_type="inprocess", store_type="old"), clock=clock,
+                            transport=InProcessNetwork(clock).transport("n0"), plugin_manager=pm)
+
+
 def test_hook_dledger_transport_types(pm):
     """A plugin-provided transport is found by name; unknown names list the installed ones."""
     class P:

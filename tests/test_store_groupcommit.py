@@ -256,13 +256,14 @@ def test_a_member_asks_the_next_flush_at_once_and_counts_entries_only_once_synce
 
 
 def test_a_member_keeps_one_flush_in_flight_on_a_store_that_runs_one_round():
-    """A store without ``flush_rounds`` (memory, lmdb, the simulated disk) gets one flush at a time, as before."""
+    """A store whose ``flush_rounds`` is 1 (memory, lmdb, the simulated disk) gets one flush at a time, as before."""
     from twisted.internet import task
 
     from dledger.replication.durability import Flusher
 
     class OneRound:
         flushed_index = -1
+        flush_rounds = 1
 
         def __init__(self):
             self.asked: list[Deferred] = []

@@ -35,9 +35,10 @@ class Flusher:
         self._waiters: list[tuple[int, int, Deferred]] = []
         self._seq = itertools.count()
         self._flushing = 0  # store flushes asked for and not yet answered
-        #: How many flushes may be in flight: the store's pipelined rounds (see the module docstring).
-        self._max_flushing = getattr(store, "flush_rounds", 1)
+        #: How many flushes may be in flight: the store's pipelined rounds (``ILogStore.flush_rounds``).
+        self._max_flushing = store.flush_rounds
         self._scheduled = None
+        self._in_flush = False
         self._stopped = False
         self.flushes = 0
         self._fail_log = RateLimitedLog(log, clock, interval=60.0)
@@ -54,6 +55,13 @@ class Flusher:
     def _schedule(self) -> None:
         if self._flushing >= self._max_flushing or self._scheduled is not None or self._stopped:
             return
+        if self._flushing == 0 and not self._in_flush:
+            # Nothing is being flushed: start now. Waiting for the reactor's next turn would gather that
+            # turn's appends too, but first serves every ready read and write, which on a busy member was
+            # a queue on each request's path (issue #28 2c); the appends that arrive meanwhile share the
+            # next round, which starts beside this one (``flush_rounds``) a turn later.
+            self._flush()
+            return
         self._scheduled = self.clock.callLater(0, self._flush)
 
     def _flush(self) -> None:
@@ -62,8 +70,11 @@ class Flusher:
             return
         self._flushing += 1
         self.flushes += 1
-        d = self.store.flush()
-        d.addCallbacks(self._flushed, self._failed)
+        self._in_flush = True  # a flush answered at once schedules the next one a turn later, never recursively
+        try:
+            self.store.flush().addCallbacks(self._flushed, self._failed)
+        finally:
+            self._in_flush = False
 
     def _flushed(self, _result) -> None:
         self._flushing -= 1

@@ -208,6 +208,34 @@ def plan_truncate(entry: Entry, begin: int, end: int, committed: int,
     return TruncateAction.RESET
 
 
+class PlannedTruncate:
+    """``ILogStore.truncate`` as :func:`plan_truncate` decides it; a store says how each step touches its storage.
+
+    The mmap and lmdb stores shared this dispatch line for line; what differs is only how a step reaches
+    the files or the database, so the decision, the order of the steps and the clamp of the committed
+    index live here once.  The store gives:
+
+    * ``_drop_after(keep)``: drop every entry after ``keep`` (which stays);
+    * ``_replace(entry)``: check that ``entry`` may follow our entry ``entry.index - 1`` (refusing before
+      anything is dropped), drop from ``entry.index`` on and store ``entry`` there;
+    * ``_append_next(entry)``: store ``entry`` at ``ledger_end_index + 1``, checked as a follower's append;
+    * ``_reset(entry)``: start the log over at ``entry`` (a follower behind the leader's begin, or empty).
+    """
+
+    def truncate(self, entry: Entry, leader_term: int, leader_id: str) -> int:
+        action = plan_truncate(entry, self.ledger_begin_index, self.ledger_end_index, self.committed_index, self.get)
+        if action is TruncateAction.DROP_AFTER:
+            self._drop_after(entry.index)
+        elif action is TruncateAction.REPLACE:
+            self._replace(entry)
+        elif action is TruncateAction.APPEND:
+            self._append_next(entry)
+        else:
+            self._reset(entry)
+        self.committed_index = min(self.committed_index, self.ledger_end_index)
+        return entry.index
+
+
 def compact_floor(below_index: int, begin: int, end: int, committed: int) -> int:
     """The new begin index of a log compacted below ``below_index``: never past the committed index + 1, never
     past the last entry (a log keeps its last entry, as retention keeps its last file), never backwards."""

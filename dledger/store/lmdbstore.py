@@ -47,7 +47,6 @@ from dledger.interfaces import (
 )
 from dledger.plugin_types import StoreType
 from dledger.store import base, ownership, positions
-from dledger.store.base import TruncateAction
 from dledger.store.groupcommit import FlushPlan, GroupCommit
 from dledger.store.ownership import TermVote
 
@@ -184,7 +183,7 @@ def _write_round(shared: SharedEnv, rnd: _Round):
 
 
 @implementer(IPlainLogStore, IBatchLogStore, IPositionReader, ICompactingLogStore)
-class LmdbLogStore(positions.EntryPositionReader):
+class LmdbLogStore(base.PlannedTruncate, positions.EntryPositionReader):
     """Entries in LMDB; see the module docstring."""
 
     def __init__(self, path: str | Path, member_state, *, data_file_size: int = 1 * GiB,
@@ -237,6 +236,10 @@ class LmdbLogStore(positions.EntryPositionReader):
                    flush_interval_ms=config.flush_file_interval, accept_zero_crc=config.accept_java_zero_crc,
                    clock=clock, blocking_io=blocking_io or diskio.INLINE,
                    truncate_damaged=config.truncate_damaged)
+
+    #: ``ILogStore.flush_rounds``: one round at a time (an LMDB sync covers the whole environment; a second
+    #: round beside it would sync the same pages again).
+    flush_rounds = 1
 
     # -- life cycle ------------------------------------------------------------
     @property
@@ -396,32 +399,28 @@ class LmdbLogStore(positions.EntryPositionReader):
     def append_batch_as_follower(self, entries: Sequence[Entry], leader_term: int, leader_id: str) -> list[Entry]:
         return base.append_each(self.append_as_follower, entries, leader_term, leader_id)
 
-    def truncate(self, entry: Entry, leader_term: int, leader_id: str) -> int:
-        action = base.plan_truncate(entry, self.ledger_begin_index, self.ledger_end_index,
-                                    self.committed_index, self.get)
-        if action is TruncateAction.DROP_AFTER:
-            self._drop_after(entry.index)
-        elif action is TruncateAction.REPLACE:
-            prev = self.get(entry.index - 1)
-            self._check_follower_entry(entry, prev.pos + prev.size)
-            self._drop_after(entry.index - 1)
-            self._push(entry)
-        elif action is TruncateAction.APPEND:
-            self._check_follower_entry(entry, self._write_pos)
-            self._push(entry)
-        else:
-            base.check_entry_size(entry.size, self.max_entry_size)
-            base.check_reserved_fields(entry)
-            base.check_body_crc(entry, self.accept_zero_crc)
-            self._drop_all, self._delete_from, self._delete_below = True, None, None
-            self._pending, self._pending_start = [], entry.index
-            self._epoch += 1
-            self.ledger_begin_index = self.ledger_end_index = -1
-            self._push(entry)
-            self.committed_index = entry.index - 1
-            self._gc.cap(entry.index - 1)
-        self.committed_index = min(self.committed_index, self.ledger_end_index)
-        return entry.index
+    # truncate(): base.PlannedTruncate, with the steps below.
+    def _replace(self, entry: Entry) -> None:
+        prev = self.get(entry.index - 1)
+        self._check_follower_entry(entry, prev.pos + prev.size)
+        self._drop_after(entry.index - 1)
+        self._push(entry)
+
+    def _append_next(self, entry: Entry) -> None:
+        self._check_follower_entry(entry, self._write_pos)
+        self._push(entry)
+
+    def _reset(self, entry: Entry) -> None:
+        base.check_entry_size(entry.size, self.max_entry_size)
+        base.check_reserved_fields(entry)
+        base.check_body_crc(entry, self.accept_zero_crc)
+        self._drop_all, self._delete_from, self._delete_below = True, None, None
+        self._pending, self._pending_start = [], entry.index
+        self._epoch += 1
+        self.ledger_begin_index = self.ledger_end_index = -1
+        self._push(entry)
+        self.committed_index = entry.index - 1
+        self._gc.cap(entry.index - 1)
 
     def _drop_after(self, keep: int) -> None:
         if keep >= self.ledger_end_index:

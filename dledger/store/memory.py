@@ -62,6 +62,9 @@ class MemoryLogStore(positions.EntryPositionReader):
             return self._entries[-1].term
         return self.snapshot_base[1] if self.ledger_begin_index == self.snapshot_base[0] + 1 else -1
 
+    #: ``ILogStore.flush_rounds``: nothing to pipeline, a flush is durable at once.
+    flush_rounds = 1
+
     @property
     def flushed_index(self) -> int:
         return self.ledger_end_index

@@ -28,7 +28,6 @@ from dledger.entry import (
 )
 from dledger.errors import BatchAppendError, DLedgerError, StoreError
 from dledger.store import base, runplan
-from dledger.store.base import TruncateAction
 from dledger.store.checkpoint import Checkpoint, write_checkpoint
 from dledger.store.mappedfiles import MappedFile
 
@@ -37,7 +36,7 @@ _pack_header_into = HEADER.pack_into
 _pack_index = INDEX_RECORD.pack_into
 
 
-class MmapAppendWriter:
+class MmapAppendWriter(base.PlannedTruncate):
     """Appends (leader, follower, a batch as runs), truncation and reset of the mmap store's log."""
 
     def _set_data_tail(self, f: MappedFile | None) -> None:
@@ -254,25 +253,18 @@ class MmapAppendWriter:
         return off - f.start
 
     # -- truncate --------------------------------------------------------------
-    def truncate(self, entry: Entry, leader_term: int, leader_id: str) -> int:
-        action = base.plan_truncate(entry, self.ledger_begin_index, self.ledger_end_index,
-                                    self.committed_index, self.get)
-        if action is TruncateAction.DROP_AFTER:
-            self._drop_after(entry.index)
-        elif action is TruncateAction.REPLACE:
-            prev = self._record(entry.index - 1)
-            base.check_follower_entry(entry, prev[1] + prev[2], self.data_file_size, self.max_entry_size,
-                                      self.accept_zero_crc)
-            if self._disk_full:
-                self._refuse_disk_full()
-            self._drop_after(entry.index - 1)
-            _one(self._append, entry, _PLACED)
-        elif action is TruncateAction.APPEND:
-            _one(self._append, entry, _FOLLOWER)
-        else:
-            self._reset(entry)
-        self.committed_index = min(self.committed_index, self.ledger_end_index)
-        return entry.index
+    # truncate(): base.PlannedTruncate, with the steps below.
+    def _replace(self, entry: Entry) -> None:
+        prev = self._record(entry.index - 1)
+        base.check_follower_entry(entry, prev[1] + prev[2], self.data_file_size, self.max_entry_size,
+                                  self.accept_zero_crc)
+        if self._disk_full:
+            self._refuse_disk_full()
+        self._drop_after(entry.index - 1)
+        _one(self._append, entry, _PLACED)
+
+    def _append_next(self, entry: Entry) -> None:
+        _one(self._append, entry, _FOLLOWER)
 
     def _drop_after(self, keep: int) -> None:
         """Drop entries after ``keep`` (which stays): zero their bytes and index records, remove later files."""

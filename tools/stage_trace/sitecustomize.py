@@ -1,0 +1,180 @@
+"""Where a request's time goes in each member process: a stage tracer loaded through ``sitecustomize``.
+
+Put this directory first on ``PYTHONPATH`` and name an output directory in ``DLEDGER_STAGE_TRACE``; every
+Python process started with that environment (``dledger bench cluster``'s members inherit it) then wraps a
+few functions of the core with ``perf_counter`` stamps and writes ``PID.json`` at exit: percentiles in ms of
+
+* ``leader_append_to_commit`` (a client append stored -> its entry committed, per request),
+* ``push_rtt`` (an APPEND push sent -> its reply, on the leader), ``follower_push_to_reply`` (on a follower),
+* ``flush_wait`` (a durability wait -> durable), ``io_handoff_in`` / ``io_job`` / ``io_handoff_out`` (a
+  ``BlockingIO`` job queued -> started on its thread -> done -> its result back on the reactor),
+* ``pump_sched_lag`` / ``flush_sched_lag`` (a ``callLater(0)`` pump or flush asked -> run: the reactor turn),
+* ``loop_busy`` / ``poll_wait`` (the reactor between two polls, and inside ``epoll``).
+
+A measuring tool for issue #28 (docs/benchmarks.md, "Round 2c"), not part of dledger: it patches private
+methods by name and adds its own cost to every stage (the same on both sides of an interleaved comparison).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+from time import perf_counter as now
+
+OUT = os.environ.get("DLEDGER_STAGE_TRACE")
+SAMPLES: dict[str, list[float]] = {}
+
+
+def record(key: str, seconds: float) -> None:
+    SAMPLES.setdefault(key, []).append(seconds)
+
+
+def dump() -> None:
+    result: dict = {"argv": sys.argv[-6:]}
+    for key, values in SAMPLES.items():
+        values.sort()
+        n = len(values)
+        result[key] = {"n": n, "p50": values[n // 2] * 1e3, "p90": values[int(n * 0.9)] * 1e3,
+                       "p99": values[int(n * 0.99)] * 1e3, "max": values[-1] * 1e3, "sum_s": sum(values)}
+    with open(os.path.join(OUT, f"{os.getpid()}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def timed(d, key: str, t0: float):
+    def done(result):
+        record(key, now() - t0)
+        return result
+    d.addCallback(done)
+
+
+def install() -> None:
+    from twisted.internet import epollreactor
+
+    from dledger import diskio
+    from dledger.replication import appends, durability, follower, leader
+
+    append_requests = appends.ClientAppends.append_requests
+
+    def traced_append_requests(self, requests, replicator):
+        t0 = now()
+        results = append_requests(self, requests, replicator)
+        for d in results:
+            if hasattr(d, "addCallback"):
+                timed(d, "leader_append_to_commit", t0)
+        return results
+    appends.ClientAppends.append_requests = traced_append_requests
+
+    wait = durability.Flusher.wait
+
+    def traced_wait(self, index):
+        d = wait(self, index)
+        timed(d, "flush_wait", now())
+        return d
+    durability.Flusher.wait = traced_wait
+
+    schedule, flush = durability.Flusher._schedule, durability.Flusher._flush
+
+    def traced_schedule(self):
+        was = self._scheduled
+        schedule(self)
+        if was is None and self._scheduled is not None:
+            self._trace_asked = now()
+
+    def traced_flush(self):
+        asked = getattr(self, "_trace_asked", None)
+        if asked is not None:  # asked through callLater(0) (None: started at once)
+            record("flush_sched_lag", now() - asked)
+            self._trace_asked = None
+        flush(self)
+    durability.Flusher._schedule, durability.Flusher._flush = traced_schedule, traced_flush
+
+    handle_push = follower.EntryHandler.handle_push
+
+    def traced_handle_push(self, req):
+        d = handle_push(self, req)
+        if req.batch_entry:
+            timed(d, "follower_push_to_reply", now())
+        return d
+    follower.EntryHandler.handle_push = traced_handle_push
+
+    send = leader.EntryDispatcher._send
+
+    def traced_send(self, req, on_reply, on_fail):
+        t0, is_append = now(), bool(req.batch_entry)
+
+        def reply(resp):
+            if is_append:
+                record("push_rtt", now() - t0)
+            on_reply(resp)
+        send(self, req, reply, on_fail)
+    leader.EntryDispatcher._send = traced_send
+
+    schedule_pump, pump_all = leader.LeaderReplicator.schedule_pump, leader.LeaderReplicator._pump_all
+
+    def traced_schedule_pump(self):
+        if self._pump_scheduled is None:
+            self._trace_pump_asked = now()
+        schedule_pump(self)
+
+    def traced_pump_all(self):
+        record("pump_sched_lag", now() - self._trace_pump_asked)
+        pump_all(self)
+    leader.LeaderReplicator.schedule_pump, leader.LeaderReplicator._pump_all = traced_schedule_pump, traced_pump_all
+
+    run = diskio.BlockingIO.run
+
+    def traced_run(self, fn, *args):
+        if not self.threaded or self.stopped:
+            return run(self, fn, *args)
+        queued, stamps = now(), {}
+
+        def job(*a):
+            started = now()
+            record("io_handoff_in", started - queued)
+            try:
+                return fn(*a)
+            finally:
+                stamps["end"] = now()
+                record("io_job", stamps["end"] - started)
+
+        def back(result):
+            if "end" in stamps:
+                record("io_handoff_out", now() - stamps["end"])
+            return result
+        return run(self, job, *args).addBoth(back)
+    diskio.BlockingIO.run = traced_run
+
+    class Poller:
+        """The reactor's epoll object, timing each poll and the busy stretch since the previous one."""
+
+        def __init__(self, poller):
+            self._poller, self._last = poller, None
+
+        def poll(self, timeout=-1, maxevents=-1):
+            t0 = now()
+            if self._last is not None:
+                record("loop_busy", t0 - self._last)
+            events = self._poller.poll(timeout, maxevents)
+            self._last = now()
+            record("poll_wait", self._last - t0)
+            return events
+
+        def __getattr__(self, name):
+            return getattr(self._poller, name)
+
+    init = epollreactor.EPollReactor.__init__
+
+    def traced_init(self):
+        init(self)
+        self._poller = Poller(self._poller)
+    epollreactor.EPollReactor.__init__ = traced_init
+    atexit.register(dump)
+
+
+if OUT:
+    try:
+        install()
+    except Exception as exc:  # a tree without one of the patched names: say so, run untraced
+        print(f"stage trace off: {exc}", file=sys.stderr)
