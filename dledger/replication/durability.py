@@ -38,7 +38,6 @@ class Flusher:
         #: How many flushes may be in flight: the store's pipelined rounds (``ILogStore.flush_rounds``).
         self._max_flushing = store.flush_rounds
         self._scheduled = None
-        self._in_flush = False
         self._stopped = False
         self.flushes = 0
         self._fail_log = RateLimitedLog(log, clock, interval=60.0)
@@ -55,13 +54,6 @@ class Flusher:
     def _schedule(self) -> None:
         if self._flushing >= self._max_flushing or self._scheduled is not None or self._stopped:
             return
-        if self._flushing == 0 and not self._in_flush:
-            # Nothing is being flushed: start now. Waiting for the reactor's next turn would gather that
-            # turn's appends too, but first serves every ready read and write, which on a busy member was
-            # a queue on each request's path (issue #28 2c); the appends that arrive meanwhile share the
-            # next round, which starts beside this one (``flush_rounds``) a turn later.
-            self._flush()
-            return
         self._scheduled = self.clock.callLater(0, self._flush)
 
     def _flush(self) -> None:
@@ -70,11 +62,8 @@ class Flusher:
             return
         self._flushing += 1
         self.flushes += 1
-        self._in_flush = True  # a flush answered at once schedules the next one a turn later, never recursively
-        try:
-            self.store.flush().addCallbacks(self._flushed, self._failed)
-        finally:
-            self._in_flush = False
+        d = self.store.flush()
+        d.addCallbacks(self._flushed, self._failed)
 
     def _flushed(self, _result) -> None:
         self._flushing -= 1

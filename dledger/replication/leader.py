@@ -567,15 +567,6 @@ class LeaderReplicator:
             self._durable_wanted = last_index
             if not self._durable_waiting:
                 self._wait_durable()
-        if self.stopped:
-            return
-        # A follower with no APPEND in flight gets these entries now rather than a reactor turn later (that
-        # turn first reads and serves whatever I/O is ready: at 10,000/s offered its lag was the largest
-        # queue on the request's path, issue #28 2c). A follower with pushes in flight is pumped by their
-        # replies and the turn's pump below, so appends of one turn still share a push.
-        for d in self.dispatchers.values():
-            if not d.in_flight and d.step is Step.APPEND:
-                d.pump()
         self.schedule_pump()
 
     def schedule_pump(self) -> None:
