@@ -92,11 +92,7 @@ class MmapDeletion:
         base.check_snapshot_base(index, term, next_pos)
         if self._disk_full:
             self._refuse_disk_full()
-        self._data.remove_after(0, self._close_file)
-        self._index.remove_after(0, self._close_file)
-        for lst in (self._data, self._index):
-            if lst.directory.is_dir():
-                diskio.fsync_dir(lst.directory)
+        self._remove_all_files()
         self._checkpoint_written = Checkpoint(end_index=-1, committed_index=-1)
         write_checkpoint(self.member_dir, self._checkpoint_written)
         diskio.write_atomic(self.member_dir / BASE_NAME,

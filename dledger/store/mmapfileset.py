@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dledger import diskio
 from dledger.store import ownership
 from dledger.store.mappedfiles import MappedFile
 
@@ -49,6 +50,15 @@ class MmapFileSet:
         self._set_index_tail(None)
         ownership.release(self._claim)  # last: the files are closed, another process may have them
         self._claim = None
+
+    def _remove_all_files(self) -> None:
+        """Remove every data and index file, then fsync both directories: the old files are gone for good
+        before new ones appear (a reset or an install of a snapshot), or a crash could mix the two logs."""
+        self._data.remove_after(0, self._close_file)
+        self._index.remove_after(0, self._close_file)
+        for lst in (self._data, self._index):
+            if lst.directory.is_dir():
+                diskio.fsync_dir(lst.directory)
 
     def _close_file(self, f: MappedFile) -> None:
         """Close a removed file now, or after the flush rounds running now (they may be syncing its descriptor)."""

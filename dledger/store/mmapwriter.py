@@ -304,12 +304,7 @@ class MmapAppendWriter(base.PlannedTruncate):
         base.check_body_crc(entry, self.accept_zero_crc)
         if self._disk_full:
             self._refuse_disk_full()
-        self._data.remove_after(0, self._close_file)
-        self._index.remove_after(0, self._close_file)
-        # The old files must be gone for good before new ones appear, or a crash could mix the two logs.
-        for lst in (self._data, self._index):
-            if lst.directory.is_dir():
-                diskio.fsync_dir(lst.directory)
+        self._remove_all_files()  # gone for good before new files appear
         # Nor may a crash leave the old checkpoint claiming committed entries that were just dropped
         # (recovery refuses to start below a committed index; the leader's log starts past ours).
         ck = self._checkpoint_written
