@@ -747,39 +747,11 @@ class BrokerPort(service.Service):
         self.start_stats(reactor)
         # Every listener goes through dledger's connection guard: caps, the process's descriptor budget,
         # handshake/read/idle timeouts, rate-limited lines (issue #21).
-        self.listener_guard = ListenerGuard("broker port", self.limits, reactor)
-        d = self.listener_guard.listen(reactor, self.endpoint, self.factory, self.tls_options)
-        outcome: list = []
-        d.addBoth(outcome.append)
-
-        def bound(port):
-            self.listening_port = port
-            h = port.getHost()
-            log.info("{id}: RocketMQ broker port on {host}:{port}", id=self.broker.server.self_id,
-                     host=h.host, port=h.port)
-            self.listening.callback(port)
-
-        def failed(f, *, report: bool):
-            if report:  # later than the start: nobody else reports it
-                log.error("{id}: cannot listen on rocketmq.listen={ep}: {err}", id=self.broker.server.self_id,
-                          ep=self.endpoint, err=f.getErrorMessage())
-                log.failure("rocketmq port listen failed", f, level=LogLevel.debug)
-            self.listening.errback(f)
-            self.listening.addErrback(lambda _: None)  # waiters see None; the error is reported once
-
-        def settle(_=None, *, report: bool = True):
-            result = outcome[0]
-            if isinstance(result, Failure):
-                failed(result, report=report)
-                return result
-            bound(result)
-            return None
-        if not outcome:  # an endpoint that binds later: report then (the member runs without a port)
-            d.addCallback(settle)
-            return
-        failure = settle(report=False)
+        self.listener_guard, failure = self._listen(reactor, "broker port", "listen", self.endpoint, self.factory,
+                                                    self._bound, self._listen_failed)
         if failure is None and self.vip_endpoint:
-            failure = self._listen_vip(reactor)
+            self.vip_guard, failure = self._listen(reactor, "broker VIP port", "vipListen", self.vip_endpoint,
+                                                   BrokerPortFactory(self, vip=True), self._vip_bound, None)
             if failure is not None:  # nothing left listening on the main endpoint either
                 self.listener_guard.stop()
                 port, self.listening_port = self.listening_port, None
@@ -791,30 +763,49 @@ class BrokerPort(service.Service):
                 self._stats_loop.stop()
             failure.raiseException()
 
-    def _listen_vip(self, reactor: Any) -> Failure | None:
-        """Listen on the VIP endpoint too (same factory: same handlers, access checks and TLS); a bind that fails at
-        once is returned (the start fails with one line), a later failure is logged."""
-        self.vip_guard = ListenerGuard("broker VIP port", self.limits, reactor)
-        d = self.vip_guard.listen(reactor, self.vip_endpoint, BrokerPortFactory(self, vip=True), self.tls_options)
+    def _listen(self, reactor: Any, what: str, option: str, endpoint: str, factory, bound: Callable,
+                failed: Callable | None) -> tuple[ListenerGuard, Failure | None]:
+        """Listen on ``endpoint`` through a connection guard of its own; ``bound(port)`` once bound.
+
+        A bind that fails at once (port in use, bad endpoint) is returned, so the start fails with one line
+        (dledger.services), as for dledger's own ports; one that fails later is logged here (nobody else
+        reports it: the member runs without that endpoint).  ``failed(failure)`` either way.
+        """
+        guard = ListenerGuard(what, self.limits, reactor)
+        d = guard.listen(reactor, endpoint, factory, self.tls_options)
         outcome: list = []
         d.addBoth(outcome.append)
 
-        def settle(_=None, *, report: bool = True):
+        def settle(_=None, *, report: bool = True) -> Failure | None:
             result = outcome[0]
             if isinstance(result, Failure):
                 if report:
-                    log.error("{id}: cannot listen on rocketmq.vipListen={ep}: {err}", id=self.broker.server.self_id,
-                              ep=self.vip_endpoint, err=result.getErrorMessage())
+                    log.error("{id}: cannot listen on rocketmq.{option}={ep}: {err}", id=self.broker.server.self_id,
+                              option=option, ep=endpoint, err=result.getErrorMessage())
+                    log.failure("rocketmq {what} listen failed", result, what=what, level=LogLevel.debug)
+                if failed is not None:
+                    failed(result)
                 return result
-            self.vip_listening_port = result
             h = result.getHost()
-            log.info("{id}: RocketMQ broker VIP port on {host}:{port}", id=self.broker.server.self_id, host=h.host,
+            log.info("{id}: RocketMQ {what} on {host}:{port}", id=self.broker.server.self_id, what=what, host=h.host,
                      port=h.port)
+            bound(result)
             return None
-        if not outcome:
+        if not outcome:  # an endpoint that binds later: settled (and a failure reported) then
             d.addCallback(settle).addErrback(lambda _: None)
-            return None
-        return settle(report=False)
+            return guard, None
+        return guard, settle(report=False)
+
+    def _bound(self, port) -> None:
+        self.listening_port = port
+        self.listening.callback(port)
+
+    def _listen_failed(self, f: Failure) -> None:
+        self.listening.errback(f)
+        self.listening.addErrback(lambda _: None)  # waiters see None; the error is reported once
+
+    def _vip_bound(self, port) -> None:
+        self.vip_listening_port = port
 
     def start_stats(self, clock: Any) -> None:
         """Sample the runtime statistics every second on ``clock`` (startService does; until stopService)."""
