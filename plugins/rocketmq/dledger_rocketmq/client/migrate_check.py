@@ -132,6 +132,11 @@ def _json(body: bytes | None) -> dict:
     return fastjson.loads(body) if body else {}
 
 
+def _topic_table(body: bytes | None) -> dict:
+    """The ``topicConfigTable`` of a GET_ALL_TOPIC_CONFIG answer (topic -> config)."""
+    return _json(body).get("topicConfigTable") or {}
+
+
 def _int_keys(table: dict) -> dict[int, int]:
     return {int(k): int(v) for k, v in (table or {}).items()}
 
@@ -162,7 +167,7 @@ async def gather(connect, namesrv: str, name: str) -> dict[int, BrokerView]:
     if master is not None:
         try:
             code, body, _ = await _ask(connect, master.addr, GET_ALL_TOPIC_CONFIG, {})
-            topics = (_json(body).get("topicConfigTable") or {}) if code == 0 else {}
+            topics = _topic_table(body) if code == 0 else {}
             if code == 0:
                 master.topics = set(topics)
             queues = [(t, q) for t, cfg in sorted(topics.items()) if t not in QUIET_TOPICS and t != name
@@ -193,7 +198,7 @@ async def gather(connect, namesrv: str, name: str) -> dict[int, BrokerView]:
             if view.broker_id != 0:
                 header, body = await c.request(GET_ALL_TOPIC_CONFIG, {})
                 if header.code == 0:
-                    view.topics = set(_json(body).get("topicConfigTable") or {})
+                    view.topics = set(_topic_table(body))
         except Exception as exc:
             view.error = str(exc) or type(exc).__name__
         finally:
