@@ -9,6 +9,8 @@ manager for the common case.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
+from typing import Any
 
 from twisted.internet.defer import Deferred, inlineCallbacks, maybeDeferred
 from twisted.logger import Logger
@@ -23,7 +25,7 @@ from dledger.election.elector import LeaderElector
 from dledger.election.handover import Handover
 from dledger.election.state import MemberState
 from dledger.errors import DLedgerError
-from dledger.interfaces import IBatchAppender, IBatchRequestHandler, ILeaderAware, IPluginRequests
+from dledger.interfaces import IAnsweringRequestHandler, IBatchAppender, ILeaderAware, IPluginRequests
 from dledger.leader_ready import LeaderReady
 from dledger.membership import wiring as membership_wiring
 from dledger.mending import Mending
@@ -63,7 +65,7 @@ log = Logger()
 GET_MAX_BYTES = readpath.GET_MAX_BYTES
 
 
-@implementer(IBatchAppender, IBatchRequestHandler, ILeaderAware, IPluginRequests)
+@implementer(IBatchAppender, IAnsweringRequestHandler, ILeaderAware, IPluginRequests)
 class DLedgerServer:
     """One member of a group."""
 
@@ -320,21 +322,33 @@ class DLedgerServer:
 
         Each result is what :meth:`handle_request` would give (a Failure where it raises).
         """
+        return self.handle_requests_answering(requests, None, ())
+
+    def handle_requests_answering(self, requests: list, answer: Any, tokens: Sequence[Any]) -> list:
+        """:meth:`handle_requests`, the waiting APPENDs answered by ``answer(tokens[i], response)``.
+
+        See :class:`~dledger.interfaces.IAnsweringRequestHandler`; ``answer`` None: Deferreds, as
+        :meth:`handle_requests`.
+        """
         results: list = []
         run: list[AppendEntryRequest] = []
-        for request in requests:
+        run_from = 0
+        appends = self.client_appends.append_requests
+        for i, request in enumerate(requests):
             if type(request) is AppendEntryRequest:
+                if not run:
+                    run_from = i
                 run.append(request)
                 continue
             if run:
-                results += self.client_appends.append_requests(run, self.replicator)
+                results += appends(run, self.replicator, answer, tokens[run_from:i] if answer else ())
                 run = []
             try:
                 results.append(self.handle_request(request))
             except Exception:
                 results.append(Failure())
         if run:
-            results += self.client_appends.append_requests(run, self.replicator)
+            results += appends(run, self.replicator, answer, tokens[run_from:] if answer else ())
         return results
 
     def check_request(self, request) -> None:

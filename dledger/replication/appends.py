@@ -24,6 +24,7 @@ from twisted.python.failure import Failure
 from dledger.codes import ResponseCode, Role
 from dledger.entry import HEADER_SIZE, Entry
 from dledger.errors import AppendHookError, BatchAppendError, DLedgerError
+from dledger.interfaces import ANSWER_LATER
 from dledger.messages import AppendEntryRequest, AppendEntryResponse
 from dledger.ratelog import RateLimitedLog
 
@@ -75,8 +76,14 @@ class ClientAppends:
                                    leader_id=st.leader_id)
         return bodies
 
-    def append_requests(self, requests: Sequence[AppendEntryRequest], replicator: Any) -> list:
+    def append_requests(self, requests: Sequence[AppendEntryRequest], replicator: Any, answer: Any = None,
+                        tokens: Sequence[Any] = ()) -> list:
         """Answer APPEND requests together: for each a Deferred (fires when its last entry commits) or a Failure.
+
+        With ``answer``, a request that waits gets :data:`~dledger.interfaces.ANSWER_LATER` instead of a
+        Deferred and ``answer(tokens[i], response)`` is called with what that Deferred would have fired
+        with (:class:`~dledger.interfaces.IAnsweringRequestHandler`); while stats are on (they watch each
+        request's Deferred) it still gets a Deferred.
 
         ``replicator`` is the current leadership's :class:`~dledger.replication.leader.LeaderReplicator`
         (None: not leading).  A request refused by its checks fails alone.  The accepted ones share
@@ -127,8 +134,13 @@ class ClientAppends:
                             results[j] = Failure(error)
                     break
                 last = stored[end - 1]
-                d = pending.add(last.index, AppendEntryResponse(group=group, term=term, index=last.index,
-                                                                pos=last.pos, leader_id=self_id))
+                response = AppendEntryResponse(group=group, term=term, index=last.index, pos=last.pos,
+                                               leader_id=self_id)
+                if answer is not None and stats is None:
+                    pending.add_answer(last.index, response, answer, tokens[i])
+                    results[i] = ANSWER_LATER
+                    continue
+                d = pending.add(last.index, response)
                 if stats is not None:
                     stats.append_accepted(d, len(bodies), sum(map(len, bodies)), started)
                 results[i] = d

@@ -9,6 +9,8 @@ are refused with LEADER_PENDING_FULL instead of growing without bound.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 from twisted.internet.defer import Deferred
 
@@ -23,7 +25,8 @@ class PendingAppends:
         self.clock = clock
         self.timeout = wait_ack_timeout
         self.limit = limit
-        self._queue: deque[tuple[int, float, Deferred, object]] = deque()
+        #: (index, deadline, answer, token, response): ``answer(token, response)`` once resolved.
+        self._queue: deque[tuple[int, float, Callable[[Any, Any], Any], Any, Any]] = deque()
         self._timer = None
 
     def __len__(self) -> int:
@@ -32,22 +35,30 @@ class PendingAppends:
     def add(self, index: int, response) -> Deferred:
         """Deferred firing with ``response`` (code SUCCESS) once ``index`` commits, or with an error code."""
         d: Deferred = Deferred()
-        deadline = self.clock.seconds() + self.timeout
+        self.add_answer(index, response, Deferred.callback, d)
+        return d
+
+    def add_answer(self, index: int, response, answer: Callable[[Any, Any], Any], token: Any) -> None:
+        """As :meth:`add`, but ``answer(token, response)`` is called instead of firing a Deferred.
+
+        One plain call per request where a Deferred cost its creation and its
+        callback chain (see :class:`~dledger.interfaces.IAnsweringRequestHandler`).
+        """
         if self._queue and index < self._queue[-1][0]:
             raise AssertionError(f"pending index {index} after {self._queue[-1][0]}")
-        self._queue.append((index, deadline, d, response))
+        self._queue.append((index, self.clock.seconds() + self.timeout, answer, token, response))
         if self._timer is None:
             self._timer = self.clock.callLater(self.timeout, self._expire)
-        return d
 
     def resolve_upto(self, committed: int) -> int:
         """Succeed every waiter at or below ``committed``; returns how many."""
         n = 0
         q = self._queue
+        success = int(ResponseCode.SUCCESS)
         while q and q[0][0] <= committed:
-            _, _, d, response = q.popleft()
-            response.code = int(ResponseCode.SUCCESS)
-            d.callback(response)
+            _, _, answer, token, response = q.popleft()
+            response.code = success
+            answer(token, response)
             n += 1
         return n
 
@@ -56,9 +67,9 @@ class PendingAppends:
         now = self.clock.seconds()
         q = self._queue
         while q and due(q[0][1], now):
-            _, _, d, response = q.popleft()
+            _, _, answer, token, response = q.popleft()
             response.code = int(ResponseCode.WAIT_QUORUM_ACK_TIMEOUT)
-            d.callback(response)
+            answer(token, response)
         if q:
             self._timer = self.clock.callLater(max(0.0, q[0][1] - now), self._expire)
 
@@ -68,6 +79,6 @@ class PendingAppends:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
-        for _, _, d, response in q:
+        for _, _, answer, token, response in q:
             response.code = int(code)
-            d.callback(response)
+            answer(token, response)

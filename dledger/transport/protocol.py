@@ -29,7 +29,7 @@ from zope.interface import implementer
 from dledger import messages
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError, OutcomeUnknown
-from dledger.interfaces import IBatchRequestHandler
+from dledger.interfaces import ANSWER_LATER, IAnsweringRequestHandler, IBatchRequestHandler
 from dledger.messages import GetEntriesResponse
 from dledger.ratelog import RateLimitedLog
 from dledger.security import policy as auth_policy
@@ -122,6 +122,8 @@ class RemotingProtocol(FramedConnection):
         self.on_reply: Callable[[], None] | None = None
         self._calls: dict[int, _Call] = {}
         self._batch_handler = IBatchRequestHandler.providedBy(handler)
+        #: The handler answers waiting requests by calling :meth:`_answer` (no Deferred each).
+        self._answering = IAnsweringRequestHandler.providedBy(handler)
 
     @property
     def identity(self) -> auth_policy.Identity | None:
@@ -297,7 +299,11 @@ class RemotingProtocol(FramedConnection):
         handler = self.handler
         if n > 1 and self._batch_handler:
             try:
-                results = handler.handle_requests([request for _, request in requests])
+                if self._answering:
+                    results = handler.handle_requests_answering([request for _, request in requests], self._answer,
+                                                                [header for header, _ in requests])
+                else:
+                    results = handler.handle_requests([request for _, request in requests])
             except Exception:
                 results = [Failure()] * n
         else:
@@ -308,10 +314,16 @@ class RemotingProtocol(FramedConnection):
                 except Exception:
                     results.append(Failure())
         for (header, request), result in zip(requests, results):
+            if result is ANSWER_LATER:
+                continue
             if isinstance(result, Deferred):
                 result.addBoth(self._respond, header, request)
             else:
                 self._respond(result, header, request)
+
+    def _answer(self, header: Header, response: Any) -> None:
+        """The handler's answer to a request it gave :data:`ANSWER_LATER` for (a response, never a Failure)."""
+        self._respond(response, header, None)
 
     def _respond(self, result: Any, header: Header, request: Any) -> None:
         """Write the reply to ``request`` (a failure becomes its error reply, as :func:`base.answer` does)."""
