@@ -29,6 +29,10 @@ def test_quick_cluster_benchmark_reports_every_phase(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
     assert result["batch"]["entries_per_s"] > 0 and result["pipeline"]["entries_per_s"] > 0
+    # the CPU per entry of each process: three members and the load generator (this benchmark's process)
+    split = result["pipeline"]["cpu_ms_per_1k_entries_by_process"]
+    assert set(split) == {"n0", "n1", "n2", "generator"} and split["generator"] > 0
+    assert abs(sum(split[m] for m in ("n0", "n1", "n2")) - result["pipeline"]["member_cpu_ms_per_1k_entries"]) < 0.5
     assert result["latency"]["samples"] > 0 and result["latency"]["p99_ms"] > 0
     assert set(result["rss_mb"]) == {"n0", "n1", "n2"} and all(v > 0 for v in result["rss_mb"].values())
     assert "entries_per_s" in result["pysyncobj"] or "skipped" in result["pysyncobj"]
@@ -42,7 +46,7 @@ def test_quick_cluster_benchmark_reports_every_phase(tmp_path):
         assert "Throughput over time" in svg and "Latency percentiles" in svg
         assert ("Failover timeline" in svg) == bool(STORE) and "written to" in out.stderr
     text = format_results(result)
-    assert "entries/s" in text and "latency at" in text
+    assert "entries/s" in text and "latency at" in text and "generator" in text
 
 
 def test_unknown_phase_is_refused():

@@ -249,12 +249,25 @@ async def measured(group: LocalGroup | None, duration: float, coro: Any) -> dict
     """
     if group is None:
         return await coro
-    cpu = members_cpu_seconds(group)
+    before = process_cpu_seconds(group)
     result = await coro
     acked = result["entries_per_s"] * duration
-    result["member_cpu_ms_per_1k_entries"] = (round((members_cpu_seconds(group) - cpu) * 1e6 / acked, 1)
+    after = process_cpu_seconds(group)
+    per_1k = {name: round((after[name] - before[name]) * 1e6 / acked, 1) if acked else None for name in after}
+    result["member_cpu_ms_per_1k_entries"] = (round(sum(after[m] - before[m] for m in group.ids) * 1e6 / acked, 1)
                                               if acked else None)
+    result["cpu_ms_per_1k_entries_by_process"] = per_1k
     return result
+
+
+def process_cpu_seconds(group: LocalGroup) -> dict[str, float]:
+    """CPU seconds so far of each member (by id) and of this process, the load generator (``"generator"``).
+
+    The generator shares the 2 cores with the members: its share per entry says
+    how much of the machine the measurement itself takes (issue #28 target 2).
+    """
+    times = os.times()
+    return {**{mid: group.cpu_seconds(mid) for mid in group.ids}, "generator": times.user + times.system}
 
 
 async def load_round(reactor: Any, base: Path, opts: Options, tls: bool, say=progress) -> dict:
@@ -410,4 +423,6 @@ def _errors(b: dict) -> str:
 
 def _cpu(b: dict) -> str:
     cpu = b.get("member_cpu_ms_per_1k_entries")
-    return f"; members' CPU {cpu:g} ms per 1k entries" if cpu is not None else ""
+    split = b.get("cpu_ms_per_1k_entries_by_process") or {}
+    each = ", ".join(f"{name} {ms:g}" for name, ms in split.items() if ms is not None)
+    return (f"; members' CPU {cpu:g} ms per 1k entries" + (f" ({each})" if each else "")) if cpu is not None else ""
