@@ -386,3 +386,67 @@ def test_simulator_catches_acknowledging_before_durable(monkeypatch):
     monkeypatch.setattr(SimulatedDiskStore, "flushed_index", property(lambda self: self.ledger_end_index))
     results = [run_replication_seed(seed) for seed in range(40)]
     assert any(r.lost or r.divergent for r in results)
+
+
+def test_appends_answered_without_deferreds_get_what_their_deferreds_would():
+    """handle_requests_answering: waiting APPENDs get ANSWER_LATER and answer(token, response) once they commit.
+
+    The same batch as above with a non-APPEND request splitting the run of APPENDs, so each run's
+    tokens are its own requests' (issue #28: a commit's waiters without a Deferred each).
+    """
+    from twisted.internet.defer import Deferred
+    from twisted.python.failure import Failure
+
+    from dledger.interfaces import ANSWER_LATER, IAnsweringRequestHandler
+    from dledger.messages import MetadataRequest, MetadataResponse
+
+    cluster = Cluster(3, seed=3, preset="fast", max_pending_requests_num=5)
+    cluster.start()
+    leader = cluster.wait_for_leader()
+    server = cluster.servers[leader]
+    assert IAnsweringRequestHandler.providedBy(server)
+    end = server.store.ledger_end_index
+    requests = [AppendEntryRequest(group="g0", body=b"a"), AppendEntryRequest(group="g0", batch_msgs=[b"b", b"c"]),
+                MetadataRequest(group="g0"), AppendEntryRequest(group="elsewhere", body=b"x"),
+                AppendEntryRequest(group="g0", batch_msgs=[]), AppendEntryRequest(group="g0", body=b"d"),
+                AppendEntryRequest(group="g0", body=b"e"), AppendEntryRequest(group="g0", body=b"f"),
+                AppendEntryRequest(group="g0", body=b"g")]
+    answered = []
+    results = server.handle_requests_answering(requests, lambda token, response: answered.append((token, response)),
+                                               [f"t{i}" for i in range(len(requests))])
+    assert not any(isinstance(r, Deferred) for r in results)
+    later = [i for i, r in enumerate(results) if r is ANSWER_LATER]
+    assert later == [0, 1, 5, 6, 7]
+    assert isinstance(results[2], MetadataResponse)
+    failed = {i: r.value.code for i, r in enumerate(results) if isinstance(r, Failure)}
+    assert failed == {3: ResponseCode.UNKNOWN_GROUP, 4: ResponseCode.REQUEST_WITH_EMPTY_BODYS,
+                      8: ResponseCode.LEADER_PENDING_FULL}
+    assert cluster.run_until(lambda: len(answered) == 5, 10), answered
+    assert [token for token, _ in answered] == ["t0", "t1", "t5", "t6", "t7"], "in index order, each its own token"
+    assert [r.code for _, r in answered] == [ResponseCode.SUCCESS] * 5
+    assert [r.index for _, r in answered] == [end + 1, end + 3, end + 4, end + 5, end + 6]
+    assert len(server.pending) == 0
+
+
+def test_appends_answered_without_deferreds_hear_of_lost_leadership_and_stats_keep_deferreds():
+    """A waiter answered by a call gets TERM_CHANGED as a Deferred would; with stats on, Deferreds are kept."""
+    from twisted.internet.defer import Deferred
+
+    from dledger.interfaces import ANSWER_LATER
+
+    cluster = Cluster(3, seed=12, preset="fast", max_wait_ack_time_ms=60_000)
+    cluster.start()
+    leader = cluster.wait_for_leader()
+    server = cluster.servers[leader]
+    cluster.isolate(leader)
+    answered = []
+    results = server.handle_requests_answering([AppendEntryRequest(group="g0", body=b"x%d" % i) for i in range(3)],
+                                               lambda token, response: answered.append((token, response.code)),
+                                               [0, 1, 2])
+    assert results == [ANSWER_LATER] * 3
+    server.enable_stats()
+    (kept,) = server.handle_requests_answering([AppendEntryRequest(group="g0", body=b"y")], answered.append, [3])
+    assert isinstance(kept, Deferred), "stats watch each request's Deferred"
+    assert cluster.run_until(lambda: len(answered) == 3 and kept.called, 10), answered
+    assert answered == [(i, ResponseCode.TERM_CHANGED) for i in range(3)]
+    assert run_all(cluster, [kept])[0].code == ResponseCode.TERM_CHANGED

@@ -18,7 +18,13 @@ from dledger.codes import PushType, ResponseCode
 from dledger.config import make_config
 from dledger.entry import HEADER_SIZE, Entry
 from dledger.errors import DLedgerError
-from dledger.interfaces import IBatchRequestHandler, IRequestHandler, ITransport
+from dledger.interfaces import (
+    ANSWER_LATER,
+    IAnsweringRequestHandler,
+    IBatchRequestHandler,
+    IRequestHandler,
+    ITransport,
+)
 from dledger.transport import base as transport_base
 from dledger.transport import remoting
 from dledger.transport.client import Backoff, client_endpoint_description
@@ -730,3 +736,37 @@ def test_set_members_reaches_new_members_and_the_guard_knows_exactly_them():
     failure = []
     t.send("n8", messages.MetadataRequest(group="g0")).addErrback(failure.append)
     assert failure and failure[0].value.code is ResponseCode.UNKNOWN_MEMBER
+
+
+@implementer(IAnsweringRequestHandler)
+class AnswersLater(Echo):
+    """Answers the first and last request of a batch later through the connection's ``answer``; fails the middle."""
+
+    def __init__(self):
+        super().__init__()
+        self.answer, self.tokens = None, None
+
+    def handle_requests(self, requests):  # pragma: no cover - the connection must take the answering path
+        raise AssertionError("handle_requests called on an IAnsweringRequestHandler")
+
+    def handle_requests_answering(self, requests, answer, tokens):
+        self.answer, self.tokens = answer, tokens
+        return [ANSWER_LATER, Failure(DLedgerError(ResponseCode.LEADER_PENDING_FULL, "full")), ANSWER_LATER]
+
+
+def test_an_answering_handler_replies_when_it_answers_not_before():
+    """Requests answered later get their reply when the handler calls answer(token, response), by their opaque."""
+    handler = AnswersLater()
+    proto, transport = serving(handler)
+    requests = [messages.AppendEntryRequest(group="g0", body=b"%d" % i) for i in range(3)]
+    proto.dataReceived(b"".join(remoting.encode_request(r, 10 + i, binary=True) for i, r in enumerate(requests)))
+    assert [h.opaque for h in handler.tokens] == [10, 11, 12]
+    assert [h.opaque for h, _ in replies(transport)] == [11], "only the refused request is answered at once"
+    transport.clear()
+    handler.answer(handler.tokens[2], messages.AppendEntryResponse(group="g0", index=7, code=ResponseCode.SUCCESS))
+    handler.answer(handler.tokens[0], messages.AppendEntryResponse(group="g0", index=6,
+                                                                    code=ResponseCode.WAIT_QUORUM_ACK_TIMEOUT))
+    answers = [(h.opaque, remoting.decode_body(messages.AppendEntryResponse, b)) for h, b in replies(transport)]
+    assert [(o, r.code, r.index) for o, r in answers] == [(12, ResponseCode.SUCCESS, 7),
+                                                          (10, ResponseCode.WAIT_QUORUM_ACK_TIMEOUT, 6)]
+    assert proto._in_flight == 0, "every request answered once"
