@@ -218,6 +218,12 @@ def test_error_body_uses_the_response_class_defaults():
     messages.AppendEntryResponse(group="g0", term=3, index=12, pos=2 ** 40, leader_id="n0", code=200),
     messages.AppendEntryResponse(group='g"0\\', remote_id="ñ-✓", local_id="\x01\n", term=-1, code=-5),
     messages.AppendEntryResponse(code=ResponseCode.NOT_LEADER, leader_id="n2"),  # an enum: the general path
+    # the APPEND reply's template: '%' in its strings, every string None, negative ints, an odd int type
+    messages.AppendEntryResponse(group="g%d%s%%", leader_id="%", term=7, index=-1, pos=0, code=0),
+    messages.AppendEntryResponse(group=None, term=0, index=0, pos=-1, code=0),
+    messages.AppendEntryResponse(group="g0", remote_id="n1", local_id="n2", leader_id="n0", term=1, index=5, code=0),
+    messages.AppendEntryResponse(group="g0", term=1, index=True, pos=3, code=0),
+    messages.AppendEntryResponse(group="g0", term=None, index=1, pos=3, code=0),
     messages.PushEntryResponse(group="g0", term=2, index=None, begin_index=0, end_index=99, count=3, code=200),
     messages.PushEntryResponse(group="g0", index=7, count=True),  # a bool: the general path
     messages.HeartBeatRequest(group="g0", remote_id="n1", local_id="n0", leader_id="n0", term=4),
@@ -229,6 +235,16 @@ def test_flat_messages_are_written_exactly_as_the_generic_encoder_writes_them(ms
     generic = json.dumps(messages.to_wire(msg), separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
     assert remoting.encode_body(msg) == generic
     assert remoting.encode_body(msg) == generic, "again, from the caches"
+
+
+def test_append_replies_past_the_template_cache_are_still_written_exactly():
+    """More (group, member id) shapes than the APPEND reply templates keep: the rest take the general path."""
+    for i in range(100):
+        msg = messages.AppendEntryResponse(group=f"g{i}", leader_id="n0", term=2, index=i, pos=i * 10, code=0)
+        generic = json.dumps(messages.to_wire(msg), separators=(",", ":"), sort_keys=True,
+                             ensure_ascii=False).encode()
+        assert remoting.encode_body(msg) == generic
+    assert len(remoting._APPEND_REPLY_TEMPLATES) <= 64
 
 
 def test_binary_marked_headers_take_the_fast_path_both_ways():

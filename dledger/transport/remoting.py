@@ -32,6 +32,7 @@ from dledger.codes import PLUGIN_REQUEST_CODES, RequestCode, ResponseCode
 from dledger.entry import HEADER_SIZE, CodecError, EntryList, decode_entries, encode_entry_into, encoded_size
 from dledger.messages import (
     AppendEntryRequest,
+    AppendEntryResponse,
     GetEntriesResponse,
     InstallSnapshotRequest,
     PushEntryRequest,
@@ -420,6 +421,10 @@ def decode_frame(data: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> F
 
 def encode_body(msg: RequestOrResponse) -> bytes:
     """A message as Java's fastjson writes it (compact, keys sorted, nulls omitted, bytes as Base64)."""
+    if type(msg) is AppendEntryResponse:
+        body = _append_reply_body(msg)
+        if body is not None:
+            return body
     flat = _FLAT_KEYS.get(type(msg))
     if flat is None and type(msg) not in _FLAT_KEYS:
         spec = messages.flat_wire_fields(type(msg))
@@ -458,6 +463,40 @@ def _flat_body(msg: RequestOrResponse, keys: tuple[tuple[bytes, str], ...]) -> b
         elif value is not None:  # an enum, a bool ...: the general path decides how it looks
             return None
     return b"{%s}" % b",".join(parts)
+
+
+def _append_reply_body(msg: AppendEntryResponse) -> bytes | None:
+    """``encode_body`` of an APPEND reply, from a template per (group, member ids); None for the odd value.
+
+    The leader writes one per client request: the flat path costs ~4.6 us a reply
+    (a getattr, a type check and a format per field), a template ~1 us (issue #28
+    target 2).  The template is what the flat path writes, its ints left as ``%d``.
+    """
+    code, index, pos, term = msg.code, msg.index, msg.pos, msg.term
+    if not (type(code) is int and type(index) is int and type(pos) is int and type(term) is int):
+        return None  # an enum, a bool or None: the general path decides how it looks
+    key = (msg.group, msg.leader_id, msg.local_id, msg.remote_id)
+    template = _APPEND_REPLY_TEMPLATES.get(key)
+    if template is None:
+        if len(_APPEND_REPLY_TEMPLATES) >= 64 or not all(v is None or type(v) is str for v in key):
+            return None
+        template = _APPEND_REPLY_TEMPLATES[key] = _append_reply_template(*key)
+    return template % (code, index, pos, term)
+
+
+def _append_reply_template(group: str | None, leader_id: str | None, local_id: str | None,
+                           remote_id: str | None) -> bytes:
+    """The body of an AppendEntryResponse with these strings and ``%d`` for code, index, pos and term."""
+
+    def text(key: bytes, value: str | None) -> bytes:  # a string field, its '%' doubled for the template
+        return b"" if value is None else b'"%s":%s,' % (key, _utf8(_dumps(value)).replace(b"%", b"%%"))
+
+    return (b'{"code":%d,' + text(b"group", group) + b'"index":%d,' + text(b"leaderId", leader_id)
+            + text(b"localId", local_id) + b'"pos":%d,' + text(b"remoteId", remote_id) + b'"term":%d}')
+
+
+#: (group, leaderId, localId, remoteId) -> an APPEND reply's body template (a member sees a handful)
+_APPEND_REPLY_TEMPLATES: dict[tuple[str | None, ...], bytes] = {}
 
 
 def decode_body(cls: type[RequestOrResponse], body: bytes, header: Header | None = None) -> RequestOrResponse:
