@@ -57,9 +57,15 @@ def install() -> None:
 
     append_requests = appends.ClientAppends.append_requests
 
-    def traced_append_requests(self, requests, replicator):
+    def traced_append_requests(self, requests, replicator, answer=None, tokens=()):
         t0 = now()
-        results = append_requests(self, requests, replicator)
+        if answer is None:  # Deferreds (and a tree whose append_requests takes no answer)
+            results = append_requests(self, requests, replicator)
+        else:  # waiters answered by a call (IAnsweringRequestHandler): time the call
+            def timed_answer(token, response, inner=answer):
+                record("leader_append_to_commit", now() - t0)
+                inner(token, response)
+            results = append_requests(self, requests, replicator, timed_answer, tokens)
         for d in results:
             if hasattr(d, "addCallback"):
                 timed(d, "leader_append_to_commit", t0)
