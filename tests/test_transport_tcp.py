@@ -770,3 +770,30 @@ def test_an_answering_handler_replies_when_it_answers_not_before():
     assert [(o, r.code, r.index) for o, r in answers] == [(12, ResponseCode.SUCCESS, 7),
                                                           (10, ResponseCode.WAIT_QUORUM_ACK_TIMEOUT, 6)]
     assert proto._in_flight == 0, "every request answered once"
+
+
+@implementer(IAnsweringRequestHandler)
+class ParksThenRaises(Echo):
+    """Parks the first request (answer later), then raises: a bug in the handler, half way through a batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.answer, self.tokens = None, None
+
+    def handle_requests_answering(self, requests, answer, tokens):
+        self.answer, self.tokens = answer, tokens
+        raise RuntimeError("handler bug")
+
+
+def test_a_request_answered_with_the_handlers_exception_gets_no_second_reply():
+    """When the handler raises, every request of the batch is answered INTERNAL_ERROR once; a later answer to
+    one it had parked writes nothing (one reply per request, the in-flight count back to 0)."""
+    handler = ParksThenRaises()
+    proto, transport = serving(handler)
+    requests = [messages.AppendEntryRequest(group="g0", body=b"%d" % i) for i in range(2)]
+    proto.dataReceived(b"".join(remoting.encode_request(r, 30 + i, binary=True) for i, r in enumerate(requests)))
+    first = [(h.opaque, remoting.decode_body(messages.AppendEntryResponse, b).code) for h, b in replies(transport)]
+    assert first == [(30, ResponseCode.INTERNAL_ERROR), (31, ResponseCode.INTERNAL_ERROR)]
+    transport.clear()
+    handler.answer(handler.tokens[0], messages.AppendEntryResponse(group="g0", index=3, code=ResponseCode.SUCCESS))
+    assert transport.value() == b"" and proto._in_flight == 0

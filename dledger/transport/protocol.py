@@ -124,6 +124,8 @@ class RemotingProtocol(FramedConnection):
         self._batch_handler = IBatchRequestHandler.providedBy(handler)
         #: The handler answers waiting requests by calling :meth:`_answer` (no Deferred each).
         self._answering = IAnsweringRequestHandler.providedBy(handler)
+        #: id(header) -> header of requests answered with the handler's exception: their later answer is dropped.
+        self._answered_early: dict[int, Header] = {}
 
     @property
     def identity(self) -> auth_policy.Identity | None:
@@ -306,6 +308,8 @@ class RemotingProtocol(FramedConnection):
                     results = handler.handle_requests([request for _, request in requests])
             except Exception:
                 results = [Failure()] * n
+                if self._answering:  # some may be parked already: each request gets one reply, this one
+                    self._answered_early.update((id(header), header) for header, _ in requests)
         else:
             results = []
             for _, request in requests:
@@ -323,6 +327,8 @@ class RemotingProtocol(FramedConnection):
 
     def _answer(self, header: Header, response: Any) -> None:
         """The handler's answer to a request it gave :data:`ANSWER_LATER` for (a response, never a Failure)."""
+        if self._answered_early and self._answered_early.pop(id(header), None) is header:
+            return
         self._respond(response, header, None)
 
     def _respond(self, result: Any, header: Header, request: Any) -> None:
