@@ -239,6 +239,7 @@ def test_flat_messages_are_written_exactly_as_the_generic_encoder_writes_them(ms
 
 def test_append_replies_past_the_template_cache_are_still_written_exactly():
     """More (group, member id) shapes than the APPEND reply templates keep: the rest take the general path."""
+    assert remoting._APPEND_REPLY_TEMPLATED, "AppendEntryResponse's wire fields changed: update the template"
     for i in range(100):
         msg = messages.AppendEntryResponse(group=f"g{i}", leader_id="n0", term=2, index=i, pos=i * 10, code=0)
         generic = json.dumps(messages.to_wire(msg), separators=(",", ":"), sort_keys=True,

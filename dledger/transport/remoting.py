@@ -421,7 +421,7 @@ def decode_frame(data: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> F
 
 def encode_body(msg: RequestOrResponse) -> bytes:
     """A message as Java's fastjson writes it (compact, keys sorted, nulls omitted, bytes as Base64)."""
-    if type(msg) is AppendEntryResponse:
+    if type(msg) is AppendEntryResponse and _APPEND_REPLY_TEMPLATED:
         body = _append_reply_body(msg)
         if body is not None:
             return body
@@ -497,6 +497,9 @@ def _append_reply_template(group: str | None, leader_id: str | None, local_id: s
 
 #: (group, leaderId, localId, remoteId) -> an APPEND reply's body template (a member sees a handful)
 _APPEND_REPLY_TEMPLATES: dict[tuple[str | None, ...], bytes] = {}
+#: The template writes these keys; should AppendEntryResponse gain a field, it is not used (the flat path is).
+_APPEND_REPLY_TEMPLATED = tuple(key for key, _ in messages.flat_wire_fields(AppendEntryResponse) or ()) == (
+    "code", "group", "index", "leaderId", "localId", "pos", "remoteId", "term")
 
 
 def decode_body(cls: type[RequestOrResponse], body: bytes, header: Header | None = None) -> RequestOrResponse:
