@@ -942,8 +942,9 @@ class BrokerPort(service.Service):
         if broker.role != "MASTER":
             return send_reply(PutResult(PutStatus.SERVICE_NOT_AVAILABLE))
         topics = broker.meta.topics
-        error, create, queue_id = send_topic_check(args, topics.get(args.topic), topics.get(args.default_topic),
-                                                   can_create=True)
+        topic = topics.get(args.topic)  # the default topic is looked up only for a topic to create
+        error, create, queue_id = send_topic_check(args, topic, topics.get(args.default_topic) if topic is None
+                                                   else None, can_create=True)
         if error is not None:
             return error
         template = send_template(args, body, born_host, queue_id=queue_id)
