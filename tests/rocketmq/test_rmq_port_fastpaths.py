@@ -177,6 +177,15 @@ def test_the_put_path_micro_benchmark_runs_both_ways(capsys):
     assert "put_one_us" in line and "put_gathered_us" in line
 
 
+def test_the_port_handle_micro_benchmark_answers_its_frame(capsys):
+    """bench_send --handle: one producer frame through the simulated master's port, its put answered at once;
+    the reply checked SUCCESS (port_handle raises otherwise); a bounded run, the figure printed, never asserted."""
+    from dledger_rocketmq.tools import bench_send
+
+    bench_send.main(["--calls", "10", "--handle"])
+    assert "port_handle_us" in capsys.readouterr().out
+
+
 def test_the_port_path_micro_benchmark_answers_every_send():
     """bench_send --port: whole SEND_MESSAGE_V2 frames through a simulated master's port, every one answered
     SUCCESS (port_path raises otherwise); a bounded run, the figure printed, never asserted."""
