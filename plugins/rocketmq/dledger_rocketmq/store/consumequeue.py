@@ -575,6 +575,18 @@ class ConsumeQueue:
 
     def _write(self, queue_offset: int, data: bytes) -> None:
         """Write whole units from ``queue_offset`` on: one pwrite per file, creating files as they are reached."""
+        files = self._files
+        if files and queue_offset >= 0:  # the common case: all of it inside the last file (a drain of a delivery)
+            byte = queue_offset * UNIT_SIZE
+            pos = byte % self.file_size
+            start = byte - pos
+            if start == files[-1] and pos + len(data) <= self.file_size:
+                write_at(self._fds.fd(self._name(start)), data, pos)
+                if start not in self._dirty:
+                    self._dirty.add(start)
+                    if self._on_change is not None:
+                        self._on_change(self, False)
+                return
         view = memoryview(data)
         while view:
             start, pos = locate_unit(queue_offset, self.file_size)
