@@ -1,6 +1,7 @@
 """``dledger bench rocketmq`` keeps working: a tiny run of its load phases (figures printed, never asserted)."""
 
 import json
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -65,7 +66,8 @@ def test_default_batch_follows_the_message_size():
 def test_raw_sends_write_send_message_v2_frames_and_route_replies_by_opaque():
     """The single-send load generator's pre-encoded frames decode as the broker port reads them (topic, queue,
     body, a fresh opaque each); replies reach their sender by opaque, a lost connection answers the rest None."""
-    from dledger_rocketmq.broker.port import SEND_MESSAGE_V2, decode_header, encode_command, send_args
+    from dledger_rocketmq.broker.port import SEND_MESSAGE_V2, decode_header, reply_frame, send_args, send_reply
+    from dledger_rocketmq.store.commitlog import PutResult, PutStatus
     from dledger_rocketmq.tools.bench import RawSends
     from twisted.internet.testing import StringTransport
 
@@ -74,15 +76,38 @@ def test_raw_sends_write_send_message_v2_frames_and_route_replies_by_opaque():
     raw = RawSends("pg", TOPIC, b"body", BATCH_PROPERTIES, 8)
     raw.makeConnection(StringTransport())
     got = []
-    raw.send(3, lambda h: got.append(("a", h)))
-    raw.send(5, lambda h: got.append(("b", h)))
+    raw.send(3, lambda code, offset: got.append(("a", code, offset)))
+    raw.send(5, lambda code, offset: got.append(("b", code, offset)))
+    raw.send(6, lambda code, offset: got.append(("c", code, offset)))
     frames = list(FrameSplitter(header_decoder=decode_header).feed(raw.transport.value()))
-    assert [f.header.opaque for f in frames] == [1, 2] and all(f.body == b"body" for f in frames)
+    assert [f.header.opaque for f in frames] == [1, 2, 3] and all(f.body == b"body" for f in frames)
     assert {f.header.code for f in frames} == {SEND_MESSAGE_V2} and not any(f.header.is_response for f in frames)
     args = [send_args(f.header.code, f.header.ext_fields) for f in frames]
     assert [(a.topic, a.queue_id, a.properties, a.producer_group) for a in args] == [
-        (TOPIC, 3, BATCH_PROPERTIES, "pg"), (TOPIC, 5, BATCH_PROPERTIES, "pg")]
-    raw.dataReceived(encode_command(Header(0, 2, 1, "JAVA", 409, None, {"queueOffset": "7"})))
-    assert [(k, h.ext_fields["queueOffset"]) for k, h in got] == [("b", "7")]
+        (TOPIC, 3, BATCH_PROPERTIES, "pg"), (TOPIC, 5, BATCH_PROPERTIES, "pg"), (TOPIC, 6, BATCH_PROPERTIES, "pg")]
+    # The port's replies as it writes them (the template and the general encoding), split across reads.
+    ok = reply_frame(Header(SEND_MESSAGE_V2, 2), send_reply(PutResult(PutStatus.PUT_OK, msg_id="AB", queue_id=5,
+                                                                     queue_offset=7, msg_ids=("AB",), count=1)))
+    busy = reply_frame(Header(SEND_MESSAGE_V2, 3), send_reply(PutResult(PutStatus.OS_PAGECACHE_BUSY)))
+    data = ok + busy
+    raw.dataReceived(data[:5])
+    raw.dataReceived(data[5:len(ok) + 9])
+    assert got == [("b", 0, 7)]
+    raw.dataReceived(data[len(ok) + 9:])
+    assert got == [("b", 0, 7), ("c", 2, -1)] and raw.buffer == b""
     raw.connectionLost()
-    assert got[-1] == ("a", None) and raw.waiting == {}
+    assert got[-1] == ("a", None, -1) and raw.waiting == {}
+
+
+def test_raw_sends_close_on_a_reply_they_cannot_read():
+    """A reply frame without a readable code or opaque closes the generator's connection (nothing answered)."""
+    from dledger_rocketmq.tools.bench import RawSends
+    from twisted.internet.testing import StringTransport
+
+    raw = RawSends("pg", TOPIC, b"body", BATCH_PROPERTIES, 8)
+    raw.makeConnection(StringTransport())
+    got = []
+    raw.send(0, lambda code, offset: got.append(code))
+    head = b'{"flag":1,"opaque":1}'
+    raw.dataReceived(struct.pack(">iI", 4 + len(head), len(head)) + head)
+    assert raw.transport.disconnecting and got == []

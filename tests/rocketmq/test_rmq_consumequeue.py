@@ -472,6 +472,43 @@ def test_a_failed_drain_leaves_the_queue_as_before_the_batch(tmp_path, monkeypat
     assert queue.read(0, 10) == [(q, unit(q)) for q in range(4)]
 
 
+def test_the_first_unit_of_a_delivery_taken_inline_is_buffered_as_append_buffers_it(tmp_path, monkeypatch):
+    """append_next's inline path also takes a delivery's first unit for a queue (nothing buffered yet): the
+    queue is marked buffered once (so ConsumeQueues.drain writes it), and a failed drain restores the queue as
+    it was before that unit, exactly as after append(defer=True)."""
+    marks = []
+    for how in ("append_next", "append"):
+        queue = filled(tmp_path / how, 2)
+        queue._on_change = lambda q, buffered, how=how: marks.append((how, buffered))
+        for q in (2, 3):
+            if how == "append_next":
+                assert queue.append_next(q, *unit(q)) is True
+            else:
+                assert queue.append(q, unit(q), defer=True) is True
+        assert queue.pending == 2 and queue.get(3) == unit(3) and queue.pending == 0  # the read drained them
+        queue.append_next(4, *unit(4)) if how == "append_next" else queue.append(4, unit(4), defer=True)
+
+        def fail(fd, data, off):
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(cq, "write_at", fail)
+        with pytest.raises(OSError, match="No space"):
+            queue.drain()
+        monkeypatch.undo()
+        assert (queue.max_offset, queue.max_physical_offset, queue.pending) == (4, 1400, 0)
+    flags = {how: [b for h, b in marks if h == how] for how in ("append_next", "append")}
+    assert flags["append_next"] == flags["append"] and flags["append"].count(True) == 2  # once per buffered run
+
+
+def test_append_next_leaves_an_empty_queue_and_misplaced_units_to_append(tmp_path):
+    """An empty queue (it may start anywhere) and a unit that is not the next one take append and its checks."""
+    queue = cq.ConsumeQueue(tmp_path, "T", 0, file_size=100)
+    assert queue.append_next(7, *unit(7)) is True and queue.min_offset == 7  # an empty queue starts at the unit
+    with pytest.raises(CodecError, match="units missing"):
+        queue.append_next(9, *unit(9))
+    with pytest.raises(CodecError, match="below"):
+        queue.append_next(8, 1000, 100, 0)  # a physical offset behind the queue's last record
+
+
 def test_truncation_closes_the_fds_of_deleted_files(tmp_path):
     """Files deleted by a truncation lose their cached fd; appends after it recreate them in place."""
     queue = filled(tmp_path, 12)  # files 0, 100, 200

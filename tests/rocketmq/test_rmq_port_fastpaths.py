@@ -114,6 +114,40 @@ class _NoDelayTransport(StringTransport):
         self.no_delay = enabled
 
 
+@pytest.mark.parametrize("text", [
+    '{"code":310,"opaque":1}',
+    ' {"code":310,"opaque":1} ',                       # whitespace around: json.loads's rules
+    '{"code":310,"opaque":1}{"code":11}',              # trailing data after the object
+    '{"code":310,"opaque":1',                          # truncated
+    '{"code":310,"opaque":1,}',                        # a trailing comma
+    '{"code":310,"opaque":NaN}',                       # what json.loads takes, taken
+    '[310, 1]',                                        # not an object
+    '\ufeff{"code":310,"opaque":1}',                   # a BOM
+    '{"code":310,"remark":"\\u0001\\ud800","opaque":1}',  # escapes, a lone surrogate
+])
+def test_json_header_scanner_accepts_and_refuses_what_json_loads_does(text):
+    """The header's direct scanner call (no json.loads wrapper) decodes exactly what json.loads decodes and
+    refuses the rest with json.loads's error."""
+    from dledger_rocketmq.broker.port import _loads
+    try:
+        expected = json.loads(text)
+    except ValueError as exc:
+        with pytest.raises(ValueError) as got:
+            _loads(text)
+        assert str(got.value) == str(exc)
+    else:
+        assert repr(_loads(text)) == repr(expected)
+
+
+def test_a_request_is_a_slotted_object_with_its_send_header_in_a_slot():
+    """One Request per frame: no instance dict (slots), the send header cached in its slot, not in a dict."""
+    req = Request(SEND_MESSAGE_V2, {"a": "pg", "b": "T", "e": "3"})
+    assert not hasattr(req, "__dict__")
+    assert req._sending is None
+    args = req.sending
+    assert req._sending is args and req == Request(SEND_MESSAGE_V2, {"a": "pg", "b": "T", "e": "3"})
+
+
 def test_the_port_turns_nagle_off_on_every_connection():
     """Replies are small writes: with Nagle on, a synchronous producer waits for its own delayed ACK (RocketMQ's
     server sets TCP_NODELAY too).  A transport without the option (a unix socket) is left alone."""
@@ -141,6 +175,15 @@ def test_the_put_path_micro_benchmark_runs_both_ways(capsys):
     bench_send.main(["--calls", "10", "--puts", "4", "--put-rounds", "2"])
     line = capsys.readouterr().out
     assert "put_one_us" in line and "put_gathered_us" in line
+
+
+def test_the_port_handle_micro_benchmark_answers_its_frame(capsys):
+    """bench_send --handle: one producer frame through the simulated master's port, its put answered at once;
+    the reply checked SUCCESS (port_handle raises otherwise); a bounded run, the figure printed, never asserted."""
+    from dledger_rocketmq.tools import bench_send
+
+    bench_send.main(["--calls", "10", "--handle"])
+    assert "port_handle_us" in capsys.readouterr().out
 
 
 def test_the_port_path_micro_benchmark_answers_every_send():

@@ -33,7 +33,6 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 from twisted.application import service
@@ -143,10 +142,32 @@ def _int_field(obj: dict, key: str, default: int | None = None) -> int:
     return value
 
 
+_scan_json = json.JSONDecoder().scan_once
+
+
+def _loads(text: str) -> Any:
+    """``json.loads(text)`` for a header: an object filling the whole text goes straight to the C scanner.
+
+    ``json.loads`` wraps the same scanner in two Python calls and two
+    whitespace matches (a third of its time on a producer's header); anything
+    else (whitespace around, a non-object, an error) takes ``json.loads``, so
+    what is accepted and every error message are ``json.loads``'s.
+    """
+    if text[:1] == "{":
+        try:
+            obj, end = _scan_json(text, 0)
+        except (StopIteration, ValueError, RecursionError):
+            pass
+        else:
+            if end == len(text):
+                return obj
+    return json.loads(text)
+
+
 def decode_json_header(data: bytes) -> Header:
     """A JSON RemotingCommand header, any key order, extFields values of any JSON type (made strings)."""
     try:
-        obj = json.loads(data.decode("utf-8"))
+        obj = _loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise HeaderError(f"header: invalid JSON: {str(exc)[:120]}") from None
     if not isinstance(obj, dict):
@@ -563,24 +584,33 @@ def vip_topic_sync_refusal(*, is_master: bool, self_id: str) -> Reply | None:
                                "table (ask the master registered with the name server)")
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
-    """One request as a handler sees it: code, lenient extFields, body, and the connection it came on."""
+    """One request as a handler sees it: code, lenient extFields, body, and the connection it came on.
+
+    Slots, and the send header cached in a slot of its own rather than by
+    ``functools.cached_property`` (whose lock, on Python 3.11, cost as much as
+    the rest of the request object): one is made per request.
+    """
 
     code: int
     ext: dict[str, Any]
     body: bytes = b""
     conn: Any = None  # the BrokerPortProtocol (None in unit tests)
     header: Header | None = None
+    _sending: SendArgs | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def born_host(self) -> Address:
         return self.conn.born_host if self.conn is not None else Address("127.0.0.1", 0)
 
-    @cached_property
+    @property
     def sending(self) -> SendArgs:
         """The send header (:func:`send_args`), decoded once however many send handlers look at it."""
-        return send_args(self.code, self.ext)
+        args = self._sending
+        if args is None:
+            args = self._sending = send_args(self.code, self.ext)
+        return args
 
 
 # -- the protocol ----------------------------------------------------------------------------------------------------
@@ -912,8 +942,9 @@ class BrokerPort(service.Service):
         if broker.role != "MASTER":
             return send_reply(PutResult(PutStatus.SERVICE_NOT_AVAILABLE))
         topics = broker.meta.topics
-        error, create, queue_id = send_topic_check(args, topics.get(args.topic), topics.get(args.default_topic),
-                                                   can_create=True)
+        topic = topics.get(args.topic)  # the default topic is looked up only for a topic to create
+        error, create, queue_id = send_topic_check(args, topic, topics.get(args.default_topic) if topic is None
+                                                   else None, can_create=True)
         if error is not None:
             return error
         template = send_template(args, body, born_host, queue_id=queue_id)
@@ -923,24 +954,28 @@ class BrokerPort(service.Service):
             return Reply(MESSAGE_ILLEGAL, f"the batch is malformed: {exc}", dict(SEND_EXTRA))
 
         began = self.now_ms()
-
-        def counted(result: PutResult) -> Reply:
-            size = template.size
-            if items is not None:  # each record: the template's fixed part and topic, its own body and properties
-                fixed = size - len(template.body) - len(template.properties)
-                size = sum(fixed + len(b) + len(p) for b, p, _ in items)
-            self.broker_stats.on_put(args.topic, result.count or 1, size, self.now_ms() - began, result.ok)
-            return send_reply(result)
-
-        def store(_=None):
-            d = broker.put_batch(template, items) if items is not None else broker.put_message(template)
-            return d.addCallback(counted)
         if create is None:
-            return store()
+            return self._store(template, items, args.topic, began)
         # Auto-creation goes through the log (a control entry every member applies), then the message.
         log.info("{id}: topic {t} auto-created from {d} ({n} queues)", id=broker.server.self_id,
                  t=args.topic, d=args.default_topic, n=create["writeQueueNums"])
-        return broker.create_topic(create).addCallback(store)
+        return broker.create_topic(create).addCallback(lambda _: self._store(template, items, args.topic, began))
+
+    def _store(self, template: MessageRecord, items: list | None, topic: str, began: int) -> Deferred:
+        """The put of a send, answered by :meth:`_counted` (a bound method and its arguments: no closures per send)."""
+        broker = self.broker
+        d = broker.put_batch(template, items) if items is not None else broker.put_message(template)
+        return d.addCallback(self._counted, template, items, topic, began)
+
+    def _counted(self, result: PutResult, template: MessageRecord, items: list | None, topic: str,
+                 began: int) -> Reply:
+        """A put answered: the broker statistics, then the send's reply."""
+        size = template.size
+        if items is not None:  # each record: the template's fixed part and topic, its own body and properties
+            fixed = size - len(template.body) - len(template.properties)
+            size = sum(fixed + len(b) + len(p) for b, p, _ in items)
+        self.broker_stats.on_put(topic, result.count or 1, size, self.now_ms() - began, result.ok)
+        return send_reply(result)
 
     def _pull(self, req: Request) -> Reply:
         args = pull_args(req.ext)

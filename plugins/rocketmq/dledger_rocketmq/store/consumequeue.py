@@ -519,17 +519,28 @@ class ConsumeQueue:
     def append_next(self, queue_offset: int, physical_offset: int, size: int, tags_code: int) -> bool:
         """``append(queue_offset, Unit(...), defer=True)``, with the dispatcher's common case taken inline.
 
-        The common case: the unit goes right after the one buffered before it
-        (same delivery, next offset, physical offsets ascending), so none of
-        :meth:`append`'s other placements can apply; anything else goes
-        through :meth:`append` and its checks.
+        The common case: the unit goes right after the queue's last one (next
+        offset, physical offsets ascending) of a queue that is not empty, so
+        none of :meth:`append`'s other placements can apply.  That includes
+        the first unit of a delivery for its queue (nothing buffered yet: the
+        state before it is recorded as :meth:`append` records it), which is
+        most units when deliveries are small (single sends: a few entries
+        spread over the queues).  Anything else goes through :meth:`append`
+        and its checks.
         """
-        if queue_offset == self._next and self._pending and size > 0 and physical_offset >= self._max_physical:
+        if queue_offset == self._next and size > 0 and physical_offset >= self._max_physical and (
+                self._pending or self._next != self._min):
             try:
-                self._pending += UNIT.pack(physical_offset, size, tags_code)
+                data = UNIT.pack(physical_offset, size, tags_code)
             except struct.error:
                 raise CodecError(f"consume-queue unit {(physical_offset, size, tags_code)} does not fit "
                                  f"int64/int32/int64") from None
+            if not self._pending:
+                self._pending_at = queue_offset
+                self._before_pending = (self._next, self._max_physical)
+                if self._on_change is not None:
+                    self._on_change(self, True)
+            self._pending += data
             self._next = queue_offset + 1
             self._max_physical = physical_offset + size
             return True
@@ -564,6 +575,18 @@ class ConsumeQueue:
 
     def _write(self, queue_offset: int, data: bytes) -> None:
         """Write whole units from ``queue_offset`` on: one pwrite per file, creating files as they are reached."""
+        files = self._files
+        if files and queue_offset >= 0:  # the common case: all of it inside the last file (a drain of a delivery)
+            byte = queue_offset * UNIT_SIZE
+            pos = byte % self.file_size
+            start = byte - pos
+            if start == files[-1] and pos + len(data) <= self.file_size:
+                write_at(self._fds.fd(self._name(start)), data, pos)
+                if start not in self._dirty:
+                    self._dirty.add(start)
+                    if self._on_change is not None:
+                        self._on_change(self, False)
+                return
         view = memoryview(data)
         while view:
             start, pos = locate_unit(queue_offset, self.file_size)

@@ -22,6 +22,7 @@ the in-process dispatcher benchmark (:mod:`dledger_rocketmq.tools.bench_dispatch
 
 from __future__ import annotations
 
+import re
 import shutil
 import struct
 import sys
@@ -40,9 +41,9 @@ from twisted.internet.task import deferLater
 from dledger.bench.runner import progress, run_benchmark
 from dledger.commands.argtypes import positive_float, positive_int
 from dledger.launcher import LocalGroup, durable_store, free_ports
-from dledger.transport.remoting import FrameError, FrameSplitter, Header
+from dledger.transport.remoting import Header
 from dledger.transport.sockopts import set_no_delay
-from dledger_rocketmq.broker.port import SEND_MESSAGE_V2, VERSION, decode_header
+from dledger_rocketmq.broker.port import SEND_MESSAGE_V2, VERSION
 from dledger_rocketmq.client.client import RocketMQError, connect, message_properties
 from dledger_rocketmq.common.batch import BatchItem, encode_batch
 from dledger_rocketmq.tools.localgroup import broker_port_args, wait_for_master
@@ -152,7 +153,8 @@ class RawSends(protocol.Protocol):
 
     Per send only the opaque changes (one template per queue: the header the
     plugin's client writes, born timestamp fixed when the phase starts); no
-    header encoding, Deferred or timer per send.  The plain log's generator
+    header encoding, Deferred or timer per send, and no header decode per reply
+    (code, opaque and queueOffset read by pattern).  The plain log's generator
     (:class:`dledger.bench.load.RawAppends`) works the same way, so the two
     benchmarks' rates compare the servers, not their clients' costs
     (the plugin's full client spent ~50 us of CPU per single send, on the
@@ -160,8 +162,8 @@ class RawSends(protocol.Protocol):
     """
 
     def __init__(self, producer_group: str, topic: str, body: bytes, properties: str, queues: int):
-        self.splitter = FrameSplitter(header_decoder=decode_header)
-        self.waiting: dict[int, Callable[[Header | None], None]] = {}
+        self.buffer = bytearray()
+        self.waiting: dict[int, Callable[[int | None, int], None]] = {}
         self.opaque = 0
         self.body = body
         born = str(int(time.time() * 1000))
@@ -176,8 +178,9 @@ class RawSends(protocol.Protocol):
     def connectionMade(self):
         set_no_delay(self.transport)
 
-    def send(self, queue_id: int, on_reply: Callable[[Header | None], None]) -> None:
-        """Send one message to ``queue_id``; ``on_reply(header)`` with the reply's header (None: connection lost)."""
+    def send(self, queue_id: int, on_reply: Callable[[int | None, int], None]) -> None:
+        """Send one message to ``queue_id``; ``on_reply(code, queue_offset)`` with the reply's code and queueOffset
+        (-1 when it has none; code None: connection lost)."""
         self.opaque = opaque = self.opaque + 1
         before, after = self.templates[queue_id]
         head = b"%s%d%s" % (before, opaque, after)
@@ -185,18 +188,43 @@ class RawSends(protocol.Protocol):
         self.waiting[opaque] = on_reply
 
     def dataReceived(self, data: bytes):
-        try:
-            for frame in self.splitter.feed(data):
-                on_reply = self.waiting.pop(frame.header.opaque, None)
-                if on_reply is not None:
-                    on_reply(frame.header)
-        except FrameError:
-            self.transport.loseConnection()
+        """Replies read for their code, opaque and queueOffset only, by pattern over the JSON header (as the
+        plain log's generator reads its replies): no header decode per reply.  A frame without a readable code or
+        opaque (or a length out of range) closes the connection."""
+        buf = self.buffer
+        buf += data
+        pos, size = 0, len(buf)
+        while size - pos >= 8:
+            total, word = _FRAME_HEAD.unpack_from(buf, pos)
+            head_end = pos + 8 + (word & 0xFFFFFF)
+            end = pos + 4 + total
+            if total < 4 or head_end > end:
+                self.transport.loseConnection()
+                return
+            if end > size:
+                break
+            code = _REPLY_CODE.match(buf, pos + 8, head_end)
+            opaque = _REPLY_OPAQUE.search(buf, pos + 8, head_end)
+            if code is None or opaque is None:
+                self.transport.loseConnection()
+                return
+            offset = _REPLY_QUEUE_OFFSET.search(buf, pos + 8, head_end)
+            on_reply = self.waiting.pop(int(opaque[1]), None)
+            pos = end
+            if on_reply is not None:
+                on_reply(int(code[1]), int(offset[1]) if offset is not None else -1)
+        del buf[:pos]
 
     def connectionLost(self, reason=None):
         waiting, self.waiting = self.waiting, {}
         for on_reply in waiting.values():
-            on_reply(None)
+            on_reply(None, -1)
+
+
+#: A reply header's code (the first key of a compact, sorted JSON header: ``{"code":0,...``), opaque, queueOffset.
+_REPLY_CODE = re.compile(rb'\{"code":(-?\d+)[,}]')
+_REPLY_OPAQUE = re.compile(rb'"opaque":(-?\d+)')
+_REPLY_QUEUE_OFFSET = re.compile(rb'"queueOffset":"(-?\d+)"')
 
 
 class Phase:
@@ -227,7 +255,7 @@ class Phase:
         self.next_queue = (q + 1) % self.opts.queues
         self.outstanding += 1
         if self.raw is not None:
-            self.raw.send(q, lambda header: self._raw_answered(q, header))
+            self.raw.send(q, lambda code, offset: self._raw_answered(q, code, offset))
             return
         c = self.client
         if self.batch_body is not None:
@@ -248,15 +276,15 @@ class Phase:
             self._one()
         d.addCallbacks(ok, failed).addBoth(next_)
 
-    def _raw_answered(self, q: int, header: Header | None) -> None:
-        if header is None:
+    def _raw_answered(self, q: int, code: int | None, queue_offset: int) -> None:
+        if code is None:
             self.errors["connection lost"] = self.errors.get("connection lost", 0) + 1
-        elif header.code != 0:
-            key = f"code {header.code}"
+        elif code != 0:
+            key = f"code {code}"
             self.errors[key] = self.errors.get(key, 0) + 1
         else:
             self.acked += 1
-            self.ends[q] = max(self.ends[q], int((header.ext_fields or {}).get("queueOffset", -1)) + 1)
+            self.ends[q] = max(self.ends[q], queue_offset + 1)
         self.outstanding -= 1
         self._one()
 

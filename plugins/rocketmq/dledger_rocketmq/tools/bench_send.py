@@ -17,6 +17,10 @@ by one (``put_one_us``) and gathered as the port gathers the sends of one read
 (``put_gathered_us``), alternating;
 process CPU per put, the whole group's (leader, followers, simulated network).
 
+``--handle`` times the port's own work for one producer frame
+(``port_handle_us``): ``dataReceived`` of one SEND_MESSAGE_V2 frame on the
+simulated master's port, its put answered at once (no log, no replication).
+
 ``--port N`` times whole sends on the same simulated group: rounds of N
 SEND_MESSAGE_V2 frames (the stock producer's JSON header, 1 KiB bodies, 8
 queues) handed to the master's broker port in one read, until every reply
@@ -54,10 +58,17 @@ def run(calls: int = 20_000) -> dict[str, float]:
         return req.sending, req.sending
 
     def per_call(fn) -> float:
-        return round(min(timeit.repeat(fn, number=calls, repeat=7)) / calls * 1e6, 2)
+        return _per_call(fn, calls)
     return {"decode_json_header_us": per_call(lambda: decode_json_header(JAVA_HEADER)),
             "send_header_us": per_call(send_header),
             "send_reply_frame_us": per_call(lambda: reply_frame(header, send_reply(result)))}
+
+
+def _per_call(fn, calls: int) -> float:
+    """Microseconds of process CPU per call, min of 7 rounds (CPU time: steadier than wall time on a shared
+    machine, where another process's turn would count as this call's)."""
+    timer = timeit.Timer(fn, timer=time.process_time)
+    return round(min(timer.repeat(number=calls, repeat=7)) / calls * 1e6, 2)
 
 
 @contextmanager
@@ -128,6 +139,36 @@ def port_path(sends: int = 64, rounds: int = 40) -> dict[str, float]:
     return {"port_send_us": round(total / (rounds * sends) * 1e6, 1)}
 
 
+def port_handle(calls: int = 20_000) -> dict[str, float]:
+    """The port's own work for one producer frame: ``dataReceived`` of one SEND_MESSAGE_V2 frame on the
+    simulated master's port with the put answered at once (no log, no replication): frame split, header,
+    send header, topic check, record, put answer, statistics, reply frame (``port_handle_us``, process CPU)."""
+    from twisted.internet.defer import succeed
+    from twisted.internet.testing import StringTransport
+
+    from dledger_rocketmq.broker.port import BrokerPort, BrokerPortProtocol
+    from dledger_rocketmq.store.metadata import topic_config
+
+    frame = struct.pack(">iI", 4 + len(JAVA_HEADER) + 1024, len(JAVA_HEADER)) + JAVA_HEADER + bytes(1024)
+    result = PutResult(PutStatus.PUT_OK, msg_id=MSG_ID, queue_id=3, queue_offset=12, msg_ids=(MSG_ID,), count=1)
+    with simulated_master() as (cluster, broker):
+        broker.create_topic(topic_config(TOPIC, 8, 8))
+        if not cluster.run_until(lambda: broker.meta.topics.get(TOPIC) is not None, 30):
+            raise RuntimeError("the bench topic was never created")
+        broker.put_message = lambda record: succeed(result)
+        conn = BrokerPortProtocol(BrokerPort(broker, "tcp:0"))
+        conn.makeConnection(StringTransport())
+
+        def one() -> None:
+            conn.dataReceived(frame)
+            conn.transport.clear()
+        conn.dataReceived(frame)
+        if b'"code":0' not in conn.transport.value():
+            raise RuntimeError(f"the send was not answered SUCCESS: {conn.transport.value()[:200]!r}")
+        conn.transport.clear()
+        return {"port_handle_us": _per_call(one, calls)}
+
+
 def put_path(puts: int = 64, rounds: int = 40) -> dict[str, float]:
     """Process CPU per single put, one by one and gathered (see the module's docstring)."""
     from dledger_rocketmq.common.message import MessageRecord
@@ -162,12 +203,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--calls", type=int, default=20_000, help="calls per round (default 20000)")
     p.add_argument("--puts", type=int, default=0,
                    help="also time the put path: rounds of this many single puts in a simulated group (0: not)")
+    p.add_argument("--handle", action="store_true",
+                   help="also time the port's own work for one frame, the put answered at once (port_handle_us)")
     p.add_argument("--put-rounds", type=int, default=40, help="rounds of --puts puts each way (default 40)")
     p.add_argument("--port", type=int, default=0,
                    help="also time whole sends through the master's broker port: rounds of this many SEND_MESSAGE_V2 "
                         "frames of 1 KiB in one read (0: not)")
     args = p.parse_args(argv)
     figures = run(max(1, args.calls))
+    if args.handle:
+        figures.update(port_handle(max(1, args.calls)))
     if args.puts > 0:
         figures.update(put_path(args.puts, max(1, args.put_rounds)))
     if args.port > 0:
