@@ -450,3 +450,43 @@ def test_appends_answered_without_deferreds_hear_of_lost_leadership_and_stats_ke
     assert cluster.run_until(lambda: len(answered) == 3 and kept.called, 10), answered
     assert answered == [(i, ResponseCode.TERM_CHANGED) for i in range(3)]
     assert run_all(cluster, [kept])[0].code == ResponseCode.TERM_CHANGED
+
+
+@pytest.mark.parametrize("settle", ["commit", "timeout", "lost leadership"])
+def test_an_answer_that_raises_leaves_the_waiters_after_it_answered(settle):
+    """PendingAppends calls each waiter's answer from the commit path and its timer: one that raises
+    (a closed connection's, a plugin's) is logged, and every waiter after it is still answered."""
+    from twisted.internet.task import Clock
+
+    from dledger.messages import AppendEntryResponse
+    from dledger.replication.pending import PendingAppends
+
+    clock = Clock()
+    pending = PendingAppends(clock, wait_ack_timeout=2.0, limit=10)
+    answered = []
+
+    def answer(token, response):
+        if token == "bad":
+            raise RuntimeError("connection gone")
+        answered.append((token, response.code))
+
+    logged = []
+    from twisted.logger import globalLogPublisher
+    globalLogPublisher.addObserver(logged.append)
+    for index, token in [(1, "a"), (2, "bad"), (3, "c")]:
+        pending.add_answer(index, AppendEntryResponse(group="g0", index=index), answer, token)
+    expected = {"commit": ResponseCode.SUCCESS, "timeout": ResponseCode.WAIT_QUORUM_ACK_TIMEOUT,
+                "lost leadership": ResponseCode.TERM_CHANGED}[settle]
+    try:
+        if settle == "commit":
+            assert pending.resolve_upto(3) == 3
+        elif settle == "timeout":
+            clock.advance(2.0)
+        else:
+            pending.fail_all(ResponseCode.TERM_CHANGED)
+    finally:
+        globalLogPublisher.removeObserver(logged.append)
+    assert answered == [("a", expected), ("c", expected)]
+    assert len(pending) == 0
+    failures = [e for e in logged if "log_failure" in e]
+    assert len(failures) == 1 and failures[0]["index"] == 2, "the failed answer is logged, with its index"

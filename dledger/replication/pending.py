@@ -13,9 +13,26 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred
+from twisted.logger import Logger
 
 from dledger.codes import ResponseCode
 from dledger.timing import due
+
+log = Logger()
+
+
+def _settle(waiter: tuple, code: int) -> None:
+    """Answer one waiter with ``code``.
+
+    An answer that raises is logged and goes no further: it is called from the commit path and the
+    timers, and one bad answer (a plugin's, a closed connection's) must not stop the waiters after it.
+    """
+    _, _, answer, token, response = waiter
+    response.code = code
+    try:
+        answer(token, response)
+    except Exception:
+        log.failure("answering the append waiting for index {index} failed", index=waiter[0])
 
 
 class PendingAppends:
@@ -56,9 +73,7 @@ class PendingAppends:
         q = self._queue
         success = int(ResponseCode.SUCCESS)
         while q and q[0][0] <= committed:
-            _, _, answer, token, response = q.popleft()
-            response.code = success
-            answer(token, response)
+            _settle(q.popleft(), success)
             n += 1
         return n
 
@@ -66,10 +81,9 @@ class PendingAppends:
         self._timer = None
         now = self.clock.seconds()
         q = self._queue
+        timeout = int(ResponseCode.WAIT_QUORUM_ACK_TIMEOUT)
         while q and due(q[0][1], now):
-            _, _, answer, token, response = q.popleft()
-            response.code = int(ResponseCode.WAIT_QUORUM_ACK_TIMEOUT)
-            answer(token, response)
+            _settle(q.popleft(), timeout)
         if q:
             self._timer = self.clock.callLater(max(0.0, q[0][1] - now), self._expire)
 
@@ -79,6 +93,5 @@ class PendingAppends:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
-        for _, _, answer, token, response in q:
-            response.code = int(code)
-            answer(token, response)
+        for waiter in q:
+            _settle(waiter, int(code))
