@@ -74,8 +74,9 @@ def from_entries(entries: list) -> Columns:
 
 
 def from_reply(reply) -> Columns:
-    """The columns of a ``GetEntriesRawResponse`` (its ``entries`` when it carries no binary section)."""
-    if reply.section is None:
+    """The columns of a ``GetEntriesRawResponse`` (its ``entries`` when it carries no binary section, or when
+    the reply is a plain ``GetEntriesResponse``: an in-memory transport's, ``dledger.testing``)."""
+    if getattr(reply, "section", None) is None:
         return from_entries(reply.entries)
     return decode_section(reply.section, reply.count)
 
