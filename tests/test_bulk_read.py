@@ -215,3 +215,14 @@ def test_raw_get_is_the_same_get_on_the_wire_and_keeps_the_binary_reply_as_bytes
                                                           sent.header.opaque))
     got = result_of(d)
     assert isinstance(got, GetEntriesRawResponse) and got.section is None and got.entries == [JAVA_ENTRY]
+
+
+def test_raw_get_through_an_in_process_cluster_reads_the_entries():
+    """get_raw over dledger.testing's in-process transport: the member serves it as a GET (no UNSUPPORTED)."""
+    cluster = Cluster(3, seed=6)
+    cluster.start()
+    cluster.append_committed([b"a", b"b"])
+    d = cluster.client().get_raw(0, 10)
+    cluster.run_until(lambda: d.called, 5)
+    assert [e.body for e in d.result.entries] == [b"a", b"b"]
+    cluster.stop()
