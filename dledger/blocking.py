@@ -134,6 +134,10 @@ class BlockingClient:
         """Committed entries from ``index`` (at most ``count``; NOOPs skipped); ``member``: ask that one only."""
         return self._call(lambda: self._client.get(index, count, member=member), timeout)
 
+    def get_raw(self, index: int, count: int = 1, timeout: float | None = None, *, member: str | None = None):
+        """:meth:`DLedgerClient.get_raw`: the GET reply with its entries as bytes, for bulk readers."""
+        return self._call(lambda: self._client.get_raw(index, count, member=member), timeout)
+
     def request(self, code: int, body: bytes = b"", timeout: float | None = None, *, retry_ambiguous: bool = False,
                 member: str | None = None) -> bytes:
         """A plugin's request (``DLedgerClient.request``): the reply's bytes, or a DLedgerError with its reason."""

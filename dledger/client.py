@@ -26,6 +26,7 @@ from dledger.config import parse_peers
 from dledger.errors import DLedgerError, OutcomeUnknown
 from dledger.messages import (
     AppendEntryRequest,
+    GetEntriesRawRequest,
     GetEntriesRequest,
     LeadershipTransferRequest,
     MembersRequest,
@@ -163,6 +164,24 @@ class DLedgerClient:
         resp = yield self._call(lambda m: GetEntriesRequest(group=self.group, remote_id=m, begin_index=index,
                                                             max_size=count), retry_ambiguous=True)
         return resp.entries
+
+    @inlineCallbacks
+    def get_raw(self, index: int, count: int = 1, *, member: str | None = None):
+        """:meth:`get` for bulk readers: a :class:`~dledger.messages.GetEntriesRawResponse` whose entries are
+        left as the binary reply's bytes (``section``, ``count``; ``entries`` instead if the member answered
+        JSON).  The reply's prefix and section CRC are checked; each entry is the caller's to check
+        (``dledger_spark.columns`` decodes them into Arrow columns with the checks :meth:`get` makes).
+        """
+        if member is not None:
+            req = GetEntriesRawRequest(group=self.group, remote_id=member, begin_index=index, max_size=count,
+                                       follower_read=True)
+            resp = yield self.transport.send(member, req, timeout=self.request_timeout)
+            if resp.response_code is not ResponseCode.SUCCESS:
+                raise DLedgerError(resp.response_code, f"GET {index} from {member}", leader_id=resp.leader_id)
+            return resp
+        resp = yield self._call(lambda m: GetEntriesRawRequest(group=self.group, remote_id=m, begin_index=index,
+                                                               max_size=count), retry_ambiguous=True)
+        return resp
 
     @inlineCallbacks
     def request(self, code: int, body: bytes = b"", *, retry_ambiguous: bool = False, member: str | None = None):

@@ -123,6 +123,26 @@ class GetEntriesResponse(RequestOrResponse):
 
 
 @dataclass(slots=True, kw_only=True)
+class GetEntriesRawRequest(GetEntriesRequest):
+    """A GET (the same request on the wire) whose binary reply is kept undecoded: :class:`GetEntriesRawResponse`.
+
+    For bulk readers that build columns straight from the reply's bytes (the Spark source), with no
+    :class:`~dledger.entry.Entry` object per entry.
+    """
+
+
+@dataclass(slots=True, kw_only=True)
+class GetEntriesRawResponse(GetEntriesResponse):
+    """A GET reply whose binary entry section is kept as received: ``count`` entries in the entry codec's
+    layout in ``section`` (its section CRC verified, each entry still to be checked by whoever decodes it).
+    ``section`` is None when the member answered in JSON: ``entries`` then holds them, decoded.
+    """
+
+    section: bytes | memoryview | None = None
+    count: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
 class MetadataRequest(RequestOrResponse):
     """``detail`` (a dledger extension) asks for role, term and log indexes in the reply."""
 
@@ -325,6 +345,8 @@ RESPONSE_TYPES: dict[type, type] = {req: resp for req, resp in RPCS.values()}
 #: Every code of ``codes.PLUGIN_REQUEST_CODES`` carries these (the plugin's code is in the request).
 PLUGIN_RPC = (PluginRequest, PluginResponse)
 RESPONSE_TYPES[PluginRequest] = PluginResponse
+REQUEST_CODES[GetEntriesRawRequest] = RequestCode.GET
+RESPONSE_TYPES[GetEntriesRawRequest] = GetEntriesRawResponse
 
 
 def request_code(request: RequestOrResponse) -> int:

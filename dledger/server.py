@@ -31,6 +31,7 @@ from dledger.membership import wiring as membership_wiring
 from dledger.mending import Mending
 from dledger.messages import (
     AppendEntryRequest,
+    GetEntriesRawRequest,
     GetEntriesRequest,
     HeartBeatRequest,
     InstallSnapshotRequest,
@@ -454,6 +455,7 @@ class DLedgerServer:
             maybeDeferred(self.snapshot_receive.handle, r)),
         AppendEntryRequest: handle_append,
         GetEntriesRequest: handle_get,
+        GetEntriesRawRequest: handle_get,  # the same GET (DLedgerClient.get_raw) through an in-process transport
         MetadataRequest: handle_metadata,
         LeadershipTransferRequest: handle_leadership_transfer,
         SnapshotRequest: handle_snapshot,

@@ -15,8 +15,10 @@ setup(
     packages=find_packages(include=["dledger_spark", "dledger_spark.*"]),
     # Dependencies of dledger-spark only (dledger itself needs neither): pyspark >= 4.2 for the Python Data
     # Source API with admission control (latestOffset(start, limit), SupportsTriggerAvailableNow; PyPI has
-    # 4.3); pyarrow, the form read() hands rows to Spark in (record batches, no per-row Python objects).
-    install_requires=["dledger", "pyspark>=4.2", "pyarrow>=15"],
+    # 4.3); pyarrow, the form read() hands rows to Spark in (record batches, no per-row Python objects);
+    # numpy, which reads a GET reply's entry headers as arrays (dledger_spark.columns; pyarrow >= 16 no
+    # longer pulls it in).
+    install_requires=["dledger", "pyspark>=4.2", "pyarrow>=15", "numpy>=1.22"],
     # format=rocketmq decodes entries with the broker layer's codec; imported only for that format.
     extras_require={"rocketmq": ["dledger-rocketmq"]},
     entry_points={

@@ -184,3 +184,45 @@ def test_client_gets_ask_for_binary_and_read_json_replies_from_java():
     pump.clientIO.bufferReceived(remoting.encode_reply(again.header.opaque, remoting.encode_get_reply_binary(
         java_reply), binary=True))
     assert result_of(d).entries == [JAVA_ENTRY] and client.binary_refused == {"127.0.0.1:20911"}
+
+
+def test_raw_get_is_the_same_get_on_the_wire_and_keeps_the_binary_reply_as_bytes():
+    """DLedgerClient.get_raw's request: a GET marked for a binary reply, the same frame as get's; its binary reply
+    comes back undecoded (section, count; section CRC checked), a JSON reply with its entries decoded."""
+    from test_transport_tcp import Echo, Net, result_of
+
+    from dledger.client import RemoteTransport
+    from dledger.messages import GetEntriesRawRequest, GetEntriesRawResponse
+
+    net = Net(Echo())
+    client = RemoteTransport(net.reactor, {"n0": "127.0.0.1:20911"})
+    request = GetEntriesRawRequest(group="g0", remote_id="n0", begin_index=0, max_size=5)
+    d = client.send("n0", request)
+    pump = net.completer.succeedOnce(greet=False)
+    sent = remoting.decode_frame(pump.clientIO.getOutBuffer())
+    plain = GetEntriesRequest(group="g0", remote_id="n0", begin_index=0, max_size=5)
+    assert sent.header.code == 50002 and sent.header.reply_encoding == "bin"
+    assert remoting.decode_request(sent) == plain
+    assert remoting.encode_request(request, 7, binary=True) == remoting.encode_request(plain, 7, binary=True)
+    body = remoting.encode_get_reply_binary(GetEntriesResponse(group="g0", entries=ENTRIES))
+    pump.clientIO.bufferReceived(remoting.encode_reply(sent.header.opaque, body, binary=True))
+    got = result_of(d)
+    assert isinstance(got, GetEntriesRawResponse) and got.count == len(ENTRIES) and got.entries == []
+    assert bytes(got.section) == body[-len(got.section):] and len(got.section) == sum(e.size for e in ENTRIES)
+    d = client.send("n0", request)
+    sent = remoting.decode_frame(pump.clientIO.getOutBuffer())
+    pump.clientIO.bufferReceived(remoting.encode_response(GetEntriesResponse(group="g0", entries=[JAVA_ENTRY]),
+                                                          sent.header.opaque))
+    got = result_of(d)
+    assert isinstance(got, GetEntriesRawResponse) and got.section is None and got.entries == [JAVA_ENTRY]
+
+
+def test_raw_get_through_an_in_process_cluster_reads_the_entries():
+    """get_raw over dledger.testing's in-process transport: the member serves it as a GET (no UNSUPPORTED)."""
+    cluster = Cluster(3, seed=6)
+    cluster.start()
+    cluster.append_committed([b"a", b"b"])
+    d = cluster.client().get_raw(0, 10)
+    cluster.run_until(lambda: d.called, 5)
+    assert [e.body for e in d.result.entries] == [b"a", b"b"]
+    cluster.stop()

@@ -22,7 +22,7 @@ import json
 import re
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import crc32c as _crc32c
@@ -675,15 +675,43 @@ def decode_get_reply_binary(body: bytes, header: Header | None = None) -> GetEnt
     if count * HEADER_SIZE > len(section):
         raise BinaryBodyError(f"binary GET reply announces {count} entries but has only {len(section)} bytes",
                               header)
+    response = _get_reply_meta(meta_bytes, header)
+    response.entries = _decode_entry_section(body, len(body) - len(section), count, "GET reply", header)
+    return response
+
+
+def _get_reply_meta(meta_bytes: bytes, header: Header | None) -> GetEntriesResponse:
     meta = _loads(meta_bytes, BinaryBodyError, "binary GET reply meta")
     if not isinstance(meta, dict) or "entries" in meta:
         raise BinaryBodyError("binary GET reply meta must be an object without entries", header)
     try:
-        response = messages.from_wire(GetEntriesResponse, meta)
+        return messages.from_wire(GetEntriesResponse, meta)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise BinaryBodyError(f"binary GET reply meta: {str(exc)[:200]}", header) from None
-    response.entries = _decode_entry_section(body, len(body) - len(section), count, "GET reply", header)
-    return response
+
+
+def decode_get_reply_raw(body: bytes, header: Header | None = None) -> messages.GetEntriesRawResponse:
+    """:func:`decode_get_reply_binary` with the entries left as bytes (``section``, ``count``) for a bulk
+    reader to decode into columns: the prefix, the meta and the section CRC are checked here, each entry
+    (its header, its body's CRC) by that decoder."""
+    flags, meta_bytes, section, count, _ = _binary_parts(body, "GET reply", header)
+    if flags:
+        raise BinaryBodyError(f"binary GET reply has flags {flags:#x} (none are defined)", header)
+    if count * HEADER_SIZE > len(section):
+        raise BinaryBodyError(f"binary GET reply announces {count} entries but has only {len(section)} bytes",
+                              header)
+    meta = _get_reply_meta(meta_bytes, header)
+    return messages.GetEntriesRawResponse(**{f: getattr(meta, f) for f in _GET_REPLY_FIELDS},
+                                          section=section, count=count)
+
+
+def _raw_json_get_reply(response: GetEntriesResponse) -> messages.GetEntriesRawResponse:
+    """A JSON GET reply as the raw form: its entries decoded, no section."""
+    return messages.GetEntriesRawResponse(**{f: getattr(response, f) for f in _GET_REPLY_FIELDS},
+                                          entries=response.entries)
+
+
+_GET_REPLY_FIELDS = tuple(f.name for f in fields(GetEntriesResponse) if f.name != "entries")
 
 
 # -- binary APPEND bodies -------------------------------------------------------------
@@ -910,7 +938,11 @@ def decode_response(frame: Frame, cls: type[RequestOrResponse]) -> RequestOrResp
     if header.body_encoding is not None:
         if header.body_encoding == BODY_BINARY and cls is GetEntriesResponse:
             return decode_get_reply_binary(frame.body, header)
+        if header.body_encoding == BODY_BINARY and cls is messages.GetEntriesRawResponse:
+            return decode_get_reply_raw(frame.body, header)
         raise BodyError(f"body encoding {header.body_encoding!r} is not supported in replies", header)
+    if cls is messages.GetEntriesRawResponse:  # a member that answers GETs in JSON
+        return _raw_json_get_reply(decode_body(GetEntriesResponse, frame.body, header))
     return decode_body(cls, frame.body, header)
 
 
@@ -929,6 +961,7 @@ __all__ = [
     "BinaryBodyError", "BodyError", "Frame", "FrameError", "FrameLengthError", "FrameSplitter",
     "FrameTooLargeError", "Header", "HeaderError", "UnknownRequestCodeError", "UnsupportedSerializeTypeError",
     "decode_append_binary", "decode_body", "decode_frame", "decode_get_reply_binary", "decode_install_binary",
+    "decode_get_reply_raw",
     "decode_push_binary", "encode_install_binary",
     "decode_request", "decode_response", "encode_append_binary", "encode_body", "encode_frame",
     "encode_get_reply_binary", "encode_push_binary", "encode_reply", "encode_request", "encode_response",

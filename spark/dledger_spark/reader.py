@@ -3,7 +3,8 @@
 Each Python worker keeps one :class:`dledger.blocking.BlockingClient` per group (its own connections,
 its own reactor thread), so a task costs no connection set-up once the worker is warm.  GETs ask for
 dledger's binary reply (entries raw, no Base64) and return up to 4 MiB each; every reply becomes one
-``pyarrow.RecordBatch`` built column by column, so no row tuples pass through Python.
+``pyarrow.RecordBatch`` built column by column, so no row tuples pass through Python (for the ``raw``
+format straight from the reply's bytes, :mod:`dledger_spark.columns`: no ``Entry`` object per row).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from dataclasses import dataclass
 
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
+from dledger_spark import columns
+from dledger_spark.columns import Columns
 from dledger_spark.options import Credentials
 from dledger_spark.planning import data_loss_message
-from dledger_spark.schema import arrow_batch
+from dledger_spark.schema import arrow_batch, raw_batch
 
 log = logging.getLogger("dledger_spark")
 
@@ -110,8 +113,33 @@ def fetch(client, part: Partition, index: int, count: int, turn: int | None) -> 
     return client.get(index, count), None
 
 
-def read_entries(part: Partition, client=None, clock=time.monotonic) -> Iterator[list]:
-    """The committed entries of ``part`` (NOOPs skipped), reply by reply: lists of ``dledger.entry.Entry``.
+def fetch_columns(client, part: Partition, index: int, count: int, turn: int | None) -> tuple[Columns, str | None]:
+    """:func:`fetch` with the reply decoded straight into :class:`~dledger_spark.columns.Columns` (no
+    ``Entry`` per entry); a reply that fails the entry checks is a NETWORK_ERROR (asked again), as the
+    plain client's ``get`` treats an undecodable reply."""
+    if turn is not None and part.members:
+        member = part.members[turn % len(part.members)]
+        reply = client.get_raw(index, count, member=member)
+    else:
+        member, reply = None, client.get_raw(index, count)
+    try:
+        return columns.from_reply(reply), member
+    except columns.CorruptReplyError as exc:
+        raise DLedgerError(ResponseCode.NETWORK_ERROR, f"undecodable GET reply from {member or 'the leader'}: "
+                                                       f"{exc}") from None
+
+
+def _last_index(chunk) -> int:
+    return chunk.last_index if isinstance(chunk, Columns) else chunk[-1].index
+
+
+def _below(chunk, end: int):
+    return chunk.below(end) if isinstance(chunk, Columns) else [e for e in chunk if e.index < end]
+
+
+def read_entries(part: Partition, client=None, clock=time.monotonic, fetch=fetch) -> Iterator[list]:
+    """The committed entries of ``part`` (NOOPs skipped), reply by reply: lists of ``dledger.entry.Entry``
+    (with ``fetch=fetch_columns``: :class:`~dledger_spark.columns.Columns`).
 
     Retries what a group in motion answers (leader elections, a lagging follower, connections lost)
     for up to ``part.timeout`` seconds without progress, then raises :class:`SourceError`.  Entries
@@ -172,24 +200,32 @@ def read_entries(part: Partition, client=None, clock=time.monotonic) -> Iterator
                 continue
             time.sleep(0.05)  # allowed: Spark-side retry pause (elections, connections)
             continue
-        if not entries and member is not None:
+        if not len(entries) and member is not None:
             use_leader = True  # a follower whose committed prefix ends in NOOPs: ask the leader
             continue
         follower_since = None
-        if not entries:
+        if not len(entries):
             break  # everything left in [index, end) is a NOOP
-        if entries[-1].index >= part.end:
-            entries = [e for e in entries if e.index < part.end]
-            if not entries:
+        if _last_index(entries) >= part.end:
+            entries = _below(entries, part.end)
+            if not len(entries):
                 break
         last_progress = clock()  # (once the leader was asked, it stays asked: the followers lag this range)
         yield entries
-        index = entries[-1].index + 1
+        index = _last_index(entries) + 1
 
 
 def read_partition(part: Partition, client=None) -> Iterator:
-    """``read()`` of the data source: the entries of ``part`` as Arrow record batches of the read's schema."""
-    for entries in read_entries(part, client):
-        batch = arrow_batch(part.format, part.group, entries, time.time())
-        if batch.num_rows:
-            yield batch
+    """``read()`` of the data source: the entries of ``part`` as Arrow record batches of the read's schema.
+
+    The ``raw`` format builds each batch from the GET reply's bytes (:mod:`dledger_spark.columns`); the
+    ``rocketmq`` format decodes each entry's record, so it reads ``Entry`` objects.
+    """
+    if part.format == "rocketmq":
+        for entries in read_entries(part, client):
+            batch = arrow_batch(part.format, part.group, entries, time.time())
+            if batch.num_rows:
+                yield batch
+        return
+    for cols in read_entries(part, client, fetch=fetch_columns):
+        yield raw_batch(part.group, cols, time.time())

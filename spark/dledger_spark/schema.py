@@ -61,6 +61,24 @@ def arrow_batch(fmt: str, group: str, entries: list, now: float):
     ], schema=schema)
 
 
+def raw_batch(group: str, cols, now: float):
+    """The ``raw`` format's ``pyarrow.RecordBatch`` of :class:`dledger_spark.columns.Columns` (no copy of
+    the index, term and pos arrays, the bodies as they are)."""
+    pa = _pa()
+    schema = _SCHEMAS.get("raw")
+    if schema is None:
+        schema = _SCHEMAS["raw"] = arrow_schema("raw")
+    n = len(cols)
+    return pa.RecordBatch.from_arrays([
+        pa.repeat(pa.scalar(group, pa.string()), n),
+        pa.array(cols.index, pa.int64()),
+        pa.array(cols.term, pa.int64()),
+        pa.array(cols.pos, pa.int64()),
+        cols.body,
+        pa.repeat(pa.scalar(int(now * 1_000_000), pa.timestamp("us", tz="UTC")), n),
+    ], schema=schema)
+
+
 def _rocketmq_batch(pa, schema, group: str, entries: list, now: float):
     try:
         from dledger_rocketmq.common import control, message
