@@ -146,42 +146,34 @@ class DLedgerClient:
         return self._call(lambda m: AppendEntryRequest(group=self.group, remote_id=m, batch_msgs=bodies),
                           retry_ambiguous=self.at_least_once)
 
-    @inlineCallbacks
-    def get(self, index: int, count: int = 1, *, member: str | None = None):
+    def get(self, index: int, count: int = 1, *, member: str | None = None) -> Deferred:
         """Committed entries from ``index`` (at most ``count``; NOOP entries are skipped by the server).
 
         With ``member`` the request goes to that member only, once, marked ``followerRead``: a follower
         answers from its own committed prefix (never past its committed index: INDEX_OUT_OF_RANGE), the
         leader as usual; any refusal is raised as a :class:`DLedgerError` for the caller to decide.
         """
-        if member is not None:
-            req = GetEntriesRequest(group=self.group, remote_id=member, begin_index=index, max_size=count,
-                                    follower_read=True)
-            resp = yield self.transport.send(member, req, timeout=self.request_timeout)
-            if resp.response_code is not ResponseCode.SUCCESS:
-                raise DLedgerError(resp.response_code, f"GET {index} from {member}", leader_id=resp.leader_id)
-            return resp.entries
-        resp = yield self._call(lambda m: GetEntriesRequest(group=self.group, remote_id=m, begin_index=index,
-                                                            max_size=count), retry_ambiguous=True)
-        return resp.entries
+        return self._get(GetEntriesRequest, index, count, member).addCallback(lambda resp: resp.entries)
 
-    @inlineCallbacks
-    def get_raw(self, index: int, count: int = 1, *, member: str | None = None):
+    def get_raw(self, index: int, count: int = 1, *, member: str | None = None) -> Deferred:
         """:meth:`get` for bulk readers: a :class:`~dledger.messages.GetEntriesRawResponse` whose entries are
         left as the binary reply's bytes (``section``, ``count``; ``entries`` instead if the member answered
         JSON).  The reply's prefix and section CRC are checked; each entry is the caller's to check
         (``dledger_spark.columns`` decodes them into Arrow columns with the checks :meth:`get` makes).
         """
+        return self._get(GetEntriesRawRequest, index, count, member)
+
+    @inlineCallbacks
+    def _get(self, kind: type, index: int, count: int, member: str | None):
+        """One GET of ``kind`` (the request class: plain or raw); the whole response."""
         if member is not None:
-            req = GetEntriesRawRequest(group=self.group, remote_id=member, begin_index=index, max_size=count,
-                                       follower_read=True)
+            req = kind(group=self.group, remote_id=member, begin_index=index, max_size=count, follower_read=True)
             resp = yield self.transport.send(member, req, timeout=self.request_timeout)
             if resp.response_code is not ResponseCode.SUCCESS:
                 raise DLedgerError(resp.response_code, f"GET {index} from {member}", leader_id=resp.leader_id)
             return resp
-        resp = yield self._call(lambda m: GetEntriesRawRequest(group=self.group, remote_id=m, begin_index=index,
-                                                               max_size=count), retry_ambiguous=True)
-        return resp
+        return (yield self._call(lambda m: kind(group=self.group, remote_id=m, begin_index=index, max_size=count),
+                                 retry_ambiguous=True))
 
     @inlineCallbacks
     def request(self, code: int, body: bytes = b"", *, retry_ambiguous: bool = False, member: str | None = None):
