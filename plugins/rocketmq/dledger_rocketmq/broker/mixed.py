@@ -44,6 +44,7 @@ from twisted.logger import Logger
 from dledger import diskio
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
+from dledger.ratelog import RateLimitedLog
 from dledger.replication.peerkind import PeerKind
 from dledger_rocketmq.common.control import (
     KIND_ACL_CONFIG,
@@ -250,6 +251,7 @@ class MixedGroup(Service):
         self.applied_locally = False
         #: (deadline, Deferred) of the control entries applied while undecided, not answered yet (apply_undecided).
         self._unacked: list[tuple[float, Deferred]] = []
+        self._unacked_log = RateLimitedLog(log, self.server.clock)
         #: Moves made, oldest first ((seconds, mode)): what `dledger rocketmq migrate-check` and tests read.
         self.moves: list[tuple[float, Mode]] = []
 
@@ -347,6 +349,10 @@ class MixedGroup(Service):
             return
         expired = [w for w in self._unacked if w[0] <= now]
         self._unacked = [w for w in self._unacked if w[0] > now]
+        self._unacked_log.warn("undecided", "{id}: {n} control entries (offset commits, topic/group changes) not "
+                               "acknowledged within {t:g} s: the broker group's mode is not decided (a peer has not "
+                               "answered; peer kinds {k}); applied on this member only", id=self.server.self_id,
+                               n=len(expired), t=UNDECIDED_ACK_TIMEOUT, k=self._peer_view()[0])
         for _, d in expired:
             d.errback(DLedgerError(ResponseCode.WAIT_QUORUM_ACK_TIMEOUT, f"{self.server.self_id}: not acknowledged "
                                    f"within {UNDECIDED_ACK_TIMEOUT:g} s: the broker group's mode is not decided "
