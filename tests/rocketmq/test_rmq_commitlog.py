@@ -20,10 +20,12 @@ from dledger_rocketmq.store.commitlog import (
     put_status_for,
     store_timestamp_position,
 )
-from rmq_cluster_util import broker_cluster, master, msg, put
+from rmq_cluster_util import broker_cluster, master, msg, put, queue_units
+from zope.interface import implementer
 
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
+from dledger.interfaces import IAppendHook
 
 
 @pytest.mark.parametrize("code, status", [
@@ -248,8 +250,8 @@ def test_a_put_the_quorum_never_acknowledged_is_not_put_ok(tmp_path):
 def _gathered(cluster, b, records, calls):
     """Put ``records`` one by one between gather() and flush_gathered(); run until all are answered."""
     server = b.server
-    real = server.handle_appends
-    server.handle_appends = lambda reqs: calls.append(len(reqs)) or real(reqs)
+    real = server.handle_append
+    server.handle_append = lambda req: calls.append(len(req.bodies())) or real(req)
     out = [None] * len(records)
     b.commitlog.gather()
     for k, r in enumerate(records):
@@ -261,8 +263,9 @@ def _gathered(cluster, b, records, calls):
 
 
 def test_gathered_single_puts_are_one_store_batch_with_an_answer_each(tmp_path):
-    """The single sends of one read: held until the flush, then ONE handle_appends; each answered with its own
-    queue offset (consecutive per queue), physical offset (its entry's pos + 48) and message id."""
+    """The single sends of one read: held until the flush, then ONE append request of all their records (one
+    pending append); each answered with its own queue offset (consecutive per queue), physical offset (its
+    entry's pos + 48) and message id."""
     cluster = broker_cluster(tmp_path)
     b = master(cluster)
     put(cluster, b, msg(body=b"before"))
@@ -272,6 +275,7 @@ def test_gathered_single_puts_are_one_store_batch_with_an_answer_each(tmp_path):
     out, held = _gathered(cluster, b, records, calls)
     assert held == end  # nothing was appended before the flush
     assert calls == [4]
+    assert len(b.server.pending) <= 1  # one pending append for the four (none once it committed)
     assert all(r.status is PutStatus.PUT_OK for r in out), out
     assert [(r.queue_id, r.queue_offset, r.count) for r in out] == [(0, 1, 1), (3, 0, 1), (0, 2, 1), (0, 3, 1)]
     assert len({r.physical_offset for r in out}) == 4
@@ -283,17 +287,40 @@ def test_gathered_single_puts_are_one_store_batch_with_an_answer_each(tmp_path):
     assert put(cluster, b, msg(body=b"after")).queue_offset == 4
 
 
-def test_a_gathered_put_refused_by_the_member_fails_alone_and_consumes_no_offset(tmp_path):
-    """Pending appends full after two of three: the third answers OS_PAGECACHE_BUSY, the first two PUT_OK, and
-    the queue's next offset follows the two stored."""
+def test_gathered_puts_refused_by_the_member_are_each_answered_and_consume_no_offset(tmp_path):
+    """Pending appends full: the gathered puts are one request, refused as one; each answers OS_PAGECACHE_BUSY
+    and the queue's next offset is where it was."""
     cluster = broker_cluster(tmp_path)
     b = master(cluster)
-    b.server.pending.limit, saved = len(b.server.pending) + 2, b.server.pending.limit
+    put(cluster, b, msg())
+    b.server.pending.limit, saved = len(b.server.pending), b.server.pending.limit
     out, _ = _gathered(cluster, b, [msg(body=b"a"), msg(body=b"b"), msg(body=b"c")], [])
     b.server.pending.limit = saved
-    assert [r.status for r in out] == [PutStatus.PUT_OK, PutStatus.PUT_OK, PutStatus.OS_PAGECACHE_BUSY]
-    assert [r.queue_offset for r in out[:2]] == [0, 1]
-    assert put(cluster, b, msg()).queue_offset == 2
+    assert [r.status for r in out] == [PutStatus.OS_PAGECACHE_BUSY] * 3
+    assert put(cluster, b, msg()).queue_offset == 1
+
+
+def test_a_gathered_batch_refused_midway_by_another_hook_leaves_no_offset_gap(tmp_path):
+    """Another plugin's append hook refuses the second of three gathered records: the request fails (every put
+    answered, none PUT_OK), the stored first record keeps queue offset 0, and the next put gets offset 1 -- no
+    gap (one request per read; with one request per put the third was stored at offset 2 after a hole at 1)."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+
+    @implementer(IAppendHook)
+    class RefuseB:
+        def before_append(self, entry, buffer, body_offset):
+            if b"refuse me" in bytes(buffer[body_offset:]):
+                raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "no bb here")
+    b.server.add_append_hook(RefuseB())
+    out, held = _gathered(cluster, b, [msg(body=b"aa"), msg(body=b"refuse me"), msg(body=b"cc")], [])
+    assert not any(r.ok for r in out), out
+    assert b.server.store.ledger_end_index == held + 1  # the first record was stored before the refusal
+    assert put(cluster, b, msg(body=b"dd")).queue_offset == 1
+    assert cluster.run_until(lambda: len(queue_units(b, "T", 0)) >= 2, 10)
+    units = queue_units(b, "T", 0)
+    assert [(q, decode_record(b.get_message(u.physical_offset, u.size)).body) for q, u in units] == [
+        (0, b"aa"), (1, b"dd")]
 
 
 def test_a_gathered_put_too_large_fails_alone_and_consumes_no_offset(tmp_path):

@@ -23,6 +23,7 @@ from dledger_rocketmq.common.control import (
 from dledger_rocketmq.common.message import Address, decode_record
 from dledger_rocketmq.plugin import broker_for
 from rmq_cluster_util import broker_cluster, master, msg, put
+from twisted.python.failure import Failure
 
 from dledger.replication.peerkind import PeerKind
 
@@ -281,21 +282,49 @@ def test_migrate_check_cli_one_line_errors(capsys):
     assert "--access-key and --secret-key-file go together" in capsys.readouterr().err
 
 
-def test_commits_applied_while_undecided_go_through_the_log_once_decided(tmp_path):
-    """A master whose peers had not answered kept a commit locally; once they answer as dledger members the
-    commit is written through the log, so the other members hold it too."""
-    cluster = broker_cluster(tmp_path)
+def _undecided_master(cluster):
+    """The master, its mode not decided and one peer that does not answer (as one killed before it did)."""
     b = master(cluster)
-    peer = b.server.peer_kinds.peers[0]
+    kinds = b.server.peer_kinds
+    kinds.stop()
+    peer = kinds.peers[0]
+    saved, kinds.kinds[peer] = kinds.kinds[peer], U
     b.mixed.mode = None
-    b.mixed._asked_at = cluster.clock.seconds() if hasattr(cluster, "clock") else b.server.clock.seconds()
-    saved = b.server.peer_kinds.kinds[peer]
-    b.server.peer_kinds.kinds[peer] = U
-    assert run(cluster, b.commit_offsets([OffsetCommit("cg", "T", 2, 11)])) == -1  # undecided: local
-    b.server.peer_kinds.kinds[peer] = saved
-    assert b.mixed.check() is L
+    b.mixed._asked_at = b.server.clock.seconds()  # just asked: the next control entry does not ask again
+    return b, peer, saved
+
+
+def test_a_commit_applied_while_undecided_is_acknowledged_once_the_log_holds_it(tmp_path):
+    """Regression (the failover test's re-deliveries below an acknowledged commit): a master whose peers had
+    not all answered applied a commit to its own table and acknowledged it at once; killed before the mode was
+    decided, the next master answered the older offset.  Now the commit is applied here but answered only once
+    the mode is decided and the tables went through the log, so an acknowledged commit is on every member."""
+    cluster = broker_cluster(tmp_path)
+    b, peer, saved = _undecided_master(cluster)
     others = [broker_for(s) for s in cluster.servers.values() if broker_for(s) is not b]
+    out = []
+    b.commit_offsets([OffsetCommit("cg", "T", 2, 11)]).addBoth(out.append)
+    cluster.run_until(lambda: bool(out), 3)
+    assert out == []  # only this member holds it: not acknowledged yet
+    assert b.query_offset("cg", "T", 2) == 11 and all(o.query_offset("cg", "T", 2) == -1 for o in others)
+    b.server.peer_kinds.kinds[peer] = saved  # the peer answers: every peer is a dledger member
+    assert cluster.run_until(lambda: bool(out), 10) and out == [-1]
+    assert b.mixed.mode is L
     assert cluster.run_until(lambda: all(o.query_offset("cg", "T", 2) == 11 for o in others), 10)
+
+
+def test_a_commit_applied_while_undecided_is_not_acknowledged_if_the_mode_stays_undecided(tmp_path):
+    """The peer never answers: the commit is answered as not acknowledged (the client commits again later), never
+    as stored; the master's own table keeps it meanwhile."""
+    from dledger_rocketmq.broker.mixed import UNDECIDED_ACK_TIMEOUT
+
+    cluster = broker_cluster(tmp_path)
+    b, _, _ = _undecided_master(cluster)
+    out = []
+    b.commit_offsets([OffsetCommit("cg", "T", 2, 11)]).addBoth(out.append)
+    assert cluster.run_until(lambda: bool(out), UNDECIDED_ACK_TIMEOUT + 3)
+    assert isinstance(out[0], Failure) and "not acknowledged" in out[0].getErrorMessage(), out
+    assert b.mixed.mode is None and b.query_offset("cg", "T", 2) == 11
 
 
 def test_route_control_says_where_a_control_entry_goes(tmp_path):

@@ -393,7 +393,7 @@ def test_port_in_use_fails_the_start(reactor):
 
 
 def test_the_single_sends_of_one_read_are_one_store_batch_each_answered(tmp_path):
-    """Three SEND_MESSAGE_V2 frames in one read: one handle_appends of three requests; three SUCCESS replies,
+    """Three SEND_MESSAGE_V2 frames in one read: one append request of three records; three SUCCESS replies,
     each with its own consecutive queueOffset and msgId."""
     cluster = broker_cluster(tmp_path)
     b = master(cluster)
@@ -401,8 +401,8 @@ def test_the_single_sends_of_one_read_are_one_store_batch_each_answered(tmp_path
     first = _ask(cluster, port, "310-send-message-v2")  # the topic exists from here on
     assert first.header.code == 0
     calls = []
-    real = b.server.handle_appends
-    b.server.handle_appends = lambda reqs: calls.append(len(reqs)) or real(reqs)
+    real = b.server.handle_append
+    b.server.handle_append = lambda req: calls.append(len(req.bodies())) or real(req)
     proto, tr = _server(port)
     proto.dataReceived((FRAMES / "310-send-message-v2-request.bin").read_bytes() * 3)
     assert calls == [3]

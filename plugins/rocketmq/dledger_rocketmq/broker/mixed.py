@@ -42,6 +42,9 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.logger import Logger
 
 from dledger import diskio
+from dledger.codes import ResponseCode
+from dledger.errors import DLedgerError
+from dledger.ratelog import RateLimitedLog
 from dledger.replication.peerkind import PeerKind
 from dledger_rocketmq.common.control import (
     KIND_ACL_CONFIG,
@@ -110,6 +113,9 @@ CHECK_INTERVAL = 1.0
 ASK_AGAIN = 10.0
 #: Most commits / configs per control entry when the tables are written out on the move back to DLEDGER.
 RESUME_CHUNK = 1000
+#: Seconds a control entry applied while the mode is undecided waits for its acknowledgement (the mode decided
+#: and the tables written through the log) before it is answered as not acknowledged.
+UNDECIDED_ACK_TIMEOUT = 10.0
 
 
 class Mode(enum.Enum):
@@ -132,8 +138,10 @@ def group_mode(kinds: Mapping[str, PeerKind], peers: Sequence[str], *, probing: 
     * every peer known to be dledger: DLEDGER;
     * otherwise (a peer that has not answered: down, or still starting) the mode stays ``previous`` (the
       last one decided, kept across restarts); None when nothing was ever decided -- the member then acts
-      MIXED (:meth:`MixedGroup.current`): a control entry a Java peer later reads loses messages on it, a
-      local offset commit a dledger slave gets by the slave sync loses nothing.
+      MIXED (:meth:`MixedGroup.current`): a control entry a Java peer later reads loses messages on it, so
+      the master applies it to its own tables, but acknowledges it only once the mode is decided and the
+      tables are in the log (:meth:`MixedGroup.apply_undecided`): until then only this member holds it, and
+      it is gone if this member dies.
     """
     if keep_java_compatible:
         return Mode.MIXED
@@ -241,6 +249,9 @@ class MixedGroup(Service):
         self._asked_at: float | None = None
         #: A control entry was applied to this member's tables only since the last move (see _moved).
         self.applied_locally = False
+        #: (deadline, Deferred) of the control entries applied while undecided, not answered yet (apply_undecided).
+        self._unacked: list[tuple[float, Deferred]] = []
+        self._unacked_log = RateLimitedLog(log, self.server.clock)
         #: Moves made, oldest first ((seconds, mode)): what `dledger rocketmq migrate-check` and tests read.
         self.moves: list[tuple[float, Mode]] = []
 
@@ -270,7 +281,7 @@ class MixedGroup(Service):
 
     def _route_settled(self, body: bytes) -> Deferred:
         if self.local_control():
-            return self.apply_locally(body)
+            return self.apply_undecided(body) if self.mode is None else self.apply_locally(body)
         return self.broker.append_control(body, force=True)
 
     def settle(self) -> Deferred:
@@ -299,6 +310,54 @@ class MixedGroup(Service):
         self.applied_locally = True
         return succeed(-1)
 
+    def apply_undecided(self, body: bytes) -> Deferred:
+        """A control entry while no mode was ever decided: applied to this member's tables now, acknowledged later.
+
+        Why: only this member holds it.  A consumer told its commit is stored
+        would, after this master is killed, be given the older offset by the
+        next master (the failover test's re-deliveries below an acknowledged
+        commit: a fresh group's first master, or a master that never heard
+        from a peer killed before it answered).  So the answer waits for the
+        decision: DLEDGER -> once the tables went through the log
+        (:meth:`_resume`), MIXED -> at once (a mixed group's rule: the slave
+        sync), this member no longer master or :data:`UNDECIDED_ACK_TIMEOUT`
+        passed -> not acknowledged (the client commits again later; the
+        master's own table keeps the offset meanwhile).
+        """
+        try:
+            apply_locally(self.broker.machine, body)
+        except ValueError as exc:
+            return fail(exc)
+        self.applied_locally = True
+        waiter: Deferred = Deferred()
+        self._unacked.append((self.server.clock.seconds() + UNDECIDED_ACK_TIMEOUT, waiter))
+        return waiter
+
+    def _answer_unacked(self, why: str | None) -> None:
+        """Answer the control entries applied while undecided: -1 (``why`` None), else not acknowledged."""
+        waiting, self._unacked = self._unacked, []
+        for _, d in waiting:
+            if why is None:
+                d.callback(-1)
+            else:
+                d.errback(DLedgerError(ResponseCode.WAIT_QUORUM_ACK_TIMEOUT, f"{self.server.self_id}: not "
+                                       f"acknowledged: {why}; applied on this member only"))
+
+    def _expire_unacked(self) -> None:
+        now = self.server.clock.seconds()
+        if not self._unacked or self._unacked[0][0] > now:
+            return
+        expired = [w for w in self._unacked if w[0] <= now]
+        self._unacked = [w for w in self._unacked if w[0] > now]
+        self._unacked_log.warn("undecided", "{id}: {n} control entries (offset commits, topic/group changes) not "
+                               "acknowledged within {t:g} s: the broker group's mode is not decided (a peer has not "
+                               "answered; peer kinds {k}); applied on this member only", id=self.server.self_id,
+                               n=len(expired), t=UNDECIDED_ACK_TIMEOUT, k=self._peer_view()[0])
+        for _, d in expired:
+            d.errback(DLedgerError(ResponseCode.WAIT_QUORUM_ACK_TIMEOUT, f"{self.server.self_id}: not acknowledged "
+                                   f"within {UNDECIDED_ACK_TIMEOUT:g} s: the broker group's mode is not decided "
+                                   f"(a peer has not answered yet); applied on this member only"))
+
     # -- watching ---------------------------------------------------------------------------------
     def _peer_view(self) -> tuple[Mapping[str, PeerKind], list[str], bool]:
         kinds = getattr(self.server, "peer_kinds", None)
@@ -323,6 +382,7 @@ class MixedGroup(Service):
     def _moved(self, what: str, old: Mode | None, kinds: Mapping[str, PeerKind]) -> None:
         sid = self.server.self_id
         if what == "log-mixed":
+            self._answer_unacked(None)  # a mixed group's rule: the master's tables, the slave sync
             java = sorted(p for p, k in kinds.items() if k is PeerKind.JAVA)
             why = ("rocketmq.keepJavaCompatible" if self.keep_java_compatible else
                    f"Java broker(s) {', '.join(java)}" if java else "peers not known yet")
@@ -338,7 +398,9 @@ class MixedGroup(Service):
         if old is None:
             log.info("{id}: every peer is a dledger member: offsets, topics and groups go through the log", id=sid)
             if what == "resume" and self.applied_locally:  # commits made while undecided go through the log too
-                self._resume()
+                self._resume()  # answers the waiting ones once the tables are in the log
+            else:
+                self._answer_unacked("this member is no longer master")
             return
         log.warn("{id}: the last Java broker left the group: control entries resume{how}", id=sid,
                  how=" (writing this master's tables through the log first)" if what == "resume" else "")
@@ -391,6 +453,9 @@ class MixedGroup(Service):
             if hasattr(result, "getErrorMessage"):
                 log.warn("{id}: writing the tables through the log failed ({e}); offsets committed meanwhile "
                          "reach slaves by the slave sync", id=self.server.self_id, e=result.getErrorMessage())
+                self._answer_unacked(f"writing the tables through the log failed ({result.getErrorMessage()})")
+            else:  # every entry applied while undecided is in the log now (or the group turned mixed: its rule)
+                self._answer_unacked(None)
             d.callback(None)
         succeed(None).addCallback(next_one).addBoth(done)
 
@@ -407,6 +472,7 @@ class MixedGroup(Service):
         try:
             self.check()
             self.watch_deletes()
+            self._expire_unacked()
         finally:
             self._timer = self.server.clock.callLater(self.interval, self._tick)
 
@@ -414,6 +480,7 @@ class MixedGroup(Service):
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
+        self._answer_unacked("the broker is stopping")
         for table, _, _ in GONE_TABLES:
             listeners = getattr(self.broker.meta, table).listeners
             if self.watch_deletes in listeners:

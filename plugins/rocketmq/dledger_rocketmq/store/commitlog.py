@@ -36,7 +36,6 @@ from enum import Enum
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from dledger.codes import ResponseCode, Role
@@ -185,13 +184,22 @@ def _failed(f) -> PutResult:
     return PutResult(put_status_for(code), error=str(f.value))
 
 
-def _answer_into(resp, ok: PutResult, d: Deferred) -> None:
-    """A gathered put's answer, fired into the Deferred its caller holds (cheaper than chaining one to it)."""
-    d.callback(_answered(resp, ok))
+def _answer_each(resp, answers: list[tuple[PutResult, Deferred]]) -> None:
+    """The gathered puts' answers from their one append request, each fired into the Deferred its caller holds."""
+    code = getattr(resp, "code", ResponseCode.SUCCESS)
+    if int(code) != int(ResponseCode.SUCCESS):
+        failed = _answered(resp, None)
+        for _, d in answers:
+            d.callback(failed)
+        return
+    for ok, d in answers:
+        d.callback(ok)
 
 
-def _fail_into(f, d: Deferred) -> None:
-    d.callback(_failed(f))
+def _fail_each(f, answers: list[tuple[PutResult, Deferred]]) -> None:
+    failed = _failed(f)
+    for _, d in answers:
+        d.callback(failed)
 
 
 @implementer(IAppendHook)
@@ -333,7 +341,18 @@ class CommitLog:
         self.gathering += 1
 
     def flush_gathered(self) -> None:
-        """Append the puts held since :meth:`gather` (dledger's public ``handle_appends``) and answer each."""
+        """Append the puts held since :meth:`gather` as ONE dledger append request and answer each.
+
+        One request, not one per put: the member keeps one pending append
+        (one Deferred, one response, one resolution at commit) for the whole
+        read instead of one per send, and the answers are fanned out from it.
+        A put that cannot be encoded, or is over the member's entry size,
+        fails alone before anything is appended.  A refusal of the request
+        (pending appends full, leadership lost, disk full, another plugin's
+        hook) answers every put of it; the records the store took before the
+        refusal keep their queue offsets (the table advances by the stored
+        prefix, so no gap) and may commit, as a batch send's do.
+        """
         self.gathering -= 1
         if self.gathering or not self.gathered:
             return
@@ -344,14 +363,12 @@ class CommitLog:
                 d.callback(refused.result)
             return
         server, offsets = self.server, self.offsets
-        group, host, limit = server.config.group, self.store_host, self.max_message_size
-        # A put refused after its queue offset was planned would leave a gap before the next put of its queue:
-        # the member's per-entry size check is made here first (refusals by state or a full pending queue come
-        # in order, so every put after the first refused one is refused too).  One refusal stays out of reach:
-        # another plugin's append hook refusing a RocketMQ record (see docs/rocketmq.md).
+        host, limit = self.store_host, self.max_message_size
+        # The member checks each entry's size after the queue offsets are planned and would refuse the whole
+        # request: the check is made here first, so an oversized put fails alone and leaves no gap.
         entry_limit = server.config.max_entry_size - BODY_OFFSET
         nexts: dict[QueueKey, int] = {}  # offsets planned here; the table advances only by what is stored
-        waiting, requests = [], []
+        waiting, bodies = [], []
         for record, d in puts:
             key = None
             q = 0
@@ -371,31 +388,30 @@ class CommitLog:
                 continue
             if key is not None:
                 nexts[key] = q + 1
-            requests.append(AppendEntryRequest(group=group, body=body))
+            bodies.append(body)
             waiting.append((record.queue_id, key, q, d))
-        if not requests:
+        if not bodies:
             return
-        results = self._placing(server.handle_appends, requests)
-        if isinstance(results, DLedgerError):
-            results = [results] * len(requests)
-        placed = self.placed
-        if len(placed) != len(requests):  # a failed entry the hook saw: a retried one reuses its position
-            placed = list(dict.fromkeys(placed))
-        prefix = host.packed().hex().upper()
-        j = 0
-        for (queue_id, key, q, d), result in zip(waiting, results, strict=True):
-            if not isinstance(result, Deferred):
-                error = result.value if isinstance(result, Failure) else result
-                d.callback(PutResult(put_status_for(getattr(error, "code", ResponseCode.UNKNOWN)), error=str(error)))
-                continue
-            physical = placed[j]
-            j += 1
+        store = server.store
+        before = store.ledger_end_index
+        result = self._placing(server.handle_append,
+                               AppendEntryRequest(group=server.config.group, batch_msgs=bodies))
+        stored = store.ledger_end_index - before
+        for _, key, q, _ in waiting[:stored]:
             if key is not None and offsets.get(key, 0) <= q:
                 offsets[key] = q + 1
+        if isinstance(result, DLedgerError):
+            failed = PutResult(put_status_for(result.code), error=str(result))
+            for *_, d in waiting:
+                d.callback(failed)
+            return
+        prefix = host.packed().hex().upper()
+        answers = []
+        for (queue_id, _, q, d), physical in zip(waiting, self.placed, strict=True):
             msg_id = f"{prefix}{physical & 0xFFFFFFFFFFFFFFFF:016X}"
-            ok = PutResult(PutStatus.PUT_OK, msg_id=msg_id, queue_id=queue_id, queue_offset=q,
-                           physical_offset=physical, msg_ids=(msg_id,), count=1)
-            result.addCallbacks(_answer_into, _fail_into, callbackArgs=(ok, d), errbackArgs=(d,))
+            answers.append((PutResult(PutStatus.PUT_OK, msg_id=msg_id, queue_id=queue_id, queue_offset=q,
+                                      physical_offset=physical, msg_ids=(msg_id,), count=1), d))
+        result.addCallbacks(_answer_each, _fail_each, callbackArgs=(answers,), errbackArgs=(answers,))
 
     def _refuse_put(self, count: int) -> Deferred | None:
         """The PutResult of a put that cannot be taken here (nothing to put, not the master); None if it can."""
