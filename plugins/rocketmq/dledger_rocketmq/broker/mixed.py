@@ -333,9 +333,11 @@ class MixedGroup(Service):
         self._unacked.append((self.server.clock.seconds() + UNDECIDED_ACK_TIMEOUT, waiter))
         return waiter
 
-    def _answer_unacked(self, why: str | None) -> None:
-        """Answer the control entries applied while undecided: -1 (``why`` None), else not acknowledged."""
-        waiting, self._unacked = self._unacked, []
+    def _answer_unacked(self, why: str | None, waiting: list | None = None) -> None:
+        """Answer control entries applied while undecided (all, or ``waiting``): -1 (``why`` None), else not
+        acknowledged, saying ``why``."""
+        if waiting is None:
+            waiting, self._unacked = self._unacked, []
         for _, d in waiting:
             if why is None:
                 d.callback(-1)
@@ -353,10 +355,8 @@ class MixedGroup(Service):
                                "acknowledged within {t:g} s: the broker group's mode is not decided (a peer has not "
                                "answered; peer kinds {k}); applied on this member only", id=self.server.self_id,
                                n=len(expired), t=UNDECIDED_ACK_TIMEOUT, k=self._peer_view()[0])
-        for _, d in expired:
-            d.errback(DLedgerError(ResponseCode.WAIT_QUORUM_ACK_TIMEOUT, f"{self.server.self_id}: not acknowledged "
-                                   f"within {UNDECIDED_ACK_TIMEOUT:g} s: the broker group's mode is not decided "
-                                   f"(a peer has not answered yet); applied on this member only"))
+        self._answer_unacked(f"the broker group's mode is not decided within {UNDECIDED_ACK_TIMEOUT:g} s (a peer "
+                             f"has not answered yet)", expired)
 
     # -- watching ---------------------------------------------------------------------------------
     def _peer_view(self) -> tuple[Mapping[str, PeerKind], list[str], bool]:

@@ -583,9 +583,7 @@ class ConsumeQueue:
             if start == files[-1] and pos + len(data) <= self.file_size:
                 write_at(self._fds.fd(self._name(start)), data, pos)
                 if start not in self._dirty:
-                    self._dirty.add(start)
-                    if self._on_change is not None:
-                        self._on_change(self, False)
+                    self._mark_dirty(start)
                 return
         view = memoryview(data)
         while view:
@@ -602,11 +600,15 @@ class ConsumeQueue:
             n = min(len(view), self.file_size - pos)
             write_at(self._fds.fd(self._name(start)), view[:n], pos)
             if start not in self._dirty:
-                self._dirty.add(start)
-                if self._on_change is not None:
-                    self._on_change(self, False)
+                self._mark_dirty(start)
             view = view[n:]
             queue_offset += n // UNIT_SIZE
+
+    def _mark_dirty(self, start: int) -> None:
+        """File ``start`` has writes its next flush must sync (the owner told once, to queue this queue's flush)."""
+        self._dirty.add(start)
+        if self._on_change is not None:
+            self._on_change(self, False)
 
     def _remove(self, start: int) -> None:
         """Delete one file of the queue (its cached fd closed first)."""
