@@ -669,15 +669,21 @@ def encode_get_reply_binary(response: GetEntriesResponse) -> bytes:
 
 def decode_get_reply_binary(body: bytes, header: Header | None = None) -> GetEntriesResponse:
     """Inverse of :func:`encode_get_reply_binary`; every entry is CRC-checked (:class:`BinaryBodyError`)."""
+    meta_bytes, section, count = _get_reply_parts(body, header)
+    response = _get_reply_meta(meta_bytes, header)
+    response.entries = _decode_entry_section(body, len(body) - len(section), count, "GET reply", header)
+    return response
+
+
+def _get_reply_parts(body: bytes, header: Header | None) -> tuple[bytes, Any, int]:
+    """A binary GET reply's meta, entry section and entry count, with the checks both decoders make first."""
     flags, meta_bytes, section, count, _ = _binary_parts(body, "GET reply", header)
     if flags:
         raise BinaryBodyError(f"binary GET reply has flags {flags:#x} (none are defined)", header)
     if count * HEADER_SIZE > len(section):
         raise BinaryBodyError(f"binary GET reply announces {count} entries but has only {len(section)} bytes",
                               header)
-    response = _get_reply_meta(meta_bytes, header)
-    response.entries = _decode_entry_section(body, len(body) - len(section), count, "GET reply", header)
-    return response
+    return meta_bytes, section, count
 
 
 def _get_reply_meta(meta_bytes: bytes, header: Header | None) -> GetEntriesResponse:
@@ -694,12 +700,7 @@ def decode_get_reply_raw(body: bytes, header: Header | None = None) -> messages.
     """:func:`decode_get_reply_binary` with the entries left as bytes (``section``, ``count``) for a bulk
     reader to decode into columns: the prefix, the meta and the section CRC are checked here, each entry
     (its header, its body's CRC) by that decoder."""
-    flags, meta_bytes, section, count, _ = _binary_parts(body, "GET reply", header)
-    if flags:
-        raise BinaryBodyError(f"binary GET reply has flags {flags:#x} (none are defined)", header)
-    if count * HEADER_SIZE > len(section):
-        raise BinaryBodyError(f"binary GET reply announces {count} entries but has only {len(section)} bytes",
-                              header)
+    meta_bytes, section, count = _get_reply_parts(body, header)
     meta = _get_reply_meta(meta_bytes, header)
     return messages.GetEntriesRawResponse(**{f: getattr(meta, f) for f in _GET_REPLY_FIELDS},
                                           section=section, count=count)

@@ -503,7 +503,17 @@ class ConsumeQueue:
                              f"the queue's last record end {self._max_physical}")
         if self.empty and queue_offset != self._next:
             self._start_at(queue_offset)
-        data = encode_unit(unit)
+        self._buffer(queue_offset, encode_unit(unit), unit.physical_offset + unit.size)
+        if not defer:
+            self.drain()
+        return True
+
+    def _buffer(self, queue_offset: int, data: bytes, end: int) -> None:
+        """Buffer one encoded unit at ``queue_offset`` (the queue's next), its record ending at ``end``.
+
+        The first unit buffered since the last drain records the queue's state before it, which a failed
+        drain restores, and tells the owner this queue has units to write.
+        """
         if not self._pending:
             self._pending_at = queue_offset
             self._before_pending = (self._next, self._max_physical)
@@ -511,10 +521,7 @@ class ConsumeQueue:
                 self._on_change(self, True)
         self._pending += data
         self._next = queue_offset + 1
-        self._max_physical = unit.physical_offset + unit.size
-        if not defer:
-            self.drain()
-        return True
+        self._max_physical = end
 
     def append_next(self, queue_offset: int, physical_offset: int, size: int, tags_code: int) -> bool:
         """``append(queue_offset, Unit(...), defer=True)``, with the dispatcher's common case taken inline.
@@ -535,14 +542,7 @@ class ConsumeQueue:
             except struct.error:
                 raise CodecError(f"consume-queue unit {(physical_offset, size, tags_code)} does not fit "
                                  f"int64/int32/int64") from None
-            if not self._pending:
-                self._pending_at = queue_offset
-                self._before_pending = (self._next, self._max_physical)
-                if self._on_change is not None:
-                    self._on_change(self, True)
-            self._pending += data
-            self._next = queue_offset + 1
-            self._max_physical = physical_offset + size
+            self._buffer(queue_offset, data, physical_offset + size)
             return True
         return self.append(queue_offset, Unit(physical_offset, size, tags_code), defer=True)
 
