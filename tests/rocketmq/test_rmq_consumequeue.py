@@ -455,18 +455,22 @@ def test_reads_and_truncation_see_deferred_units(tmp_path):
     assert cq.ConsumeQueue(tmp_path, "T", 0, file_size=100).read(0, 10) == [(0, unit(0)), (1, unit(1))]
 
 
-def test_a_failed_drain_leaves_the_queue_as_before_the_batch(tmp_path, monkeypatch):
-    """If the batch's write fails, the queue ends where it ended before the batch, so the batch can come again."""
-    queue = filled(tmp_path, 2)
-    for q in (2, 3):
-        queue.append(q, unit(q), defer=True)
-
+def drain_failing(queue, monkeypatch):
+    """Drain ``queue`` with every write failing for lack of space (the OSError is expected)."""
     def fail(fd, data, off):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(cq, "write_at", fail)
     with pytest.raises(OSError, match="No space"):
         queue.drain()
     monkeypatch.undo()
+
+
+def test_a_failed_drain_leaves_the_queue_as_before_the_batch(tmp_path, monkeypatch):
+    """If the batch's write fails, the queue ends where it ended before the batch, so the batch can come again."""
+    queue = filled(tmp_path, 2)
+    for q in (2, 3):
+        queue.append(q, unit(q), defer=True)
+    drain_failing(queue, monkeypatch)
     assert (queue.max_offset, queue.max_physical_offset, queue.pending) == (2, 1200, 0)
     assert queue.append(2, unit(2)) and queue.append(3, unit(3))
     assert queue.read(0, 10) == [(q, unit(q)) for q in range(4)]
@@ -487,13 +491,7 @@ def test_the_first_unit_of_a_delivery_taken_inline_is_buffered_as_append_buffers
                 assert queue.append(q, unit(q), defer=True) is True
         assert queue.pending == 2 and queue.get(3) == unit(3) and queue.pending == 0  # the read drained them
         queue.append_next(4, *unit(4)) if how == "append_next" else queue.append(4, unit(4), defer=True)
-
-        def fail(fd, data, off):
-            raise OSError(28, "No space left on device")
-        monkeypatch.setattr(cq, "write_at", fail)
-        with pytest.raises(OSError, match="No space"):
-            queue.drain()
-        monkeypatch.undo()
+        drain_failing(queue, monkeypatch)
         assert (queue.max_offset, queue.max_physical_offset, queue.pending) == (4, 1400, 0)
     flags = {how: [b for h, b in marks if h == how] for how in ("append_next", "append")}
     assert flags["append_next"] == flags["append"] and flags["append"].count(True) == 2  # once per buffered run
