@@ -105,23 +105,24 @@ def close_clients() -> None:
 atexit.register(close_clients)
 
 
-def fetch(client, part: Partition, index: int, count: int, turn: int | None) -> tuple[list, str | None]:
-    """One GET: ``(entries, member asked)``: follower ``members[turn]`` with followerRead, or (None) the leader."""
+def fetch(client, part: Partition, index: int, count: int, turn: int | None, *,
+          raw: bool = False) -> tuple[list, str | None]:
+    """One GET: ``(entries, member asked)``: follower ``members[turn]`` with followerRead, or (None) the leader.
+
+    ``raw``: the reply as ``client.get_raw`` gives it (entries left as the reply's bytes).
+    """
+    get = client.get_raw if raw else client.get
     if turn is not None and part.members:
         member = part.members[turn % len(part.members)]
-        return client.get(index, count, member=member), member
-    return client.get(index, count), None
+        return get(index, count, member=member), member
+    return get(index, count), None
 
 
 def fetch_columns(client, part: Partition, index: int, count: int, turn: int | None) -> tuple[Columns, str | None]:
     """:func:`fetch` with the reply decoded straight into :class:`~dledger_spark.columns.Columns` (no
     ``Entry`` per entry); a reply that fails the entry checks is a NETWORK_ERROR (asked again), as the
     plain client's ``get`` treats an undecodable reply."""
-    if turn is not None and part.members:
-        member = part.members[turn % len(part.members)]
-        reply = client.get_raw(index, count, member=member)
-    else:
-        member, reply = None, client.get_raw(index, count)
+    reply, member = fetch(client, part, index, count, turn, raw=True)
     try:
         return columns.from_reply(reply), member
     except columns.CorruptReplyError as exc:

@@ -7,6 +7,8 @@ CommitLog record it is (the broker plugin's codec, imported only for this format
 
 from __future__ import annotations
 
+from dledger_spark import columns
+
 RAW_DDL = ("`group` STRING, `index` BIGINT, term BIGINT, pos BIGINT, body BINARY, ingest_time TIMESTAMP")
 ROCKETMQ_DDL = ("`group` STRING, `index` BIGINT, term BIGINT, pos BIGINT, topic STRING, queue_id INT, "
                 "queue_offset BIGINT, physical_offset BIGINT, msg_id STRING, tags STRING, `keys` STRING, "
@@ -42,32 +44,25 @@ def arrow_schema(fmt: str):
 _SCHEMAS: dict[str, object] = {}
 
 
-def arrow_batch(fmt: str, group: str, entries: list, now: float):
-    """One ``pyarrow.RecordBatch`` of ``entries`` (``dledger.entry.Entry``) in format ``fmt``."""
-    pa = _pa()
+def _schema(fmt: str):
+    """The Arrow schema of ``fmt``, made once per process."""
     schema = _SCHEMAS.get(fmt)
     if schema is None:
         schema = _SCHEMAS[fmt] = arrow_schema(fmt)
+    return schema
+
+
+def arrow_batch(fmt: str, group: str, entries: list, now: float):
+    """One ``pyarrow.RecordBatch`` of ``entries`` (``dledger.entry.Entry``) in format ``fmt``."""
     if fmt == "rocketmq":
-        return _rocketmq_batch(pa, schema, group, entries, now)
-    n = len(entries)
-    return pa.RecordBatch.from_arrays([
-        pa.repeat(pa.scalar(group, pa.string()), n),
-        pa.array([e.index for e in entries], pa.int64()),
-        pa.array([e.term for e in entries], pa.int64()),
-        pa.array([e.pos for e in entries], pa.int64()),
-        pa.array([e.body for e in entries], pa.binary()),
-        pa.repeat(pa.scalar(int(now * 1_000_000), pa.timestamp("us", tz="UTC")), n),
-    ], schema=schema)
+        return _rocketmq_batch(_pa(), _schema(fmt), group, entries, now)
+    return raw_batch(group, columns.from_entries(entries), now)
 
 
 def raw_batch(group: str, cols, now: float):
     """The ``raw`` format's ``pyarrow.RecordBatch`` of :class:`dledger_spark.columns.Columns` (no copy of
     the index, term and pos arrays, the bodies as they are)."""
     pa = _pa()
-    schema = _SCHEMAS.get("raw")
-    if schema is None:
-        schema = _SCHEMAS["raw"] = arrow_schema("raw")
     n = len(cols)
     return pa.RecordBatch.from_arrays([
         pa.repeat(pa.scalar(group, pa.string()), n),
@@ -76,7 +71,7 @@ def raw_batch(group: str, cols, now: float):
         pa.array(cols.pos, pa.int64()),
         cols.body,
         pa.repeat(pa.scalar(int(now * 1_000_000), pa.timestamp("us", tz="UTC")), n),
-    ], schema=schema)
+    ], schema=_schema("raw"))
 
 
 def _rocketmq_batch(pa, schema, group: str, entries: list, now: float):
