@@ -8,6 +8,7 @@ import json
 import os
 import re
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -247,26 +248,41 @@ class RawAppends(Protocol):
     def dataReceived(self, data: bytes) -> None:
         buf = self.buffer
         buf += data
-        pos, size = 0, len(buf)
-        while size - pos >= 8:
-            total, word = _LENGTHS.unpack_from(buf, pos)
-            end = pos + 4 + total
-            if end > size:
-                break
-            head_end = pos + 8 + (word & 0xFFFFFF)
-            opaque = _OPAQUE.search(buf, pos + 8, head_end)
-            code = _CODE.match(buf, head_end, end)
-            pos = end
-            on_reply = self.waiting.pop(int(opaque.group(1)), None) if opaque else None
-            if on_reply is not None:
-                on_reply(int(code.group(1)) if code else json.loads(bytes(buf[head_end:end]))["code"])
-        del buf[:pos]
+        try:
+            for head, head_end, end in reply_frames(buf):
+                opaque = _OPAQUE.search(buf, head, head_end)
+                code = _CODE.match(buf, head_end, end)
+                on_reply = self.waiting.pop(int(opaque.group(1)), None) if opaque else None
+                if on_reply is not None:
+                    on_reply(int(code.group(1)) if code else json.loads(bytes(buf[head_end:end]))["code"])
+        except ValueError:
+            self.transport.loseConnection()
 
     def connectionLost(self, reason: Any = None) -> None:
         self.lost = True
         waiting, self.waiting = self.waiting, {}
         for on_reply in waiting.values():
             on_reply(None)
+
+
+def reply_frames(buf: bytearray) -> Iterator[tuple[int, int, int]]:
+    """``(header start, header end, frame end)`` of each whole frame at the start of ``buf``, read by the
+    load generators that pick a reply's fields by pattern instead of decoding it (``RawAppends``, the
+    broker bench's ``RawSends``).  Once iterated to the end, the frames are removed from ``buf``; a frame
+    whose lengths do not fit (a header past its frame) raises ValueError.
+    """
+    pos, size = 0, len(buf)
+    while size - pos >= 8:
+        total, word = _LENGTHS.unpack_from(buf, pos)
+        end = pos + 4 + total
+        head_end = pos + 8 + (word & 0xFFFFFF)
+        if total < 4 or head_end > end:
+            raise ValueError(f"a reply frame of {total} bytes announces a {word & 0xFFFFFF}-byte header")
+        if end > size:
+            break
+        yield pos + 8, head_end, end
+        pos = end
+    del buf[:pos]
 
 
 _SENTINEL_OPAQUE = 2_000_000_123

@@ -38,6 +38,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.task import deferLater
 
+from dledger.bench.load import reply_frames
 from dledger.bench.runner import progress, run_benchmark
 from dledger.commands.argtypes import positive_float, positive_int
 from dledger.launcher import LocalGroup, durable_store, free_ports
@@ -193,27 +194,18 @@ class RawSends(protocol.Protocol):
         opaque (or a length out of range) closes the connection."""
         buf = self.buffer
         buf += data
-        pos, size = 0, len(buf)
-        while size - pos >= 8:
-            total, word = _FRAME_HEAD.unpack_from(buf, pos)
-            head_end = pos + 8 + (word & 0xFFFFFF)
-            end = pos + 4 + total
-            if total < 4 or head_end > end:
-                self.transport.loseConnection()
-                return
-            if end > size:
-                break
-            code = _REPLY_CODE.match(buf, pos + 8, head_end)
-            opaque = _REPLY_OPAQUE.search(buf, pos + 8, head_end)
-            if code is None or opaque is None:
-                self.transport.loseConnection()
-                return
-            offset = _REPLY_QUEUE_OFFSET.search(buf, pos + 8, head_end)
-            on_reply = self.waiting.pop(int(opaque[1]), None)
-            pos = end
-            if on_reply is not None:
-                on_reply(int(code[1]), int(offset[1]) if offset is not None else -1)
-        del buf[:pos]
+        try:
+            for head, head_end, _ in reply_frames(buf):
+                code = _REPLY_CODE.match(buf, head, head_end)
+                opaque = _REPLY_OPAQUE.search(buf, head, head_end)
+                if code is None or opaque is None:
+                    raise ValueError("a reply header without a code or an opaque")
+                offset = _REPLY_QUEUE_OFFSET.search(buf, head, head_end)
+                on_reply = self.waiting.pop(int(opaque[1]), None)
+                if on_reply is not None:
+                    on_reply(int(code[1]), int(offset[1]) if offset is not None else -1)
+        except ValueError:
+            self.transport.loseConnection()
 
     def connectionLost(self, reason=None):
         waiting, self.waiting = self.waiting, {}
