@@ -183,6 +183,8 @@ class DLedgerConfig:
     # membership change (issue #23, docs/operations.md "Replacing a member")
     join_existing: bool = False  # dledger: this member joins a running group: a learner until the log says otherwise
     learner_promote_lag: int = 1000  # dledger: a learner to be a voter is promoted within this lag (-1: never)
+    # the member process (issue #28, docs/configuration.md)
+    switch_interval_ms: float = 1.0  # dledger: the interpreter's GIL switch interval (Python's own: 5 ms)
     # plugins may add options; they arrive here, validated against their declarations
     extras: Mapping[str, Any] = field(default_factory=dict)
 
@@ -382,6 +384,9 @@ def _validate(cfg: DLedgerConfig) -> None:
             raise ConfigError(f"{_camel(n)}: must be in (0, 1], got {getattr(cfg, n)}")
     if cfg.max_leadership_transfer_wait_index < 0:
         raise ConfigError("maxLeadershipTransferWaitIndex: must be >= 0")
+    if not 0 < cfg.switch_interval_ms <= 1000:
+        raise ConfigError(f"switchIntervalMs: must be > 0 and <= 1000 ms (Python's own is 5), "
+                          f"got {cfg.switch_interval_ms}")
     if cfg.scrub_interval_seconds < 0:
         raise ConfigError(f"scrubIntervalSeconds: must be >= 0 (0 turns the scrub off), "
                           f"got {cfg.scrub_interval_seconds}")

@@ -179,6 +179,20 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
+def set_switch_interval(config: DLedgerConfig) -> None:
+    """Let the member's threads take the GIL from a busy reactor thread after ``switchIntervalMs``, not 5 ms.
+
+    A flush round's ``fdatasync`` runs on a :class:`dledger.diskio.BlockingIO` worker without the GIL;
+    when it returns while the reactor thread runs Python (reading and appending a batch of requests),
+    the worker waits for the GIL until the reactor thread blocks in a syscall or the switch interval
+    forces a hand-over: CPython's 5 ms, against an ``fdatasync`` of ~0.2 ms, and every request of
+    that round waits with it.  A shorter interval bounds that wait; it costs a forced switch only
+    when another thread wants the GIL, which in a member is rare (docs/benchmarks.md, "Round 2e").
+    The interval is per process: a member embedded in another program sets it for that program.
+    """
+    sys.setswitchinterval(config.switch_interval_ms / 1000.0)
+
+
 #: Store types whose files live in ``member_dir``: its directory is checked before the store opens.
 FILE_STORES = ("mmap", "lmdb")
 
@@ -304,6 +318,7 @@ class MemberService(service.Service):
     def startService(self) -> None:
         super().startService()
         tune_gc()
+        set_switch_interval(self.config)
         self._exit_trigger = self.reactor.addSystemEventTrigger("after", "shutdown", self._set_exit_status)
         cfg = self.config
         log.info("dledger {id}: starting (group {group}, store {store}, flush {flush})", id=cfg.self_id,

@@ -71,6 +71,9 @@ def test_self_id_must_be_a_peer():
     ({"enable_batch_push": "true"}, "expected true or false"),
     ({"check_point_interval": "500"}, "expected an integer"),
     ({"max_in_flight_full_pushes": 0}, "maxInFlightFullPushes: must be > 0"),
+    ({"switch_interval_ms": 0}, "switchIntervalMs: must be > 0 and <= 1000 ms"),
+    ({"switch_interval_ms": 5000}, "switchIntervalMs: must be > 0 and <= 1000 ms"),
+    ({"switch_interval_ms": "1"}, "switchIntervalMs: expected a number"),
 ])
 def test_invalid_values_are_refused(options, message):
     """Out-of-range or mistyped values raise ConfigError naming the option."""

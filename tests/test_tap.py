@@ -219,6 +219,35 @@ def test_member_process_tunes_the_garbage_collector(monkeypatch):
     assert calls == ["freeze", (50_000, 20, 100)]
 
 
+def test_switch_interval_option_defaults_to_one_millisecond(tmp_path):
+    """switchIntervalMs (config file) sets the member's GIL switch interval; 1 ms unless given (Python's is 5)."""
+    assert parse("--id", "n0", "--peers", PEERS).config.switch_interval_ms == 1.0
+    cfg = tmp_path / "s.toml"
+    cfg.write_text("switchIntervalMs = 0.5\n")
+    assert parse("--config", str(cfg), "--id", "n0", "--peers", PEERS).config.switch_interval_ms == 0.5
+
+
+@pytest.mark.network
+@pytest_twisted.ensureDeferred
+async def test_member_service_sets_the_switch_interval(tmp_path, reactor, monkeypatch):
+    """Starting a member sets the process's switch interval from switchIntervalMs (before it serves)."""
+    asked = []
+    monkeypatch.setattr(sys, "setswitchinterval", asked.append)
+    monkeypatch.setattr(tap, "tune_gc", lambda: None)  # leave this test process's collector alone
+    cfg = tmp_path / "s.toml"
+    cfg.write_text("switchIntervalMs = 0.25\n")
+    [port] = free_ports(1)
+    options = parse("--config", str(cfg), "--id", "n0", "--peers", f"n0-127.0.0.1:{port}", "--preset", "fast")
+    member = tap.MemberService(options.config, reactor)
+    member.startService()
+    try:
+        await member.ready
+        assert asked == [0.00025]
+    finally:
+        await member.stopService()
+        member.forget_exit_status()
+
+
 def test_adopt_store_flag_and_config_option(tmp_path):
     """--adopt-store (or adoptStore in the config file) sets adopt_store; it is off by default."""
     assert parse("--id", "n0", "--peers", PEERS).config.adopt_store is False
