@@ -24,7 +24,8 @@ def test_quick_cluster_benchmark_reports_every_phase(tmp_path):
     except ImportError:
         plot = []
     out = subprocess.run([sys.executable, "-m", "dledger.cli", "bench", "cluster", "--quick", "--json",
-                          "--store", STORE or "memory", "--phases", ",".join(phases), "--dir", str(tmp_path), *plot],
+                          "--store", STORE or "memory", "--phases", ",".join(phases), "--dir", str(tmp_path), *plot,
+                          "--member-option", "switchIntervalMs=0.5"],
                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=150)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
@@ -40,6 +41,9 @@ def test_quick_cluster_benchmark_reports_every_phase(tmp_path):
         [fast] = result["failover"]
         assert fast["preset"] == "fast" and len(fast["trials_s"]) == 1 and fast["median_s"] > 0
     assert ".. " in out.stderr  # progress lines while it runs
+    # --member-option reached the config file of the members the load phases started
+    assert result["settings"]["member_options"] == {"switchIntervalMs": 0.5}
+    assert "switchIntervalMs = 0.5" in (tmp_path / "load" / "dledger.toml").read_text()
     assert result["batch"]["timeline"]["per_s"] and result["latency"]["percentiles"]["q"][-1] == 100.0
     if plot:
         svg = (tmp_path / "run.svg").read_text()
@@ -54,6 +58,33 @@ def test_unknown_phase_is_refused():
     out = subprocess.run([sys.executable, "-m", "dledger.cli", "bench", "cluster", "--phases", "warp"], cwd=ROOT,
                          env=child_env(), capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "unknown phases" in out.stderr and all(p in out.stderr for p in PHASES)
+
+
+def test_member_option_reads_its_value_as_toml():
+    """--member-option NAME=VALUE: the value as TOML (number, boolean), else as text; no '=' is refused."""
+    import argparse
+
+    from dledger.bench.cluster import member_option
+
+    assert member_option("switchIntervalMs=5") == ("switchIntervalMs", 5)
+    assert member_option(" switchIntervalMs = 0.5 ") == ("switchIntervalMs", 0.5)
+    assert member_option("enableBatchPush=false") == ("enableBatchPush", False)
+    assert member_option('storeType="lmdb"') == member_option("storeType=lmdb") == ("storeType", "lmdb")
+    for bad in ("switchIntervalMs", "=5", "switchIntervalMs="):
+        with pytest.raises(argparse.ArgumentTypeError, match="NAME=VALUE"):
+            member_option(bad)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--member-option", "switchIntervalMs=1", "--peers", "n0-127.0.0.1:1"], "not with --peers"),
+    (["--member-option", "noSuchOption=1", "--phases", "latency"], "unknown option 'noSuchOption'"),
+    (["--member-option", "switchIntervalMs=0", "--phases", "latency"], "switchIntervalMs: must be > 0"),
+])
+def test_member_option_errors_are_one_line(argv, message):
+    """A member option the benchmark cannot use is one line before any member starts, not a traceback."""
+    out = subprocess.run([sys.executable, "-m", "dledger.cli", "bench", "cluster", *argv], cwd=ROOT,
+                         env=child_env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr
 
 
 def test_quick_tls_comparison_reports_plain_and_tls_with_ratio(tmp_path):

@@ -6,8 +6,10 @@ the reactor thread blocks in a syscall or the interpreter's switch interval (``s
 5 ms unless changed, the member's ``switchIntervalMs``) forces a hand-over.  This tool shows that wait: the
 reactor thread runs ``--busy-ms`` of pure Python (no syscall) out of every ``--period-ms``, like a turn that
 reads and appends a batch of requests, while rounds of a 1 KiB ``pwrite`` + ``fdatasync`` job are awaited
-one after the other; for each switch interval of ``--intervals`` (interleaved ``--rounds`` times) it prints
-the p50 / p90 / p99 wall time of a round in ms, with the reactor idle and busy.
+one after the other; for each switch interval of ``--intervals`` (interleaved ``--rounds`` times) it prints,
+with the reactor idle and busy, the p50 / p99 in ms of a round's job back on the worker (``fdatasync``
+returned and the GIL taken again: what the switch interval bounds) and of the round's result back on the
+reactor thread (which a busy turn delays whatever the interval).
 
 Usage: python -m tools.bench_gil_handback [--intervals 5,1,0.5] [--count 300] [--rounds 2] [--dir DIR]
 """
@@ -31,16 +33,24 @@ def spin(seconds: float) -> None:
             pass
 
 
-async def rounds(lean, fd: int, count: int) -> list[float]:
-    """Wall time of ``count`` flush rounds (pwrite on the reactor thread, fdatasync on the worker), sorted."""
-    walls, off, buf = [], 0, os.urandom(1024)
+def synced(fd: int) -> float:
+    """The job: ``fdatasync``, then the time once this thread holds the GIL again."""
+    os.fdatasync(fd)
+    return time.perf_counter()
+
+
+async def rounds(lean, fd: int, count: int) -> tuple[list[float], list[float]]:
+    """``count`` flush rounds (pwrite on the reactor thread, fdatasync on the worker): the times from the
+    round's start to its job back on the worker and to its result on the reactor thread, each sorted."""
+    on_worker, on_reactor, off, buf = [], [], 0, os.urandom(1024)
     for _ in range(count):
         t0 = time.perf_counter()
         os.pwrite(fd, buf, off)
         off += len(buf)
-        await lean.run(os.fdatasync, fd)
-        walls.append(time.perf_counter() - t0)
-    return sorted(walls)
+        back = await lean.run(synced, fd)
+        on_worker.append(back - t0)
+        on_reactor.append(time.perf_counter() - t0)
+    return sorted(on_worker), sorted(on_reactor)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -53,7 +63,7 @@ async def main(reactor, args) -> None:
     intervals = [float(x) for x in args.intervals.split(",")]
     lean = BlockingIO(reactor, threaded=True)
     busy = task.LoopingCall(spin, args.busy_ms / 1e3)
-    print(f"{'switch ms':>9} {'reactor':>7} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7}")
+    print(f"{'switch ms':>9} {'reactor':>7} {'worker p50':>10} {'p99':>7} {'reactor p50':>11} {'p99':>7}")
     with tempfile.TemporaryDirectory(prefix="dledger-gil-", dir=args.dir) as directory:
         fd = os.open(os.path.join(directory, "f"), os.O_RDWR | os.O_CREAT, 0o644)
         before = sys.getswitchinterval()
@@ -66,12 +76,12 @@ async def main(reactor, args) -> None:
                         if state == "busy":
                             busy.start(args.period_ms / 1e3)
                         try:
-                            walls = await rounds(lean, fd, args.count)
+                            worker, back = await rounds(lean, fd, args.count)
                         finally:
                             if busy.running:
                                 busy.stop()
-                        print(f"{ms:>9g} {state:>7} {pct(walls, .5):>7.2f} {pct(walls, .9):>7.2f} "
-                              f"{pct(walls, .99):>7.2f}", flush=True)
+                        print(f"{ms:>9g} {state:>7} {pct(worker, .5):>10.2f} {pct(worker, .99):>7.2f} "
+                              f"{pct(back, .5):>11.2f} {pct(back, .99):>7.2f}", flush=True)
         finally:
             sys.setswitchinterval(before)
             os.close(fd)

@@ -80,6 +80,10 @@ def register(bench_subparsers) -> None:
                         "(authMode=tls) and report both with their ratio (docs/security.md)")
     p.add_argument("--tls-rounds", type=positive_int, default=3,
                    help="plain/TLS round pairs with --tls (default 3); the medians are compared")
+    p.add_argument("--member-option", metavar="NAME=VALUE", action="append", default=[], type=member_option,
+                   help="a config option of the members the load phases start (docs/configuration.md; the value "
+                        "in TOML: 5, 0.5, true, '\"text\"'), e.g. switchIntervalMs=5 to compare a setting in "
+                        "interleaved runs of the same code; repeatable; not with --peers or --java-peer")
     p.add_argument("--java-frames", action="store_true",
                    help="send APPENDs in Java's JSON form (Base64 bodies) instead of dledger's binary APPEND body")
     p.add_argument("--java-peer", action="store_true",
@@ -109,7 +113,10 @@ def options_from_args(args) -> Options:
                    pysyncobj_in_flight=args.pysyncobj_in_flight, phases=phases,
                    directory=args.directory, keep=args.keep, json=args.json, java_frames=args.java_frames,
                    tls=args.tls, tls_rounds=args.tls_rounds, java_peer=args.java_peer,
-                   java_rounds=args.java_rounds, java_warmup=args.java_warmup)
+                   java_rounds=args.java_rounds, java_warmup=args.java_warmup,
+                   member_options=dict(getattr(args, "member_option", None) or ()))
+    if opts.member_options and (opts.peers or opts.java_peer):
+        raise ConfigError("--member-option sets the members this benchmark starts: not with --peers or --java-peer")
     if opts.java_peer:
         if opts.peers or opts.tls:
             raise ConfigError("--java-peer starts both groups itself: it cannot be used with --peers or --tls")
@@ -121,6 +128,24 @@ def options_from_args(args) -> Options:
         opts.rate, opts.in_flight = min(opts.rate, 500), min(opts.in_flight, 32)
         opts.pysyncobj_in_flight = min(opts.pysyncobj_in_flight, 64)
     return opts
+
+
+def member_option(text: str) -> tuple[str, Any]:
+    """``NAME=VALUE`` of ``--member-option``: the value read as TOML (``5``, ``0.5``, ``true``), else as text.
+
+    The name and the value are checked when the group's config is built (one line naming the option).
+    """
+    import argparse
+    import tomllib
+
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (a member config option), got {text!r}")
+    try:
+        parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value.strip()
+    return name.strip(), parsed
 
 
 def _plot_path(value: str) -> str:
@@ -159,7 +184,7 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
         "members": 3, "store": opts.store if own else "(running group)", "flush": opts.flush if own else None,
         "preset": opts.preset, "size": opts.size, "duration_s": opts.duration, "cpus": os.cpu_count(),
         "python": sys.version.split()[0], "phases": list(opts.phases),
-        "frames": "java-json" if opts.java_frames else "binary"}}
+        "frames": "java-json" if opts.java_frames else "binary", "member_options": opts.member_options}}
     group = None
     loader = None
     if opts.java_peer:
@@ -185,7 +210,7 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
     try:
         if own:
             group = LocalGroup(base / "load", n=3, store=opts.store, preset=opts.preset, flush_policy=opts.flush,
-                               group=opts.group, reactor=reactor)
+                               group=opts.group, reactor=reactor, options=opts.member_options)
             say(f"starting 3 members ({opts.store}, flush {opts.flush}, preset {opts.preset}) in {base}")
             await group.start_and_wait(30)
             peers = group.peers
@@ -278,7 +303,7 @@ async def load_round(reactor: Any, base: Path, opts: Options, tls: bool, say=pro
 
         options, credentials = local_group_security(base / "certs", opts.group, ["n0", "n1", "n2"])
     group = LocalGroup(base, n=3, store=opts.store, preset=opts.preset, flush_policy=opts.flush, group=opts.group,
-                       reactor=reactor, options=options, client_credentials=credentials)
+                       reactor=reactor, options={**opts.member_options, **options}, client_credentials=credentials)
     loader = None
     out: dict[str, Any] = {}
     try:

@@ -43,4 +43,6 @@ class Options:
     java_peer: bool = False
     java_rounds: int = 3
     java_warmup: float = 5.0
+    #: Config options of the members the load phases start (``--member-option NAME=VALUE``).
+    member_options: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)

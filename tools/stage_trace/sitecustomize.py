@@ -9,7 +9,9 @@ few functions of the core with ``perf_counter`` stamps and writes ``PID.json`` a
 * ``flush_wait`` (a durability wait -> durable), ``io_handoff_in`` / ``io_job`` / ``io_handoff_out`` (a
   ``BlockingIO`` job queued -> started on its thread -> done -> its result back on the reactor),
 * ``pump_sched_lag`` / ``flush_sched_lag`` (a ``callLater(0)`` pump or flush asked -> run: the reactor turn),
-* ``loop_busy`` / ``poll_wait`` (the reactor between two polls, and inside ``epoll``).
+* ``loop_busy`` / ``poll_wait`` (the reactor between two polls, and inside ``epoll``),
+* ``gc_gen0`` / ``gc_gen1`` / ``gc_gen2`` (each cyclic garbage collection's pause, once the reactor runs:
+  start-up's collections are left out), with the process's ``switch_interval_ms`` and ``gc_threshold``.
 
 A measuring tool for issue #28 (docs/benchmarks.md, "Round 2c"), not part of dledger: it patches private
 methods by name and adds its own cost to every stage (the same on both sides of an interleaved comparison).
@@ -25,6 +27,8 @@ from time import perf_counter as now
 
 OUT = os.environ.get("DLEDGER_STAGE_TRACE")
 SAMPLES: dict[str, list[float]] = {}
+#: Set at the reactor's first poll: garbage collections are recorded from then on.
+REACTOR_RUNNING = False
 
 
 def record(key: str, seconds: float) -> None:
@@ -32,7 +36,10 @@ def record(key: str, seconds: float) -> None:
 
 
 def dump() -> None:
-    result: dict = {"argv": sys.argv[-6:]}
+    import gc
+
+    result: dict = {"argv": sys.argv[-6:], "switch_interval_ms": sys.getswitchinterval() * 1e3,
+                    "gc_threshold": gc.get_threshold()}
     for key, values in SAMPLES.items():
         values.sort()
         n = len(values)
@@ -152,6 +159,17 @@ def install() -> None:
         return run(self, job, *args).addBoth(back)
     diskio.BlockingIO.run = traced_run
 
+    import gc
+
+    gc_started: list[float] = []
+
+    def gc_pause(phase, info):
+        if phase == "start":
+            gc_started[:] = [now()]
+        elif gc_started and REACTOR_RUNNING:
+            record(f"gc_gen{info['generation']}", now() - gc_started[0])
+    gc.callbacks.append(gc_pause)
+
     class Poller:
         """The reactor's epoll object, timing each poll and the busy stretch since the previous one."""
 
@@ -159,6 +177,8 @@ def install() -> None:
             self._poller, self._last = poller, None
 
         def poll(self, timeout=-1, maxevents=-1):
+            global REACTOR_RUNNING
+            REACTOR_RUNNING = True
             t0 = now()
             if self._last is not None:
                 record("loop_busy", t0 - self._last)

@@ -17,6 +17,9 @@ def main(argv=None) -> int:
     for path in files:
         data = json.loads(path.read_text())
         print(f"{path.stem}: {' '.join(data.pop('argv'))}")
+        settings = {k: data.pop(k) for k in ("switch_interval_ms", "gc_threshold") if k in data}
+        if settings:
+            print("  " + ", ".join(f"{k} {v}" for k, v in settings.items()))
         for key, v in sorted(data.items()):
             print(f"  {key:24s} n={v['n']:7d}  p50 {v['p50']:8.3f}  p90 {v['p90']:8.3f}  p99 {v['p99']:8.3f}  "
                   f"max {v['max']:8.2f} ms")
