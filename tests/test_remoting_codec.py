@@ -101,19 +101,22 @@ def test_a_read_left_unfinished_is_kept_for_the_next_one():
     """A consumer that stops iterating (a connection closing, a header error) loses nothing of the read: the
     frames it did not take come out of the next feed, after the buffered ones, with ``buffered`` right between."""
     frames = [frame(GOOD_HEADER, b'{"term":%d}' % i) for i in range(6)]
-    stream = b"".join(frames)
+    stream, cut = b"".join(frames), len(frames[0]) + 10
     splitter = FrameSplitter()
-    assert [f.body for f in splitter.feed(stream[:len(frames[0]) + 3])] == [b'{"term":0}']  # 3 bytes of 1 held
-    it = splitter.feed(stream[len(frames[0]) + 3:len(stream) - 2])  # completes frame 1, carries 2-4, 2 bytes of 5
+    assert [f.body for f in splitter.feed(stream[:cut])] == [b'{"term":0}'] and splitter.buffered == 10
+    it = splitter.feed(stream[cut:len(stream) - 2])  # completes frame 1, carries 2-4 and all but 2 bytes of 5
     assert next(it).body == b'{"term":1}'
     assert splitter.buffered == sum(map(len, frames[2:])) - 2
     assert next(it).body == b'{"term":2}'  # cut from the read in place
     assert splitter.buffered == sum(map(len, frames[3:])) - 2
     got = [f.body for f in splitter.feed(stream[-2:])]
     assert got == [b'{"term":%d}' % i for i in (3, 4, 5)] and splitter.buffered == 0
-    it = splitter.feed(stream[:len(frames[0]) + 1])  # stopped before the read put aside is reached
-    assert next(it).body == b'{"term":0}'
-    assert [f.body for f in splitter.feed(stream[len(frames[0]) + 1:])] == [b'{"term":%d}' % i for i in range(1, 6)]
+    assert [f.body for f in splitter.feed(stream[:cut])] == [b'{"term":0}']
+    it = splitter.feed(stream[cut:])
+    assert next(it).body == b'{"term":1}'  # stopped before the read put aside is reached
+    assert splitter.buffered == sum(map(len, frames[2:]))
+    assert [f.body for f in splitter.feed(b"")] == [b'{"term":%d}' % i for i in range(2, 6)]
+    assert splitter.buffered == 0
 
 
 def test_a_large_frame_trickled_byte_by_byte_is_held_in_few_buffers():
