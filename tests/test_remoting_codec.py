@@ -436,6 +436,7 @@ def test_binary_append_damage_is_detected():
     (messages.AppendEntryRequest(group="g0", batch_msgs=[b"a", b"b"]), "not marked batch"),
     (messages.AppendEntryRequest(group="g0", body=b"a"), "runs past the frame"),
     (messages.AppendEntryRequest(group="g0", body=b"a"), "after its 1 bodies"),
+    (messages.AppendEntryRequest(group="g0", body=b"a"), "cut short"),
 ])
 def test_malformed_binary_appends_are_refused(request_, message):
     """Counts and lengths that disagree with the bodies raise BinaryBodyError (with a valid section CRC)."""
@@ -449,6 +450,8 @@ def test_malformed_binary_appends_are_refused(request_, message):
         flags = 0
     elif message == "runs past the frame":
         section = struct.pack(">I", 99) + section[4:]
+    elif message == "cut short":
+        section = section[:3]
     else:
         section += b"extra"
     prefix = struct.pack(">BBIII", version, flags, meta_len, count, crc32c.crc32c(section))

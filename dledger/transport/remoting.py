@@ -833,6 +833,8 @@ def decode_append_binary(body: bytes, header: Header | None = None) -> AppendEnt
         if len(_APPEND_META) >= _APPEND_META_MAX:
             _APPEND_META.clear()
         _APPEND_META[meta] = kwargs
+    if count == 1 and not flags & _FLAG_BATCH and len(section) >= 4 and _unpack_len(section)[0] == len(section) - 4:
+        return AppendEntryRequest(**kwargs, body=bytes(section[4:]))  # one body filling the section: most APPENDs
     payloads = []
     off, end = 0, len(section)
     for _ in range(count):
