@@ -79,6 +79,46 @@ def test_large_frames_are_collected_in_chunks_and_split_as_any_other(seed):
     assert collected > 5, "the large frames took the collecting path"
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_reads_cut_anywhere_give_the_frames_and_buffered_bytes_of_the_whole_stream(seed):
+    """Reads that start inside a frame (the buffered frame completed from the read's head, the read's other
+    frames cut from it in place) give every frame, in order, and ``buffered`` counts exactly what is left."""
+    import random
+
+    rng = random.Random(seed)
+    bodies = [rng.randbytes(rng.choice([0, 3, 1100, 5000])) for _ in range(200)]
+    stream = b"".join(frame(GOOD_HEADER, b) for b in bodies)
+    cuts = sorted(rng.sample(range(1, len(stream)), 40))
+    splitter, got, fed = FrameSplitter(), [], 0
+    for a, b in zip([0, *cuts], [*cuts, len(stream)]):
+        got += [f.body for f in splitter.feed(stream[a:b] if a % 2 else bytearray(stream[a:b]))]
+        fed = b
+        assert splitter.buffered == fed - sum(len(frame(GOOD_HEADER, body)) for body in got)
+    assert got == bodies and splitter.buffered == 0
+
+
+def test_a_read_left_unfinished_is_kept_for_the_next_one():
+    """A consumer that stops iterating (a connection closing, a header error) loses nothing of the read: the
+    frames it did not take come out of the next feed, after the buffered ones, with ``buffered`` right between."""
+    frames = [frame(GOOD_HEADER, b'{"term":%d}' % i) for i in range(6)]
+    stream, cut = b"".join(frames), len(frames[0]) + 10
+    splitter = FrameSplitter()
+    assert [f.body for f in splitter.feed(stream[:cut])] == [b'{"term":0}'] and splitter.buffered == 10
+    it = splitter.feed(stream[cut:len(stream) - 2])  # completes frame 1, carries 2-4 and all but 2 bytes of 5
+    assert next(it).body == b'{"term":1}'
+    assert splitter.buffered == sum(map(len, frames[2:])) - 2
+    assert next(it).body == b'{"term":2}'  # cut from the read in place
+    assert splitter.buffered == sum(map(len, frames[3:])) - 2
+    got = [f.body for f in splitter.feed(stream[-2:])]
+    assert got == [b'{"term":%d}' % i for i in (3, 4, 5)] and splitter.buffered == 0
+    assert [f.body for f in splitter.feed(stream[:cut])] == [b'{"term":0}']
+    it = splitter.feed(stream[cut:])
+    assert next(it).body == b'{"term":1}'  # stopped before the read put aside is reached
+    assert splitter.buffered == sum(map(len, frames[2:]))
+    assert [f.body for f in splitter.feed(b"")] == [b'{"term":%d}' % i for i in range(2, 6)]
+    assert splitter.buffered == 0
+
+
 def test_a_large_frame_trickled_byte_by_byte_is_held_in_few_buffers():
     """A peer sending a large frame a byte per read: the splitter holds about the frame's bytes, not an object per
     byte (which would be ~40 times the frame), and still yields the frame."""
@@ -248,6 +288,22 @@ def test_append_replies_past_the_template_cache_are_still_written_exactly():
     assert len(remoting._APPEND_REPLY_TEMPLATES) <= 64
 
 
+@pytest.mark.parametrize("header, fast", [
+    (Header(51004, 7, 0, ext_fields={"dledger.body": "bin"}), True),
+    (Header(200, -(2 ** 31), 1), True),
+    (Header(999_999_999, 2 ** 31 - 1, 2, version=-999_999_999), True),
+    (Header(2 ** 31 - 1, 1, 0), False),  # 10 digits in a field without a range check: the long way
+    (Header(1, 1, 0, ext_fields={"dledger.reply": "bin"}), False),
+    (Header(1, 1, 0, remark="x"), False),
+])
+def test_one_pattern_reads_both_header_shapes_and_leaves_the_rest_to_the_parser(header, fast):
+    """The fast pattern matches the plain and the binary-marked header with fields that fit a Java int; every
+    other header is parsed by json, to the same value."""
+    text = header.to_json()
+    assert (remoting._FAST_HEADER(text) is not None) == fast
+    assert Header.from_json(text) == header
+
+
 def test_binary_marked_headers_take_the_fast_path_both_ways():
     """A header with the binary marker is written and read by the templates exactly as the generic JSON path does."""
     header = Header(51004, 2 ** 31 - 1, 2, ext_fields={"dledger.body": "bin"})
@@ -380,6 +436,7 @@ def test_binary_append_damage_is_detected():
     (messages.AppendEntryRequest(group="g0", batch_msgs=[b"a", b"b"]), "not marked batch"),
     (messages.AppendEntryRequest(group="g0", body=b"a"), "runs past the frame"),
     (messages.AppendEntryRequest(group="g0", body=b"a"), "after its 1 bodies"),
+    (messages.AppendEntryRequest(group="g0", body=b"a"), "cut short"),
 ])
 def test_malformed_binary_appends_are_refused(request_, message):
     """Counts and lengths that disagree with the bodies raise BinaryBodyError (with a valid section CRC)."""
@@ -393,6 +450,8 @@ def test_malformed_binary_appends_are_refused(request_, message):
         flags = 0
     elif message == "runs past the frame":
         section = struct.pack(">I", 99) + section[4:]
+    elif message == "cut short":
+        section = section[:3]
     else:
         section += b"extra"
     prefix = struct.pack(">BBIII", version, flags, meta_len, count, crc32c.crc32c(section))

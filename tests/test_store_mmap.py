@@ -750,3 +750,52 @@ def test_entries_held_in_memory_equal_what_the_files_hold(member_dir, state):
     again = open_mmap(member_dir, state)
     assert held == written == again.get_range(0, 100, 1 << 30)
     fired(again.shutdown())
+
+
+class _ChangesNothing:
+    """An append hook that leaves every entry as it is: with it the store takes its general loop (``seal.into``)."""
+
+    def before_append(self, entry, buffer, body_offset):
+        pass
+
+
+@pytest.mark.parametrize("case", ["plain", "file ends", "reserved field", "too large"])
+def test_plain_leader_loop_stores_what_the_general_loop_stores(tmp_path, case):
+    """The leader's loop for plain entries (no hooks) gives the entries, errors and bytes the general loop gives
+    (forced by a hook that changes nothing), wherever a batch stops being plain: at a data file's end, at an
+    entry with a reserved field set, at an entry over maxEntrySize."""
+    data_file_size = 1024 if case == "file ends" else 1 << 16
+    batches = [[Entry(body=bytes([b * 16 + i]) * (30 + 41 * i), term=1) for i in range(8)] for b in range(4)]
+    if case == "reserved field":
+        batches[1][5].channel = 1
+    elif case == "too large":
+        batches[2][3] = Entry(body=b"x" * 2000, term=1)
+    outcomes, contents = [], []
+
+    def placed(e):
+        return e.index, e.pos, e.body_crc, e.body
+
+    for hooked in (False, True):
+        state = FakeMemberState()
+        store = open_mmap(tmp_path / f"hooked{hooked}", state, data_file_size=data_file_size)
+        guard = LogGuard(store, state)
+        if hooked:
+            guard.add_append_hook(_ChangesNothing())
+        got = []
+        for batch in batches:
+            try:
+                got.append(("stored", [placed(e) for e in guard.append_batch_as_leader(batch)]))
+            except BatchAppendError as exc:
+                got.append((exc.cause.code, [placed(e) for e in exc.stored]))
+        outcomes.append(got)
+        end = store.ledger_end_index
+        contents.append([placed(e) for e in store.get_range(0, end + 1, 1 << 30)])
+        store.shutdown()
+    assert outcomes[0] == outcomes[1]
+    assert contents[0] == contents[1] and contents[0][-1][0] == outcomes[0][-1][1][-1][0]
+    kinds = [kind for kind, _ in outcomes[0]]
+    assert kinds == (["stored"] * 4 if case in ("plain", "file ends") else
+                     ["stored", ResponseCode.UNEXPECTED_ARGUMENT, "stored", "stored"] if case == "reserved field" else
+                     ["stored", "stored", ResponseCode.UNEXPECTED_ARGUMENT, "stored"]), kinds
+    if case == "file ends":
+        assert len({pos // data_file_size for _, pos, _, _ in contents[0]}) > 3, "the batches crossed data files"

@@ -171,13 +171,13 @@ class Header:
         """Parse and validate the header in ``data[start:end]``; :class:`HeaderError` says what is wrong."""
         if end is None:
             end = len(data)
-        for pattern, ext_fields in _FAST_HEADERS:  # the shapes dledger and Java write; anything else: the long way
-            m = pattern.fullmatch(data, start, end)
-            if m is not None:
-                values = code, flag, opaque, version = [*map(int, m.groups())]
-                if _INT32_MIN <= min(values) and max(values) <= _INT32_MAX:
-                    return cls(code, opaque, flag, "JAVA", version, None, ext_fields and dict(ext_fields), "JSON")
-                break
+        m = _FAST_HEADER(data, start, end)  # the two shapes dledger and Java write; anything else: the long way
+        if m is not None:
+            code, binary, flag, opaque, version = m.groups()
+            opaque = int(opaque)  # the one field the pattern lets reach 10 digits: the only range check
+            if _INT32_MIN <= opaque <= _INT32_MAX:
+                return cls(int(code), opaque, int(flag), "JAVA", int(version), None,
+                           {BODY_ENCODING_KEY: BODY_BINARY} if binary else None, "JSON")
         if start or end != len(data):
             data = bytes(data[start:end])
         obj = _loads(data, HeaderError, "header")
@@ -193,15 +193,25 @@ class Header:
 _PLAIN_HEADER = b'{"code":%d,"flag":%d,"language":"JAVA","opaque":%d,"serializeTypeCurrentRPC":"JSON","version":%d}'
 #: The same with the binary-body marker (dledger's PUSH and APPEND), keys still in sorted order.
 _BINARY_HEADER = _PLAIN_HEADER.replace(b'"flag"', b'"extFields":{"dledger.body":"bin"},"flag"')
-_JSON_INT = rb"(-?(?:0|[1-9][0-9]*))"
+#: JSON integers of at most 9 digits always fit a Java int: no range check for code, flag and version.  The
+#: opaque (a counter that may wrap) gets 10 digits and one check; longer numbers take the long way.
+_SMALL_INT = rb"(-?(?:0|[1-9][0-9]{0,8}))"
+_OPAQUE_INT = rb"(-?(?:0|[1-9][0-9]{0,9}))"
 
 
-def _header_pattern(template: bytes) -> re.Pattern[bytes]:
-    """The regex matching ``template`` with its four ``%d`` fields as JSON integers."""
-    return re.compile(re.escape(template).replace(re.escape(b"%d"), _JSON_INT))
+def _header_pattern() -> re.Pattern[bytes]:
+    """One regex for ``_PLAIN_HEADER`` and ``_BINARY_HEADER``: the binary marker is an optional (captured) group.
+
+    Groups: code, the marker (None when absent), flag, opaque, version.  One match per frame instead of one
+    per template, and no range check on the small fields (issue #28, Round 2e).
+    """
+    marker = re.escape(b'"extFields":{"dledger.body":"bin"},')
+    text = re.escape(_PLAIN_HEADER).replace(re.escape(b'"flag"'), b"(" + marker + b')?"flag"', 1)
+    fields = iter((_SMALL_INT, _SMALL_INT, _OPAQUE_INT, _SMALL_INT))  # code, flag, opaque, version
+    return re.compile(re.sub(re.escape(re.escape(b"%d")), lambda _: next(fields), text))
 
 
-_FAST_HEADERS = ((_header_pattern(_PLAIN_HEADER), None), (_header_pattern(_BINARY_HEADER), BINARY_EXT_FIELDS))
+_FAST_HEADER = _header_pattern().fullmatch
 
 
 def _loads(data: bytes | bytearray | memoryview, error: type[FrameError], what: str) -> Any:
@@ -302,6 +312,9 @@ class FrameSplitter:
         # (each growth of a ~1 MiB buffer may copy all of it: 8x the frame's bytes copied, measured).
         self._parts: list[bytes | bytearray] | None = None
         self._missing = 0
+        # A read whose first ``head`` bytes completed the buffered frame: ``(read, head)``, its other frames
+        # are cut from it in place once the buffer's frame is out.
+        self._rest: tuple[bytes, int] | None = None
         self._broken: FrameError | None = None
         #: ``header_decoder(serializeType, header bytes) -> Header`` replaces the JSON-only header parsing
         #: (other RemotingCommand speakers, e.g. the RocketMQ broker port: both serialize types, lenient
@@ -313,7 +326,8 @@ class FrameSplitter:
         """Bytes received but not yet part of a complete frame."""
         if self._parts is not None:
             return sum(map(len, self._parts))
-        return len(self._buf) - self._pos
+        rest = self._rest
+        return len(self._buf) - self._pos + (len(rest[0]) - rest[1] if rest is not None else 0)
 
     @property
     def unfinished(self) -> int:
@@ -351,49 +365,103 @@ class FrameSplitter:
             self._buf, self._pos = bytearray().join(self._parts), 0  # the frame is complete: one copy
             self._parts = None
             return self._frames()
-        if self._pos:
-            del self._buf[:self._pos]
-            self._pos = 0
-        self._buf += data
+        buf = self._keep_rest()
+        if type(data) is not bytes:
+            data = bytes(data)
+        if not buf:  # nothing buffered: the read's frames are cut from it in place (no copy into the buffer)
+            self._buf = data
+            return self._frames()
+        head = self._completing(buf, data)
+        if head:  # complete the buffered frame with the read's head only; its other frames are cut in place
+            buf += data[:head]
+            self._rest = (data, head)
+        else:
+            buf += data
         return self._frames()
 
-    def _frames(self) -> Iterator[Frame]:
-        buf = self._buf
-        size = len(buf)
-        while size - self._pos >= 4:
-            pos = self._pos
-            total_len = _unpack_int32(buf, pos)[0]
-            if total_len < 4:
-                self._fail(FrameLengthError(f"frame length field {total_len} is below the minimum 4"))
-            if total_len + 4 > self.max_frame_size:
-                self._fail(FrameTooLargeError(f"frame of {total_len + 4} bytes exceeds the limit of "
-                                              f"{self.max_frame_size} bytes (maxFrameSize)"))
-            if size - pos < 8:
-                return
-            word = _unpack_uint32(buf, pos + 4)[0]
-            serialize_type, header_len = word >> 24, word & 0xFFFFFF
-            if header_len > total_len - 4:
-                self._fail(FrameLengthError(f"header length {header_len} exceeds the {total_len - 4} bytes "
-                                            f"the frame has after its header-length word"))
-            end = pos + 4 + total_len
-            if size < end:
-                if end - size >= COLLECT_FRAME_BYTES:  # a large frame: collect its chunks, join them once
-                    with memoryview(buf) as view:
-                        self._parts, self._missing = [bytes(view[pos:])], end - size
-                    self._buf, self._pos = bytearray(), 0
-                return
-            header_end = pos + 8 + header_len
+    def _keep_rest(self) -> bytearray:
+        """The unconsumed bytes as the buffer to add a read to (a read cut in place leaves its tail here)."""
+        buf, pos, rest = self._buf, self._pos, self._rest
+        if rest is not None:  # the last iteration stopped before reaching the read it had put aside
+            self._rest = None
+            data, head = rest
+            with memoryview(data) as view:
+                buf = bytearray(buf[pos:]) if type(buf) is bytes else buf[pos:]
+                buf += view[head:]
+        elif type(buf) is bytes:
             with memoryview(buf) as view:
-                body = bytes(view[header_end:end])
-            self._pos = end
-            if self.header_decoder is not None:
-                yield Frame(self.header_decoder(serialize_type, bytes(buf[pos + 8:header_end])), body)
-                continue
-            if serialize_type != SERIALIZE_JSON:
-                kind = "ROCKETMQ binary headers" if serialize_type == SERIALIZE_ROCKETMQ else "it"
-                raise UnsupportedSerializeTypeError(f"serializeType {serialize_type} is not supported "
-                                                    f"(only 0, JSON; {kind} cannot be decoded)")
-            yield Frame(Header.from_json(buf, pos + 8, header_end), body)
+                buf = bytearray(view[pos:])
+        elif pos:
+            del buf[:pos]
+        self._buf, self._pos = buf, 0
+        return buf
+
+    def _completing(self, buf: bytearray, data: bytes) -> int:
+        """How many bytes of ``data`` complete the frame begun in ``buf``; 0 if it cannot be told or they do not."""
+        if len(buf) < 4:
+            return 0
+        total_len = _unpack_int32(buf, 0)[0]
+        if total_len < 4 or total_len + 4 > self.max_frame_size:
+            return 0  # the length error is raised where the frames are cut
+        head = total_len + 4 - len(buf)
+        return head if 0 < head < len(data) else 0
+
+    def _frames(self) -> Iterator[Frame]:
+        """The complete frames from ``_pos`` on: of the buffer, then of the read put aside in ``_rest``.
+
+        The buffer is a ``bytearray`` (bytes carried over between reads) or the read itself (``bytes``, cut
+        in place: a frame's body is then one slice, with no copy of the read into the buffer first).
+        """
+        while True:
+            buf = self._buf
+            in_place = type(buf) is bytes
+            size = len(buf)
+            while size - self._pos >= 4:
+                pos = self._pos
+                total_len = _unpack_int32(buf, pos)[0]
+                if total_len < 4:
+                    self._fail(FrameLengthError(f"frame length field {total_len} is below the minimum 4"))
+                if total_len + 4 > self.max_frame_size:
+                    self._fail(FrameTooLargeError(f"frame of {total_len + 4} bytes exceeds the limit of "
+                                                  f"{self.max_frame_size} bytes (maxFrameSize)"))
+                if size - pos < 8:
+                    return
+                word = _unpack_uint32(buf, pos + 4)[0]
+                serialize_type, header_len = word >> 24, word & 0xFFFFFF
+                if header_len > total_len - 4:
+                    self._fail(FrameLengthError(f"header length {header_len} exceeds the {total_len - 4} bytes "
+                                                f"the frame has after its header-length word"))
+                end = pos + 4 + total_len
+                if size < end:
+                    if end - size >= COLLECT_FRAME_BYTES:  # a large frame: collect its chunks, join them once
+                        if in_place:
+                            self._parts = [buf[pos:]]
+                        else:
+                            with memoryview(buf) as view:
+                                self._parts = [bytes(view[pos:])]
+                        self._missing = end - size
+                        self._buf, self._pos = bytearray(), 0
+                    return
+                header_end = pos + 8 + header_len
+                if in_place:
+                    body = buf[header_end:end]
+                else:
+                    with memoryview(buf) as view:
+                        body = bytes(view[header_end:end])
+                self._pos = end
+                if self.header_decoder is not None:
+                    yield Frame(self.header_decoder(serialize_type, bytes(buf[pos + 8:header_end])), body)
+                    continue
+                if serialize_type != SERIALIZE_JSON:
+                    kind = "ROCKETMQ binary headers" if serialize_type == SERIALIZE_ROCKETMQ else "it"
+                    raise UnsupportedSerializeTypeError(f"serializeType {serialize_type} is not supported "
+                                                        f"(only 0, JSON; {kind} cannot be decoded)")
+                yield Frame(Header.from_json(buf, pos + 8, header_end), body)
+            rest = self._rest
+            if rest is None:
+                return
+            self._rest = None  # the buffered frame is done (_completing made it end where the buffer ends)
+            self._buf, self._pos = rest
 
     def _fail(self, error: FrameError):
         self._broken = error
@@ -765,6 +833,8 @@ def decode_append_binary(body: bytes, header: Header | None = None) -> AppendEnt
         if len(_APPEND_META) >= _APPEND_META_MAX:
             _APPEND_META.clear()
         _APPEND_META[meta] = kwargs
+    if count == 1 and not flags & _FLAG_BATCH and len(section) >= 4 and _unpack_len(section)[0] == len(section) - 4:
+        return AppendEntryRequest(**kwargs, body=bytes(section[4:]))  # one body filling the section: most APPENDs
     payloads = []
     off, end = 0, len(section)
     for _ in range(count):
