@@ -9,7 +9,8 @@ Phases (a 3-member group of ``twistd dledger`` processes on 127.0.0.1 unless ``-
             (``--master``): rows/s from the session being up to the query's end (only the session's own
             start -- the JVM's -- left out), the time to the first committed rows from the ingest's start,
             and the CPU seconds per row of Spark's processes against the plain client's read (``get``); the
-            driver JVM's garbage collections (count, seconds) at the session's start, the first rows and the end
+            driver JVM's garbage collections (count, seconds) at the session's start, the first rows and the end;
+            with the prestart read as ``dledger ingest`` runs it (``--no-prestart``: without, for A/B runs)
 
 Progress lines go to stdout while it runs; figures are printed, never asserted (docs/benchmarks.md).
 """
