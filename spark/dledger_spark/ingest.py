@@ -30,6 +30,8 @@ from pathlib import Path
 from dledger.commands.argtypes import add_secret_options, add_tls_options
 
 START_FILE = "dledger-start.json"
+#: Seconds the end of an ingest waits for the prestart read (an empty read: long done by then).
+PRESTART_JOIN_S = 60.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -307,10 +309,6 @@ def start_query(args, opts: dict[str, str], parsed, conf: dict[str, str], checkp
             warming.join(PRESTART_JOIN_S)
         spark.stop()
         raise
-
-
-#: Seconds the end of an ingest waits for the prestart read (an empty read: long done by then).
-PRESTART_JOIN_S = 60.0
 
 
 def watch(args, spark, query, progress: Progress, warming=None) -> int:

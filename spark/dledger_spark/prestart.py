@@ -9,12 +9,12 @@ default), for the rest of the session.
 
 :func:`prestart` runs, in a thread, a batch read of the same group(s) with the same options that reads
 nothing (``startingIndex`` = ``endingIndex`` = 0: one empty task, planned without asking the members) into
-the ``noop`` sink.  That
-read needs the same ``plan_data_source_read`` daemon and the same executor daemon as the stream's read,
-so they start -- and their workers import the source and build the read's client -- while the streaming
-runner starts and plans the first batch; the stream's first batch then finds them ready.  Nothing is
-written and no entry is read; a failure only logs (the stream's own read reports the real problem).
-docs/benchmarks.md "Round 2e" has the timeline and what it bought.
+the ``noop`` sink.  That read needs the same ``plan_data_source_read`` daemon and the same executor daemon
+as the stream's read, so they start while the streaming runner starts and plans the first batch: the
+stream's planning reuses the planner's worker, and its first task finds the executor's daemon up (and its
+worker, with the source imported and the read's client built, when the prestart's task got there first).
+Nothing is written and no entry is read; a failure is only logged at debug level (the stream's own read
+reports the real problem).  docs/benchmarks.md "Round 2e" has the timeline and what it bought.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def prestart(spark, options: dict[str, str]) -> threading.Thread:
             (spark.read.format("dledger").options(**prestart_options(options)).load()
              .write.format("noop").mode("overwrite").save())
         except Exception as exc:  # the stream reports its own errors; this read only warms processes up
-            log.debug("dledger source: the prestart read failed: %s", str(exc).strip().splitlines()[0:1])
+            log.debug("dledger source: the prestart read failed: %s", (str(exc).strip().splitlines() or [""])[0])
 
     thread = threading.Thread(target=run, name="dledger-prestart", daemon=True)
     thread.start()

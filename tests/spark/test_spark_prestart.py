@@ -128,10 +128,13 @@ def test_prestart_runs_an_empty_read_into_noop_in_a_thread():
 
 
 def test_a_failed_prestart_only_logs(caplog):
+    """A prestart read that fails ends its thread with one debug line (the stream reports its own errors)."""
+    caplog.set_level("DEBUG", logger="dledger_spark")
     spark = Recorder(fail=True)
     thread = prestart(spark, {"peers": PEERS, "group": "g0"})
     thread.join(10)
     assert not thread.is_alive() and [c[0] for c in spark.calls] == ["format", "options", "load"]
+    assert [r.getMessage() for r in caplog.records] == ["dledger source: the prestart read failed: no leader"]
 
 
 @pytest.mark.parametrize("argv, on", [([], True), (["--no-prestart"], False)])
