@@ -9,7 +9,8 @@ Phases (a 3-member group of ``twistd dledger`` processes on 127.0.0.1 unless ``-
             (``--master``): rows/s from the session being up to the query's end (only the session's own
             start -- the JVM's -- left out), the time to the first committed rows from the ingest's start,
             and the CPU seconds per row of Spark's processes against the plain client's read (``get``); the
-            driver JVM's garbage collections (count, seconds) at the session's start, the first rows and the end
+            driver JVM's garbage collections (count, seconds) at the session's start, the first rows and the end;
+            with the prestart read as ``dledger ingest`` runs it (``--no-prestart``: without, for A/B runs)
 
 Progress lines go to stdout while it runs; figures are printed, never asserted (docs/benchmarks.md).
 """
@@ -54,6 +55,8 @@ def register(subparsers) -> None:
     p.add_argument("--partition-bytes", type=int, default=None, help="bytes per Spark task (default 128 MiB)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="extra Spark configuration of the ingest's session (as dledger ingest --conf)")
+    p.add_argument("--no-prestart", dest="prestart", action="store_false",
+                   help="the ingest without its prestart read (dledger ingest --no-prestart), for A/B runs")
     p.add_argument("--phases", default="fill,get,ingest", help="comma-separated subset of fill,get,ingest")
     p.add_argument("--dir", dest="directory", help="working directory (default: a temporary one, removed)")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object at the end")
@@ -131,8 +134,9 @@ def ingest(peers: str, group: str, count: int, args, work: Path, members=()) -> 
     planning and the Python workers' start included).  CPU: every process below this one (the driver JVM,
     its Python workers, this process) except the members, whose CPU is counted apart.
     """
-    from dledger_spark.ingest import Progress
+    from dledger_spark.ingest import PRESTART_JOIN_S, Progress
     from dledger_spark.options import parse_options
+    from dledger_spark.prestart import prestart
     from dledger_spark.proctree import cpu_of, tree_cpu_split
     from dledger_spark.session import get_session, stop_session
 
@@ -148,6 +152,7 @@ def ingest(peers: str, group: str, count: int, args, work: Path, members=()) -> 
     session_s = up - t0
     gc = {"session": jvm_gc(spark)}
     say(f"ingest: Spark session ({args.master}) up in {session_s:.1f} s (JVM GC so far: {gc_text(gc['session'])})")
+    warming = None
     try:
         warm_s = None
         if args.warm_up:
@@ -160,8 +165,10 @@ def ingest(peers: str, group: str, count: int, args, work: Path, members=()) -> 
         out, ck = work / "parquet", work / "checkpoint"
         split0, members0 = tree_cpu_split(set(members)), cpu_of(members)
         started = time.monotonic()
-        query = (spark.readStream.format("dledger").options(**opts).load()
-                 .withColumn("date", F.to_date("ingest_time")).writeStream.format("parquet")
+        stream = spark.readStream.format("dledger").options(**opts).load()
+        if args.prestart:  # as dledger ingest does (dledger_spark.prestart)
+            warming = prestart(spark, opts)
+        query = (stream.withColumn("date", F.to_date("ingest_time")).writeStream.format("parquet")
                  .option("path", str(out)).option("checkpointLocation", str(ck)).partitionBy("group", "date")
                  .trigger(availableNow=True).start())
         progress = Progress(parse_options(opts))
@@ -200,8 +207,10 @@ def ingest(peers: str, group: str, count: int, args, work: Path, members=()) -> 
                 "spark_cpu_us_per_row": round(cpu / max(rows, 1) * 1e6, 1),
                 "spark_cpu_split_us_per_row": {k: round(v / max(rows, 1) * 1e6, 1) for k, v in sorted(split.items())},
                 "members_cpu_us_per_row": round(members_cpu / max(rows, 1) * 1e6, 1) if members else None,
-                "jvm_gc": gc}
+                "jvm_gc": gc, "prestart": bool(args.prestart)}
     finally:
+        if warming is not None:
+            warming.join(PRESTART_JOIN_S)
         stop_session(spark)  # and keeps the JVM's class archive it recorded, if any (session.get_session)
 
 

@@ -30,6 +30,8 @@ from pathlib import Path
 from dledger.commands.argtypes import add_secret_options, add_tls_options
 
 START_FILE = "dledger-start.json"
+#: Seconds the end of an ingest waits for the prestart read (an empty read: long done by then).
+PRESTART_JOIN_S = 60.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress-interval", type=float, default=5.0, metavar="SECONDS",
                    help="seconds between progress lines (default 5)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration")
+    p.add_argument("--no-prestart", dest="prestart", action="store_false",
+                   help="do not start the source's Python processes beside the query's start (an empty batch read "
+                        "that makes the first rows come sooner; see docs/operations.md)")
     # The same names, defaults and meaning as the dledger client commands' (dledger/commands/client.py).
     sec = p.add_argument_group("security (members with TLS or authMode tls/secret; docs/security.md)")
     add_tls_options(sec)
@@ -256,13 +261,13 @@ def run(args) -> int:
         return 1
     opts["startingIndex"] = json.dumps(start)
     try:
-        spark, query, progress = start_query(args, opts, parsed, conf, checkpoint, start)
+        spark, query, progress, warming = start_query(args, opts, parsed, conf, checkpoint, start)
     except Exception as exc:  # Spark could not start it (a remote output it cannot write, a bad --conf ...)
         for path in fresh:  # what this run created: nothing ran, nothing to keep
             shutil.rmtree(path, ignore_errors=True)
         print(f"dledger ingest: the query could not start: {one_line(exc)}", file=sys.stderr, flush=True)
         return 1
-    return watch(args, spark, query, progress)
+    return watch(args, spark, query, progress, warming)
 
 
 def one_line(exc: BaseException) -> str:
@@ -277,16 +282,20 @@ def one_line(exc: BaseException) -> str:
 
 
 def start_query(args, opts: dict[str, str], parsed, conf: dict[str, str], checkpoint: str, start: dict):
-    """The SparkSession, the started streaming query into Parquet, and its Progress."""
+    """The SparkSession, the started streaming query into Parquet, its Progress, and the prestart thread (or None)."""
+    from dledger_spark.prestart import prestart
     from dledger_spark.session import get_session
 
     # --once records the driver JVM's class archive the first time (session.stop_session keeps it): a
     # continuous ingest is stopped by a signal, whose grace period the archive's write should not eat.
     spark = get_session(args.master, conf=conf, record_archive=args.once)
+    warming = None
     try:
         from pyspark.sql import functions as F
 
         df = spark.readStream.format("dledger").options(**opts).load()
+        if getattr(args, "prestart", True):  # after load(): its create_data_source worker is then idle, reused
+            warming = prestart(spark, opts)  # the source's other Python processes start beside the query's
         writer = (df.withColumn("date", F.to_date("ingest_time")).writeStream.format("parquet")
                   .option("path", args.output).option("checkpointLocation", checkpoint)
                   .partitionBy("group", "date").queryName("dledger-ingest"))
@@ -294,13 +303,15 @@ def start_query(args, opts: dict[str, str], parsed, conf: dict[str, str], checkp
             writer.trigger(processingTime=f"{args.trigger_interval} seconds")
         print(f"ingest: {', '.join(parsed.groups)} -> {args.output} (checkpoint {checkpoint}, start {start}, "
               f"{'once' if args.once else 'every ' + str(args.trigger_interval) + ' s'})", flush=True)
-        return spark, writer.start(), Progress(parsed)
+        return spark, writer.start(), Progress(parsed), warming
     except BaseException:
+        if warming is not None:
+            warming.join(PRESTART_JOIN_S)
         spark.stop()
         raise
 
 
-def watch(args, spark, query, progress: Progress) -> int:
+def watch(args, spark, query, progress: Progress, warming=None) -> int:
     """Report progress until the query ends (or SIGTERM / Ctrl-C stops it); the exit status."""
     stopping = []
 
@@ -326,6 +337,8 @@ def watch(args, spark, query, progress: Progress) -> int:
         for s, handler in old.items():
             signal.signal(s, handler)
         progress.close()
+        if warming is not None:
+            warming.join(PRESTART_JOIN_S)
         from dledger_spark.session import stop_session
 
         stop_session(spark)

@@ -32,6 +32,13 @@ def resolve_end(spec: str | int, committed: int) -> int:
     return min(int(spec), committed + 1)
 
 
+def empty_by_options(starting: dict, ending: dict) -> bool:
+    """True when the options alone make a batch read empty: every group's ``startingIndex`` and ``endingIndex``
+    are indexes and the end is not past the start (the members need not be asked)."""
+    return all(isinstance(starting.get(g), int) and isinstance(end, int) and end <= starting[g]
+               for g, end in ending.items())
+
+
 def admit(start: dict[str, int], latest: dict[str, int], limit: int | None) -> dict[str, int]:
     """The end offsets of the next micro-batch: ``latest`` capped so that at most ``limit`` indexes are read.
 

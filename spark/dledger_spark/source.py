@@ -20,6 +20,7 @@ from dledger.config import parse_peers
 from dledger.errors import ConfigError, DLedgerError
 from dledger_spark.options import SourceOptions, parse_options
 from dledger_spark.planning import (
+    empty_by_options,
     entries_per_partition,
     foreign_groups,
     metadata_problem,
@@ -187,20 +188,26 @@ class DLedgerBatchReader(_Planned, DataSourceReader):
     """``spark.read.format("dledger")``: ``startingIndex`` (default earliest) to ``endingIndex`` (default latest)."""
 
     def partitions(self):
+        parts = [] if empty_by_options(self.opts.starting, self.opts.ending) else self._planned()
+        if not parts:  # nothing to read: one empty task, so Spark gets a (empty) scan
+            group, opts = next(iter(self.opts.groups)), self.opts
+            # with the read's options: its worker builds the client a read of this group uses (prestart.py)
+            parts = [Partition(group, opts.groups[group], 0, 0, (), opts.read_from, opts.format, opts.fail_on_data_loss,
+                               opts.timeout, opts.credentials)]
+        return parts
+
+    def _planned(self) -> list:
+        """The tasks of the read, planned with the leaders' committed indexes."""
         planner = self.planner
         try:
             metas = planner.metas()
             start = {g: resolve_start(self.opts.starting[g], m.ledger_begin_index, m.committed_index)
                      for g, m in metas.items()}
             end = {g: resolve_end(self.opts.ending[g], m.committed_index) for g, m in metas.items()}
-            parts = planner.partitions(start, end)
+            return planner.partitions(start, end)
         finally:
             planner.close()
             self._planner = None
-        if not parts:  # nothing to read: one empty task, so Spark gets a (empty) scan
-            group = next(iter(self.opts.groups))
-            parts = [Partition(group, self.opts.groups[group], 0, 0)]
-        return parts
 
 
 class DLedgerStreamReader(_Planned, DataSourceStreamReader, SupportsTriggerAvailableNow):
