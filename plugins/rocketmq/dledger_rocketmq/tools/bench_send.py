@@ -26,6 +26,16 @@ SEND_MESSAGE_V2 frames (the stock producer's JSON header, 1 KiB bodies, 8
 queues) handed to the master's broker port in one read, until every reply
 is written (``port_send_us``: frame decode, send header, put, replication,
 commit, consume-queue dispatch, reply; the whole group's process CPU per send).
+
+``--batch N`` times SEND_BATCH_MESSAGE requests of N x 1 KiB (the stock
+producer's batch header, no TAGS) on the same simulated group, 8 requests
+a round, two ways, alternating: each request alone, answered before the
+next is handed over (``batch_alone_us``: every request its own append,
+push, commit, commit-feed delivery and consume-queue write, as a producer
+with a few threads and small batches drives it, e.g. ``rocketmq-java``'s
+batch32 from 4 threads), and the 8 handed over together (``batch_together_us``:
+their rounds shared); the whole group's process CPU per message.  The
+difference is what a request's rounds cost beyond its messages.
 """
 
 from __future__ import annotations
@@ -169,6 +179,61 @@ def port_handle(calls: int = 20_000) -> dict[str, float]:
         return {"port_handle_us": _per_call(one, calls)}
 
 
+def batch_frames(size: int, requests: int = 8) -> list[bytes]:
+    """``requests`` SEND_BATCH_MESSAGE frames of ``size`` 1 KiB messages each (queue 3, opaques 0..requests-1)."""
+    from dledger_rocketmq.common.batch import BatchItem, encode_batch
+
+    body = encode_batch([BatchItem(bytes(1024), b"UNIQ_KEY\x017F000001%014X\x02WAIT\x01true" % k, 0)
+                         for k in range(size)])
+    head = (JAVA_HEADER.replace(b'"code":310', b'"code":320').replace(b'"m":"false"', b'"m":"true"')
+            .replace(b'"i":"TAGS\\u0001TagA\\u0002UNIQ_KEY\\u00017F0000010000"', b'"i":"WAIT\\u0001true"'))
+    heads = [head.replace(b'"opaque":12345', b'"opaque":%d' % k) for k in range(requests)]
+    return [struct.pack(">iI", 4 + len(h) + len(body), len(h)) + h + body for h in heads]
+
+
+def batch_path(size: int = 32, rounds: int = 10) -> dict[str, float]:
+    """Process CPU per batched message through the master's port, requests alone and together (module docstring)."""
+    from twisted.internet.testing import StringTransport
+
+    from dledger_rocketmq.broker.port import BrokerPort, BrokerPortProtocol
+    from dledger_rocketmq.store.metadata import topic_config
+
+    frames = batch_frames(size)
+    with simulated_master() as (cluster, broker):
+        broker.create_topic(topic_config(TOPIC, 8, 8))
+        if not cluster.run_until(lambda: broker.meta.topics.get(TOPIC) is not None, 30):
+            raise RuntimeError("the bench topic was never created")
+        conn = BrokerPortProtocol(BrokerPort(broker, "tcp:0"))
+        conn.makeConnection(StringTransport())
+        answered = []
+        real_answer = conn.answer
+        conn.answer = lambda request, reply: answered.append(reply.code) or real_answer(request, reply)
+
+        def answered_up_to(n: int) -> None:
+            if not cluster.run_until(lambda: len(answered) >= n, 30):
+                raise RuntimeError("batch sends never answered")
+
+        def one_round(alone: bool) -> float:
+            answered.clear()
+            conn.transport.clear()
+            began = time.process_time()
+            for k, frame in enumerate(frames):
+                conn.dataReceived(frame)
+                if alone:
+                    answered_up_to(k + 1)
+            answered_up_to(len(frames))
+            spent = time.process_time() - began
+            if any(answered):
+                raise RuntimeError(f"a batch send failed: codes {sorted(set(answered))}")
+            return spent
+        one_round(True)  # warm-up
+        totals = {"batch_alone_us": 0.0, "batch_together_us": 0.0}
+        for _ in range(rounds):
+            totals["batch_alone_us"] += one_round(True)
+            totals["batch_together_us"] += one_round(False)
+    return {k: round(v / (rounds * len(frames) * size) * 1e6, 1) for k, v in totals.items()}
+
+
 def put_path(puts: int = 64, rounds: int = 40) -> dict[str, float]:
     """Process CPU per single put, one by one and gathered (see the module's docstring)."""
     from dledger_rocketmq.common.message import MessageRecord
@@ -209,6 +274,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=0,
                    help="also time whole sends through the master's broker port: rounds of this many SEND_MESSAGE_V2 "
                         "frames of 1 KiB in one read (0: not)")
+    p.add_argument("--batch", type=int, default=0,
+                   help="also time SEND_BATCH_MESSAGE requests of this many 1 KiB messages through the master's port, "
+                        "alone and 8 together (batch_alone_us, batch_together_us; 0: not)")
     args = p.parse_args(argv)
     figures = run(max(1, args.calls))
     if args.handle:
@@ -217,6 +285,8 @@ def main(argv: list[str] | None = None) -> None:
         figures.update(put_path(args.puts, max(1, args.put_rounds)))
     if args.port > 0:
         figures.update(port_path(args.port, max(1, args.put_rounds)))
+    if args.batch > 0:
+        figures.update(batch_path(args.batch, max(1, args.put_rounds)))
     print(", ".join(f"{k} {v}" for k, v in figures.items()))
 
 
