@@ -208,3 +208,27 @@ def test_a_commit_answered_before_the_puts_are_listed_waits_for_them():
     puts.answers.append((sink, 7, PutResult(PutStatus.PUT_OK, count=1)))
     puts.listed_all()
     assert sink.answered == [(7, PutStatus.PUT_OK)] and sink.done == 1
+
+
+_ID = "7F00000100002A9F00000000000004D2"
+
+
+@pytest.mark.parametrize("result", [
+    PutResult(PutStatus.PUT_OK, msg_id=_ID, queue_id=3, queue_offset=12, physical_offset=1234, msg_ids=(_ID,),
+              count=1),
+    PutResult(PutStatus.PUT_OK, msg_id=_ID, queue_id=0, queue_offset=0, msg_ids=(_ID, _ID), count=2),
+    PutResult(PutStatus.PUT_OK, msg_id=_ID, queue_id=7, queue_offset=2 ** 40),  # msg_ids empty: msg_id
+    PutResult(PutStatus.PUT_OK, msg_id="not \"hex\"", queue_id=1, queue_offset=1),  # escaped by JSON: general path
+    PutResult(PutStatus.PUT_OK),  # no id at all
+    PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error="n1 is not the master"),
+    PutResult(PutStatus.MESSAGE_ILLEGAL, error="bad"),
+])
+@pytest.mark.parametrize("serialize_type", ["JSON", "ROCKETMQ"])
+@pytest.mark.parametrize("opaque", [0, 77, -5, 2 ** 31 - 1])
+def test_send_ok_frame_is_the_reply_frame_of_send_reply(result, serialize_type, opaque):
+    """The lean path's reply frame is byte for byte what the general path writes for the same put result."""
+    from dledger_rocketmq.broker.port import reply_frame, send_ok_frame, send_reply
+
+    from dledger.transport.remoting import Header
+    header = Header(310, opaque, 0, "JAVA", 399, None, {}, serialize_type)
+    assert send_ok_frame(header, result) == reply_frame(header, send_reply(result))

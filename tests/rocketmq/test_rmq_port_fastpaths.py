@@ -165,7 +165,7 @@ def test_the_send_micro_benchmark_times_each_step():
     from dledger_rocketmq.tools import bench_send
 
     out = bench_send.run(calls=10)
-    assert set(out) == {"decode_json_header_us", "send_header_us", "send_reply_frame_us"}
+    assert set(out) == {"decode_json_header_us", "send_header_us", "send_reply_frame_us", "send_ok_frame_us"}
     assert all(v > 0 for v in out.values())
 
 

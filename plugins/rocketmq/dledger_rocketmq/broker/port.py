@@ -281,6 +281,19 @@ def reply_frame(request: Header, reply: Reply) -> bytes:
                                  reply.ext, request.serialize_type), reply.body)
 
 
+def send_ok_frame(request: Header, result: PutResult) -> bytes:
+    """``reply_frame(request, send_reply(result))``, the same bytes, for the lean path's answers
+    (:meth:`BrokerPort.sends_answered`): a stored send to a JSON request is filled straight into
+    :data:`_SEND_OK_JSON`, without its Reply and extFields made and checked (~1.5 us a send)."""
+    if result.status is PutStatus.PUT_OK and request.serialize_type == "JSON":
+        ids = ",".join(result.msg_ids) if result.msg_ids else (result.msg_id or "")
+        if ids.isascii() and ids.replace(",", "").isalnum():  # nothing JSON would escape
+            head = _SEND_OK_JSON % (ids.encode(), b"%d" % result.queue_id, b"%d" % result.queue_offset,
+                                    request.opaque, VERSION)
+            return struct.pack(">iI", 4 + len(head), len(head)) + head
+    return reply_frame(request, send_reply(result))
+
+
 # -- extFields helpers ----------------------------------------------------------------------------------------
 
 def ext_str(ext: dict[str, str], key: str, default: str | None = None) -> str:
@@ -1042,7 +1055,7 @@ class BrokerPort(service.Service):
                 c[2] += size
             if header is not None and not header.is_oneway:
                 try:
-                    frames.append(reply_frame(header, send_reply(result)))
+                    frames.append(send_ok_frame(header, result))
                 except Exception as exc:
                     log.failure("rocketmq port: request {code} failed", code=header.code)
                     self.stats.errors += 1

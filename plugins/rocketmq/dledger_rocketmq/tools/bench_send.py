@@ -5,7 +5,8 @@ steps of a SEND_MESSAGE_V2 from a Java client that the broker layer does on
 the master's reactor besides the put: the JSON header decoded
 (:func:`~dledger_rocketmq.broker.port.decode_json_header`), the send header read by
 the two handlers that look at it (the transaction check and the send), and
-the reply frame of a successful send.  Run it with another tree first on
+the reply frame of a successful send (``send_reply_frame_us``; ``send_ok_frame_us`` the same bytes as the
+lean path of single sends builds them).  Run it with another tree first on
 ``PYTHONPATH`` to compare (docs/benchmarks.md, "Broker layer (perf-broker)"):
 any tree that has this module (``dledger_rocketmq.tools``, from ``c695eab``
 on) has ``Request.sending`` and ``CommitLog.gather`` too.
@@ -47,7 +48,7 @@ import time
 import timeit
 from contextlib import contextmanager
 
-from dledger_rocketmq.broker.port import Request, decode_json_header, reply_frame, send_reply
+from dledger_rocketmq.broker.port import Request, decode_json_header, reply_frame, send_ok_frame, send_reply
 from dledger_rocketmq.store.commitlog import PutResult, PutStatus
 
 #: A SEND_MESSAGE_V2 header as the stock 4.9.8 producer writes it (13 extFields, all strings), to topic TOPIC.
@@ -71,7 +72,8 @@ def run(calls: int = 20_000) -> dict[str, float]:
         return _per_call(fn, calls)
     return {"decode_json_header_us": per_call(lambda: decode_json_header(JAVA_HEADER)),
             "send_header_us": per_call(send_header),
-            "send_reply_frame_us": per_call(lambda: reply_frame(header, send_reply(result)))}
+            "send_reply_frame_us": per_call(lambda: reply_frame(header, send_reply(result))),
+            "send_ok_frame_us": per_call(lambda: send_ok_frame(header, result))}
 
 
 def _per_call(fn, calls: int) -> float:
