@@ -232,3 +232,16 @@ def test_send_ok_frame_is_the_reply_frame_of_send_reply(result, serialize_type, 
     from dledger.transport.remoting import Header
     header = Header(310, opaque, 0, "JAVA", 399, None, {}, serialize_type)
     assert send_ok_frame(header, result) == reply_frame(header, send_reply(result))
+
+
+def test_lean_sends_are_answered_while_the_members_statistics_are_on(tmp_path):
+    """With dledger's statistics on, the member answers the read's append through a Deferred (they watch it):
+    the lean sends are still each answered once, SUCCESS, in one write."""
+    cluster, b, port = _port_with_topic(tmp_path)
+    b.server.enable_stats()
+    proto, tr = _connect(port)
+    proto.dataReceived(_send_frames(3))
+    assert cluster.run_until(lambda: len(_replies(tr.value())) == 3, 10)
+    cluster.run(1.0)
+    assert [r.header.code for r in _replies(tr.value())] == [SUCCESS] * 3
+    assert len(tr.writes) == 1

@@ -1012,6 +1012,7 @@ class BrokerPort(service.Service):
                     sends = conn.read_sends = ReadSends(self, conn, self.now_ms())
                 if broker.put_gathered(template, sends, (req.header, args.topic, template.size)):
                     return ANSWER_LATER
+                conn.read_sends = None  # not in a read after all: no stale sink for the next one
             return self._store(template, items, args.topic, self.now_ms())
         began = self.now_ms()
         # Auto-creation goes through the log (a control entry every member applies), then the message.
