@@ -250,8 +250,8 @@ def test_a_put_the_quorum_never_acknowledged_is_not_put_ok(tmp_path):
 def _gathered(cluster, b, records, calls):
     """Put ``records`` one by one between gather() and flush_gathered(); run until all are answered."""
     server = b.server
-    real = server.handle_append
-    server.handle_append = lambda req: calls.append(len(req.bodies())) or real(req)
+    real = server.handle_requests_answering
+    server.handle_requests_answering = lambda reqs, *a: calls.extend(len(r.bodies()) for r in reqs) or real(reqs, *a)
     out = [None] * len(records)
     b.commitlog.gather()
     for k, r in enumerate(records):

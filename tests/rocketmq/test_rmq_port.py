@@ -401,8 +401,8 @@ def test_the_single_sends_of_one_read_are_one_store_batch_each_answered(tmp_path
     first = _ask(cluster, port, "310-send-message-v2")  # the topic exists from here on
     assert first.header.code == 0
     calls = []
-    real = b.server.handle_append
-    b.server.handle_append = lambda req: calls.append(len(req.bodies())) or real(req)
+    real = b.server.handle_requests_answering
+    b.server.handle_requests_answering = lambda reqs, *a: calls.extend(len(r.bodies()) for r in reqs) or real(reqs, *a)
     proto, tr = _server(port)
     proto.dataReceived((FRAMES / "310-send-message-v2-request.bin").read_bytes() * 3)
     assert calls == [3]

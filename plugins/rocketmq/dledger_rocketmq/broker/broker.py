@@ -494,6 +494,12 @@ class Broker(MultiService):
         """
         return self.commitlog.put([delayed(msg)])
 
+    def put_gathered(self, msg: MessageRecord, sink, token) -> bool:
+        """:meth:`put_message` for the broker port's lean path: held for the read's one store batch and answered
+        by ``sink.put_answered(token, result)`` (:meth:`.CommitLog.put_gathered`, no Deferred); False if no
+        read is being gathered (then :meth:`put_message`)."""
+        return self.commitlog.put_gathered(delayed(msg), sink, token)
+
     def put_messages(self, msgs: Sequence[MessageRecord]) -> Deferred:
         """Store a batch as one dledger batch with consecutive queue offsets; fires with a :class:`PutResult`."""
         return self.commitlog.put([delayed(m) for m in msgs])

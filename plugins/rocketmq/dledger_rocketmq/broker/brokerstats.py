@@ -312,6 +312,23 @@ class BrokerStatsManager:
         self.item(TOPIC_PUT_SIZE, topic).add(size, 1)
         self.item(BROKER_PUT_NUMS, self.cluster).add(messages, 1)
 
+    def on_puts(self, topic: str, sends: int, messages: int, size: int, elapsed_ms: int, ok: bool) -> None:
+        """``sends`` send requests answered alike (one topic, one latency, all stored or all failed): what
+        ``sends`` calls of :meth:`on_put` would count, in one update (the broker port's lean sends of one read);
+        ``messages`` and ``size`` are their totals."""
+        store = self.store
+        store.put_time_max = max(store.put_time_max, elapsed_ms)
+        store.distribute[distribute_index(elapsed_ms)] += sends
+        store.buckets[latency_bucket(elapsed_ms)] += sends
+        if not ok:
+            store.put_failed += sends
+            return
+        store.put_times[topic] = store.put_times.get(topic, 0) + messages
+        store.put_sizes[topic] = store.put_sizes.get(topic, 0) + size
+        self.item(TOPIC_PUT_NUMS, topic).add(messages, sends)
+        self.item(TOPIC_PUT_SIZE, topic).add(size, sends)
+        self.item(BROKER_PUT_NUMS, self.cluster).add(messages, sends)
+
     def on_get(self, group: str, topic: str, messages: int, size: int, latency_ms: int = 0) -> None:
         """A pull answered: ``messages`` handed out (0: nothing found)."""
         store = self.store

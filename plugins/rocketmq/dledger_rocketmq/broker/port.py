@@ -41,6 +41,7 @@ from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
+from dledger.interfaces import ANSWER_LATER
 from dledger.transport.listener import TLS_AT_PLAIN_PORT, ListenerGuard, ListenerLimits, tls_hello, warn_peer
 from dledger.transport.remoting import (
     FLAG_RESPONSE,
@@ -278,6 +279,19 @@ def reply_frame(request: Header, reply: Reply) -> bytes:
         return struct.pack(">iI", 4 + len(head), len(head)) + head
     return encode_command(Header(reply.code, request.opaque, FLAG_RESPONSE, "JAVA", VERSION, reply.remark,
                                  reply.ext, request.serialize_type), reply.body)
+
+
+def send_ok_frame(request: Header, result: PutResult) -> bytes:
+    """``reply_frame(request, send_reply(result))``, the same bytes, for the lean path's answers
+    (:meth:`BrokerPort.sends_answered`): a stored send to a JSON request is filled straight into
+    :data:`_SEND_OK_JSON`, without its Reply and extFields made and checked (~1.5 us a send)."""
+    if result.status is PutStatus.PUT_OK and request.serialize_type == "JSON":
+        ids = ",".join(result.msg_ids) if result.msg_ids else (result.msg_id or "")
+        if ids.isascii() and ids.replace(",", "").isalnum():  # nothing JSON would escape
+            head = _SEND_OK_JSON % (ids.encode(), b"%d" % result.queue_id, b"%d" % result.queue_offset,
+                                    request.opaque, VERSION)
+            return struct.pack(">iI", 4 + len(head), len(head)) + head
+    return reply_frame(request, send_reply(result))
 
 
 # -- extFields helpers ----------------------------------------------------------------------------------------
@@ -625,6 +639,8 @@ class BrokerPortProtocol(protocol.Protocol):
         self.port = port
         self.splitter = FrameSplitter(port.max_frame_size, header_decoder=decode_header)
         self.closed = False
+        #: The lean single sends of the read being handled (:class:`ReadSends`; None: none yet).
+        self.read_sends: ReadSends | None = None
 
     def connectionMade(self):
         set_no_delay(self.transport)  # as RocketMQ's NettyRemotingServer: replies never wait for an ACK
@@ -652,6 +668,7 @@ class BrokerPortProtocol(protocol.Protocol):
             self.closed = True
             self.transport.loseConnection()
         finally:
+            self.read_sends = None  # the next read's sends are answered together, apart from these
             if commitlog is not None:
                 commitlog.flush_gathered()
 
@@ -672,6 +689,38 @@ class BrokerPortProtocol(protocol.Protocol):
     def answer_with(self, reply: Reply, request: Header) -> None:
         """:meth:`answer` with the arguments the other way round: a Deferred's callback, no closure per request."""
         self.answer(request, reply)
+
+    def answer_frames(self, frames: list[bytes]) -> None:
+        """Reply frames answered together (:meth:`BrokerPort.sends_answered`): one transport write for all."""
+        if not self.closed:
+            self.transport.write(b"".join(frames))
+
+
+class ReadSends:
+    """The single sends of one read on one connection that took the lean path (a
+    :class:`~dledger_rocketmq.store.commitlog.PutSink`): answered by plain calls, then together.
+
+    Each put's answer is kept (``put_answered``) until its read's batch of answers is complete
+    (``answers_done``: at the flush for the refused ones, at the commit for the others); then
+    :meth:`BrokerPort.sends_answered` counts them in the statistics once per topic and writes their replies
+    in one transport write.  ``began`` is the read's time (ms), every send's start for its put latency.
+    """
+
+    __slots__ = ("port", "conn", "began", "results")
+
+    def __init__(self, port: BrokerPort, conn: BrokerPortProtocol, began: int):
+        self.port = port
+        self.conn = conn
+        self.began = began
+        self.results: list = []  # ((request header, topic, size), PutResult)
+
+    def put_answered(self, token: tuple, result: PutResult) -> None:
+        self.results.append((token, result))
+
+    def answers_done(self) -> None:
+        results, self.results = self.results, []
+        if results:
+            self.port.sends_answered(self.conn, self.began, results)
 
 
 def _member_limits(broker: Any) -> ListenerLimits:
@@ -890,6 +939,8 @@ class BrokerPort(service.Service):
                 self.stats.errors += 1
             conn.answer(header, d)
             return
+        if d is ANSWER_LATER:  # a lean send: its put answers it (ReadSends)
+            return
         d.addCallbacks(conn.answer_with, self._failed_answer, callbackArgs=(header,), errbackArgs=(conn, header))
 
     def _failed_answer(self, f, conn: BrokerPortProtocol, header: Header) -> None:
@@ -953,9 +1004,17 @@ class BrokerPort(service.Service):
         except CodecError as exc:
             return Reply(MESSAGE_ILLEGAL, f"the batch is malformed: {exc}", dict(SEND_EXTRA))
 
-        began = self.now_ms()
         if create is None:
-            return self._store(template, items, args.topic, began)
+            conn = req.conn
+            if items is None and conn is not None:  # the lean path: no Deferred, answered with its read's sends
+                sends = conn.read_sends
+                if sends is None:
+                    sends = conn.read_sends = ReadSends(self, conn, self.now_ms())
+                if broker.put_gathered(template, sends, (req.header, args.topic, template.size)):
+                    return ANSWER_LATER
+                conn.read_sends = None  # not in a read after all: no stale sink for the next one
+            return self._store(template, items, args.topic, self.now_ms())
+        began = self.now_ms()
         # Auto-creation goes through the log (a control entry every member applies), then the message.
         log.info("{id}: topic {t} auto-created from {d} ({n} queues)", id=broker.server.self_id,
                  t=args.topic, d=args.default_topic, n=create["writeQueueNums"])
@@ -976,6 +1035,41 @@ class BrokerPort(service.Service):
             size = sum(fixed + len(b) + len(p) for b, p, _ in items)
         self.broker_stats.on_put(topic, result.count or 1, size, self.now_ms() - began, result.ok)
         return send_reply(result)
+
+    def sends_answered(self, conn: BrokerPortProtocol, began: int, results: list) -> None:
+        """Lean single sends answered together (:class:`ReadSends`): one statistics update per topic and
+        outcome, and their replies, in the order of the puts, in one write.
+
+        Each send is counted and answered even if the statistics or a reply frame fail (a bug: logged; that
+        send answered SYSTEM_ERROR, as :meth:`_failed_answer` would).
+        """
+        counts: dict[tuple[str, bool], list[int]] = {}
+        frames = []
+        for (header, topic, size), result in results:
+            ok = result.status is PutStatus.PUT_OK
+            c = counts.get((topic, ok))
+            if c is None:
+                counts[(topic, ok)] = [1, result.count or 1, size]
+            else:
+                c[0] += 1
+                c[1] += result.count or 1
+                c[2] += size
+            if header is not None and not header.is_oneway:
+                try:
+                    frames.append(send_ok_frame(header, result))
+                except Exception as exc:
+                    log.failure("rocketmq port: request {code} failed", code=header.code)
+                    self.stats.errors += 1
+                    frames.append(reply_frame(header, Reply(SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")))
+        try:
+            elapsed = self.now_ms() - began
+            on_puts = self.broker_stats.on_puts
+            for (topic, ok), (sends, messages, size) in counts.items():
+                on_puts(topic, sends, messages, size, elapsed, ok)
+        except Exception:
+            log.failure("rocketmq port: counting {n} sends failed", n=len(results))
+        if frames:
+            conn.answer_frames(frames)
 
     def _pull(self, req: Request) -> Reply:
         args = pull_args(req.ext)

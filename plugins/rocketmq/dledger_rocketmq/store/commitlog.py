@@ -33,15 +33,17 @@ import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from dledger.codes import ResponseCode, Role
 from dledger.entry import BODY_OFFSET
 from dledger.errors import DLedgerError
-from dledger.interfaces import IAppendHook, IPositionReader
+from dledger.interfaces import ANSWER_LATER, IAppendHook, IPositionReader
 from dledger.messages import AppendEntryRequest
 from dledger_rocketmq.common.errors import CodecError
 from dledger_rocketmq.common.message import (
@@ -104,9 +106,14 @@ def put_status_for(code: ResponseCode | int) -> PutStatus:
     return _STATUS_FOR_CODE.get(code, PutStatus.UNKNOWN_ERROR)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PutResult:
-    """What a put answers: for a batch, ``queue_offset``/``physical_offset``/``msg_id`` are the first record's."""
+    """What a put answers: for a batch, ``queue_offset``/``physical_offset``/``msg_id`` are the first record's.
+
+    Not frozen, though nothing changes one once made (one may be shared by the puts of a refused read): a
+    frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``, ~0.7 us more per single
+    send on the master, which makes one per send (issue #28 1c).
+    """
 
     status: PutStatus
     msg_id: str | None = None
@@ -184,22 +191,98 @@ def _failed(f) -> PutResult:
     return PutResult(put_status_for(code), error=str(f.value))
 
 
-def _answer_each(resp, answers: list[tuple[PutResult, Deferred]]) -> None:
-    """The gathered puts' answers from their one append request, each fired into the Deferred its caller holds."""
-    code = getattr(resp, "code", ResponseCode.SUCCESS)
-    if int(code) != int(ResponseCode.SUCCESS):
-        failed = _answered(resp, None)
-        for _, d in answers:
-            d.callback(failed)
+class PutSink(Protocol):
+    """Who a gathered put answers (:meth:`CommitLog.put_gathered`): a plain call per put, no Deferred.
+
+    ``put_answered(token, result)`` once per put, on the reactor thread; then ``answers_done()`` once after
+    the puts of one read that were answered together (at the flush for those refused there, at the commit
+    for the others): the broker port writes their replies and counts their statistics there, once.
+    """
+
+    def put_answered(self, token: Any, result: PutResult) -> None: ...
+
+    def answers_done(self) -> None: ...
+
+
+class DeferredPuts:
+    """The :class:`PutSink` of a put whose caller holds a Deferred (:meth:`CommitLog.put`): the answer fires it."""
+
+    @staticmethod
+    def put_answered(token: Deferred, result: PutResult) -> None:
+        token.callback(result)
+
+    @staticmethod
+    def answers_done() -> None:
+        pass
+
+
+DEFERRED_PUTS = DeferredPuts()
+
+
+def answer_puts(answers: list, results) -> None:
+    """Answer gathered puts: ``answers`` of ``(sink, token, ok)``, ``results`` a PutResult for all or None (each its
+    ``ok``); then each sink's :meth:`~PutSink.answers_done` once, after all its puts were answered.
+
+    Every put is answered once even if a sink raises (logged): the others of the read must not be left waiting.
+    """
+    last = None
+    done = []
+    for sink, token, ok in answers:
+        if sink is not last:
+            last = sink
+            if sink not in done:
+                done.append(sink)
+        try:
+            sink.put_answered(token, ok if results is None else results)
+        except Exception:
+            log.failure("answering a gathered put failed")
+    for sink in done:
+        try:
+            sink.answers_done()
+        except Exception:
+            log.failure("answering the gathered puts of a read failed")
+
+
+class _ReadPuts:
+    """The gathered puts of one read, as the token of their one append request.
+
+    The member may answer that request before :meth:`CommitLog.flush_gathered` has listed the puts (a
+    member alone commits inside its append): the response then waits here until they are listed.
+    """
+
+    __slots__ = ("answers", "listed", "response")
+
+    def __init__(self):
+        self.answers: list = []  # (sink, token, ok)
+        self.listed = False
+        self.response = None
+
+    def listed_all(self) -> None:
+        self.listed = True
+        if self.response is not None:
+            _answer_committed(self, self.response)
+
+
+def _answer_committed(puts: _ReadPuts, resp) -> None:
+    """The gathered puts' one append request answered (``answer`` of the member's answering API): each put too.
+
+    Only SUCCESS means a quorum holds them (:func:`_answered`); a timeout or a lost leadership answers each
+    put with that.
+    """
+    if not puts.listed:
+        puts.response = resp
         return
-    for ok, d in answers:
-        d.callback(ok)
+    code = getattr(resp, "code", ResponseCode.SUCCESS)
+    answer_puts(puts.answers, None if int(code) == int(ResponseCode.SUCCESS) else _answered(resp, None))
 
 
-def _fail_each(f, answers: list[tuple[PutResult, Deferred]]) -> None:
-    failed = _failed(f)
-    for _, d in answers:
-        d.callback(failed)
+def _answer_committed_d(resp, puts: _ReadPuts) -> None:
+    _answer_committed(puts, resp)
+
+
+def _fail_committed(f, puts: _ReadPuts) -> None:
+    puts.listed = True
+    answer_puts(puts.answers, _failed(f))
 
 
 @implementer(IAppendHook)
@@ -259,7 +342,7 @@ class CommitLog:
         self.put_ms = 0  # the store time of the put in progress (the hook writes it)
         self.hook = PhysicalOffsetHook(self)
         self.gathering = 0  # > 0: single-record puts wait in ``gathered`` for :meth:`flush_gathered`
-        self.gathered: list[tuple[MessageRecord, Deferred]] = []
+        self.gathered: list[tuple[MessageRecord, PutSink, Any]] = []
 
     def now_ms(self) -> int:
         return int(self.server.clock.seconds() * 1000)
@@ -285,7 +368,7 @@ class CommitLog:
         """
         if self.gathering and len(records) == 1:
             d = Deferred()
-            self.gathered.append((records[0], d))
+            self.gathered.append((records[0], DEFERRED_PUTS, d))
             return d
         refused = self._refuse_put(len(records))
         if refused is not None:
@@ -340,12 +423,26 @@ class CommitLog:
         """
         self.gathering += 1
 
+    def put_gathered(self, record: MessageRecord, sink: PutSink, token: Any) -> bool:
+        """Hold ``record`` for :meth:`flush_gathered`, answered by ``sink.put_answered(token, result)``; False
+        if no gathering is open (the caller puts it with :meth:`put` instead).
+
+        The broker port's lean path for the single sends of one read: no Deferred per put, and the sink
+        answers the read's sends together (:class:`PutSink`).
+        """
+        if not self.gathering:
+            return False
+        self.gathered.append((record, sink, token))
+        return True
+
     def flush_gathered(self) -> None:
         """Append the puts held since :meth:`gather` as ONE dledger append request and answer each.
 
         One request, not one per put: the member keeps one pending append
-        (one Deferred, one response, one resolution at commit) for the whole
-        read instead of one per send, and the answers are fanned out from it.
+        (one response, one resolution at commit, answered by a plain call
+        through its answering API: no Deferred) for the whole read instead of
+        one per send, and the answers are fanned out from it to each put's
+        sink (:func:`answer_puts`).
         A put that cannot be encoded, or is over the member's entry size,
         fails alone before anything is appended.  A refusal of the request
         (pending appends full, leadership lost, disk full, another plugin's
@@ -359,8 +456,7 @@ class CommitLog:
         puts, self.gathered = self.gathered, []
         refused = self._refuse_put(len(puts))
         if refused is not None:
-            for _, d in puts:
-                d.callback(refused.result)
+            answer_puts([(sink, token, None) for _, sink, token in puts], refused.result)
             return
         server, offsets = self.server, self.offsets
         host, limit = self.store_host, self.max_message_size
@@ -368,8 +464,8 @@ class CommitLog:
         # request: the check is made here first, so an oversized put fails alone and leaves no gap.
         entry_limit = server.config.max_entry_size - BODY_OFFSET
         nexts: dict[QueueKey, int] = {}  # offsets planned here; the table advances only by what is stored
-        waiting, bodies = [], []
-        for record, d in puts:
+        waiting, bodies, bad = [], [], []
+        for record, sink, token in puts:
             key = None
             q = 0
             if is_dispatched(record):
@@ -380,38 +476,55 @@ class CommitLog:
             try:
                 body = encode_record(record, max_size=limit, queue_offset=q, physical_offset=0, store_host=host)
             except CodecError as exc:
-                d.callback(PutResult(PutStatus.MESSAGE_ILLEGAL, error=str(exc)))
+                bad.append((sink, token, PutResult(PutStatus.MESSAGE_ILLEGAL, error=str(exc))))
                 continue
             if len(body) > entry_limit:
-                d.callback(PutResult(put_status_for(ResponseCode.UNEXPECTED_ARGUMENT),
-                                     error=f"record of {len(body)} bytes exceeds maxEntrySize"))
+                bad.append((sink, token, PutResult(put_status_for(ResponseCode.UNEXPECTED_ARGUMENT),
+                                                   error=f"record of {len(body)} bytes exceeds maxEntrySize")))
                 continue
             if key is not None:
                 nexts[key] = q + 1
             bodies.append(body)
-            waiting.append((record.queue_id, key, q, d))
+            waiting.append((record.queue_id, key, q, sink, token))
+        if bad:
+            answer_puts(bad, None)
         if not bodies:
             return
         store = server.store
         before = store.ledger_end_index
-        result = self._placing(server.handle_append,
-                               AppendEntryRequest(group=server.config.group, batch_msgs=bodies))
+        puts = _ReadPuts()
+        result = self._placing(self._append_answering,
+                               (AppendEntryRequest(group=server.config.group, batch_msgs=bodies), puts))
         stored = store.ledger_end_index - before
-        for _, key, q, _ in waiting[:stored]:
+        for _, key, q, _, _ in waiting[:stored]:
             if key is not None and offsets.get(key, 0) <= q:
                 offsets[key] = q + 1
         if isinstance(result, DLedgerError):
-            failed = PutResult(put_status_for(result.code), error=str(result))
-            for *_, d in waiting:
-                d.callback(failed)
+            answer_puts([(sink, token, None) for *_, sink, token in waiting],
+                        PutResult(put_status_for(result.code), error=str(result)))
             return
         prefix = host.packed().hex().upper()
-        answers = []
-        for (queue_id, _, q, d), physical in zip(waiting, self.placed, strict=True):
+        answers = puts.answers
+        for (queue_id, _, q, sink, token), physical in zip(waiting, self.placed, strict=True):
             msg_id = f"{prefix}{physical & 0xFFFFFFFFFFFFFFFF:016X}"
-            answers.append((PutResult(PutStatus.PUT_OK, msg_id=msg_id, queue_id=queue_id, queue_offset=q,
-                                      physical_offset=physical, msg_ids=(msg_id,), count=1), d))
-        result.addCallbacks(_answer_each, _fail_each, callbackArgs=(answers,), errbackArgs=(answers,))
+            answers.append((sink, token, PutResult(PutStatus.PUT_OK, msg_id=msg_id, queue_id=queue_id,
+                                                   queue_offset=q, physical_offset=physical, msg_ids=(msg_id,),
+                                                   count=1)))
+        if result is ANSWER_LATER:
+            puts.listed_all()
+        else:  # the member's statistics are on: it answers through a Deferred
+            puts.listed = True
+            result.addCallbacks(_answer_committed_d, _fail_committed, callbackArgs=(puts,), errbackArgs=(puts,))
+
+    def _append_answering(self, request_puts: tuple) -> Any:
+        """The gathered puts' one request through the member's answering API: :data:`ANSWER_LATER` (answered by
+        :func:`_answer_committed` with the :class:`_ReadPuts`) or a Deferred (the member's statistics on); a
+        refusal raised (:meth:`_placing` returns it)."""
+        request, puts = request_puts
+        (result,) = self.server.handle_requests_answering([request], _answer_committed, [puts])
+        if isinstance(result, Failure):
+            result.raiseException()
+        return result
 
     def _refuse_put(self, count: int) -> Deferred | None:
         """The PutResult of a put that cannot be taken here (nothing to put, not the master); None if it can."""

@@ -5,7 +5,8 @@ steps of a SEND_MESSAGE_V2 from a Java client that the broker layer does on
 the master's reactor besides the put: the JSON header decoded
 (:func:`~dledger_rocketmq.broker.port.decode_json_header`), the send header read by
 the two handlers that look at it (the transaction check and the send), and
-the reply frame of a successful send.  Run it with another tree first on
+the reply frame of a successful send (``send_reply_frame_us``; ``send_ok_frame_us`` the same bytes as the
+lean path of single sends builds them).  Run it with another tree first on
 ``PYTHONPATH`` to compare (docs/benchmarks.md, "Broker layer (perf-broker)"):
 any tree that has this module (``dledger_rocketmq.tools``, from ``c695eab``
 on) has ``Request.sending`` and ``CommitLog.gather`` too.
@@ -26,6 +27,16 @@ SEND_MESSAGE_V2 frames (the stock producer's JSON header, 1 KiB bodies, 8
 queues) handed to the master's broker port in one read, until every reply
 is written (``port_send_us``: frame decode, send header, put, replication,
 commit, consume-queue dispatch, reply; the whole group's process CPU per send).
+
+``--batch N`` times SEND_BATCH_MESSAGE requests of N x 1 KiB (the stock
+producer's batch header, no TAGS) on the same simulated group, 8 requests
+a round, two ways, alternating: each request alone, answered before the
+next is handed over (``batch_alone_us``: every request its own append,
+push, commit, commit-feed delivery and consume-queue write, as a producer
+with a few threads and small batches drives it, e.g. ``rocketmq-java``'s
+batch32 from 4 threads), and the 8 handed over together (``batch_together_us``:
+their rounds shared); the whole group's process CPU per message.  The
+difference is what a request's rounds cost beyond its messages.
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ import time
 import timeit
 from contextlib import contextmanager
 
-from dledger_rocketmq.broker.port import Request, decode_json_header, reply_frame, send_reply
+from dledger_rocketmq.broker.port import Request, decode_json_header, reply_frame, send_ok_frame, send_reply
 from dledger_rocketmq.store.commitlog import PutResult, PutStatus
 
 #: A SEND_MESSAGE_V2 header as the stock 4.9.8 producer writes it (13 extFields, all strings), to topic TOPIC.
@@ -61,7 +72,8 @@ def run(calls: int = 20_000) -> dict[str, float]:
         return _per_call(fn, calls)
     return {"decode_json_header_us": per_call(lambda: decode_json_header(JAVA_HEADER)),
             "send_header_us": per_call(send_header),
-            "send_reply_frame_us": per_call(lambda: reply_frame(header, send_reply(result)))}
+            "send_reply_frame_us": per_call(lambda: reply_frame(header, send_reply(result))),
+            "send_ok_frame_us": per_call(lambda: send_ok_frame(header, result))}
 
 
 def _per_call(fn, calls: int) -> float:
@@ -119,9 +131,7 @@ def port_path(sends: int = 64, rounds: int = 40) -> dict[str, float]:
         port = BrokerPort(broker, "tcp:0")
         conn = BrokerPortProtocol(port)
         conn.makeConnection(StringTransport())
-        answered = []
-        real_answer = conn.answer
-        conn.answer = lambda request, reply: answered.append(reply.code) or real_answer(request, reply)
+        answered = _count_answers(conn)
 
         def one_round() -> float:
             answered.clear()
@@ -137,6 +147,23 @@ def port_path(sends: int = 64, rounds: int = 40) -> dict[str, float]:
         one_round()  # warm-up
         total = sum(one_round() for _ in range(rounds))
     return {"port_send_us": round(total / (rounds * sends) * 1e6, 1)}
+
+
+def _count_answers(conn) -> list[int]:
+    """The codes of the replies ``conn`` writes, one by one (``answer``) or together (``answer_frames``: the lean
+    single sends, JSON replies whose header starts with ``{"code":N``)."""
+    answered: list[int] = []
+    real_answer, real_frames = conn.answer, conn.answer_frames
+
+    def answer(request, reply) -> None:
+        answered.append(reply.code)
+        real_answer(request, reply)
+
+    def answer_frames(frames) -> None:
+        answered.extend(int(f[8:].split(b",", 1)[0].split(b":")[1]) for f in frames)
+        real_frames(frames)
+    conn.answer, conn.answer_frames = answer, answer_frames
+    return answered
 
 
 def port_handle(calls: int = 20_000) -> dict[str, float]:
@@ -156,6 +183,12 @@ def port_handle(calls: int = 20_000) -> dict[str, float]:
         if not cluster.run_until(lambda: broker.meta.topics.get(TOPIC) is not None, 30):
             raise RuntimeError("the bench topic was never created")
         broker.put_message = lambda record: succeed(result)
+
+        def put_gathered(record, sink, token) -> bool:  # the lean path's put, answered at once
+            sink.put_answered(token, result)
+            sink.answers_done()
+            return True
+        broker.put_gathered = put_gathered
         conn = BrokerPortProtocol(BrokerPort(broker, "tcp:0"))
         conn.makeConnection(StringTransport())
 
@@ -167,6 +200,59 @@ def port_handle(calls: int = 20_000) -> dict[str, float]:
             raise RuntimeError(f"the send was not answered SUCCESS: {conn.transport.value()[:200]!r}")
         conn.transport.clear()
         return {"port_handle_us": _per_call(one, calls)}
+
+
+def batch_frames(size: int, requests: int = 8) -> list[bytes]:
+    """``requests`` SEND_BATCH_MESSAGE frames of ``size`` 1 KiB messages each (queue 3, opaques 0..requests-1)."""
+    from dledger_rocketmq.common.batch import BatchItem, encode_batch
+
+    body = encode_batch([BatchItem(bytes(1024), b"UNIQ_KEY\x017F000001%014X\x02WAIT\x01true" % k, 0)
+                         for k in range(size)])
+    head = (JAVA_HEADER.replace(b'"code":310', b'"code":320').replace(b'"m":"false"', b'"m":"true"')
+            .replace(b'"i":"TAGS\\u0001TagA\\u0002UNIQ_KEY\\u00017F0000010000"', b'"i":"WAIT\\u0001true"'))
+    heads = [head.replace(b'"opaque":12345', b'"opaque":%d' % k) for k in range(requests)]
+    return [struct.pack(">iI", 4 + len(h) + len(body), len(h)) + h + body for h in heads]
+
+
+def batch_path(size: int = 32, rounds: int = 10) -> dict[str, float]:
+    """Process CPU per batched message through the master's port, requests alone and together (module docstring)."""
+    from twisted.internet.testing import StringTransport
+
+    from dledger_rocketmq.broker.port import BrokerPort, BrokerPortProtocol
+    from dledger_rocketmq.store.metadata import topic_config
+
+    frames = batch_frames(size)
+    with simulated_master() as (cluster, broker):
+        broker.create_topic(topic_config(TOPIC, 8, 8))
+        if not cluster.run_until(lambda: broker.meta.topics.get(TOPIC) is not None, 30):
+            raise RuntimeError("the bench topic was never created")
+        conn = BrokerPortProtocol(BrokerPort(broker, "tcp:0"))
+        conn.makeConnection(StringTransport())
+        answered = _count_answers(conn)
+
+        def answered_up_to(n: int) -> None:
+            if not cluster.run_until(lambda: len(answered) >= n, 30):
+                raise RuntimeError("batch sends never answered")
+
+        def one_round(alone: bool) -> float:
+            answered.clear()
+            conn.transport.clear()
+            began = time.process_time()
+            for k, frame in enumerate(frames):
+                conn.dataReceived(frame)
+                if alone:
+                    answered_up_to(k + 1)
+            answered_up_to(len(frames))
+            spent = time.process_time() - began
+            if any(answered):
+                raise RuntimeError(f"a batch send failed: codes {sorted(set(answered))}")
+            return spent
+        one_round(True)  # warm-up
+        totals = {"batch_alone_us": 0.0, "batch_together_us": 0.0}
+        for _ in range(rounds):
+            totals["batch_alone_us"] += one_round(True)
+            totals["batch_together_us"] += one_round(False)
+    return {k: round(v / (rounds * len(frames) * size) * 1e6, 1) for k, v in totals.items()}
 
 
 def put_path(puts: int = 64, rounds: int = 40) -> dict[str, float]:
@@ -209,6 +295,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=0,
                    help="also time whole sends through the master's broker port: rounds of this many SEND_MESSAGE_V2 "
                         "frames of 1 KiB in one read (0: not)")
+    p.add_argument("--batch", type=int, default=0,
+                   help="also time SEND_BATCH_MESSAGE requests of this many 1 KiB messages through the master's port, "
+                        "alone and 8 together (batch_alone_us, batch_together_us; 0: not)")
     args = p.parse_args(argv)
     figures = run(max(1, args.calls))
     if args.handle:
@@ -217,6 +306,8 @@ def main(argv: list[str] | None = None) -> None:
         figures.update(put_path(args.puts, max(1, args.put_rounds)))
     if args.port > 0:
         figures.update(port_path(args.port, max(1, args.put_rounds)))
+    if args.batch > 0:
+        figures.update(batch_path(args.batch, max(1, args.put_rounds)))
     print(", ".join(f"{k} {v}" for k, v in figures.items()))
 
 
