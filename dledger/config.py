@@ -184,7 +184,7 @@ class DLedgerConfig:
     join_existing: bool = False  # dledger: this member joins a running group: a learner until the log says otherwise
     learner_promote_lag: int = 1000  # dledger: a learner to be a voter is promoted within this lag (-1: never)
     # the member process (issue #28, docs/configuration.md)
-    switch_interval_ms: float = 1.0  # dledger: the interpreter's GIL switch interval (Python's own: 5 ms)
+    switch_interval_ms: float = 5.0  # dledger: the interpreter's GIL switch interval (Python's own: 5 ms)
     # plugins may add options; they arrive here, validated against their declarations
     extras: Mapping[str, Any] = field(default_factory=dict)
 

@@ -180,15 +180,17 @@ def tune_gc() -> None:
 
 
 def set_switch_interval(config: DLedgerConfig) -> None:
-    """Let the member's threads take the GIL from a busy reactor thread after ``switchIntervalMs``, not 5 ms.
+    """Let the member's threads take the GIL from a busy reactor thread after ``switchIntervalMs``.
 
     A flush round's ``fdatasync`` runs on a :class:`dledger.diskio.BlockingIO` worker without the GIL;
     when it returns while the reactor thread runs Python (reading and appending a batch of requests),
     the worker waits for the GIL until the reactor thread blocks in a syscall or the switch interval
     forces a hand-over: CPython's 5 ms, against an ``fdatasync`` of ~0.2 ms, and every request of
     that round waits with it.  A shorter interval bounds that wait; it costs a forced switch only
-    when another thread wants the GIL, which in a member is rare (docs/benchmarks.md, "Round 2e").
-    The interval is per process: a member embedded in another program sets it for that program.
+    when another thread wants the GIL, which in a member is rare.  The default stays CPython's 5 ms:
+    1 ms bounded the wait in ``tools/bench_gil_handback`` but gave no end-to-end gain at 10,000/s in
+    the quiet rerun (docs/benchmarks.md, "Round 2e: the lead's rerun after the merge").  The interval
+    is per process: a member embedded in another program sets it for that program.
     """
     sys.setswitchinterval(config.switch_interval_ms / 1000.0)
 

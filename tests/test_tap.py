@@ -219,9 +219,9 @@ def test_member_process_tunes_the_garbage_collector(monkeypatch):
     assert calls == ["freeze", (50_000, 20, 100)]
 
 
-def test_switch_interval_option_defaults_to_one_millisecond(tmp_path):
-    """switchIntervalMs (config file) sets the member's GIL switch interval; 1 ms unless given (Python's is 5)."""
-    assert parse("--id", "n0", "--peers", PEERS).config.switch_interval_ms == 1.0
+def test_switch_interval_option_defaults_to_pythons_own(tmp_path):
+    """switchIntervalMs (config file) sets the member's GIL switch interval; 5 ms (Python's own) unless given."""
+    assert parse("--id", "n0", "--peers", PEERS).config.switch_interval_ms == 5.0
     cfg = tmp_path / "s.toml"
     cfg.write_text("switchIntervalMs = 0.5\n")
     assert parse("--config", str(cfg), "--id", "n0", "--peers", PEERS).config.switch_interval_ms == 0.5
