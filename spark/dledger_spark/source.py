@@ -154,14 +154,19 @@ class Planner:
                 followers = [m for m in parse_peers(opts.groups[group]) if m != leader]
             for i, r in enumerate(split(group, lo, hi, per)):
                 members = tuple(followers[i % len(followers):] + followers[:i % len(followers)]) if followers else ()
-                out.append(Partition(group, opts.groups[group], r.start, r.end, members, opts.read_from,
-                                     opts.format, opts.fail_on_data_loss, opts.timeout, opts.credentials))
+                out.append(task(opts, group, r.start, r.end, members))
         return out
 
     def close(self) -> None:
         for client in self._clients.values():
             client.close()
         self._clients.clear()
+
+
+def task(opts: SourceOptions, group: str, start: int, end: int, members: tuple[str, ...] = ()) -> Partition:
+    """The task reading ``[start, end)`` of ``group`` (asking ``members`` first) with the read's options."""
+    return Partition(group, opts.groups[group], start, end, members, opts.read_from, opts.format,
+                     opts.fail_on_data_loss, opts.timeout, opts.credentials)
 
 
 class _Planned:
@@ -190,10 +195,8 @@ class DLedgerBatchReader(_Planned, DataSourceReader):
     def partitions(self):
         parts = [] if empty_by_options(self.opts.starting, self.opts.ending) else self._planned()
         if not parts:  # nothing to read: one empty task, so Spark gets a (empty) scan
-            group, opts = next(iter(self.opts.groups)), self.opts
             # with the read's options: its worker builds the client a read of this group uses (prestart.py)
-            parts = [Partition(group, opts.groups[group], 0, 0, (), opts.read_from, opts.format, opts.fail_on_data_loss,
-                               opts.timeout, opts.credentials)]
+            parts = [task(self.opts, next(iter(self.opts.groups)), 0, 0)]
         return parts
 
     def _planned(self) -> list:

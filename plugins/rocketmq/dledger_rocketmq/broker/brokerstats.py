@@ -299,18 +299,7 @@ class BrokerStatsManager:
 
     def on_put(self, topic: str, messages: int, size: int, elapsed_ms: int, ok: bool) -> None:
         """A send request answered: ``messages`` stored (a batch's count) of ``size`` bytes, or a failed put."""
-        store = self.store
-        store.put_time_max = max(store.put_time_max, elapsed_ms)
-        store.distribute[distribute_index(elapsed_ms)] += 1
-        store.buckets[latency_bucket(elapsed_ms)] += 1
-        if not ok:
-            store.put_failed += 1
-            return
-        store.put_times[topic] = store.put_times.get(topic, 0) + messages
-        store.put_sizes[topic] = store.put_sizes.get(topic, 0) + size
-        self.item(TOPIC_PUT_NUMS, topic).add(messages, 1)
-        self.item(TOPIC_PUT_SIZE, topic).add(size, 1)
-        self.item(BROKER_PUT_NUMS, self.cluster).add(messages, 1)
+        self.on_puts(topic, 1, messages, size, elapsed_ms, ok)
 
     def on_puts(self, topic: str, sends: int, messages: int, size: int, elapsed_ms: int, ok: bool) -> None:
         """``sends`` send requests answered alike (one topic, one latency, all stored or all failed): what

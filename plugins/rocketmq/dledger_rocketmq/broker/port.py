@@ -273,10 +273,9 @@ def reply_frame(request: Header, reply: Reply) -> bytes:
     ext = reply.ext
     if (type(ext) is SendOkFields and request.serialize_type == "JSON" and reply.remark is None and not reply.body
             and ext.keys() == _SEND_OK_KEYS and ext["MSG_REGION"] == "DefaultRegion" and ext["TRACE_ON"] == "true"
-            and (ids := ext["msgId"]).isascii() and ids.replace(",", "").isalnum()):  # nothing JSON would escape
-        head = _SEND_OK_JSON % (ids.encode(), ext["queueId"].encode(), ext["queueOffset"].encode(),
-                                request.opaque, VERSION)
-        return struct.pack(">iI", 4 + len(head), len(head)) + head
+            and (frame := _send_ok(ext["msgId"], ext["queueId"].encode(), ext["queueOffset"].encode(),
+                                   request.opaque))):
+        return frame
     return encode_command(Header(reply.code, request.opaque, FLAG_RESPONSE, "JAVA", VERSION, reply.remark,
                                  reply.ext, request.serialize_type), reply.body)
 
@@ -286,12 +285,24 @@ def send_ok_frame(request: Header, result: PutResult) -> bytes:
     (:meth:`BrokerPort.sends_answered`): a stored send to a JSON request is filled straight into
     :data:`_SEND_OK_JSON`, without its Reply and extFields made and checked (~1.5 us a send)."""
     if result.status is PutStatus.PUT_OK and request.serialize_type == "JSON":
-        ids = ",".join(result.msg_ids) if result.msg_ids else (result.msg_id or "")
-        if ids.isascii() and ids.replace(",", "").isalnum():  # nothing JSON would escape
-            head = _SEND_OK_JSON % (ids.encode(), b"%d" % result.queue_id, b"%d" % result.queue_offset,
-                                    request.opaque, VERSION)
-            return struct.pack(">iI", 4 + len(head), len(head)) + head
+        frame = _send_ok(_msg_ids(result), b"%d" % result.queue_id, b"%d" % result.queue_offset, request.opaque)
+        if frame is not None:
+            return frame
     return reply_frame(request, send_reply(result))
+
+
+def _send_ok(ids: str, queue_id: bytes, queue_offset: bytes, opaque: int) -> bytes | None:
+    """A successful send's JSON reply frame filled into :data:`_SEND_OK_JSON`; None if ``ids`` has anything JSON
+    would escape (the general encoding then)."""
+    if not (ids.isascii() and ids.replace(",", "").isalnum()):
+        return None
+    head = _SEND_OK_JSON % (ids.encode(), queue_id, queue_offset, opaque, VERSION)
+    return struct.pack(">iI", 4 + len(head), len(head)) + head
+
+
+def _msg_ids(result: PutResult) -> str:
+    """A send reply's ``msgId``: a batch's ids joined by commas, else the one id."""
+    return ",".join(result.msg_ids) if result.msg_ids else (result.msg_id or "")
 
 
 # -- extFields helpers ----------------------------------------------------------------------------------------
@@ -462,8 +473,7 @@ _SEND_ERRORS = {
 def send_reply(result: PutResult) -> Reply:
     """SendMessageProcessor's response for a put result (SUCCESS: msgId, queueId, queueOffset)."""
     if result.ok:
-        ids = ",".join(result.msg_ids) if result.msg_ids else (result.msg_id or "")
-        return Reply(SUCCESS, None, SendOkFields(SEND_EXTRA, msgId=ids, queueId=str(result.queue_id),
+        return Reply(SUCCESS, None, SendOkFields(SEND_EXTRA, msgId=_msg_ids(result), queueId=str(result.queue_id),
                                                  queueOffset=str(result.queue_offset)))
     ext = dict(SEND_EXTRA)
     code, remark = _SEND_ERRORS.get(result.status, (SYSTEM_ERROR, None))
