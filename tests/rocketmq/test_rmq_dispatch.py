@@ -332,3 +332,47 @@ def test_a_queue_restarts_after_records_the_log_no_longer_holds(tmp_path, verify
         assert (q.min_offset, q.max_offset) == (8, 12)
         assert [u.physical_offset for _, u in q.read(8, 100)] == [e.pos + 48 for e in entries[24 + qid::3]]
     d.close()
+
+
+def _mixed_entries(keys, body_size=16):
+    """Committed entries for ``keys`` [(topic, queue id), ...] in that order, with consistent queue offsets."""
+    from dledger_rocketmq.common.message import patch_physical_offset
+    from dledger_rocketmq.tools.bench_dispatch import _Entry
+
+    from dledger.entry import HEADER_SIZE
+    nxt, entries, pos = {}, [], 0
+    for i, (topic, qid) in enumerate(keys):
+        body = bytearray(encode_record(MessageRecord(topic, b"x" * body_size, b"TAGS\x01T%d" % (i % 3), qid,
+                                                     queue_offset=nxt.get((topic, qid), 0))))
+        patch_physical_offset(body, 0, pos + HEADER_SIZE)
+        nxt[(topic, qid)] = nxt.get((topic, qid), 0) + 1
+        entries.append(_Entry(i, pos, HEADER_SIZE + len(body), bytes(body)))
+        pos += HEADER_SIZE + len(body)
+    return entries
+
+
+@pytest.mark.parametrize("keys", [
+    [("A", 0)] * 5 + [("B", 0)] * 3 + [("A", 0)] * 2,  # runs of one queue id under two topics
+    [("A", 0), ("A", 1), ("A", 1), ("A", 0), ("B", 1), ("A", 1)],  # one topic, queue ids alternating
+    [("AB", 1), ("A", 1), ("B", 1), ("AB", 1), ("AB", 2), ("A", 2)],  # topic names that are prefixes of others
+])
+def test_runs_of_one_queue_dispatch_as_the_full_decode_does(tmp_path, keys):
+    """The dispatcher's run shortcut (consecutive records of one topic and queue) puts every unit in its own
+    queue: the same queues as a dispatcher decoding every record, whatever the deliveries' cuts."""
+    from dledger_rocketmq.store.consumequeue import ConsumeQueues
+    from dledger_rocketmq.store.dispatch import Dispatcher
+    entries = _mixed_entries(keys)
+    views = []
+    for verify, cut in ((True, 100), (False, 100), (False, 3), (False, 1)):
+        root = tmp_path / f"{verify}-{cut}"
+        d = Dispatcher(_FakeServer(), root, verify_crc=verify)
+        d.queues = ConsumeQueues(root)
+        for i in range(0, len(entries), cut):
+            d.entries_committed(entries[i:i + cut])
+        views.append(sorted((q.topic, q.queue_id, q.read(0, 100)) for q in d.queues.queues()))
+        d.close()
+    assert all(v == views[0] for v in views)
+    want = {}
+    for e, key in zip(entries, keys):
+        want.setdefault(key, []).append(e.pos + 48)
+    assert {(t, q): [u.physical_offset for _, u in units] for t, q, units in views[0]} == want

@@ -134,9 +134,9 @@ def index_fields(body: bytes, levels: tuple[int, ...] = DELAY_LEVELS_MS) -> tupl
     return topic, qid, qoff, Unit(phys, size, code)
 
 
-#: TOTALSIZE, MAGIC, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, STORETIMESTAMP, BODYLEN of a record whose
-#: hosts are both IPv4 (the common case): one unpack instead of five, fields not needed skipped.
-_V4_HEAD = struct.Struct(">ii4xi4xqqi16xq20xi")
+#: TOTALSIZE, MAGIC, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, BODYLEN of a record whose hosts are both
+#: IPv4 (the common case): one unpack instead of five, fields not needed (STORETIMESTAMP among them) skipped.
+_V4_HEAD = struct.Struct(">ii4xi4xqqi44xi")
 _V4_HEAD_SIZE = _V4_HEAD.size
 _V6_FLAGS = BORNHOST_V6_FLAG | STOREHOST_V6_FLAG
 _SLOW_FLAGS = _V6_FLAGS | TRANSACTION_TYPE_MASK
@@ -161,7 +161,7 @@ def quick_unit(body: bytes) -> tuple[bytes, int, int, int, int, bytes | None] | 
     size = len(body)
     if size < _V4_HEAD_SIZE:
         return None
-    total, magic, qid, qoff, phys, sys_flag, _store_ts, body_len = _V4_HEAD.unpack_from(body)
+    total, magic, qid, qoff, phys, sys_flag, body_len = _V4_HEAD.unpack_from(body)
     if magic != MESSAGE_MAGIC or total != size or body_len < 0:
         return None
     if sys_flag & _SLOW_FLAGS and (sys_flag & _V6_FLAGS
@@ -180,8 +180,9 @@ def quick_unit(body: bytes) -> tuple[bytes, int, int, int, int, bytes | None] | 
     i = body.rfind(_TAGS_KEY, start)
     if i < 0:
         return topic, qid, qoff, phys, size, None
-    if (i != start and body[i - 1] != 2) or body.find(_TAGS_KEY, start, i) >= 0:
-        return None  # not an item start, or an earlier item a property_value scan would have to weigh
+    if i != start and (body[i - 1] != 2 or body.find(_TAGS_KEY, start, i) >= 0):
+        return None  # not an item start, or an earlier item a property_value scan would have to weigh (none
+        # can be before the first item: the search for one is skipped there)
     value_end = body.find(b"\x02", i + _TAGS_KEY_LEN)
     tags = body[i + _TAGS_KEY_LEN:value_end if value_end >= 0 else size]
     return (topic, qid, qoff, phys, size, tags) if tags else None
@@ -370,12 +371,19 @@ class Dispatcher:
         quick = quick_unit if not self.verify_crc else _never
         last = None
         grown = None  # the queue last marked touched: a run of one queue's records marks it once
+        # The previous fast-path record's raw topic, queue id and queue: a batch's records (one topic and queue,
+        # consecutive entries) find their queue with one comparison instead of a key and a cache lookup.
+        run_topic, run_qid, run_queue = None, -1, None
         try:
             for entry in entries:
                 found = quick(entry.body)
                 if found is not None:
                     topic, qid, qoff, phys, size, tags = found
-                    queue = cache.get((topic, qid)) or self._cache_queue(queues, topic, qid)
+                    if qid == run_qid and topic == run_topic:
+                        queue = run_queue
+                    else:
+                        queue = cache.get((topic, qid)) or self._cache_queue(queues, topic, qid)
+                        run_topic, run_qid, run_queue = topic, qid, queue
                     if queue is not None:
                         code = 0 if tags is None else hashes.get(tags)
                         if code is None:
@@ -390,6 +398,7 @@ class Dispatcher:
                         last = entry
                         continue
                 self._dispatch_one(queues, entry)
+                run_topic, run_qid, run_queue = None, -1, None  # a control entry may have changed the topics
                 last = entry
         finally:
             if last is not None:
