@@ -143,16 +143,17 @@ class _FakeServer:
         self.self_id = "n0"
 
 
-def _dispatcher(tmp_path, file_size=20 * 10):
+def _dispatcher(tmp_path, file_size=20 * 10, drain_after=1):
     from dledger_rocketmq.store.consumequeue import ConsumeQueues
     from dledger_rocketmq.store.dispatch import Dispatcher
-    d = Dispatcher(_FakeServer(), tmp_path, file_size=file_size, max_open_files=4)
+    d = Dispatcher(_FakeServer(), tmp_path, file_size=file_size, max_open_files=4, drain_after=drain_after)
     d.queues = ConsumeQueues(tmp_path, file_size=file_size, max_open_files=4)
     return d
 
 
 def test_a_delivery_is_one_pwrite_per_queue_file(tmp_path, monkeypatch):
-    """The units of one commit-feed delivery are written per queue with one pwrite per file (each was its own)."""
+    """The units of one commit-feed delivery are written per queue with one pwrite per file (each was its own;
+    ``drain_after=1``: written at the end of every delivery)."""
     from dledger_rocketmq.store import consumequeue as cq
     from dledger_rocketmq.tools.bench_dispatch import make_entries
     entries = make_entries(36, 3, 16)  # 12 units per queue; files of 10 units
@@ -376,3 +377,88 @@ def test_runs_of_one_queue_dispatch_as_the_full_decode_does(tmp_path, keys):
     for e, key in zip(entries, keys):
         want.setdefault(key, []).append(e.pos + 48)
     assert {(t, q): [u.physical_offset for _, u in units] for t, q, units in views[0]} == want
+
+
+# -- writing behind: the units of several deliveries in one pwrite per queue file ---------------------------------
+def _queue_files(root):
+    """Every consume-queue file under ``root`` with its bytes."""
+    base = root / "consumequeue"
+    return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("drain_after, cut, writes", [
+    (1, 7, 32),  # every delivery written at its end: 8 deliveries x 4 queues (minus empty ones, + file ends)
+    (14, 7, 20),  # every second delivery: 3 writes + the flush's, x 4 queues, + each queue's file boundary
+    (1024, 7, 8),  # only at the flush: one pwrite per queue file (two files per queue)
+    (1024, 50, 8),
+])
+def test_writing_behind_keeps_the_files_byte_for_byte(tmp_path, monkeypatch, drain_after, cut, writes):
+    """Units buffered over several deliveries (``drain_after`` entries) are written with fewer pwrites and give
+    the same consume-queue files, byte for byte, as writing every delivery at its end; reads see every unit
+    dispatched before any write."""
+    from dledger_rocketmq.store import consumequeue as cq
+    from dledger_rocketmq.tools.bench_dispatch import make_entries
+    entries = make_entries(50, 4, 16)
+    files = {}
+    for run, after in enumerate((1, drain_after)):
+        count: list[int] = []
+        monkeypatch.setattr(cq, "write_at", lambda fd, data, off, count=count, real=cq.write_at: (
+            count.append(1), real(fd, data, off)))
+        d = _dispatcher(tmp_path / str(run), file_size=20 * 8, drain_after=after)
+        for i in range(0, len(entries), cut):
+            d.entries_committed(entries[i:i + cut])
+        assert d.dispatched_index == 49
+        q = d.queues.queue("BenchTopic", 1)  # a read writes that queue's buffered units first
+        assert [u.physical_offset for _, u in q.read(0, 100)] == [e.pos + 48 for e in entries[1::4]]
+        d.flush()
+        monkeypatch.undo()
+        if run == 1:
+            assert len(count) == writes
+        files[run] = _queue_files(tmp_path / str(run))
+        d.close()
+    assert files[1] == files[0] and len(files[0]) == 8
+
+
+@pytest.mark.parametrize("how", ["delivery", "read", "flush", "flush_with"])
+def test_a_failed_write_behind_puts_the_dispatcher_before_every_unwritten_delivery(tmp_path, monkeypatch, how):
+    """Units of several deliveries wait in memory; if their write fails, whoever drained them (the delivery that
+    reached drain_after, a consumer's read, a flush), the dispatched position goes back to before the oldest
+    delivery not written (a redelivery completes the queues); a flush that fails errbacks instead of raising."""
+    from dledger_rocketmq.store import consumequeue as cq
+    from dledger_rocketmq.tools.bench_dispatch import make_entries
+
+    from dledger.diskio import INLINE
+    entries = make_entries(16, 2, 16)
+    d = _dispatcher(tmp_path, drain_after=8)
+    d.entries_committed(entries[:8])  # written: 8 entries delivered
+    before = (d.dispatched_index, d.dispatched_position)
+    d.entries_committed(entries[8:11])
+    d.entries_committed(entries[11:14])  # buffered: 6 entries since the last write
+    assert d.dispatched_index == 13
+
+    def fail(fd, data, off):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(cq, "write_at", fail)
+    if how == "delivery":
+        with pytest.raises(OSError):
+            d.entries_committed(entries[14:])
+    elif how == "read":
+        with pytest.raises(OSError):
+            d.queues.queue("BenchTopic", 0).read(0, 100)
+    elif how == "flush":
+        with pytest.raises(OSError):
+            d.flush()
+    else:
+        failures = []
+        d.flush_with(INLINE).addErrback(failures.append)
+        assert len(failures) == 1 and failures[0].check(OSError)
+    monkeypatch.undo()
+    assert (d.dispatched_index, d.dispatched_position) == before == (7, entries[7].pos + entries[7].size)
+    d.drain()
+    d.entries_committed(entries[8:])
+    d.drain()
+    assert [q.max_offset for q in d.queues.queues()] == [8, 8] and d.dispatched_index == 15
+    for qid in range(2):
+        assert ([u.physical_offset for _, u in d.queues.queue("BenchTopic", qid).read(0, 100)]
+                == [e.pos + 48 for e in entries[qid::2]])
+    d.close()

@@ -349,11 +349,13 @@ class ConsumeQueue:
     so a batch is one pwrite per file; ``on_change(queue, buffered)`` is
     called when the queue starts buffering (``buffered`` True: its owner's
     to-drain list) and when it changes a file not yet changed since the last
-    flush (False: the to-flush list).
+    flush (False: the to-flush list); ``on_drain_error(queue)`` when a
+    drain's write failed.
     """
 
     def __init__(self, root: str | Path, topic: str, queue_id: int, *, file_size: int = DEFAULT_FILE_SIZE,
-                 fds: FdCache | None = None, on_change: Callable[[ConsumeQueue, bool], object] | None = None):
+                 fds: FdCache | None = None, on_change: Callable[[ConsumeQueue, bool], object] | None = None,
+                 on_drain_error: Callable[[ConsumeQueue], object] | None = None):
         self.topic = topic
         self.queue_id = queue_id
         self.file_size = file_size_for(file_size)
@@ -369,6 +371,9 @@ class ConsumeQueue:
         self._own_fds = fds is None
         self._fds = FdCache(STANDALONE_OPEN_FILES) if fds is None else fds
         self._on_change = on_change
+        #: Called with the queue when a drain's write failed (its deferred units are dropped), whoever drained:
+        #: the dispatcher that buffered them puts its position back (:class:`ConsumeQueues.drain_failed`).
+        self._on_drain_error = on_drain_error
         self._names: dict[int, str] = {}
         # Deferred appends: the encoded units from queue offset _pending_at on, and the state before them.
         self._pending = bytearray()
@@ -565,6 +570,8 @@ class ConsumeQueue:
             self._write(at, data)
         except BaseException:
             self._next, self._max_physical = self._before_pending
+            if self._on_drain_error is not None:
+                self._on_drain_error(self)
             raise
 
     def _start_at(self, queue_offset: int) -> None:
@@ -747,6 +754,9 @@ class ConsumeQueues:
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._changed: dict[tuple[str, int], ConsumeQueue] = {}  # files changed since the last flush
         self._buffered: list[ConsumeQueue] = []  # deferred units not drained yet
+        #: Called (no arguments) when a queue's deferred units could not be written, by whatever drained them
+        #: (a dispatcher's drain, a read, a flush): the dispatcher that buffered them sets it.
+        self.drain_failed: Callable[[], object] | None = None
         base = self.root / "consumequeue"
         if base.is_dir():
             for topic in sorted(os.listdir(base)):
@@ -763,7 +773,8 @@ class ConsumeQueues:
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = ConsumeQueue(self.root, topic, queue_id, file_size=self.file_size,
-                                                     fds=self.fds, on_change=self._note_change)
+                                                     fds=self.fds, on_change=self._note_change,
+                                                     on_drain_error=self._drain_error)
         return queue
 
     def _note_change(self, queue: ConsumeQueue, buffered: bool) -> None:
@@ -771,6 +782,10 @@ class ConsumeQueues:
             self._buffered.append(queue)
         else:
             self._changed[(queue.topic, queue.queue_id)] = queue
+
+    def _drain_error(self, queue: ConsumeQueue) -> None:
+        if self.drain_failed is not None:
+            self.drain_failed()
 
     def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         """The queue (topic, queue_id) if it exists (opened at start or written since), without creating it."""

@@ -23,14 +23,18 @@ Recovery (:meth:`Dispatcher.recover`, at service start, store recovered):
   record (:meth:`Dispatcher._after_gap`).
 
 Queue appends are page-cache writes done inline on the reactor thread (a
-unit is 20 bytes): the units of one delivery are buffered per queue and
-written when it ends, one pwrite per queue file, through file descriptors
-kept open (a bounded LRU, ``max_open_files``).  fsyncs happen on the
+unit is 20 bytes): units are buffered per queue and written once
+``drain_after`` entries were delivered since the last write (a commit-feed
+delivery is a push's worth, ~30 entries: per delivery, the pwrites of the
+queues it touched cost as much as decoding its records), one pwrite per
+queue file, through file descriptors kept open (a bounded LRU,
+``max_open_files``); every read of a queue, every flush and the stop write
+them first, so readers and fsyncs see every dispatched unit.  fsyncs happen on the
 broker's timer (:meth:`flush_with`: on the member's BlockingIO, a pool
 thread) and at stop (:meth:`flush`, inline), for the queues written since
 the last one only.  The
-queues are rebuildable from the log, so a unit lost in a power cut is
-re-dispatched at the next start.
+queues are rebuildable from the log, so a unit lost in a power cut or a
+crash (buffered, or in the page cache) is re-dispatched at the next start.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -133,6 +137,10 @@ def index_fields(body: bytes, levels: tuple[int, ...] = DELAY_LEVELS_MS) -> tupl
         code = tag_hash(property_value(props, PROPERTY_TAGS))
     return topic, qid, qoff, Unit(phys, size, code)
 
+
+#: Entries delivered before the buffered units are written (:meth:`Dispatcher.entries_committed`): at most
+#: ~20 KiB held, and a pwrite per touched queue per ~1,000 entries instead of per delivery.
+DRAIN_AFTER = 1024
 
 #: TOTALSIZE, MAGIC, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, BODYLEN of a record whose hosts are both
 #: IPv4 (the common case): one unpack instead of five, fields not needed (STORETIMESTAMP among them) skipped.
@@ -236,13 +244,19 @@ class Dispatcher:
 
     def __init__(self, server, root: str | Path, *, file_size: int = DEFAULT_FILE_SIZE,
                  on_control: Callable[[int, bytes], object] | None = None, verify_crc: bool = False,
-                 max_open_files: int = DEFAULT_OPEN_FILES):
+                 max_open_files: int = DEFAULT_OPEN_FILES, drain_after: int = DRAIN_AFTER):
         self.server = server
         self.root = Path(root)
         self.file_size = file_size
         self.max_open_files = max_open_files
         self.on_control = on_control or (lambda index, body: None)
         self.verify_crc = verify_crc
+        #: Entries delivered between writes of the buffered units (1: at the end of every delivery).
+        self.drain_after = max(int(drain_after), 1)
+        self._since_drain = 0
+        #: (dispatched index, position) before the oldest delivery whose units may not be written yet: where a
+        #: failed write puts the dispatcher back (None: everything delivered is written).
+        self._undrained: tuple[int, int] | None = None
         #: Called ``(topic, queue_id, next_offset)`` before a queue whose records the log no longer holds
         #: restarts further on (see :meth:`_after_gap`): the broker keeps the offset as the queue's base.
         self.on_rebase: Callable[[str, int, int], object] = lambda topic, queue_id, next_offset: None
@@ -323,26 +337,43 @@ class Dispatcher:
         return self._start
 
     def entries_committed(self, entries: list) -> None:
-        """Index a delivery: units buffered per queue, written at its end (one pwrite per queue file).
+        """Index a delivery: units buffered per queue, written (one pwrite per queue file) once ``drain_after``
+        entries were delivered since the last write, or by the next read, flush or stop.
 
-        If that write fails, the dispatched position goes back to before the
-        delivery (units written are replays when it comes again) and the
-        OSError propagates, as it did when each unit was written at once.
+        If a write fails (here or in whatever drained), the dispatched
+        position goes back to before the oldest delivery not written (units
+        written are replays when it comes again) and the OSError propagates,
+        as it did when each unit was written at once.
         """
         queues = self.queues
-        before = (self.dispatched_index, self.dispatched_position)
+        if self._undrained is None:
+            self._undrained = (self.dispatched_index, self.dispatched_position)
         self._touched.clear()
+        self._since_drain += len(entries)
         try:
             self._dispatch(queues, entries)
         finally:
-            try:
-                queues.drain()
-            except OSError:
-                self.dispatched_index, self.dispatched_position = before
-                raise
+            if self._since_drain >= self.drain_after:
+                self.drain()
         self._wake()
         if self._touched and self.arrival_listeners:
             self._tell_arrivals(queues)
+
+    def drain(self) -> None:
+        """Write every buffered unit now (one pwrite per queue file); OSError if a write failed (the dispatched
+        position is then back before the oldest delivery not written, see :meth:`_drain_failed`)."""
+        self._since_drain = 0
+        if self.queues is not None:
+            try:
+                self.queues.drain()
+            finally:
+                self._undrained = None
+
+    def _drain_failed(self) -> None:
+        """A queue's buffered units could not be written (they are dropped): back to before them."""
+        if self._undrained is not None:
+            self.dispatched_index, self.dispatched_position = self._undrained
+            self._undrained = None
 
     def _tell_arrivals(self, queues: ConsumeQueues) -> None:
         touched, self._touched = self._touched, {}
@@ -365,6 +396,7 @@ class Dispatcher:
         if self._queue_cache_owner is not queues:
             self._queue_cache.clear()
             self._queue_cache_owner = queues
+            queues.drain_failed = self._drain_failed
         cache = self._queue_cache
         hashes = self._tag_codes
         touched = self._touched
@@ -525,20 +557,26 @@ class Dispatcher:
                 d.errback(exc)
 
     def flush(self) -> None:
-        """fsync the consume queues written since the last flush, inline (at stop, in tests and tools)."""
+        """Write the buffered units and fsync the consume queues written since the last flush, inline (at stop, in
+        tests and tools)."""
         if self.queues is not None:
+            self.drain()
             self.queues.flush()
 
     def flush_with(self, io) -> Deferred:
         """The broker's periodic flush: the fsyncs run by ``io`` (the member's BlockingIO: a pool thread)."""
         if self.queues is None:
             return succeed(None)
+        try:
+            self.drain()  # the units buffered since the last write first (a write error fails this flush)
+        except OSError:
+            return fail()
         return self.queues.flush_with(io)
 
     def close(self) -> None:
         """Flush and close the queues' open files (at stop; the queues stay usable and reopen files on demand)."""
         if self.queues is not None:
             try:
-                self.queues.flush()
+                self.flush()
             finally:
                 self.queues.close()
