@@ -355,7 +355,8 @@ class ConsumeQueue:
 
     def __init__(self, root: str | Path, topic: str, queue_id: int, *, file_size: int = DEFAULT_FILE_SIZE,
                  fds: FdCache | None = None, on_change: Callable[[ConsumeQueue, bool], object] | None = None,
-                 on_drain_error: Callable[[ConsumeQueue], object] | None = None):
+                 on_drain_error: Callable[[ConsumeQueue], object] | None = None,
+                 drain_all: Callable[[], object] | None = None):
         self.topic = topic
         self.queue_id = queue_id
         self.file_size = file_size_for(file_size)
@@ -374,6 +375,8 @@ class ConsumeQueue:
         #: Called with the queue when a drain's write failed (its deferred units are dropped), whoever drained:
         #: the dispatcher that buffered them puts its position back (:class:`ConsumeQueues.drain_failed`).
         self._on_drain_error = on_drain_error
+        #: The owner's drain of every queue (see :meth:`drain`); None: a queue on its own drains itself.
+        self._drain_all = drain_all
         self._names: dict[int, str] = {}
         # Deferred appends: the encoded units from queue offset _pending_at on, and the state before them.
         self._pending = bytearray()
@@ -557,7 +560,18 @@ class ConsumeQueue:
         return self.append(queue_offset, Unit(physical_offset, size, tags_code), defer=True)
 
     def drain(self) -> None:
-        """Write the deferred units (one pwrite per file they span).
+        """Write the deferred units (one pwrite per file they span): with an owner (``drain_all``), every
+        queue's, so the files never hold a unit of a later record while another queue still buffers one of an
+        earlier record (recovery resumes dispatch after the last record ANY queue's files index, so the files
+        must be a prefix of the dispatch); on its own, this queue's (:meth:`write_pending`).
+        """
+        if self._drain_all is not None:
+            self._drain_all()
+        else:
+            self.write_pending()
+
+    def write_pending(self) -> None:
+        """Write this queue's deferred units (one pwrite per file they span).
 
         If the write fails, the queue is as it was before them (they may be
         appended again) and the OSError propagates.
@@ -774,7 +788,7 @@ class ConsumeQueues:
         if queue is None:
             queue = self._queues[key] = ConsumeQueue(self.root, topic, queue_id, file_size=self.file_size,
                                                      fds=self.fds, on_change=self._note_change,
-                                                     on_drain_error=self._drain_error)
+                                                     on_drain_error=self._drain_error, drain_all=self.drain)
         return queue
 
     def _note_change(self, queue: ConsumeQueue, buffered: bool) -> None:
@@ -811,7 +825,7 @@ class ConsumeQueues:
         buffered, self._buffered = self._buffered, []
         for queue in buffered:
             try:
-                queue.drain()
+                queue.write_pending()
             except OSError as exc:
                 error = error or exc
         if error is not None:
