@@ -152,3 +152,47 @@ def test_batch_views_are_decode_batch_without_copies(items, cut):
                 b.batch_views(data)
             continue
         assert [(bytes(x), bytes(y), f) for x, y, f in b.batch_views(data)] == [tuple(i) for i in want]
+
+
+def _views(found):
+    return [(bytes(x), y, f) for x, y, f in found]
+
+
+@given(st.lists(st.builds(b.BatchItem, st.binary(max_size=40), st.binary(max_size=40),
+                          st.integers(-(2**31), 2**31 - 1)), max_size=8),
+       st.integers(0, 200), st.integers(0, 25), st.binary(min_size=1, max_size=4), st.integers(0, 12))
+def test_batch_views_fast_path_equals_the_checked_one(items, at, cut, garbage, max_items):
+    """batch_views' one-loop path gives checked_batch_views' items (properties as bytes) and raises exactly its
+    errors, for whole bodies, cut ones, bodies with bytes overwritten anywhere (lengths that do not add up,
+    a negative or over-long PROPERTIESLEN), and item limits; non-bytes bodies take the checked path."""
+    body = b.encode_batch(items)
+    at = min(at, len(body))
+    spoiled = body[:at] + garbage + body[at + len(garbage):]
+    for data in (body, body[:max(len(body) - cut, 0)], spoiled):
+        for limit in (1 << 16, max_items):
+            try:
+                want = b.checked_batch_views(data, max_items=limit)
+            except CodecError as exc:
+                with pytest.raises(type(exc), match=re.escape(str(exc))):
+                    b.batch_views(data, max_items=limit)
+                continue
+            got = b.batch_views(data, max_items=limit)
+            assert _views(got) == _views(want) and all(type(y) is bytes for _, y, _ in got)
+            assert _views(b.batch_views(bytearray(data), max_items=limit)) == _views(want)
+
+
+@pytest.mark.parametrize("props_len_field", [-1, -32768, 0x7FFF + 1 - 65536, 5, 3])
+def test_batch_views_refuses_a_properties_length_the_checked_path_refuses(props_len_field):
+    """A PROPERTIESLEN that is negative as Java's short (0x8000-0xFFFF read unsigned) or off by any amount is
+    refused by the fast path as by the checked one, even when TOTALSIZE was made to match its unsigned value."""
+    unsigned = props_len_field & 0xFFFF
+    for size in (22 + 2 + 4, 22 + 2 + unsigned):
+        data = struct.pack(">iiiii", size, 0, 0, 0, 2) + b"hi" + struct.pack(">h", props_len_field) + b"p" * 4
+        data = data.ljust(size, b"p")
+        try:
+            want = b.checked_batch_views(data)
+        except CodecError as exc:
+            with pytest.raises(type(exc), match=re.escape(str(exc))):
+                b.batch_views(data)
+        else:
+            assert _views(b.batch_views(data)) == _views(want)

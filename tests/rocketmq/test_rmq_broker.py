@@ -106,7 +106,8 @@ def test_store_dir_option_with_member_id(tmp_path):
     b = master(cluster)
     put(cluster, b, msg())
     assert settled(cluster)
-    for mid in cluster.servers:
+    for mid, server in cluster.servers.items():
+        broker_for(server).dispatcher.flush()  # units are written behind (every 1,024 entries, reads, flushes)
         assert (tmp_path / f"rmq-{mid}" / "consumequeue" / "T" / "0").is_dir()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from dledger_rocketmq.common.message import Address, MessageRecord, encode_record
 from dledger_rocketmq.plugin import broker_for
+from dledger_rocketmq.store.commitlog import PutStatus
 from dledger_rocketmq.store.dispatch import EntryKind, entry_kind, resume_physical
 from hypothesis import given
 from hypothesis import strategies as st
@@ -143,16 +144,17 @@ class _FakeServer:
         self.self_id = "n0"
 
 
-def _dispatcher(tmp_path, file_size=20 * 10):
+def _dispatcher(tmp_path, file_size=20 * 10, drain_after=1):
     from dledger_rocketmq.store.consumequeue import ConsumeQueues
     from dledger_rocketmq.store.dispatch import Dispatcher
-    d = Dispatcher(_FakeServer(), tmp_path, file_size=file_size, max_open_files=4)
+    d = Dispatcher(_FakeServer(), tmp_path, file_size=file_size, max_open_files=4, drain_after=drain_after)
     d.queues = ConsumeQueues(tmp_path, file_size=file_size, max_open_files=4)
     return d
 
 
 def test_a_delivery_is_one_pwrite_per_queue_file(tmp_path, monkeypatch):
-    """The units of one commit-feed delivery are written per queue with one pwrite per file (each was its own)."""
+    """The units of one commit-feed delivery are written per queue with one pwrite per file (each was its own;
+    ``drain_after=1``: written at the end of every delivery)."""
     from dledger_rocketmq.store import consumequeue as cq
     from dledger_rocketmq.tools.bench_dispatch import make_entries
     entries = make_entries(36, 3, 16)  # 12 units per queue; files of 10 units
@@ -332,3 +334,191 @@ def test_a_queue_restarts_after_records_the_log_no_longer_holds(tmp_path, verify
         assert (q.min_offset, q.max_offset) == (8, 12)
         assert [u.physical_offset for _, u in q.read(8, 100)] == [e.pos + 48 for e in entries[24 + qid::3]]
     d.close()
+
+
+def _mixed_entries(keys, body_size=16):
+    """Committed entries for ``keys`` [(topic, queue id), ...] in that order, with consistent queue offsets."""
+    from dledger_rocketmq.common.message import patch_physical_offset
+    from dledger_rocketmq.tools.bench_dispatch import _Entry
+
+    from dledger.entry import HEADER_SIZE
+    nxt, entries, pos = {}, [], 0
+    for i, (topic, qid) in enumerate(keys):
+        body = bytearray(encode_record(MessageRecord(topic, b"x" * body_size, b"TAGS\x01T%d" % (i % 3), qid,
+                                                     queue_offset=nxt.get((topic, qid), 0))))
+        patch_physical_offset(body, 0, pos + HEADER_SIZE)
+        nxt[(topic, qid)] = nxt.get((topic, qid), 0) + 1
+        entries.append(_Entry(i, pos, HEADER_SIZE + len(body), bytes(body)))
+        pos += HEADER_SIZE + len(body)
+    return entries
+
+
+@pytest.mark.parametrize("keys", [
+    [("A", 0)] * 5 + [("B", 0)] * 3 + [("A", 0)] * 2,  # runs of one queue id under two topics
+    [("A", 0), ("A", 1), ("A", 1), ("A", 0), ("B", 1), ("A", 1)],  # one topic, queue ids alternating
+    [("AB", 1), ("A", 1), ("B", 1), ("AB", 1), ("AB", 2), ("A", 2)],  # topic names that are prefixes of others
+])
+def test_runs_of_one_queue_dispatch_as_the_full_decode_does(tmp_path, keys):
+    """The dispatcher's run shortcut (consecutive records of one topic and queue) puts every unit in its own
+    queue: the same queues as a dispatcher decoding every record, whatever the deliveries' cuts."""
+    from dledger_rocketmq.store.consumequeue import ConsumeQueues
+    from dledger_rocketmq.store.dispatch import Dispatcher
+    entries = _mixed_entries(keys)
+    views = []
+    for verify, cut in ((True, 100), (False, 100), (False, 3), (False, 1)):
+        root = tmp_path / f"{verify}-{cut}"
+        d = Dispatcher(_FakeServer(), root, verify_crc=verify)
+        d.queues = ConsumeQueues(root)
+        for i in range(0, len(entries), cut):
+            d.entries_committed(entries[i:i + cut])
+        views.append(sorted((q.topic, q.queue_id, q.read(0, 100)) for q in d.queues.queues()))
+        d.close()
+    assert all(v == views[0] for v in views)
+    want = {}
+    for e, key in zip(entries, keys):
+        want.setdefault(key, []).append(e.pos + 48)
+    assert {(t, q): [u.physical_offset for _, u in units] for t, q, units in views[0]} == want
+
+
+# -- writing behind: the units of several deliveries in one pwrite per queue file ---------------------------------
+def _queue_files(root):
+    """Every consume-queue file under ``root`` with its bytes."""
+    base = root / "consumequeue"
+    return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("drain_after, cut, writes", [
+    (1, 7, 32),  # every delivery written at its end: 8 deliveries x 4 queues (minus empty ones, + file ends)
+    (14, 7, 20),  # every second delivery: 3 writes + the flush's, x 4 queues, + each queue's file boundary
+    (1024, 7, 8),  # only at the flush: one pwrite per queue file (two files per queue)
+    (1024, 50, 8),
+])
+def test_writing_behind_keeps_the_files_byte_for_byte(tmp_path, monkeypatch, drain_after, cut, writes):
+    """Units buffered over several deliveries (``drain_after`` entries) are written with fewer pwrites and give
+    the same consume-queue files, byte for byte, as writing every delivery at its end; reads see every unit
+    dispatched before any write."""
+    from dledger_rocketmq.store import consumequeue as cq
+    from dledger_rocketmq.tools.bench_dispatch import make_entries
+    entries = make_entries(50, 4, 16)
+    files = {}
+    for run, after in enumerate((1, drain_after)):
+        count: list[int] = []
+        monkeypatch.setattr(cq, "write_at", lambda fd, data, off, count=count, real=cq.write_at: (
+            count.append(1), real(fd, data, off)))
+        d = _dispatcher(tmp_path / str(run), file_size=20 * 8, drain_after=after)
+        for i in range(0, len(entries), cut):
+            d.entries_committed(entries[i:i + cut])
+        assert d.dispatched_index == 49
+        q = d.queues.queue("BenchTopic", 1)  # a read writes that queue's buffered units first
+        assert [u.physical_offset for _, u in q.read(0, 100)] == [e.pos + 48 for e in entries[1::4]]
+        d.flush()
+        monkeypatch.undo()
+        if run == 1:
+            assert len(count) == writes
+        files[run] = _queue_files(tmp_path / str(run))
+        d.close()
+    assert files[1] == files[0] and len(files[0]) == 8
+
+
+@pytest.mark.parametrize("how", ["delivery", "read", "flush", "flush_with"])
+def test_a_failed_write_behind_puts_the_dispatcher_before_every_unwritten_delivery(tmp_path, monkeypatch, how):
+    """Units of several deliveries wait in memory; if their write fails, whoever drained them (the delivery that
+    reached drain_after, a consumer's read, a flush), the dispatched position goes back to before the oldest
+    delivery not written (a redelivery completes the queues); a flush that fails errbacks instead of raising."""
+    from dledger_rocketmq.store import consumequeue as cq
+    from dledger_rocketmq.tools.bench_dispatch import make_entries
+
+    from dledger.diskio import INLINE
+    entries = make_entries(16, 2, 16)
+    d = _dispatcher(tmp_path, drain_after=8)
+    d.entries_committed(entries[:8])  # written: 8 entries delivered
+    before = (d.dispatched_index, d.dispatched_position)
+    d.entries_committed(entries[8:11])
+    d.entries_committed(entries[11:14])  # buffered: 6 entries since the last write
+    assert d.dispatched_index == 13
+
+    def fail(fd, data, off):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(cq, "write_at", fail)
+    if how == "delivery":
+        with pytest.raises(OSError):
+            d.entries_committed(entries[14:])
+    elif how == "read":
+        with pytest.raises(OSError):
+            d.queues.queue("BenchTopic", 0).read(0, 100)
+    elif how == "flush":
+        with pytest.raises(OSError):
+            d.flush()
+    else:
+        failures = []
+        d.flush_with(INLINE).addErrback(failures.append)
+        assert len(failures) == 1 and failures[0].check(OSError)
+    monkeypatch.undo()
+    assert (d.dispatched_index, d.dispatched_position) == before == (7, entries[7].pos + entries[7].size)
+    d.drain()
+    d.entries_committed(entries[8:])
+    d.drain()
+    assert [q.max_offset for q in d.queues.queues()] == [8, 8] and d.dispatched_index == 15
+    for qid in range(2):
+        assert ([u.physical_offset for _, u in d.queues.queue("BenchTopic", qid).read(0, 100)]
+                == [e.pos + 48 for e in entries[qid::2]])
+    d.close()
+
+
+@pytest.mark.parametrize("trigger", ["read", "get", "replayed delivery"])
+def test_whatever_drains_writes_every_queue_so_the_files_stay_a_prefix_of_the_dispatch(tmp_path, trigger):
+    """A drain of one queue (a consumer's read, a get, a replay's comparison) writes every queue's buffered
+    units: recovery resumes after the last record ANY queue's files index, so a crash after a one-queue write
+    would otherwise lose the other queues' earlier units for good. The files, read afresh, hold every unit."""
+    from dledger_rocketmq.store.consumequeue import ConsumeQueues
+    from dledger_rocketmq.tools.bench_dispatch import make_entries
+    entries = make_entries(30, 3, 16)
+    d = _dispatcher(tmp_path, drain_after=1024)
+    d.entries_committed(entries[:20])
+    d.entries_committed(entries[20:29])
+    q = d.queues.queue("BenchTopic", 2)
+    if trigger == "read":
+        q.read(0, 1)
+    elif trigger == "get":
+        q.get(3)
+    else:
+        d.entries_committed(entries[27:29])  # entries 27-28 again: compared with the stored units (a read)
+    on_disk = ConsumeQueues(tmp_path, file_size=20 * 10)  # what a restart after a crash here would find
+    assert [(x.topic, x.queue_id, x.max_offset) for x in on_disk.queues()] == [
+        (x.topic, x.queue_id, x.max_offset) for x in d.queues.queues()] != []
+    on_disk.close()
+    d.close()
+
+
+def test_a_killed_member_gets_its_buffered_units_back_from_the_log_and_a_new_master_continues(tmp_path):
+    """Units still buffered when a member is killed (no stop: they never reach a file) are dispatched again from
+    the log at its restart; after the master goes too, the new master's queues hold every unit and its next put
+    takes the next queue offset (nothing handed out twice)."""
+    cluster = broker_cluster(tmp_path)
+    b = master(cluster)
+    for i in range(6):
+        put(cluster, b, msg(body=b"a%d" % i, queue_id=i % 2))
+    assert settled(cluster)
+    follower = next(mid for mid, s in cluster.servers.items() if broker_for(s) is not b)
+    fb = broker_for(cluster.servers[follower])
+    queue_units(fb, "T", 0)  # a consumer's read: every queue's units written
+    for i in range(4):
+        put(cluster, b, msg(body=b"b%d" % i, queue_id=i % 2))
+    assert settled(cluster)
+    queues = fb.dispatcher.queues
+    assert any(q._pending for q in queues.queues())  # buffered, as a kill would find them
+    for q in queues.queues():  # killed: what was buffered never reaches a file (stop then writes nothing)
+        q._pending.clear()
+    queues._buffered.clear()
+    cluster.crash(follower)
+    cluster.restart(follower)
+    fb = broker_for(cluster.servers[follower])
+    want = {qid: queue_units(b, "T", qid) for qid in (0, 1)}
+    assert cluster.run_until(lambda: all(queue_units(fb, "T", qid) == want[qid] for qid in (0, 1)), 20)
+    assert [len(units) for units in want.values()] == [5, 5]
+    cluster.crash(b.server.self_id)
+    nb = master(cluster)
+    for qid in (0, 1):
+        r = put(cluster, nb, msg(body=b"c", queue_id=qid))
+        assert r.status is PutStatus.PUT_OK and r.queue_offset == 5, r
+        assert cluster.run_until(lambda qid=qid: [o for o, _ in queue_units(nb, "T", qid)] == list(range(6)), 10)

@@ -349,11 +349,14 @@ class ConsumeQueue:
     so a batch is one pwrite per file; ``on_change(queue, buffered)`` is
     called when the queue starts buffering (``buffered`` True: its owner's
     to-drain list) and when it changes a file not yet changed since the last
-    flush (False: the to-flush list).
+    flush (False: the to-flush list); ``on_drain_error(queue)`` when a
+    drain's write failed.
     """
 
     def __init__(self, root: str | Path, topic: str, queue_id: int, *, file_size: int = DEFAULT_FILE_SIZE,
-                 fds: FdCache | None = None, on_change: Callable[[ConsumeQueue, bool], object] | None = None):
+                 fds: FdCache | None = None, on_change: Callable[[ConsumeQueue, bool], object] | None = None,
+                 on_drain_error: Callable[[ConsumeQueue], object] | None = None,
+                 drain_all: Callable[[], object] | None = None):
         self.topic = topic
         self.queue_id = queue_id
         self.file_size = file_size_for(file_size)
@@ -369,6 +372,11 @@ class ConsumeQueue:
         self._own_fds = fds is None
         self._fds = FdCache(STANDALONE_OPEN_FILES) if fds is None else fds
         self._on_change = on_change
+        #: Called with the queue when a drain's write failed (its deferred units are dropped), whoever drained:
+        #: the dispatcher that buffered them puts its position back (:class:`ConsumeQueues.drain_failed`).
+        self._on_drain_error = on_drain_error
+        #: The owner's drain of every queue (see :meth:`drain`); None: a queue on its own drains itself.
+        self._drain_all = drain_all
         self._names: dict[int, str] = {}
         # Deferred appends: the encoded units from queue offset _pending_at on, and the state before them.
         self._pending = bytearray()
@@ -542,12 +550,28 @@ class ConsumeQueue:
             except struct.error:
                 raise CodecError(f"consume-queue unit {(physical_offset, size, tags_code)} does not fit "
                                  f"int64/int32/int64") from None
-            self._buffer(queue_offset, data, physical_offset + size)
+            if not self._pending:  # the first unit since the last drain: _buffer's bookkeeping
+                self._buffer(queue_offset, data, physical_offset + size)
+                return True
+            self._pending += data  # the rest of a run: _buffer's common case inline (one call less per unit)
+            self._next = queue_offset + 1
+            self._max_physical = physical_offset + size
             return True
         return self.append(queue_offset, Unit(physical_offset, size, tags_code), defer=True)
 
     def drain(self) -> None:
-        """Write the deferred units (one pwrite per file they span).
+        """Write the deferred units (one pwrite per file they span): with an owner (``drain_all``), every
+        queue's, so the files never hold a unit of a later record while another queue still buffers one of an
+        earlier record (recovery resumes dispatch after the last record ANY queue's files index, so the files
+        must be a prefix of the dispatch); on its own, this queue's (:meth:`write_pending`).
+        """
+        if self._drain_all is not None:
+            self._drain_all()
+        else:
+            self.write_pending()
+
+    def write_pending(self) -> None:
+        """Write this queue's deferred units (one pwrite per file they span).
 
         If the write fails, the queue is as it was before them (they may be
         appended again) and the OSError propagates.
@@ -560,6 +584,8 @@ class ConsumeQueue:
             self._write(at, data)
         except BaseException:
             self._next, self._max_physical = self._before_pending
+            if self._on_drain_error is not None:
+                self._on_drain_error(self)
             raise
 
     def _start_at(self, queue_offset: int) -> None:
@@ -742,6 +768,9 @@ class ConsumeQueues:
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._changed: dict[tuple[str, int], ConsumeQueue] = {}  # files changed since the last flush
         self._buffered: list[ConsumeQueue] = []  # deferred units not drained yet
+        #: Called (no arguments) when a queue's deferred units could not be written, by whatever drained them
+        #: (a dispatcher's drain, a read, a flush): the dispatcher that buffered them sets it.
+        self.drain_failed: Callable[[], object] | None = None
         base = self.root / "consumequeue"
         if base.is_dir():
             for topic in sorted(os.listdir(base)):
@@ -758,7 +787,8 @@ class ConsumeQueues:
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = ConsumeQueue(self.root, topic, queue_id, file_size=self.file_size,
-                                                     fds=self.fds, on_change=self._note_change)
+                                                     fds=self.fds, on_change=self._note_change,
+                                                     on_drain_error=self._drain_error, drain_all=self.drain)
         return queue
 
     def _note_change(self, queue: ConsumeQueue, buffered: bool) -> None:
@@ -766,6 +796,10 @@ class ConsumeQueues:
             self._buffered.append(queue)
         else:
             self._changed[(queue.topic, queue.queue_id)] = queue
+
+    def _drain_error(self, queue: ConsumeQueue) -> None:
+        if self.drain_failed is not None:
+            self.drain_failed()
 
     def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         """The queue (topic, queue_id) if it exists (opened at start or written since), without creating it."""
@@ -791,7 +825,7 @@ class ConsumeQueues:
         buffered, self._buffered = self._buffered, []
         for queue in buffered:
             try:
-                queue.drain()
+                queue.write_pending()
             except OSError as exc:
                 error = error or exc
         if error is not None:

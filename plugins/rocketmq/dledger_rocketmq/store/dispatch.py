@@ -23,14 +23,18 @@ Recovery (:meth:`Dispatcher.recover`, at service start, store recovered):
   record (:meth:`Dispatcher._after_gap`).
 
 Queue appends are page-cache writes done inline on the reactor thread (a
-unit is 20 bytes): the units of one delivery are buffered per queue and
-written when it ends, one pwrite per queue file, through file descriptors
-kept open (a bounded LRU, ``max_open_files``).  fsyncs happen on the
+unit is 20 bytes): units are buffered per queue and written once
+``drain_after`` entries were delivered since the last write (a commit-feed
+delivery is a push's worth, ~30 entries: per delivery, the pwrites of the
+queues it touched cost as much as decoding its records), one pwrite per
+queue file, through file descriptors kept open (a bounded LRU,
+``max_open_files``); every read of a queue, every flush and the stop write
+them first, so readers and fsyncs see every dispatched unit.  fsyncs happen on the
 broker's timer (:meth:`flush_with`: on the member's BlockingIO, a pool
 thread) and at stop (:meth:`flush`, inline), for the queues written since
 the last one only.  The
-queues are rebuildable from the log, so a unit lost in a power cut is
-re-dispatched at the next start.
+queues are rebuildable from the log, so a unit lost in a power cut or a
+crash (buffered, or in the page cache) is re-dispatched at the next start.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -134,9 +138,13 @@ def index_fields(body: bytes, levels: tuple[int, ...] = DELAY_LEVELS_MS) -> tupl
     return topic, qid, qoff, Unit(phys, size, code)
 
 
-#: TOTALSIZE, MAGIC, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, STORETIMESTAMP, BODYLEN of a record whose
-#: hosts are both IPv4 (the common case): one unpack instead of five, fields not needed skipped.
-_V4_HEAD = struct.Struct(">ii4xi4xqqi16xq20xi")
+#: Entries delivered before the buffered units are written (:meth:`Dispatcher.entries_committed`): at most
+#: ~20 KiB held, and a pwrite per touched queue per ~1,000 entries instead of per delivery.
+DRAIN_AFTER = 1024
+
+#: TOTALSIZE, MAGIC, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, BODYLEN of a record whose hosts are both
+#: IPv4 (the common case): one unpack instead of five, fields not needed (STORETIMESTAMP among them) skipped.
+_V4_HEAD = struct.Struct(">ii4xi4xqqi44xi")
 _V4_HEAD_SIZE = _V4_HEAD.size
 _V6_FLAGS = BORNHOST_V6_FLAG | STOREHOST_V6_FLAG
 _SLOW_FLAGS = _V6_FLAGS | TRANSACTION_TYPE_MASK
@@ -161,7 +169,7 @@ def quick_unit(body: bytes) -> tuple[bytes, int, int, int, int, bytes | None] | 
     size = len(body)
     if size < _V4_HEAD_SIZE:
         return None
-    total, magic, qid, qoff, phys, sys_flag, _store_ts, body_len = _V4_HEAD.unpack_from(body)
+    total, magic, qid, qoff, phys, sys_flag, body_len = _V4_HEAD.unpack_from(body)
     if magic != MESSAGE_MAGIC or total != size or body_len < 0:
         return None
     if sys_flag & _SLOW_FLAGS and (sys_flag & _V6_FLAGS
@@ -180,8 +188,9 @@ def quick_unit(body: bytes) -> tuple[bytes, int, int, int, int, bytes | None] | 
     i = body.rfind(_TAGS_KEY, start)
     if i < 0:
         return topic, qid, qoff, phys, size, None
-    if (i != start and body[i - 1] != 2) or body.find(_TAGS_KEY, start, i) >= 0:
-        return None  # not an item start, or an earlier item a property_value scan would have to weigh
+    if i != start and (body[i - 1] != 2 or body.find(_TAGS_KEY, start, i) >= 0):
+        return None  # not an item start, or an earlier item a property_value scan would have to weigh (none
+        # can be before the first item: the search for one is skipped there)
     value_end = body.find(b"\x02", i + _TAGS_KEY_LEN)
     tags = body[i + _TAGS_KEY_LEN:value_end if value_end >= 0 else size]
     return (topic, qid, qoff, phys, size, tags) if tags else None
@@ -235,13 +244,19 @@ class Dispatcher:
 
     def __init__(self, server, root: str | Path, *, file_size: int = DEFAULT_FILE_SIZE,
                  on_control: Callable[[int, bytes], object] | None = None, verify_crc: bool = False,
-                 max_open_files: int = DEFAULT_OPEN_FILES):
+                 max_open_files: int = DEFAULT_OPEN_FILES, drain_after: int = DRAIN_AFTER):
         self.server = server
         self.root = Path(root)
         self.file_size = file_size
         self.max_open_files = max_open_files
         self.on_control = on_control or (lambda index, body: None)
         self.verify_crc = verify_crc
+        #: Entries delivered between writes of the buffered units (1: at the end of every delivery).
+        self.drain_after = max(int(drain_after), 1)
+        self._since_drain = 0
+        #: (dispatched index, position) before the oldest delivery whose units may not be written yet: where a
+        #: failed write puts the dispatcher back (None: everything delivered is written).
+        self._undrained: tuple[int, int] | None = None
         #: Called ``(topic, queue_id, next_offset)`` before a queue whose records the log no longer holds
         #: restarts further on (see :meth:`_after_gap`): the broker keeps the offset as the queue's base.
         self.on_rebase: Callable[[str, int, int], object] = lambda topic, queue_id, next_offset: None
@@ -322,26 +337,43 @@ class Dispatcher:
         return self._start
 
     def entries_committed(self, entries: list) -> None:
-        """Index a delivery: units buffered per queue, written at its end (one pwrite per queue file).
+        """Index a delivery: units buffered per queue, written (one pwrite per queue file) once ``drain_after``
+        entries were delivered since the last write, or by the next read, flush or stop.
 
-        If that write fails, the dispatched position goes back to before the
-        delivery (units written are replays when it comes again) and the
-        OSError propagates, as it did when each unit was written at once.
+        If a write fails (here or in whatever drained), the dispatched
+        position goes back to before the oldest delivery not written (units
+        written are replays when it comes again) and the OSError propagates,
+        as it did when each unit was written at once.
         """
         queues = self.queues
-        before = (self.dispatched_index, self.dispatched_position)
+        if self._undrained is None:
+            self._undrained = (self.dispatched_index, self.dispatched_position)
         self._touched.clear()
+        self._since_drain += len(entries)
         try:
             self._dispatch(queues, entries)
         finally:
-            try:
-                queues.drain()
-            except OSError:
-                self.dispatched_index, self.dispatched_position = before
-                raise
+            if self._since_drain >= self.drain_after:
+                self.drain()
         self._wake()
         if self._touched and self.arrival_listeners:
             self._tell_arrivals(queues)
+
+    def drain(self) -> None:
+        """Write every buffered unit now (one pwrite per queue file); OSError if a write failed (the dispatched
+        position is then back before the oldest delivery not written, see :meth:`_drain_failed`)."""
+        self._since_drain = 0
+        if self.queues is not None:
+            try:
+                self.queues.drain()
+            finally:
+                self._undrained = None
+
+    def _drain_failed(self) -> None:
+        """A queue's buffered units could not be written (they are dropped): back to before them."""
+        if self._undrained is not None:
+            self.dispatched_index, self.dispatched_position = self._undrained
+            self._undrained = None
 
     def _tell_arrivals(self, queues: ConsumeQueues) -> None:
         touched, self._touched = self._touched, {}
@@ -364,18 +396,26 @@ class Dispatcher:
         if self._queue_cache_owner is not queues:
             self._queue_cache.clear()
             self._queue_cache_owner = queues
+            queues.drain_failed = self._drain_failed
         cache = self._queue_cache
         hashes = self._tag_codes
         touched = self._touched
         quick = quick_unit if not self.verify_crc else _never
         last = None
         grown = None  # the queue last marked touched: a run of one queue's records marks it once
+        # The previous fast-path record's raw topic, queue id and queue: a batch's records (one topic and queue,
+        # consecutive entries) find their queue with one comparison instead of a key and a cache lookup.
+        run_topic, run_qid, run_queue = None, -1, None
         try:
             for entry in entries:
                 found = quick(entry.body)
                 if found is not None:
                     topic, qid, qoff, phys, size, tags = found
-                    queue = cache.get((topic, qid)) or self._cache_queue(queues, topic, qid)
+                    if qid == run_qid and topic == run_topic:
+                        queue = run_queue
+                    else:
+                        queue = cache.get((topic, qid)) or self._cache_queue(queues, topic, qid)
+                        run_topic, run_qid, run_queue = topic, qid, queue
                     if queue is not None:
                         code = 0 if tags is None else hashes.get(tags)
                         if code is None:
@@ -390,6 +430,7 @@ class Dispatcher:
                         last = entry
                         continue
                 self._dispatch_one(queues, entry)
+                run_topic, run_qid, run_queue = None, -1, None  # a control entry may have changed the topics
                 last = entry
         finally:
             if last is not None:
@@ -516,20 +557,26 @@ class Dispatcher:
                 d.errback(exc)
 
     def flush(self) -> None:
-        """fsync the consume queues written since the last flush, inline (at stop, in tests and tools)."""
+        """Write the buffered units and fsync the consume queues written since the last flush, inline (at stop, in
+        tests and tools)."""
         if self.queues is not None:
+            self.drain()
             self.queues.flush()
 
     def flush_with(self, io) -> Deferred:
         """The broker's periodic flush: the fsyncs run by ``io`` (the member's BlockingIO: a pool thread)."""
         if self.queues is None:
             return succeed(None)
+        try:
+            self.drain()  # the units buffered since the last write first (a write error fails this flush)
+        except OSError:
+            return fail()
         return self.queues.flush_with(io)
 
     def close(self) -> None:
         """Flush and close the queues' open files (at stop; the queues stay usable and reopen files on demand)."""
         if self.queues is not None:
             try:
-                self.queues.flush()
+                self.flush()
             finally:
                 self.queues.close()
