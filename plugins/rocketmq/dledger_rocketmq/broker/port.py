@@ -60,7 +60,7 @@ from dledger_rocketmq.broker.brokerstats import BrokerStatsManager
 from dledger_rocketmq.common.batch import batch_records, batch_views, decode_batch
 from dledger_rocketmq.common.control import OffsetCommit
 from dledger_rocketmq.common.errors import ArgumentError, CodecError
-from dledger_rocketmq.common.message import Address, MessageRecord
+from dledger_rocketmq.common.message import PROPERTY_DELAY_TIME_LEVEL, Address, MessageRecord, SendRecord
 from dledger_rocketmq.store.commitlog import PutResult, PutStatus
 from dledger_rocketmq.store.consumequeue import tag_hash
 from dledger_rocketmq.store.metadata import PERM_READ, PERM_WRITE, topic_config
@@ -481,6 +481,7 @@ def _send_args_v2(code: int, ext: dict[str, str]) -> SendArgs | None:
 
 
 _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
+_DELAY = PROPERTY_DELAY_TIME_LEVEL.encode()
 
 
 def send_template(args: SendArgs, body: bytes, born_host: Address, *, queue_id: int | None = None) -> MessageRecord:
@@ -1095,6 +1096,20 @@ class BrokerPort(service.Service):
                                                    else None, can_create=True)
         if error is not None:
             return error
+        conn = req.conn
+        if create is None and not args.batch and conn is not None:
+            # The lean path: no Deferred, answered with its read's sends; no MessageRecord unless a DELAY
+            # level asks for the schedule rewrite (Broker.put_gathered), encoded in one pass at the flush.
+            send = SendRecord(args.topic, body, args.properties.encode("utf-8"), queue_id, args.flag, args.sys_flag,
+                              args.born_timestamp, born_host, args.reconsume_times)
+            sends = conn.read_sends
+            if sends is None:
+                sends = conn.read_sends = ReadSends(self, conn, self.now_ms())
+            if broker.put_gathered(send if _DELAY not in send.properties else send.record(), sends,
+                                   (req.header, args.topic, send.size)):
+                return ANSWER_LATER
+            conn.read_sends = None  # not in a read after all: no stale sink for the next one
+            return self._store(send.record(), None, args.topic, self.now_ms())
         template = send_template(args, body, born_host, queue_id=queue_id)
         try:
             items = send_items(body) if args.batch else None
@@ -1102,14 +1117,6 @@ class BrokerPort(service.Service):
             return Reply(MESSAGE_ILLEGAL, f"the batch is malformed: {exc}", dict(SEND_EXTRA))
 
         if create is None:
-            conn = req.conn
-            if items is None and conn is not None:  # the lean path: no Deferred, answered with its read's sends
-                sends = conn.read_sends
-                if sends is None:
-                    sends = conn.read_sends = ReadSends(self, conn, self.now_ms())
-                if broker.put_gathered(template, sends, (req.header, args.topic, template.size)):
-                    return ANSWER_LATER
-                conn.read_sends = None  # not in a read after all: no stale sink for the next one
             return self._store(template, items, args.topic, self.now_ms())
         began = self.now_ms()
         # Auto-creation goes through the log (a control entry every member applies), then the message.
