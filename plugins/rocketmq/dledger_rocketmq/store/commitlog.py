@@ -430,8 +430,9 @@ class CommitLog:
         if no gathering is open (the caller puts it with :meth:`put` instead).
 
         The broker port's lean path for the single sends of one read: no Deferred per put, and the sink
-        answers the read's sends together (:class:`PutSink`); its records are :class:`SendRecord`\\ s, encoded
-        by :func:`encode_send` (the same bytes as :func:`encode_record` of the record).
+        answers the read's sends together (:class:`PutSink`).  The port hands it a :class:`SendRecord` (a
+        send with a DELAY level: a MessageRecord), encoded at the flush by :func:`encode_send` (the same bytes
+        as :func:`encode_record` of its MessageRecord).
         """
         if not self.gathering:
             return False
