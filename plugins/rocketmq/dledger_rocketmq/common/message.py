@@ -389,6 +389,74 @@ def encode_record(record: MessageRecord, *, max_size: int = DEFAULT_MAX_MESSAGE_
     return out
 
 
+class SendRecord(NamedTuple):
+    """A single send's record as the broker port's lean path hands it to the put (``CommitLog.put_gathered``):
+    the fields a send sets, without the :class:`MessageRecord` (a frozen dataclass of 15 fields costs ~1.8 us
+    to make, this ~0.3) and encoded in one pass by :func:`encode_send` when the read's puts are flushed.
+    Field names are :class:`MessageRecord`'s, so what reads a record's topic, queue or flags reads this too."""
+
+    topic: str
+    body: bytes
+    properties: bytes
+    queue_id: int
+    flag: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: Address
+    reconsume_times: int
+
+    @property
+    def size(self) -> int:
+        """:attr:`MessageRecord.size` of :meth:`record`."""
+        return record_length(len(self.body), len(self.topic.encode()), len(self.properties),
+                             born_v6=bool(self.sys_flag & BORNHOST_V6_FLAG),
+                             store_v6=bool(self.sys_flag & STOREHOST_V6_FLAG))
+
+    def record(self) -> MessageRecord:
+        """The same record as a :class:`MessageRecord` (what every other path takes)."""
+        return MessageRecord(topic=self.topic, body=self.body, properties=self.properties, queue_id=self.queue_id,
+                             flag=self.flag, sys_flag=self.sys_flag, born_timestamp=self.born_timestamp,
+                             born_host=self.born_host, reconsume_times=self.reconsume_times)
+
+
+#: A record's fixed fields through BODYLEN when both hosts are IPv4 (88 bytes): :data:`_HEAD`, BORNHOST,
+#: STORETIMESTAMP, STOREHOST, :data:`_TAIL`, packed at once.
+_V4_FIXED = struct.Struct(">iiiiiqqiq8sq8siqi")
+_V6_FLAGS = BORNHOST_V6_FLAG | STOREHOST_V6_FLAG
+
+
+@functools.lru_cache(maxsize=1024)
+def _topic_field(topic: str) -> bytes:
+    """TOPICLEN + TOPIC of a record (cached: a broker stores to few topics), or CodecError as :func:`_topic_bytes`."""
+    raw = _topic_bytes(topic)
+    return bytes((len(raw),)) + raw
+
+
+def encode_send(send: SendRecord, *, queue_offset: int, store_host: Address, max_size: int) -> bytes:
+    """``encode_record(send.record(), max_size=max_size, queue_offset=queue_offset, physical_offset=0,
+    store_host=store_host)``: the same bytes, or the same CodecError.
+
+    Two IPv4 hosts and fields in range (every producer on an IPv4 network) are packed in one pass, without
+    the record made or the fields looked for one by one (1.4 us against 2.8, Round 2f); anything else, an
+    error included, takes :func:`encode_record`.
+    """
+    try:
+        born = send.born_host
+        if not (born.is_v6 or store_host.is_v6):
+            topic, props, body = _topic_field(send.topic), send.properties, send.body
+            size = 90 + len(body) + len(topic) + len(props)  # _fixed_length(False, False) counts TOPICLEN too
+            if size <= max_size and len(props) <= MAX_PROPERTIES_LENGTH:
+                return b"".join((
+                    _V4_FIXED.pack(size, MESSAGE_MAGIC, zlib.crc32(body) & 0x7FFFFFFF, send.queue_id, send.flag,
+                                   queue_offset, 0, send.sys_flag & ~_V6_FLAGS, send.born_timestamp, born.packed(),
+                                   0, store_host.packed(), send.reconsume_times, 0, len(body)),
+                    body, topic, _I16.pack(len(props)), props))
+    except (CodecError, struct.error, UnicodeError):
+        pass
+    return encode_record(send.record(), max_size=max_size, queue_offset=queue_offset, physical_offset=0,
+                         store_host=store_host)
+
+
 def encode_batch_records(template: MessageRecord, items: Sequence, *, first_queue_offset: int,
                          queue_offset_step: int, store_host: Address,
                          max_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> list[bytes]:

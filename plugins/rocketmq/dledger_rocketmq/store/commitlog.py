@@ -56,8 +56,10 @@ from dledger_rocketmq.common.message import (
     SYS_FLAG_POSITION,
     Address,
     MessageRecord,
+    SendRecord,
     encode_batch_records,
     encode_record,
+    encode_send,
     message_ids,
 )
 from dledger_rocketmq.store.consumequeue import is_dispatched
@@ -423,12 +425,14 @@ class CommitLog:
         """
         self.gathering += 1
 
-    def put_gathered(self, record: MessageRecord, sink: PutSink, token: Any) -> bool:
+    def put_gathered(self, record: MessageRecord | SendRecord, sink: PutSink, token: Any) -> bool:
         """Hold ``record`` for :meth:`flush_gathered`, answered by ``sink.put_answered(token, result)``; False
         if no gathering is open (the caller puts it with :meth:`put` instead).
 
         The broker port's lean path for the single sends of one read: no Deferred per put, and the sink
-        answers the read's sends together (:class:`PutSink`).
+        answers the read's sends together (:class:`PutSink`).  The port hands it a :class:`SendRecord` (a
+        send with a DELAY level: a MessageRecord), encoded at the flush by :func:`encode_send` (the same bytes
+        as :func:`encode_record` of its MessageRecord).
         """
         if not self.gathering:
             return False
@@ -474,7 +478,10 @@ class CommitLog:
                 if q is None:
                     q = offsets.get(key, 0)
             try:
-                body = encode_record(record, max_size=limit, queue_offset=q, physical_offset=0, store_host=host)
+                if type(record) is SendRecord:  # the port's lean path: one pass
+                    body = encode_send(record, queue_offset=q, store_host=host, max_size=limit)
+                else:
+                    body = encode_record(record, max_size=limit, queue_offset=q, physical_offset=0, store_host=host)
             except CodecError as exc:
                 bad.append((sink, token, PutResult(PutStatus.MESSAGE_ILLEGAL, error=str(exc))))
                 continue

@@ -26,7 +26,11 @@ simulated master's port, its put answered at once (no log, no replication).
 SEND_MESSAGE_V2 frames (the stock producer's JSON header, 1 KiB bodies, 8
 queues) handed to the master's broker port in one read, until every reply
 is written (``port_send_us``: frame decode, send header, put, replication,
-commit, consume-queue dispatch, reply; the whole group's process CPU per send).
+commit, consume-queue dispatch, reply; the whole group's process CPU per send),
+and of it the master's handling of the read alone (``port_read_us``: the frames
+decoded and checked, the records encoded and appended to the master's store in
+the read's one append request; per send: the master's own per-send work, steadier
+than the whole group's on a loaded machine).
 
 ``--batch N`` times SEND_BATCH_MESSAGE requests of N x 1 KiB (the stock
 producer's batch header, no TAGS) on the same simulated group, 8 requests
@@ -133,20 +137,23 @@ def port_path(sends: int = 64, rounds: int = 40) -> dict[str, float]:
         conn.makeConnection(StringTransport())
         answered = _count_answers(conn)
 
-        def one_round() -> float:
+        def one_round() -> tuple[float, float]:
             answered.clear()
             conn.transport.clear()
             began = time.process_time()
             conn.dataReceived(frames)
+            read = time.process_time() - began
             if not cluster.run_until(lambda: len(answered) == sends, 30):
                 raise RuntimeError("sends never answered")
             spent = time.process_time() - began
             if any(answered):
                 raise RuntimeError(f"a send failed: codes {sorted(set(answered))}")
-            return spent
+            return spent, read
         one_round()  # warm-up
-        total = sum(one_round() for _ in range(rounds))
-    return {"port_send_us": round(total / (rounds * sends) * 1e6, 1)}
+        totals = [one_round() for _ in range(rounds)]
+    per_send = 1e6 / (rounds * sends)
+    return {"port_send_us": round(sum(t for t, _ in totals) * per_send, 1),
+            "port_read_us": round(sum(r for _, r in totals) * per_send, 2)}
 
 
 def _count_answers(conn) -> list[int]:
