@@ -160,6 +160,7 @@ def _request_frame(opaque: int = 7) -> bytes:
     return remoting.encode_request(messages.MetadataRequest(group="g0", remote_id="n0"), opaque)
 
 
+@pytest.mark.network
 def test_a_reply_leaves_when_the_read_that_asked_for_it_was_handled(wire):
     ours, peer = wire
     reactor = RecordingReactor()
@@ -171,6 +172,7 @@ def test_a_reply_leaves_when_the_read_that_asked_for_it_was_handled(wire):
     assert conn not in reactor.writers  # all sent: nothing left for the poll
 
 
+@pytest.mark.network
 def test_a_reply_through_the_guard_wrapper_leaves_too(wire):
     ours, peer = wire
     reactor = RecordingReactor()
@@ -181,6 +183,7 @@ def test_a_reply_through_the_guard_wrapper_leaves_too(wire):
     assert remoting.decode_frame(received(peer)).header.opaque == 8
 
 
+@pytest.mark.network
 def test_a_write_outside_a_stretch_of_work_waits_for_the_poll_as_before(wire):
     """Sending early is an optimisation: a call made from a timer or a user's code stays with Twisted."""
     ours, peer = wire
@@ -194,6 +197,7 @@ def test_a_write_outside_a_stretch_of_work_waits_for_the_poll_as_before(wire):
     assert conn not in reactor.writers
 
 
+@pytest.mark.network
 def test_what_the_socket_does_not_take_stays_with_twisted(wire):
     ours, peer = wire
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
@@ -205,6 +209,7 @@ def test_what_the_socket_does_not_take_stays_with_twisted(wire):
     assert conn in reactor.writers  # the poll sends the rest
 
 
+@pytest.mark.network
 def test_a_closing_connection_is_left_to_the_reactor(wire):
     ours, peer = wire
     reactor = RecordingReactor()
@@ -215,6 +220,7 @@ def test_a_closing_connection_is_left_to_the_reactor(wire):
     assert received(peer) == b"" and conn in reactor.writers  # the reactor's doWrite sends and closes
 
 
+@pytest.mark.network
 def test_a_disk_jobs_results_send_what_their_callbacks_wrote(wire):
     """A follower's reply once its flush is durable: written in the job's callback, sent after the delivery."""
     ours, peer = wire
@@ -255,6 +261,7 @@ def test_a_blocking_io_without_the_hook_delivers_as_before():
     assert bio.run(lambda: 3).result == 3
 
 
+@pytest.mark.network
 def test_a_leaders_pump_sends_its_pushes(wire):
     from dledger.replication.leader import LeaderReplicator
 
@@ -273,6 +280,7 @@ def test_a_leaders_pump_sends_its_pushes(wire):
     assert remoting.decode_frame(received(peer)).header.is_response is False
 
 
+@pytest.mark.network
 def test_the_load_generators_requests_leave_after_the_replies_that_issued_them(wire):
     from dledger.bench.load import RawAppends
 
