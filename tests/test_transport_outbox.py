@@ -293,3 +293,24 @@ def test_the_load_generators_requests_leave_after_the_replies_that_issued_them(w
     first = remoting.decode_frame(received(peer))
     raw.dataReceived(remoting.encode_reply(first.header.opaque, b"{\"code\":0}"))
     assert remoting.decode_frame(received(peer)).header.opaque == first.header.opaque + 1
+
+
+@pytest.mark.network
+def test_the_load_generators_open_loop_sends_each_ticks_requests(wire):
+    """The latency phase's requests leave in the tick that issued them, not after the generator's next poll."""
+    from twisted.internet.defer import ensureDeferred
+
+    from dledger.bench.load import Loader, RawAppends
+
+    ours, peer = wire
+    reactor = RecordingReactor()
+    loader = object.__new__(Loader)
+    loader.reactor, loader.raw = reactor, RawAppends("g0", "n0", b"x" * 16)
+    attach(ours, loader.raw, reactor)
+    done = ensureDeferred(loader.open_loop(rate=1000, duration=0.005, warmup=0))
+    reactor.advance(0.0021)  # two requests due
+    splitter = remoting.FrameSplitter(1 << 20)
+    assert [f.header.opaque for f in splitter.feed(received(peer))] == [1, 2]
+    loader.raw.connectionLost()  # answers the rest None: the loop ends
+    reactor.advance(0.01)
+    assert done.called
