@@ -281,21 +281,6 @@ def test_a_leaders_pump_sends_its_pushes(wire):
 
 
 @pytest.mark.network
-def test_the_load_generators_requests_leave_after_the_replies_that_issued_them(wire):
-    from dledger.bench.load import RawAppends
-
-    ours, peer = wire
-    reactor = RecordingReactor()
-    raw = RawAppends("g0", "n0", b"x" * 16)
-    attach(ours, raw, reactor)
-    raw.send(1, lambda code: raw.send(1, lambda code: None))  # a closed loop: the reply issues the next one
-    send_written()
-    first = remoting.decode_frame(received(peer))
-    raw.dataReceived(remoting.encode_reply(first.header.opaque, b"{\"code\":0}"))
-    assert remoting.decode_frame(received(peer)).header.opaque == first.header.opaque + 1
-
-
-@pytest.mark.network
 def test_the_load_generators_open_loop_sends_each_ticks_requests(wire):
     """The latency phase's requests leave in the tick that issued them, not after the generator's next poll."""
     from twisted.internet.defer import ensureDeferred

@@ -128,7 +128,6 @@ class Loader:
         ticker.start(1.0, now=False)
         for _ in range(in_flight):
             issue()
-        send_written()
         try:
             await finished
         finally:
@@ -222,7 +221,9 @@ class RawAppends(Protocol):
         self.opaque = 0
         #: Set when the connection is gone: later sends are answered None at once instead of waiting forever.
         self.lost = False
-        #: The plain TCP connection whose writes the caller's :func:`send_written` sends (None under TLS).
+        #: The plain TCP connection whose writes the open loop's tick sends at its end (None under TLS); the
+        #: closed loop leaves its requests to Twisted's next poll, which groups them (sending each read's
+        #: requests at once cost the generator ~4 % more CPU per entry and bought no measured figure).
         self._sendable = None
 
     def connectionMade(self) -> None:
@@ -264,7 +265,6 @@ class RawAppends(Protocol):
                     on_reply(int(code.group(1)) if code else json.loads(bytes(buf[head_end:end]))["code"])
         except ValueError:
             self.transport.loseConnection()
-        send_written()  # the requests the replies' callbacks issued (the closed loop) leave now
 
     def connectionLost(self, reason: Any = None) -> None:
         self.lost = True
