@@ -8,6 +8,7 @@ returned was sent by the work itself, so each of these tests fails when its flus
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 
@@ -207,6 +208,25 @@ def test_what_the_socket_does_not_take_stays_with_twisted(wire):
     assert send_buffered(conn) is True
     assert 0 < outbox.buffered_bytes(conn) < 8 << 20
     assert conn in reactor.writers  # the poll sends the rest
+
+
+@pytest.mark.network
+def test_a_push_larger_than_one_twisted_send_leaves_whole(wire):
+    """doWrite sends at most SEND_LIMIT (128 KiB) a call: a batched push (~260 KiB) needs more than one."""
+    ours, peer = wire
+    reactor = RecordingReactor()
+    conn = attach(ours, Protocol(), reactor)
+    size = 2 * conn.SEND_LIMIT + 1000
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * size)
+    conn.write(b"p" * size)
+    assert send_buffered(conn) is True
+    assert outbox.buffered_bytes(conn) == 0 and conn not in reactor.writers
+    got = 0
+    for _ in range(1000):  # the peer reads it all (bounded; each wait ends as soon as bytes are there)
+        if got == size or not select.select([peer], [], [], 5.0)[0]:
+            break
+        got += len(received(peer))
+    assert got == size
 
 
 @pytest.mark.network

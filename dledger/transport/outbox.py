@@ -66,17 +66,30 @@ def buffered_bytes(connection: Connection) -> int:
     return len(connection.dataBuffer) - connection.offset + connection._tempDataLen
 
 
-def send_buffered(connection: Connection) -> bool:
-    """Send what ``connection`` buffered, as the reactor's next poll would have; True if it tried.
+#: The most ``doWrite`` calls one :func:`send_buffered` makes: each sends at most Twisted's ``SEND_LIMIT``
+#: (128 KiB), and a batched push of 256 x 1 KiB is ~260 KiB; a larger backlog is left to the poll.
+MAX_SENDS = 4
 
-    What the socket does not take stays buffered and the connection registered for writing (Twisted's own
-    path goes on from there).  An error result is left to the reactor too: ``doWrite`` returns before it
-    stops writing, so the next poll reports the socket and the reactor closes the connection as always.
+
+def send_buffered(connection: Connection) -> bool:
+    """Send what ``connection`` buffered, as the reactor's next polls would have; True if it tried.
+
+    ``doWrite`` sends at most 128 KiB a call, so it is called again while the socket takes everything
+    (up to :data:`MAX_SENDS` calls).  What the socket does not take stays buffered and the connection
+    registered for writing (Twisted's own path goes on from there).  An error result is left to the
+    reactor too: ``doWrite`` returns before it stops writing, so the next poll reports the socket and the
+    reactor closes the connection as always.
     """
+    left = buffered_bytes(connection)
     if not may_send(connection.connected, connection.disconnecting,
-                    getattr(connection, "_writeDisconnecting", False), buffered_bytes(connection)):
+                    getattr(connection, "_writeDisconnecting", False), left):
         return False
-    connection.doWrite()
+    for _ in range(MAX_SENDS):
+        if connection.doWrite() is not None:
+            break
+        before, left = left, buffered_bytes(connection)
+        if not left or before - left < connection.SEND_LIMIT:  # all sent, or the socket took less: full
+            break
     return True
 
 
