@@ -54,7 +54,8 @@ class BlockingIO:
     on the reactor thread; a job must not wait for the reactor.
     """
 
-    def __init__(self, reactor: Any = None, *, threaded: bool = False, workers: int = 4):
+    def __init__(self, reactor: Any = None, *, threaded: bool = False, workers: int = 4,
+                 after_results: Callable[[], Any] | None = None):
         if threaded and reactor is None:
             raise ValueError("a threaded BlockingIO needs a reactor")
         if threaded and not hasattr(reactor, "callFromThread"):
@@ -72,6 +73,10 @@ class BlockingIO:
         self._threads: list[threading.Thread] = []
         self._in_flight = 0  # submitted, result not yet delivered (reactor thread only)
         self._trigger: Any = None
+        #: Called on the reactor thread after each delivery of finished jobs' results (a member passes
+        #: :func:`dledger.transport.outbox.send_written`: what the results' callbacks wrote -- a follower's
+        #: replies once durable, a leader's answers once its flush moved the commit -- leaves at once).
+        self.after_results = after_results
 
     @property
     def threads_started(self) -> int:
@@ -126,6 +131,8 @@ class BlockingIO:
                 d.callback(result)
             else:
                 d.errback(result)
+        if self.after_results is not None:
+            self.after_results()
 
     def stop(self) -> None:
         """Run every queued job, stop the workers and fire the finished jobs' Deferreds; later jobs run inline.

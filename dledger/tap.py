@@ -360,11 +360,14 @@ class MemberService(service.Service):
 
     def _start_member(self) -> Deferred:
         from dledger.server import DLedgerServer
+        from dledger.transport.outbox import send_written
 
         cfg = self.config
         if cfg.store_type in FILE_STORES:
             check_store_dir(cfg.member_dir)
-        bio = BlockingIO(self.reactor, threaded=self.threaded_io)
+        # A flush round's results reach the reactor between its polls: what they let the member send
+        # (replies, answers) goes out at once, not after the next poll (dledger.transport.outbox).
+        bio = BlockingIO(self.reactor, threaded=self.threaded_io, after_results=send_written)
         self.server = DLedgerServer.build(cfg, clock=self.reactor, blocking_io=bio)
         if self.metrics is not None:
             self.server.enable_stats()

@@ -179,6 +179,7 @@ async def test_twistd_member_that_cannot_listen_exits_1(tmp_path, reactor):
 async def test_member_service_gives_a_durable_store_a_threaded_blocking_io(tmp_path, reactor):
     """The member service builds its store with the reactor's thread pool for fsyncs when the store takes one."""
     from dledger.launcher import durable_store
+    from dledger.transport.outbox import send_written
 
     store = durable_store()
     if store is None:
@@ -191,6 +192,8 @@ async def test_member_service_gives_a_durable_store_a_threaded_blocking_io(tmp_p
     try:
         await member.ready
         assert member.server.running and member.server.store.io.threaded
+        # a flush's results send what their callbacks wrote at once (dledger.transport.outbox)
+        assert member.server.blocking_io.after_results is send_written
         assert "dledger member n0 of group default serving on 127.0.0.1:" in member.summary()
         assert f"store {store} in {tmp_path}/dledger-n0 (flush sync)" in member.summary()
     finally:

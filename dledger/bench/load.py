@@ -21,6 +21,7 @@ from dledger.codes import ResponseCode
 from dledger.config import parse_peers
 from dledger.errors import DLedgerError
 from dledger.messages import AppendEntryRequest, MetadataRequest
+from dledger.transport.outbox import send_written, sendable_connection, wrote
 from dledger.transport.sockopts import set_no_delay
 
 
@@ -153,6 +154,7 @@ class Loader:
                 st["sent"] += 1
                 st["outstanding"] += 1
                 self.send(1, lambda code, scheduled=scheduled: replied(code, scheduled))
+            send_written()  # this tick's requests leave now, not after the next poll (as the members' writes)
             if now >= end:
                 sender.stop()
                 maybe_done()
@@ -219,9 +221,14 @@ class RawAppends(Protocol):
         self.opaque = 0
         #: Set when the connection is gone: later sends are answered None at once instead of waiting forever.
         self.lost = False
+        #: The plain TCP connection whose writes the open loop's tick sends at its end (None under TLS); the
+        #: closed loop leaves its requests to Twisted's next poll, which groups them (sending each read's
+        #: requests at once cost the generator ~4 % more CPU per entry and bought no measured figure).
+        self._sendable = None
 
     def connectionMade(self) -> None:
         set_no_delay(self.transport)
+        self._sendable = sendable_connection(self.transport)
 
     def _template(self, count: int) -> tuple[bytes, bytes, bytes]:
         """The frame of a ``count``-body APPEND cut around its opaque (a sentinel no real opaque reaches)."""
@@ -244,6 +251,7 @@ class RawAppends(Protocol):
         self.waiting[self.opaque] = on_reply
         head = b"%s%d%s" % (before, self.opaque, after)
         self.transport.write(b"".join((_LENGTHS.pack(4 + len(head) + len(body), len(head)), head, body)))
+        wrote(self._sendable)
 
     def dataReceived(self, data: bytes) -> None:
         buf = self.buffer

@@ -34,6 +34,7 @@ from dledger.replication.rules import (
 from dledger.stats import lag_entries
 from dledger.store.base import read_range
 from dledger.store.recent import RecentEntries
+from dledger.transport.outbox import send_written
 
 log = Logger()
 
@@ -584,6 +585,8 @@ class LeaderReplicator:
             d.pump()
         for d in self.leaving.values():
             d.pump()
+        # The pushes leave now, not after the next poll and the follower replies it finds on their connections.
+        send_written()
 
     def _self_durable(self, _index) -> None:
         self._durable_waiting = False

@@ -27,6 +27,7 @@ from dledger.transport.limits import (
     over_connection_cap,
     tls_hello,
 )
+from dledger.transport.outbox import send_written, sendable_connection
 from dledger.transport.remoting import Frame, FrameError, FrameSplitter, Header
 from dledger.transport.sockopts import set_no_delay, set_read_size
 
@@ -60,6 +61,9 @@ class FramedConnection(Protocol):
         self._closing = False
         self._in_flight = 0
         self._paused = False
+        #: The plain TCP connection under the transport, whose writes are sent at the end of the work that
+        #: wrote them (:mod:`dledger.transport.outbox`); None for TLS and anything else (Twisted's own path).
+        self._sendable = None
 
     # -- what the subclass says a frame means -----------------------------------------------
     def _reply_received(self, frame: Frame) -> None:  # pragma: no cover - overridden
@@ -111,6 +115,7 @@ class FramedConnection(Protocol):
     def connectionMade(self) -> None:
         set_no_delay(self.transport)
         set_read_size(self.transport)
+        self._sendable = sendable_connection(self.transport)
         if self.limits is not None and self.limits.idle_timeout > 0:
             self._last_frame = self.clock.seconds()
             self._idle_timer = self.clock.callLater(self.limits.idle_timeout, self._idle_check)
@@ -241,3 +246,6 @@ class FramedConnection(Protocol):
             self._account()
         if requests:  # those before a broken frame are served as they would have been one by one
             self._serve(requests)
+        # What handling this read wrote (its replies, the answers of a commit a follower's reply made, the
+        # calls a reply's callbacks made) leaves now, not after the reactor's next poll and the reads it finds.
+        send_written()

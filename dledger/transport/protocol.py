@@ -38,6 +38,7 @@ from dledger.transport.admission import ConnectionAuth
 from dledger.transport.base import REMARKED, failure_response, refusal_error
 from dledger.transport.framing import FramedConnection
 from dledger.transport.limits import BufferBudget, ConnectionLimits, admission_refusal
+from dledger.transport.outbox import wrote
 from dledger.transport.remoting import (
     REMOTING_SUCCESS,
     BodyError,
@@ -198,6 +199,7 @@ class RemotingProtocol(FramedConnection):
         call.timer = self.clock.callLater(timeout, self._timed_out, opaque, timeout)
         self._calls[opaque] = call
         self.transport.write(data)
+        wrote(self._sendable)
         return call.deferred
 
     def raw_call(self, code: int, body: bytes, timeout: float) -> Deferred:
@@ -207,6 +209,7 @@ class RemotingProtocol(FramedConnection):
         call.timer = self.clock.callLater(timeout, self._timed_out, opaque, timeout)
         self._calls[opaque] = call
         self.transport.write(remoting.encode_frame(Header(code, opaque, 0), body))
+        wrote(self._sendable)
         return call.deferred
 
     def _forget(self, opaque: int) -> None:
@@ -371,8 +374,10 @@ class RemotingProtocol(FramedConnection):
         auth = self.auth
         if auth is not None and auth.session is not None:
             self.transport.write(auth.sign_reply(header.opaque, body, remark, binary))
+            wrote(self._sendable)
             return
         self.transport.write(remoting.encode_reply(header.opaque, body, remark, binary=binary))
+        wrote(self._sendable)
 
 
 class RemotingServerFactory(Factory):

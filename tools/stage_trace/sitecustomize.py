@@ -10,6 +10,10 @@ few functions of the core with ``perf_counter`` stamps and writes ``PID.json`` a
   ``BlockingIO`` job queued -> started on its thread -> done -> its result back on the reactor),
 * ``pump_sched_lag`` / ``flush_sched_lag`` (a ``callLater(0)`` pump or flush asked -> run: the reactor turn),
 * ``loop_busy`` / ``poll_wait`` (the reactor between two polls, and inside ``epoll``),
+* ``write_to_send`` (a TCP connection's first buffered ``write`` -> the ``doWrite`` that sends it) and
+  ``read_before_write`` (a ``doRead`` on a connection whose written bytes still wait: the reads handled first),
+  each ``_accepted`` (a connection a member accepted: its replies) or ``_opened`` (one it opened: its pushes,
+  the load generator's requests),
 * ``gc_gen0`` / ``gc_gen1`` / ``gc_gen2`` (each cyclic garbage collection's pause, once the reactor runs:
   start-up's collections are left out), with the process's ``switch_interval_ms`` and ``gc_threshold``.
 
@@ -158,6 +162,44 @@ def install() -> None:
             return result
         return run(self, job, *args).addBoth(back)
     diskio.BlockingIO.run = traced_run
+
+    from twisted.internet import tcp
+
+    #: Which end of the connection: an accepted one (a member's answers to its callers) or an opened one.
+    _SIDE = {"Server": "_accepted", "Client": "_opened"}
+
+    fd_write, fd_write_sequence = tcp.Connection.write, tcp.Connection.writeSequence
+    fd_do_write, fd_do_read = tcp.Connection.doWrite, tcp.Connection.doRead
+
+    def stamp_first_write(self):
+        if getattr(self, "_trace_w", None) is None and not self._tempDataLen and len(self.dataBuffer) == self.offset:
+            self._trace_w = now()
+
+    def traced_write(self, data):
+        stamp_first_write(self)
+        fd_write(self, data)
+
+    def traced_write_sequence(self, iovec):
+        stamp_first_write(self)
+        fd_write_sequence(self, iovec)
+
+    def traced_do_write(self):
+        t0 = getattr(self, "_trace_w", None)
+        if t0 is not None:
+            record("write_to_send" + _SIDE.get(type(self).__name__, ""), now() - t0)
+            self._trace_w = None
+        return fd_do_write(self)
+
+    def traced_do_read(self):
+        if getattr(self, "_trace_w", None) is None:
+            return fd_do_read(self)
+        t0 = now()
+        try:
+            return fd_do_read(self)
+        finally:
+            record("read_before_write" + _SIDE.get(type(self).__name__, ""), now() - t0)
+    tcp.Connection.write, tcp.Connection.writeSequence = traced_write, traced_write_sequence
+    tcp.Connection.doWrite, tcp.Connection.doRead = traced_do_write, traced_do_read
 
     import gc
 
