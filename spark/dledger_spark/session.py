@@ -64,12 +64,38 @@ def class_archive_flags(path: str | None, exists: bool) -> str:
     return f"-XX:{flag}={quoted} {CLASS_ARCHIVE_QUIET}"
 
 
+def _stat_key(path: str) -> str:
+    """``path`` as the JVM checks it against an archive: its real path, size and modification time."""
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return real
+    return f"{real}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def class_archive_key(version: str, java: str, jars: str, names: list[str]) -> str:
+    """What a class archive is only valid for: the JVM refuses (silently, then loads every class from the
+    jars) an archive recorded with another JDK or another class path, and the class path is absolute.
+
+    So the key holds the Spark version, the ``java`` it runs (real path, and the JDK's ``lib/modules``'s
+    size and time: an upgrade in place) and every jar of the class path by real path, size and time -- not
+    the jar names alone: an archive recorded by one virtualenv's pyspark was refused by every other
+    (another directory, same names), which left the driver JVM without one (docs/benchmarks.md "Round 2f").
+    """
+    real_java = os.path.realpath(java)
+    modules = os.path.join(os.path.dirname(os.path.dirname(real_java)), "lib", "modules")
+    parts = [version, _stat_key(real_java), _stat_key(modules)]
+    parts += [_stat_key(os.path.join(jars, name)) for name in names]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+
+
 def class_archive_path(env=None) -> str | None:
     """Where the local driver JVM's class archive is kept (None: not used).
 
     ``DLEDGER_SPARK_CLASS_ARCHIVE``: a path, or ``off``; unset: one file per Spark version, ``java``
-    and jar set under ``$XDG_CACHE_HOME`` (``~/.cache``) ``/dledger-spark/``, so an upgrade never meets
-    an archive of other classes.
+    and jar set (:func:`class_archive_key`) under ``$XDG_CACHE_HOME`` (``~/.cache``) ``/dledger-spark/``,
+    so an upgrade or another virtualenv never meets an archive of other classes.
     """
     env = os.environ if env is None else env
     chosen = env.get(CLASS_ARCHIVE_ENV)
@@ -86,9 +112,60 @@ def class_archive_path(env=None) -> str | None:
         names = sorted(os.listdir(jars))
     except OSError:
         return None  # a pyspark without its jars (spark-submit's own SPARK_HOME): leave the JVM alone
-    key = hashlib.sha256("\n".join([pyspark.__version__, os.path.realpath(java or "java"), *names]).encode())
+    key = class_archive_key(pyspark.__version__, java or "java", jars, names)
     cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "dledger-spark", f"spark-{pyspark.__version__}-{key.hexdigest()[:12]}.jsa")
+    return os.path.join(cache, "dledger-spark", f"spark-{pyspark.__version__}-{key}.jsa")
+
+
+#: Beside a kept archive in the cache: the jars directory it was recorded from (:func:`prune_archives`).
+CLASS_ARCHIVE_SOURCE = ".classpath"
+
+
+def prune_archives(directory: str, keep: str) -> list[str]:
+    """Remove the cache's class archives other than ``keep`` that no JVM can map any more; the removed paths.
+
+    An archive is ~180 MB and only valid for the jars it was recorded from (:func:`class_archive_key`), so
+    one whose jars directory (its :data:`CLASS_ARCHIVE_SOURCE` file) is gone, or with no such file (made
+    before archives were keyed by their jars' place), is dead weight.  Another live virtualenv's archive is
+    kept.  Only ``spark-*.jsa`` files are touched.
+    """
+    removed = []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(directory, name)
+        if not (name.startswith("spark-") and name.endswith(".jsa")) or path == keep:
+            continue
+        try:
+            with open(path + CLASS_ARCHIVE_SOURCE, encoding="utf-8") as f:
+                source = f.read().strip()
+        except OSError:
+            source = ""
+        if source and os.path.isdir(source):
+            continue
+        for victim in (path, path + CLASS_ARCHIVE_SOURCE):
+            try:
+                os.remove(victim)
+            except OSError:
+                pass
+        removed.append(path)
+    return removed
+
+
+def _keep_source(final: str) -> None:
+    """Note the jars directory of the archive just kept in the default cache, then prune the dead ones."""
+    if os.environ.get(CLASS_ARCHIVE_ENV) is not None:
+        return  # the operator's own path: nothing of ours around it
+    try:
+        import pyspark
+
+        with open(final + CLASS_ARCHIVE_SOURCE, "w", encoding="utf-8") as f:
+            f.write(os.path.realpath(os.path.join(os.path.dirname(pyspark.__file__), "jars")) + "\n")
+    except (ImportError, OSError):
+        return
+    prune_archives(os.path.dirname(final), final)
 
 
 #: ``(recording, final)``: the archive this process's JVM records at its exit, and where it goes once whole.
@@ -147,6 +224,7 @@ def stop_session(spark, timeout: float = 120.0) -> None:
     try:
         if ok and os.path.getsize(recording) > 0:
             os.replace(recording, final)
+            _keep_source(final)
         else:
             os.remove(recording)
     except OSError:

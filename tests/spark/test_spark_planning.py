@@ -642,3 +642,77 @@ def test_stop_session_keeps_a_recorded_archive_only_once_its_jvm_exited_cleanly(
     # the next session maps the kept archive, or records again
     assert session._class_archive(record=True) == ((str(final), True) if kept else (path, False))
     session._recording = None
+
+
+def _fake_pyspark(root, monkeypatch, jars=("spark-core.jar", "scala-library.jar"), size=3):
+    """A pyspark install at ``root`` (its ``jars`` directory with ``jars`` of ``size`` bytes) for the archive's key."""
+    import pyspark
+
+    (root / "jars").mkdir(parents=True)
+    for name in jars:
+        (root / "jars" / name).write_bytes(b"j" * size)
+    monkeypatch.setattr(pyspark, "__file__", str(root / "__init__.py"))
+
+
+def test_class_archive_path_differs_per_virtualenv_with_the_same_jar_names(tmp_path, monkeypatch):
+    """The JVM checks an archive's class path by absolute path: an archive recorded by another virtualenv's
+    pyspark (same version, same jar names) is refused, so each install must have its own (Round 2f)."""
+    import pyspark
+    from dledger_spark.session import class_archive_path
+
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "JAVA_HOME": str(tmp_path / "jdk")}
+    _fake_pyspark(tmp_path / "venv-a", monkeypatch)
+    a = class_archive_path(env)
+    assert class_archive_path(env) == a  # stable for one install
+    _fake_pyspark(tmp_path / "venv-b", monkeypatch)
+    b = class_archive_path(env)
+    assert a != b and a.startswith(str(tmp_path / "cache" / "dledger-spark" / f"spark-{pyspark.__version__}-"))
+
+
+def test_class_archive_key_follows_what_the_jvm_checks(tmp_path):
+    """The key moves with a jar's size or time (the JVM refuses a changed jar) and with the JDK, not otherwise."""
+    import os
+
+    from dledger_spark.session import class_archive_key
+
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "a.jar").write_bytes(b"abc")
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_bytes(b"java")
+    (tmp_path / "jdk" / "lib").mkdir()
+    (tmp_path / "jdk" / "lib" / "modules").write_bytes(b"m")
+    key = class_archive_key("4.3.0", str(java), str(jars), ["a.jar"])
+    assert class_archive_key("4.3.0", str(java), str(jars), ["a.jar"]) == key
+    assert class_archive_key("4.3.1", str(java), str(jars), ["a.jar"]) != key
+    (tmp_path / "jdk" / "lib" / "modules").write_bytes(b"mm")  # a JDK upgraded in place
+    assert class_archive_key("4.3.0", str(java), str(jars), ["a.jar"]) != key
+    key = class_archive_key("4.3.0", str(java), str(jars), ["a.jar"])
+    st = os.stat(jars / "a.jar")
+    os.utime(jars / "a.jar", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert class_archive_key("4.3.0", str(java), str(jars), ["a.jar"]) != key
+
+
+@pytest.mark.parametrize("source, removed", [
+    ("live", False),      # another live virtualenv's archive
+    ("gone", True),       # its jars directory was removed (a deleted worktree or virtualenv)
+    (None, True),         # no source file: made before archives were keyed by their jars' place
+])
+def test_prune_archives_removes_only_dead_ones(tmp_path, source, removed):
+    """A kept archive prunes the cache's archives no JVM can map any more (~180 MB each), never a live one."""
+    from dledger_spark.session import CLASS_ARCHIVE_SOURCE, prune_archives
+
+    (tmp_path / "live").mkdir()
+    keep = tmp_path / "spark-4.3.0-aaa.jsa"
+    keep.write_bytes(b"k")
+    other = tmp_path / "spark-4.3.0-bbb.jsa"
+    other.write_bytes(b"o")
+    if source is not None:
+        (tmp_path / ("spark-4.3.0-bbb.jsa" + CLASS_ARCHIVE_SOURCE)).write_text(str(tmp_path / source) + "\n")
+    unrelated = tmp_path / "notes.jsa"
+    unrelated.write_bytes(b"n")
+    got = prune_archives(str(tmp_path), str(keep))
+    assert got == ([str(other)] if removed else [])
+    assert other.exists() is not removed and keep.exists() and unrelated.exists()
+    assert (tmp_path / ("spark-4.3.0-bbb.jsa" + CLASS_ARCHIVE_SOURCE)).exists() is (source == "live")
