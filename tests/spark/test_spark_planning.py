@@ -716,3 +716,38 @@ def test_prune_archives_removes_only_dead_ones(tmp_path, source, removed):
     assert got == ([str(other)] if removed else [])
     assert other.exists() is not removed and keep.exists() and unrelated.exists()
     assert (tmp_path / ("spark-4.3.0-bbb.jsa" + CLASS_ARCHIVE_SOURCE)).exists() is (source == "live")
+
+
+@pytest.mark.parametrize("exists, refusals, want", [
+    (True, "/tmp/r.log", " -Xlog:cds+dynamic=warning:file=/tmp/r.log::filecount=0"),
+    (True, None, ""),
+    (False, "/tmp/r.log", ""),  # recording: nothing to refuse
+    (True, "/my tmp/r.log", ""),  # a path with spaces is not passed through -Xlog
+])
+def test_class_archive_flags_log_a_refusal_to_a_file_when_mapping(exists, refusals, want):
+    from dledger_spark.session import class_archive_flags
+
+    base = class_archive_flags("/c/a.jsa", exists)
+    assert class_archive_flags("/c/a.jsa", exists, refusals) == base + want
+
+
+@pytest.mark.parametrize("env_path, refused, removed", [
+    (False, True, True),    # the cache's archive, refused: removed, the next --once records one
+    (True, True, False),    # the operator's own path: only reported
+    (False, False, False),  # mapped: nothing to do
+])
+def test_check_refusal_removes_a_refused_cache_archive(tmp_path, env_path, refused, removed):
+    from dledger_spark.session import CLASS_ARCHIVE_ENV, CLASS_ARCHIVE_SOURCE, check_refusal
+
+    archive = tmp_path / "spark-4.3.0-abc.jsa"
+    archive.write_bytes(b"a")
+    (tmp_path / ("spark-4.3.0-abc.jsa" + CLASS_ARCHIVE_SOURCE)).write_text("/x\n")
+    log = tmp_path / "r.log"
+    log.write_text(f"[0.4s][warning][cds,dynamic] Unable to use shared archive. The top archive failed to load: "
+                   f"{archive}\n" if refused else "")
+    env = {CLASS_ARCHIVE_ENV: str(archive)} if env_path else {}
+    assert check_refusal(str(archive), str(log), env) is refused
+    assert archive.exists() is not removed and not log.exists()
+    assert (tmp_path / ("spark-4.3.0-abc.jsa" + CLASS_ARCHIVE_SOURCE)).exists() is not removed
+    assert check_refusal(str(archive), str(tmp_path / "missing.log"), env) is False
+
