@@ -204,18 +204,19 @@ def prune_archives(directory: str, keep: str) -> list[str]:
     return removed
 
 
-def _keep_source(final: str) -> None:
-    """Note the jars directory of the archive just kept in the default cache, then prune the dead ones."""
+def _note_source(final: str) -> bool:
+    """Note the jars directory of the archive about to be kept in the default cache (before its rename, so
+    another process's :func:`prune_archives` never sees it without its note); False: not the cache's."""
     if os.environ.get(CLASS_ARCHIVE_ENV) is not None:
-        return  # the operator's own path: nothing of ours around it
+        return False  # the operator's own path: nothing of ours around it
     try:
         import pyspark
 
         with open(final + CLASS_ARCHIVE_SOURCE, "w", encoding="utf-8") as f:
             f.write(os.path.realpath(os.path.join(os.path.dirname(pyspark.__file__), "jars")) + "\n")
     except (ImportError, OSError):
-        return
-    prune_archives(os.path.dirname(final), final)
+        return False
+    return True
 
 
 #: ``(recording, final)``: the archive this process's JVM records at its exit, and where it goes once whole.
@@ -273,8 +274,10 @@ def stop_session(spark, timeout: float = 120.0) -> None:
             ok = False
     try:
         if ok and os.path.getsize(recording) > 0:
+            noted = _note_source(final)
             os.replace(recording, final)
-            _keep_source(final)
+            if noted:
+                prune_archives(os.path.dirname(final), final)
         else:
             os.remove(recording)
     except OSError:

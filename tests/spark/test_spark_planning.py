@@ -751,3 +751,44 @@ def test_check_refusal_removes_a_refused_cache_archive(tmp_path, env_path, refus
     assert (tmp_path / ("spark-4.3.0-abc.jsa" + CLASS_ARCHIVE_SOURCE)).exists() is not removed
     assert check_refusal(str(archive), str(tmp_path / "missing.log"), env) is False
 
+
+
+def test_stop_session_notes_a_cache_archive_and_prunes_dead_ones(tmp_path, monkeypatch):
+    """A recorded archive kept in the cache gets its jars directory noted beside it, and the cache's dead
+    archives (here one without a note, as every archive before Round 2f) go, ~180 MB each."""
+    import os
+    import subprocess
+    import sys
+
+    import pyspark
+    from dledger_spark import session
+    from pyspark import SparkContext
+
+    monkeypatch.delenv("DLEDGER_SPARK_CLASS_ARCHIVE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path, exists = session._class_archive(record=True)
+    final = session.class_archive_path()
+    assert not exists and path == f"{final}.{os.getpid()}.tmp"
+    dead = tmp_path / "dledger-spark" / "spark-4.3.0-000000000000.jsa"
+    dead.write_bytes(b"old")
+    script = f"import sys; sys.stdin.read(); open({path!r}, 'wb').write(b'cds')"
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
+
+    class Gateway:
+        def __init__(self):
+            self.proc = proc
+
+        def shutdown(self):
+            pass
+
+    class Spark:
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(SparkContext, "_gateway", Gateway())
+    monkeypatch.setattr(SparkContext, "_jvm", None)
+    session.stop_session(Spark(), timeout=30)
+    assert os.path.exists(final) and not dead.exists()
+    with open(final + session.CLASS_ARCHIVE_SOURCE) as f:
+        assert f.read().strip() == os.path.realpath(os.path.join(os.path.dirname(pyspark.__file__), "jars"))
+    session._recording = None
