@@ -47,7 +47,11 @@ CLASS_ARCHIVE_ENV = "DLEDGER_SPARK_CLASS_ARCHIVE"
 CLASS_ARCHIVE_QUIET = "-Xlog:cds=error,cds+dynamic=error"
 
 
-def class_archive_flags(path: str | None, exists: bool) -> str:
+#: What the JVM logs (``cds+dynamic``, warning) when it maps no class from the archive it was given.
+CLASS_ARCHIVE_REFUSED = "Unable to use shared archive"
+
+
+def class_archive_flags(path: str | None, exists: bool, refusals: str | None = None) -> str:
     """The JVM options for the class archive (AppCDS) at ``path``: use it if it ``exists``, else record it.
 
     A fresh driver JVM loads and verifies ~15,000 classes from Spark's jars; an archive of them, mapped at
@@ -55,21 +59,93 @@ def class_archive_flags(path: str | None, exists: bool) -> str:
     58/36 s (two interleaved pairs under load 12-18: docs/benchmarks.md "Round 2b").  Java 17 has no
     -XX:+AutoCreateSharedArchive, so the first run records the archive when its JVM exits
     (``-XX:ArchiveClassesAtExit``, a few seconds of the JVM's exit) and later runs map it.  A stale archive
-    (other jars, another JDK) is refused by the JVM, which then starts without it.
+    (other jars, another JDK) is refused by the JVM, which then starts without it and says so only in its
+    log: ``refusals`` (a file, when mapping) receives that line (:func:`check_refusal`).
     """
     if not path:
         return ""
     quoted = f'"{path}"' if any(c.isspace() for c in path) else path
     flag = "SharedArchiveFile" if exists else "ArchiveClassesAtExit"
-    return f"-XX:{flag}={quoted} {CLASS_ARCHIVE_QUIET}"
+    out = f"-XX:{flag}={quoted} {CLASS_ARCHIVE_QUIET}"
+    if exists and refusals and not any(c.isspace() for c in refusals):
+        out += f" -Xlog:cds+dynamic=warning:file={refusals}::filecount=0"  # no rotation: one file, ours
+    return out
+
+
+def archive_refused(log_text: str) -> bool:
+    """True if the JVM's ``cds+dynamic`` log says it mapped nothing from the archive it was given."""
+    return CLASS_ARCHIVE_REFUSED in log_text
+
+
+def check_refusal(archive: str, refusals: str, env=None) -> bool:
+    """After the JVM started: did it refuse ``archive``?  The log file ``refusals`` is removed either way.
+
+    A refused archive in the cache (no ``DLEDGER_SPARK_CLASS_ARCHIVE``) is removed, so the next recording
+    command (``dledger ingest --once``, the bench) records one this JVM can map, instead of every session
+    paying the mapping and getting nothing (what happened when an archive recorded by another virtualenv
+    was found: docs/benchmarks.md "Round 2f").  An operator's own path is only reported.
+    """
+    env = os.environ if env is None else env
+    try:
+        with open(refusals, encoding="utf-8", errors="replace") as f:
+            refused = archive_refused(f.read())
+    except OSError:
+        refused = False
+    try:
+        os.remove(refusals)
+    except OSError:
+        pass
+    if not refused:
+        return False
+    import logging
+
+    log = logging.getLogger("dledger_spark")
+    if env.get(CLASS_ARCHIVE_ENV) is None:
+        for victim in (archive, archive + CLASS_ARCHIVE_SOURCE):
+            try:
+                os.remove(victim)
+            except OSError:
+                pass
+        log.warning("dledger-spark: the JVM refused the class archive %s (recorded for other jars or another JDK): "
+                    "removed; the next 'dledger ingest --once' records a new one", archive)
+    else:
+        log.warning("dledger-spark: the JVM refused the class archive %s (%s; recorded for other jars or another "
+                    "JDK): this session runs without it", archive, CLASS_ARCHIVE_ENV)
+    return True
+
+
+def _stat_key(path: str) -> str:
+    """``path`` as the JVM checks it against an archive: its real path, size and modification time."""
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return real
+    return f"{real}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def class_archive_key(version: str, java: str, jars: str, names: list[str]) -> str:
+    """What a class archive is only valid for: the JVM refuses (silently, then loads every class from the
+    jars) an archive recorded with another JDK or another class path, and the class path is absolute.
+
+    So the key holds the Spark version, the ``java`` it runs (real path, and the JDK's ``lib/modules``'s
+    size and time: an upgrade in place) and every jar of the class path by real path, size and time -- not
+    the jar names alone: an archive recorded by one virtualenv's pyspark was refused by every other
+    (another directory, same names), which left the driver JVM without one (docs/benchmarks.md "Round 2f").
+    """
+    real_java = os.path.realpath(java)
+    modules = os.path.join(os.path.dirname(os.path.dirname(real_java)), "lib", "modules")
+    parts = [version, _stat_key(real_java), _stat_key(modules)]
+    parts += [_stat_key(os.path.join(jars, name)) for name in names]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
 def class_archive_path(env=None) -> str | None:
     """Where the local driver JVM's class archive is kept (None: not used).
 
     ``DLEDGER_SPARK_CLASS_ARCHIVE``: a path, or ``off``; unset: one file per Spark version, ``java``
-    and jar set under ``$XDG_CACHE_HOME`` (``~/.cache``) ``/dledger-spark/``, so an upgrade never meets
-    an archive of other classes.
+    and jar set (:func:`class_archive_key`) under ``$XDG_CACHE_HOME`` (``~/.cache``) ``/dledger-spark/``,
+    so an upgrade or another virtualenv never meets an archive of other classes.
     """
     env = os.environ if env is None else env
     chosen = env.get(CLASS_ARCHIVE_ENV)
@@ -86,9 +162,61 @@ def class_archive_path(env=None) -> str | None:
         names = sorted(os.listdir(jars))
     except OSError:
         return None  # a pyspark without its jars (spark-submit's own SPARK_HOME): leave the JVM alone
-    key = hashlib.sha256("\n".join([pyspark.__version__, os.path.realpath(java or "java"), *names]).encode())
+    key = class_archive_key(pyspark.__version__, java or "java", jars, names)
     cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "dledger-spark", f"spark-{pyspark.__version__}-{key.hexdigest()[:12]}.jsa")
+    return os.path.join(cache, "dledger-spark", f"spark-{pyspark.__version__}-{key}.jsa")
+
+
+#: Beside a kept archive in the cache: the jars directory it was recorded from (:func:`prune_archives`).
+CLASS_ARCHIVE_SOURCE = ".classpath"
+
+
+def prune_archives(directory: str, keep: str) -> list[str]:
+    """Remove the cache's class archives other than ``keep`` that no JVM can map any more; the removed paths.
+
+    An archive is ~180 MB and only valid for the jars it was recorded from (:func:`class_archive_key`), so
+    one whose jars directory (its :data:`CLASS_ARCHIVE_SOURCE` file) is gone, or with no such file (made
+    before archives were keyed by their jars' place), is dead weight.  Another live virtualenv's archive is
+    kept.  Only ``spark-*.jsa`` files are touched.
+    """
+    removed = []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(directory, name)
+        if not (name.startswith("spark-") and name.endswith(".jsa")) or path == keep:
+            continue
+        try:
+            with open(path + CLASS_ARCHIVE_SOURCE, encoding="utf-8") as f:
+                source = f.read().strip()
+        except OSError:
+            source = ""
+        if source and os.path.isdir(source):
+            continue
+        for victim in (path, path + CLASS_ARCHIVE_SOURCE):
+            try:
+                os.remove(victim)
+            except OSError:
+                pass
+        removed.append(path)
+    return removed
+
+
+def _note_source(final: str) -> bool:
+    """Note the jars directory of the archive about to be kept in the default cache (before its rename, so
+    another process's :func:`prune_archives` never sees it without its note); False: not the cache's."""
+    if os.environ.get(CLASS_ARCHIVE_ENV) is not None:
+        return False  # the operator's own path: nothing of ours around it
+    try:
+        import pyspark
+
+        with open(final + CLASS_ARCHIVE_SOURCE, "w", encoding="utf-8") as f:
+            f.write(os.path.realpath(os.path.join(os.path.dirname(pyspark.__file__), "jars")) + "\n")
+    except (ImportError, OSError):
+        return False
+    return True
 
 
 #: ``(recording, final)``: the archive this process's JVM records at its exit, and where it goes once whole.
@@ -146,7 +274,10 @@ def stop_session(spark, timeout: float = 120.0) -> None:
             ok = False
     try:
         if ok and os.path.getsize(recording) > 0:
+            noted = _note_source(final)
             os.replace(recording, final)
+            if noted:
+                prune_archives(os.path.dirname(final), final)
         else:
             os.remove(recording)
     except OSError:
@@ -213,11 +344,12 @@ def _is_connect(spark) -> bool:
 
 
 def session_conf(master: str | None, submitted: bool, conf: dict | None = None,
-                 class_archive: tuple[str, bool] | None = None) -> dict[str, str]:
+                 class_archive: tuple[str, bool] | None = None, refusals: str | None = None) -> dict[str, str]:
     """The configuration :func:`get_session` gives a session of ``master`` (None: ``local[2]`` unless
     ``submitted``, i.e. under spark-submit, whose master and settings hold); ``conf`` (``--conf``) wins.
 
-    ``class_archive``: ``(path, exists)`` of the local driver JVM's class archive (:func:`class_archive_flags`).
+    ``class_archive``: ``(path, exists)`` of the local driver JVM's class archive, ``refusals`` the file its
+    refusal is logged to (:func:`class_archive_flags`).
     """
     out: dict[str, str] = {}
     if master is not None or not submitted:
@@ -226,7 +358,7 @@ def session_conf(master: str | None, submitted: bool, conf: dict | None = None,
             out.update(LOCAL_JVM_CONF)
             if class_archive is not None:
                 key = "spark.driver.extraJavaOptions"
-                out[key] = f"{out[key]} {class_archive_flags(*class_archive)}".strip()
+                out[key] = f"{out[key]} {class_archive_flags(*class_archive, refusals)}".strip()
     return {**out, **(conf or {})}
 
 
@@ -246,8 +378,25 @@ def get_session(master: str | None = None, app_name: str = "dledger-ingest", con
     if master is not None or not under_spark_submit():
         builder = builder.master(master or "local[2]")
     state = _class_archive(record_archive) if not under_spark_submit() else None
-    for key, value in session_conf(master, under_spark_submit(), conf, state).items():
+    refusals = _refusal_log() if state is not None and state[1] else None
+    for key, value in session_conf(master, under_spark_submit(), conf, state, refusals).items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    finally:
+        if refusals is not None:
+            check_refusal(state[0], refusals)
     register(spark)
     return spark
+
+
+def _refusal_log() -> str | None:
+    """A fresh file for the JVM's archive refusal line (None if no temporary file can be made)."""
+    import tempfile
+
+    try:
+        fd, path = tempfile.mkstemp(prefix="dledger-spark-cds-", suffix=".log")
+    except OSError:
+        return None
+    os.close(fd)
+    return path

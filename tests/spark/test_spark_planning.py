@@ -642,3 +642,153 @@ def test_stop_session_keeps_a_recorded_archive_only_once_its_jvm_exited_cleanly(
     # the next session maps the kept archive, or records again
     assert session._class_archive(record=True) == ((str(final), True) if kept else (path, False))
     session._recording = None
+
+
+def _fake_pyspark(root, monkeypatch, jars=("spark-core.jar", "scala-library.jar"), size=3):
+    """A pyspark install at ``root`` (its ``jars`` directory with ``jars`` of ``size`` bytes) for the archive's key."""
+    import pyspark
+
+    (root / "jars").mkdir(parents=True)
+    for name in jars:
+        (root / "jars" / name).write_bytes(b"j" * size)
+    monkeypatch.setattr(pyspark, "__file__", str(root / "__init__.py"))
+
+
+def test_class_archive_path_differs_per_virtualenv_with_the_same_jar_names(tmp_path, monkeypatch):
+    """The JVM checks an archive's class path by absolute path: an archive recorded by another virtualenv's
+    pyspark (same version, same jar names) is refused, so each install must have its own (Round 2f)."""
+    import pyspark
+    from dledger_spark.session import class_archive_path
+
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "JAVA_HOME": str(tmp_path / "jdk")}
+    _fake_pyspark(tmp_path / "venv-a", monkeypatch)
+    a = class_archive_path(env)
+    assert class_archive_path(env) == a  # stable for one install
+    _fake_pyspark(tmp_path / "venv-b", monkeypatch)
+    b = class_archive_path(env)
+    assert a != b and a.startswith(str(tmp_path / "cache" / "dledger-spark" / f"spark-{pyspark.__version__}-"))
+
+
+def test_class_archive_key_follows_what_the_jvm_checks(tmp_path):
+    """The key moves with a jar's size or time (the JVM refuses a changed jar) and with the JDK, not otherwise."""
+    import os
+
+    from dledger_spark.session import class_archive_key
+
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "a.jar").write_bytes(b"abc")
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_bytes(b"java")
+    (tmp_path / "jdk" / "lib").mkdir()
+    (tmp_path / "jdk" / "lib" / "modules").write_bytes(b"m")
+    key = class_archive_key("4.3.0", str(java), str(jars), ["a.jar"])
+    assert class_archive_key("4.3.0", str(java), str(jars), ["a.jar"]) == key
+    assert class_archive_key("4.3.1", str(java), str(jars), ["a.jar"]) != key
+    (tmp_path / "jdk" / "lib" / "modules").write_bytes(b"mm")  # a JDK upgraded in place
+    assert class_archive_key("4.3.0", str(java), str(jars), ["a.jar"]) != key
+    key = class_archive_key("4.3.0", str(java), str(jars), ["a.jar"])
+    st = os.stat(jars / "a.jar")
+    os.utime(jars / "a.jar", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert class_archive_key("4.3.0", str(java), str(jars), ["a.jar"]) != key
+
+
+@pytest.mark.parametrize("source, removed", [
+    ("live", False),      # another live virtualenv's archive
+    ("gone", True),       # its jars directory was removed (a deleted worktree or virtualenv)
+    (None, True),         # no source file: made before archives were keyed by their jars' place
+])
+def test_prune_archives_removes_only_dead_ones(tmp_path, source, removed):
+    """A kept archive prunes the cache's archives no JVM can map any more (~180 MB each), never a live one."""
+    from dledger_spark.session import CLASS_ARCHIVE_SOURCE, prune_archives
+
+    (tmp_path / "live").mkdir()
+    keep = tmp_path / "spark-4.3.0-aaa.jsa"
+    keep.write_bytes(b"k")
+    other = tmp_path / "spark-4.3.0-bbb.jsa"
+    other.write_bytes(b"o")
+    if source is not None:
+        (tmp_path / ("spark-4.3.0-bbb.jsa" + CLASS_ARCHIVE_SOURCE)).write_text(str(tmp_path / source) + "\n")
+    unrelated = tmp_path / "notes.jsa"
+    unrelated.write_bytes(b"n")
+    got = prune_archives(str(tmp_path), str(keep))
+    assert got == ([str(other)] if removed else [])
+    assert other.exists() is not removed and keep.exists() and unrelated.exists()
+    assert (tmp_path / ("spark-4.3.0-bbb.jsa" + CLASS_ARCHIVE_SOURCE)).exists() is (source == "live")
+
+
+@pytest.mark.parametrize("exists, refusals, want", [
+    (True, "/tmp/r.log", " -Xlog:cds+dynamic=warning:file=/tmp/r.log::filecount=0"),
+    (True, None, ""),
+    (False, "/tmp/r.log", ""),  # recording: nothing to refuse
+    (True, "/my tmp/r.log", ""),  # a path with spaces is not passed through -Xlog
+])
+def test_class_archive_flags_log_a_refusal_to_a_file_when_mapping(exists, refusals, want):
+    from dledger_spark.session import class_archive_flags
+
+    base = class_archive_flags("/c/a.jsa", exists)
+    assert class_archive_flags("/c/a.jsa", exists, refusals) == base + want
+
+
+@pytest.mark.parametrize("env_path, refused, removed", [
+    (False, True, True),    # the cache's archive, refused: removed, the next --once records one
+    (True, True, False),    # the operator's own path: only reported
+    (False, False, False),  # mapped: nothing to do
+])
+def test_check_refusal_removes_a_refused_cache_archive(tmp_path, env_path, refused, removed):
+    from dledger_spark.session import CLASS_ARCHIVE_ENV, CLASS_ARCHIVE_SOURCE, check_refusal
+
+    archive = tmp_path / "spark-4.3.0-abc.jsa"
+    archive.write_bytes(b"a")
+    (tmp_path / ("spark-4.3.0-abc.jsa" + CLASS_ARCHIVE_SOURCE)).write_text("/x\n")
+    log = tmp_path / "r.log"
+    log.write_text(f"[0.4s][warning][cds,dynamic] Unable to use shared archive. The top archive failed to load: "
+                   f"{archive}\n" if refused else "")
+    env = {CLASS_ARCHIVE_ENV: str(archive)} if env_path else {}
+    assert check_refusal(str(archive), str(log), env) is refused
+    assert archive.exists() is not removed and not log.exists()
+    assert (tmp_path / ("spark-4.3.0-abc.jsa" + CLASS_ARCHIVE_SOURCE)).exists() is not removed
+    assert check_refusal(str(archive), str(tmp_path / "missing.log"), env) is False
+
+
+
+def test_stop_session_notes_a_cache_archive_and_prunes_dead_ones(tmp_path, monkeypatch):
+    """A recorded archive kept in the cache gets its jars directory noted beside it, and the cache's dead
+    archives (here one without a note, as every archive before Round 2f) go, ~180 MB each."""
+    import os
+    import subprocess
+    import sys
+
+    import pyspark
+    from dledger_spark import session
+    from pyspark import SparkContext
+
+    monkeypatch.delenv("DLEDGER_SPARK_CLASS_ARCHIVE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path, exists = session._class_archive(record=True)
+    final = session.class_archive_path()
+    assert not exists and path == f"{final}.{os.getpid()}.tmp"
+    dead = tmp_path / "dledger-spark" / "spark-4.3.0-000000000000.jsa"
+    dead.write_bytes(b"old")
+    script = f"import sys; sys.stdin.read(); open({path!r}, 'wb').write(b'cds')"
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
+
+    class Gateway:
+        def __init__(self):
+            self.proc = proc
+
+        def shutdown(self):
+            pass
+
+    class Spark:
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(SparkContext, "_gateway", Gateway())
+    monkeypatch.setattr(SparkContext, "_jvm", None)
+    session.stop_session(Spark(), timeout=30)
+    assert os.path.exists(final) and not dead.exists()
+    with open(final + session.CLASS_ARCHIVE_SOURCE) as f:
+        assert f.read().strip() == os.path.realpath(os.path.join(os.path.dirname(pyspark.__file__), "jars"))
+    session._recording = None
