@@ -4,6 +4,7 @@ per read's answer batch, the replies of one commit in one write; every send stil
 from __future__ import annotations
 
 import dataclasses
+import socket
 
 import pytest
 from conftest import GOLDEN
@@ -12,8 +13,12 @@ from dledger_rocketmq.broker.port import SUCCESS, BrokerPort, decode_header, enc
 from dledger_rocketmq.store import commitlog
 from dledger_rocketmq.store.commitlog import PutResult, PutStatus
 from rmq_cluster_util import broker_cluster, master
+from twisted.internet import tcp
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
+from dledger.transport.outbox import send_written
 from dledger.transport.remoting import FrameSplitter
 
 FRAMES = GOLDEN / "frames"
@@ -245,3 +250,90 @@ def test_lean_sends_are_answered_while_the_members_statistics_are_on(tmp_path):
     cluster.run(1.0)
     assert [r.header.code for r in _replies(tr.value())] == [SUCCESS] * 3
     assert len(tr.writes) == 1
+
+
+# -- the replies leave at the end of the work that wrote them (dledger.transport.outbox) -------------------------
+
+
+class _NeverPolls(Clock):
+    """A reactor that records which descriptors want to write and never polls: what the peer socket can read
+    was sent by the code under test itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.writers: set = set()
+
+    def addWriter(self, w):
+        self.writers.add(w)
+
+    def removeWriter(self, w):
+        self.writers.discard(w)
+
+    def addReader(self, r):
+        pass
+
+    def removeReader(self, r):
+        pass
+
+
+@pytest.fixture
+def wire():
+    """A connected 127.0.0.1 pair (our end, the peer's end, non-blocking); both closed after the test."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    ours = socket.create_connection(listener.getsockname())
+    peer, _ = listener.accept()
+    listener.close()
+    peer.setblocking(False)
+    yield ours, peer
+    ours.close()
+    peer.close()
+
+
+class _Accepted(tcp.Connection):
+    """A TCP connection over an accepted socket, with the peer address the port reads at connection."""
+
+    def getPeer(self):
+        return IPv4Address("TCP", *self.socket.getpeername())
+
+
+def _on_real_socket(port, sock):
+    proto = port.factory.buildProtocol(None)
+    reactor = _NeverPolls()
+    conn = _Accepted(sock, proto, reactor)
+    conn.connected = 1
+    proto.makeConnection(conn)
+    return proto, conn, reactor
+
+
+def _peer_reads(peer) -> bytes:
+    try:
+        return peer.recv(1 << 20)
+    except BlockingIOError:
+        return b""
+
+
+@pytest.mark.network
+def test_a_commits_answers_leave_at_the_end_of_the_work_that_wrote_them(tmp_path, wire):
+    """The lean answers of a commit are registered with the outbox: the end of the work that committed (a
+    follower's reply read, a disk job's results: each calls ``send_written``) sends them, no poll needed; and a
+    reply written while a read is handled leaves at the end of that read."""
+    ours, peer = wire
+    cluster, _b, port = _port_with_topic(tmp_path)
+    proto, conn, reactor = _on_real_socket(port, ours)
+    proto.dataReceived(_send_frames(3))
+    assert cluster.run_until(lambda: conn in reactor.writers, 10)  # committed and answered: buffered
+    assert _peer_reads(peer) == b""
+    send_written()  # what the commit's stretch of work ends with
+    replies = _replies(_peer_reads(peer))
+    assert [r.header.opaque for r in replies] == [100, 101, 102]
+    assert [r.header.code for r in replies] == [SUCCESS] * 3
+    assert conn not in reactor.writers
+
+    # A request answered in its read (here a malformed batch): the read's end sends the reply.
+    [golden] = _replies(_send_frames(1))
+    bad = dataclasses.replace(golden.header, code=320, opaque=900)
+    proto.dataReceived(encode_command(bad, b"\x00\x00"))
+    [reply] = _replies(_peer_reads(peer))
+    assert reply.header.opaque == 900 and reply.header.code != SUCCESS

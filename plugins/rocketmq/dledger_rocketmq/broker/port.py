@@ -44,6 +44,7 @@ from twisted.python.failure import Failure
 
 from dledger.interfaces import ANSWER_LATER
 from dledger.transport.listener import TLS_AT_PLAIN_PORT, ListenerGuard, ListenerLimits, tls_hello, warn_peer
+from dledger.transport.outbox import send_written, sendable_connection, wrote
 from dledger.transport.remoting import (
     FLAG_RESPONSE,
     SERIALIZE_JSON,
@@ -739,9 +740,14 @@ class BrokerPortProtocol(protocol.Protocol):
         self.closed = False
         #: The lean single sends of the read being handled (:class:`ReadSends`; None: none yet).
         self.read_sends: ReadSends | None = None
+        #: The plain TCP connection under the transport: replies written to it leave at the end of the work
+        #: that wrote them (this read's handling, a commit's answers), not after the reactor's next poll
+        #: (:mod:`dledger.transport.outbox`); None for TLS and test transports (Twisted's own path).
+        self._sendable = None
 
     def connectionMade(self):
         set_no_delay(self.transport)  # as RocketMQ's NettyRemotingServer: replies never wait for an ACK
+        self._sendable = sendable_connection(self.transport)
         peer = self.transport.getPeer()
         self.born_host = Address(getattr(peer, "host", "127.0.0.1"), getattr(peer, "port", 0))
         try:
@@ -769,6 +775,7 @@ class BrokerPortProtocol(protocol.Protocol):
             self.read_sends = None  # the next read's sends are answered together, apart from these
             if commitlog is not None:
                 commitlog.flush_gathered()
+            send_written()  # the replies this read wrote leave now (dledger.transport.outbox)
 
     def unfinished_request(self) -> int:
         """Bytes the frame now arriving will have (0: none): the guard's read timeout closes a slow sender."""
@@ -783,6 +790,7 @@ class BrokerPortProtocol(protocol.Protocol):
     def answer(self, request: Header, reply: Reply) -> None:
         if not self.closed and not request.is_oneway:
             self.transport.write(reply_frame(request, reply))
+            wrote(self._sendable)
 
     def answer_with(self, reply: Reply, request: Header) -> None:
         """:meth:`answer` with the arguments the other way round: a Deferred's callback, no closure per request."""
@@ -792,6 +800,7 @@ class BrokerPortProtocol(protocol.Protocol):
         """Reply frames answered together (:meth:`BrokerPort.sends_answered`): one transport write for all."""
         if not self.closed:
             self.transport.write(b"".join(frames))
+            wrote(self._sendable)
 
 
 class ReadSends:
