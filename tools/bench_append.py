@@ -8,6 +8,9 @@ hook), nothing flushed: ``time.process_time()`` per batch, the minimum of ``--re
 ``--batches`` batches each.  The follower path is measured too: the same batches stored as a follower
 stores a push (``append_batch_as_follower`` of entries that arrive encoded).
 
+The follower's whole per-push store path is measured last: a push of 256 x 1 KiB decoded as the binary
+PUSH decoder decodes it (every entry CRC-checked) and stored (``push256_us``, per push).
+
 ``--group memory|mmap`` measures instead the CPU of a whole in-process 3-member group
 (:class:`dledger.testing.Cluster`, virtual clock, ``--group-entries`` entries appended by one client in
 batches of 256 x 1 KiB, 4 in flight): every member's append path, leader and followers.
@@ -98,6 +101,48 @@ def measure_follower(batches: int, reps: int) -> float:
     return best
 
 
+def measure_follower_push(batches: int, reps: int, batch: int = 256) -> float:
+    """Microseconds of CPU per push of a follower decoding a push's section and storing it (best of ``reps``).
+
+    What a follower does per push of ``batch`` x 1 KiB, less the frame and the reactor: the section
+    decoded as the binary PUSH decoder does (:func:`dledger.entry.decode_entries`, every entry CRC-checked,
+    into an EntryList carrying the section), then ``append_batch_as_follower`` (the plain-run path).
+    """
+    from dledger.entry import Entry, EntryList, decode_entries
+    from dledger.store.mmapfile import MmapLogStore
+    from dledger.testing.store_contract import FakeMemberState, fired
+
+    try:
+        from dledger.store.guard import LogGuard
+    except ImportError:
+        LogGuard = None
+    body = os.urandom(SIZE)
+    with tempfile.TemporaryDirectory(prefix="dledger-bench-append-") as d:
+        src = MmapLogStore(os.path.join(d, "leader"), FakeMemberState(), data_file_size=512 << 20,
+                           index_file_size=1 << 20)
+        src.startup()
+        sections = []
+        for _ in range(batches):
+            sections.append(EntryList(src.append_batch_as_leader([Entry(body=body, term=1) for _ in range(batch)]))
+                            .section())
+        fired(src.shutdown())
+    best = float("inf")
+    for _ in range(reps):
+        with tempfile.TemporaryDirectory(prefix="dledger-bench-append-") as d:
+            state = FakeMemberState()
+            state.follow(1, "n0")
+            store = MmapLogStore(d, state, data_file_size=512 << 20, index_file_size=1 << 20)
+            store.startup()
+            append = (store if LogGuard is None else LogGuard(store, state)).append_batch_as_follower
+            t0 = time.process_time()
+            for section, crc in sections:
+                entries, _ = decode_entries(section, 0, len(section), batch, accept_zero_crc=True)
+                append(EntryList(entries, (section, crc), crc_checked=True, largest=entries.largest), 1, "n0")
+            best = min(best, (time.process_time() - t0) / batches * 1e6)
+            fired(store.shutdown())
+    return best
+
+
 def group_cpu(kind: str, total: int, batch: int = 256, in_flight: int = 4) -> float:
     """CPU seconds of a 3-member in-process group committing ``total`` entries appended in batches."""
     from dledger.store.mmapfile import MmapLogStore
@@ -138,7 +183,8 @@ def run_json(args) -> dict:
         return {"tree": tree, "group_s": group_cpu(args.group, args.group_entries)}
     return {"tree": tree, "plain_us": measure(args.batches, args.reps, False),
             "hook_us": measure(args.batches, args.reps, True),
-            "follower_us": measure_follower(args.batches, args.reps)}
+            "follower_us": measure_follower(args.batches, args.reps),
+            "push256_us": measure_follower_push(args.batches, args.reps)}
 
 
 def child(tree: str, args) -> dict:
@@ -172,7 +218,7 @@ def main(argv=None) -> None:
             print(f"{r['tree']}: group on {args.group} stores, {r['group_s']:.3f} CPU seconds")
         else:
             print(f"{r['tree']}: no hook {r['plain_us']:.1f} us/batch, hook {r['hook_us']:.1f} us/batch, "
-                  f"follower {r['follower_us']:.1f} us/batch")
+                  f"follower {r['follower_us']:.1f} us/batch, decoded push of 256 {r['push256_us']:.1f} us")
         return
     if args.group:
         pairs = []
@@ -193,8 +239,11 @@ def main(argv=None) -> None:
               f"({after['plain_us'] / before['plain_us']:.3f}), hook {before['hook_us']:.1f} -> "
               f"{after['hook_us']:.1f} us ({after['hook_us'] / before['hook_us']:.3f}), follower "
               f"{before['follower_us']:.1f} -> {after['follower_us']:.1f} us "
-              f"({after['follower_us'] / before['follower_us']:.3f})", flush=True)
-    for key, name in (("plain_us", "no hook"), ("hook_us", "hook"), ("follower_us", "follower")):
+              f"({after['follower_us'] / before['follower_us']:.3f}), decoded push of 256 "
+              f"{before['push256_us']:.1f} -> {after['push256_us']:.1f} us "
+              f"({after['push256_us'] / before['push256_us']:.3f})", flush=True)
+    for key, name in (("plain_us", "no hook"), ("hook_us", "hook"), ("follower_us", "follower"),
+                      ("push256_us", "decoded push of 256 (per push)")):
         b, a = min(r[0][key] for r in rows), min(r[1][key] for r in rows)
         print(f"min over pairs, {name}: before {b:.1f} us/batch, after {a:.1f} us/batch, ratio {a / b:.3f}")
 

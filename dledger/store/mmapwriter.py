@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import crc32c
+
 from dledger import diskio
 from dledger.codes import ResponseCode
 from dledger.entry import (
@@ -32,6 +34,7 @@ from dledger.store.checkpoint import Checkpoint, write_checkpoint
 from dledger.store.mappedfiles import MappedFile
 
 _write_at = diskio.write_at
+_crc32c = crc32c.crc32c
 _pack_header_into = HEADER.pack_into
 _pack_index = INDEX_RECORD.pack_into
 
@@ -189,18 +192,21 @@ class MmapAppendWriter(base.PlannedTruncate):
         there (issue #28, Round 2e).
         """
         view = run.view
-        room, limit, max_size = len(view), self._dlimit, self.max_entry_size
-        pack, out = _pack_header_into, run.entries
+        max_size, crc32c, pack, out = self.max_entry_size, _crc32c, _pack_header_into, run.entries
+        before = len(out)
         wp = run.end
         off = wp - run.pos
-        taken = 0
+        # Within the data file (``_dlimit``) and within the run's buffer: one bound for both (Round 2f).
+        limit = min(self._dlimit, run.pos + len(view))
         for entry in entries:
             body = entry.body
             n = len(body)
             size = HEADER_SIZE + n
-            if entry.channel or entry.chain_crc or wp + size > limit or size > max_size or off + size > room:
+            if wp + size > limit or size > max_size or entry.channel or entry.chain_crc:
                 break
-            crc = body_crc(body)
+            crc = crc32c(body)
+            if crc >= 0x80000000:  # body_crc's signed value, without a call per entry (Round 2f)
+                crc -= 0x100000000
             magic, term = entry.magic, entry.term
             pack(view, off, magic, size, index, term, wp, 0, 0, crc, n)
             view[off + HEADER_SIZE:off + size] = body
@@ -208,9 +214,8 @@ class MmapAppendWriter(base.PlannedTruncate):
             off += size
             wp += size
             index += 1
-            taken += 1
         run.end = wp
-        return taken
+        return len(out) - before
 
     def _next_run(self, run: _Run, stored: list[Entry], size: int, placed: Entry | None = None,
                   capacity: int = 0) -> _Run:
