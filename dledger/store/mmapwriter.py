@@ -194,6 +194,8 @@ class MmapAppendWriter(base.PlannedTruncate):
         view = run.view
         max_size, crc32c, pack, out = self.max_entry_size, _crc32c, _pack_header_into, run.entries
         before = len(out)
+        # The index records of these entries too, back to back: _write_run copies them in one slice.
+        irecs, ipack, ioff = bytearray(INDEX_UNIT_SIZE * len(entries)), _pack_index, 0
         wp = run.end
         off = wp - run.pos
         # Within the data file (``_dlimit``) and within the run's buffer: one bound for both (Round 2f).
@@ -211,10 +213,14 @@ class MmapAppendWriter(base.PlannedTruncate):
             pack(view, off, magic, size, index, term, wp, 0, 0, crc, n)
             view[off + HEADER_SIZE:off + size] = body
             out.append(Entry(body, index, term, wp, magic, 0, 0, crc))
+            ipack(irecs, ioff, magic, wp, size, index, term)
+            ioff += INDEX_UNIT_SIZE
             off += size
             wp += size
             index += 1
         run.end = wp
+        if before == 0:
+            run.irecs, run.irec_count = irecs, len(out)
         return len(out) - before
 
     def _next_run(self, run: _Run, stored: list[Entry], size: int, placed: Entry | None = None,
@@ -245,7 +251,15 @@ class MmapAppendWriter(base.PlannedTruncate):
         except OSError as exc:
             raise self._write_failed(exc, f"cannot write entries {entries[0].index}..{entries[-1].index} at "
                                           f"position {run.pos}") from None
-        for e in entries:
+        rest = entries
+        n = run.irec_count
+        if n:  # the leading entries' records, encoded with them (_encode_plain): one copy if one file holds them
+            ioff = entries[0].index * INDEX_UNIT_SIZE - self._istart
+            if 0 <= ioff and ioff + n * INDEX_UNIT_SIZE <= self._isize:
+                with memoryview(run.irecs) as recs:
+                    self._imm[ioff:ioff + n * INDEX_UNIT_SIZE] = recs[:n * INDEX_UNIT_SIZE]
+                rest = entries[n:] if n < len(entries) else ()
+        for e in rest:
             ioff = e.index * INDEX_UNIT_SIZE - self._istart
             if not 0 <= ioff < self._isize:
                 ioff = self._index_room(e.index)
@@ -387,7 +401,7 @@ class _Run:
     some there).
     """
 
-    __slots__ = ("pos", "end", "buf", "view", "entries", "written", "src", "src_off")
+    __slots__ = ("pos", "end", "buf", "view", "entries", "written", "src", "src_off", "irecs", "irec_count")
 
     def __init__(self, pos: int, capacity: int = 0):
         self.pos = self.end = pos
@@ -398,6 +412,9 @@ class _Run:
         # Or the entries are already encoded: bytes [src_off, src_off + end - pos) of src.
         self.src: bytes | memoryview | None = None
         self.src_off = 0
+        # Or the index records of the first ``irec_count`` entries are encoded already, back to back.
+        self.irecs: bytearray | None = None
+        self.irec_count = 0
 
     def room(self, size: int) -> memoryview:
         """The buffer's view, with room for ``size`` more bytes (a larger buffer if the estimate fell short)."""
