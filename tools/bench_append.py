@@ -1,4 +1,4 @@
-"""Micro-benchmark: CPU time of a leader batch append (64 x 1 KiB) into an mmap store, as a member makes it.
+"""Micro-benchmark: CPU time of a leader batch append (64 x 1 KiB, or --batch) into an mmap store, as a member makes it.
 
 A member appends a client batch through its write guard (:class:`dledger.store.guard.LogGuard`: the
 role check and the append hooks) into the store; on a tree without the guard (before #14's split) it calls
@@ -18,7 +18,8 @@ batches of 256 x 1 KiB, 4 in flight): every member's append path, leader and fol
 ``--against DIR`` compares with another source tree (e.g. an exported base commit): the two run in
 subprocesses, interleaved ``--pairs`` times, and the ratios after/before are printed.
 
-Usage: python -m tools.bench_append [--batches 200] [--reps 7] [--group memory|mmap] [--against DIR --pairs 7]
+Usage: python -m tools.bench_append [--batches 200] [--reps 7] [--batch 64] [--group memory|mmap]
+       [--against DIR --pairs 7]
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import time
 BATCH, SIZE = 64, 1024
 
 
-def measure(batches: int, reps: int, hook: bool) -> float:
+def measure(batches: int, reps: int, hook: bool, batch: int = BATCH) -> float:
     """Microseconds of CPU per batch (best of ``reps``)."""
     from dledger.entry import Entry
     from dledger.store.mmapfile import MmapLogStore
@@ -55,7 +56,7 @@ def measure(batches: int, reps: int, hook: bool) -> float:
             if hook:
                 target.add_append_hook(StampPos())
             append = target.append_batch_as_leader
-            batch_list = [[Entry(body=body, term=1) for _ in range(BATCH)] for _ in range(batches)]
+            batch_list = [[Entry(body=body, term=1) for _ in range(batch)] for _ in range(batches)]
             t0 = time.process_time()
             for entries in batch_list:
                 append(entries)
@@ -64,7 +65,7 @@ def measure(batches: int, reps: int, hook: bool) -> float:
     return best
 
 
-def measure_follower(batches: int, reps: int) -> float:
+def measure_follower(batches: int, reps: int, batch: int = BATCH) -> float:
     """Microseconds of CPU per batch of a follower storing pushed batches (best of ``reps``)."""
     from dledger.entry import Entry, EntryList
     from dledger.store.mmapfile import MmapLogStore
@@ -81,7 +82,7 @@ def measure_follower(batches: int, reps: int) -> float:
         src.startup()
         pushes = []
         for _ in range(batches):
-            pushed = EntryList(src.append_batch_as_leader([Entry(body=body, term=1) for _ in range(BATCH)]))
+            pushed = EntryList(src.append_batch_as_leader([Entry(body=body, term=1) for _ in range(batch)]))
             pushed.section()  # a push arrives encoded
             pushes.append(pushed)
         fired(src.shutdown())
@@ -181,16 +182,17 @@ def run_json(args) -> dict:
     tree = os.path.dirname(os.path.dirname(dledger.__file__))
     if args.group:
         return {"tree": tree, "group_s": group_cpu(args.group, args.group_entries)}
-    return {"tree": tree, "plain_us": measure(args.batches, args.reps, False),
-            "hook_us": measure(args.batches, args.reps, True),
-            "follower_us": measure_follower(args.batches, args.reps),
+    return {"tree": tree, "plain_us": measure(args.batches, args.reps, False, args.batch),
+            "hook_us": measure(args.batches, args.reps, True, args.batch),
+            "follower_us": measure_follower(args.batches, args.reps, args.batch),
             "push256_us": measure_follower_push(args.batches, args.reps)}
 
 
 def child(tree: str, args) -> dict:
     env = dict(os.environ, PYTHONPATH=tree)
     cmd = [sys.executable, os.path.abspath(__file__), "--json", "--batches", str(args.batches), "--reps",
-           str(args.reps), "--group-entries", str(args.group_entries)] + (["--group", args.group] if args.group else [])
+           str(args.reps), "--batch", str(args.batch),
+           "--group-entries", str(args.group_entries)] + (["--group", args.group] if args.group else [])
     out = subprocess.run(cmd, env=env, cwd=tree, check=True, capture_output=True, text=True)
     return json.loads(out.stdout)
 
@@ -203,6 +205,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batches", type=int, default=200)
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--batch", type=int, default=BATCH,
+                   help=f"entries per leader batch and per follower push (default {BATCH}; the decoded push is 256)")
     p.add_argument("--group", choices=("memory", "mmap"), help="CPU of a whole in-process group on these stores")
     p.add_argument("--group-entries", type=int, default=200_000)
     p.add_argument("--against", help="another source tree to compare with (interleaved subprocesses)")
