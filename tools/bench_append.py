@@ -107,9 +107,11 @@ def measure_follower_push(batches: int, reps: int, batch: int = 256) -> float:
 
     What a follower does per push of ``batch`` x 1 KiB, less the frame and the reactor: the section
     decoded as the binary PUSH decoder does (:func:`dledger.entry.decode_entries`, every entry CRC-checked,
-    into an EntryList carrying the section), then ``append_batch_as_follower`` (the plain-run path).
+    and :func:`dledger.messages.decoded_entries_in_bounds`, into an EntryList carrying the section), then
+    ``append_batch_as_follower`` (the plain-run path).
     """
     from dledger.entry import Entry, EntryList, decode_entries
+    from dledger.messages import decoded_entries_in_bounds
     from dledger.store.mmapfile import MmapLogStore
     from dledger.testing.store_contract import FakeMemberState, fired
 
@@ -138,6 +140,8 @@ def measure_follower_push(batches: int, reps: int, batch: int = 256) -> float:
             t0 = time.process_time()
             for section, crc in sections:
                 entries, _ = decode_entries(section, 0, len(section), batch, accept_zero_crc=True)
+                if not decoded_entries_in_bounds(entries):
+                    raise SystemExit("an entry out of bounds")
                 append(EntryList(entries, (section, crc), crc_checked=True, largest=entries.largest), 1, "n0")
             best = min(best, (time.process_time() - t0) / batches * 1e6)
             fired(store.shutdown())
