@@ -189,7 +189,8 @@ class MmapAppendWriter(base.PlannedTruncate):
         The general loop's commonest case in one tight loop (no seal, no reserved field, within the data
         file, ``maxEntrySize`` and the run's buffer): no call per entry but the CRC's and the Entry's.  It
         stops at the first entry that needs any of the general loop's other steps, which then goes on from
-        there (issue #28, Round 2e).
+        there (issue #28, Round 2e).  The entries' index records are packed in the same loop, for
+        :meth:`_write_run` to copy in one slice (Round 2f).
         """
         view = run.view
         max_size, crc32c, pack, out = self.max_entry_size, _crc32c, _pack_header_into, run.entries
@@ -412,7 +413,8 @@ class _Run:
         # Or the entries are already encoded: bytes [src_off, src_off + end - pos) of src.
         self.src: bytes | memoryview | None = None
         self.src_off = 0
-        # Or the index records of the first ``irec_count`` entries are encoded already, back to back.
+        # The index records of the first ``irec_count`` entries, back to back, when the plain leader loop
+        # encoded them with the entries (_write_run copies them in one slice).
         self.irecs: bytearray | None = None
         self.irec_count = 0
 
