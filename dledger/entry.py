@@ -337,6 +337,7 @@ def decode_entries(buf: bytes | bytearray | memoryview, offset: int, end: int, c
     out = EntryList()
     unpack, magics, header, crc32c = _unpack_header_from, VALID_MAGICS, HEADER_SIZE, _crc
     append = out.append
+    copy = type(buf) is not bytes  # a slice of bytes is a bytes already: no second copy (Round 2f)
     off = offset
     next_index = next_pos = -1
     breaks = largest = 0  # breaks: entries not right after the one before, or not plain (the first counts once)
@@ -344,17 +345,21 @@ def decode_entries(buf: bytes | bytearray | memoryview, offset: int, end: int, c
         for _ in range(count):
             if end - off >= header:
                 magic, size, index, term, pos, channel, chain_crc, crc, n = unpack(buf, off)
-                if (magic in magics and size == header + n and n >= 0 and index >= 0 and term >= 0 and pos >= 0
-                        and off + size <= end):
-                    body = bytes(buf[off + header:off + size])
+                stop = off + size
+                # (n | index | term | pos) >= 0: each of them >= 0, in one comparison (Round 2f)
+                if magic in magics and size == header + n and (n | index | term | pos) >= 0 and stop <= end:
+                    body = buf[off + header:stop]
+                    if copy:
+                        body = bytes(body)
                     if (crc == 0 and accept_zero_crc) or crc32c(body) == crc & 0xFFFFFFFF:
                         append(Entry(body, index, term, pos, magic, channel, chain_crc, crc))
                         if index != next_index or pos != next_pos or channel or chain_crc or not crc:
                             breaks += 1
                         if size > largest:
                             largest = size
-                        next_index, next_pos = index + 1, pos + size
-                        off += size
+                        next_index = index + 1
+                        next_pos = pos + size
+                        off = stop
                         continue
             entry = decode_entry(buf, off, accept_zero_crc=accept_zero_crc, max_size=end - off)
             append(entry)  # not reached for an invalid entry: decode_entry raised its reason

@@ -239,6 +239,21 @@ def test_decode_entries_is_decode_entry_of_each(batch, data, accept_zero_crc):
     assert got == want
 
 
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_decode_entries_bodies_are_bytes_of_their_own(kind):
+    """Every body is a ``bytes`` of its own whatever buffer it was cut from: never a view or a bytearray that
+    the buffer's owner could change later (the bytes case slices once, the others copy)."""
+    batch = [Entry(body=b"z" * 10, index=i, term=1, pos=58 * i).sealed() for i in range(3)]
+    raw = bytearray(b"".join(encode_entry(e) for e in batch))
+    buf = kind(bytes(raw)) if kind is not bytearray else raw
+    got, _ = codec.decode_entries(buf, 0, len(raw), 3)
+    assert [type(e.body) for e in got] == [bytes] * 3
+    assert got == batch
+    if kind is bytearray:
+        raw[BODY_OFFSET] ^= 1  # the buffer changes afterwards: the decoded entry does not
+        assert got[0].body == b"z" * 10
+
+
 def test_decode_entries_names_the_damaged_entry():
     """The error of a batch says which entry (its number) and why, as decode_entry does for that entry alone."""
     batch = [Entry(body=b"x" * 10, index=i, term=1, pos=58 * i).sealed() for i in range(3)]

@@ -759,25 +759,30 @@ class _ChangesNothing:
         pass
 
 
-@pytest.mark.parametrize("case", ["plain", "file ends", "reserved field", "too large"])
+@pytest.mark.parametrize("case", ["plain", "file ends", "reserved field", "too large", "small index files"])
 def test_plain_leader_loop_stores_what_the_general_loop_stores(tmp_path, case):
     """The leader's loop for plain entries (no hooks) gives the entries, errors and bytes the general loop gives
     (forced by a hook that changes nothing), wherever a batch stops being plain: at a data file's end, at an
     entry with a reserved field set, at an entry over maxEntrySize."""
     data_file_size = 1024 if case == "file ends" else 1 << 16
+    # 20 records per index file: batches of 8 fill the first file's records at once and cross into the next
+    # (the plain loop's records are copied in one slice only where one file holds them all); 8 per file
+    # (256 bytes): each batch starts a new index file.
+    index_file_size = 256 if case == "small index files" else 20 * 32
     batches = [[Entry(body=bytes([b * 16 + i]) * (30 + 41 * i), term=1) for i in range(8)] for b in range(4)]
     if case == "reserved field":
         batches[1][5].channel = 1
     elif case == "too large":
         batches[2][3] = Entry(body=b"x" * 2000, term=1)
-    outcomes, contents = [], []
+    outcomes, contents, records, files = [], [], [], []
 
     def placed(e):
         return e.index, e.pos, e.body_crc, e.body
 
     for hooked in (False, True):
         state = FakeMemberState()
-        store = open_mmap(tmp_path / f"hooked{hooked}", state, data_file_size=data_file_size)
+        store = open_mmap(tmp_path / f"hooked{hooked}", state, data_file_size=data_file_size,
+                          index_file_size=index_file_size)
         guard = LogGuard(store, state)
         if hooked:
             guard.add_append_hook(_ChangesNothing())
@@ -790,11 +795,19 @@ def test_plain_leader_loop_stores_what_the_general_loop_stores(tmp_path, case):
         outcomes.append(got)
         end = store.ledger_end_index
         contents.append([placed(e) for e in store.get_range(0, end + 1, 1 << 30)])
+        # The index records as written (the plain loop encodes them with its entries, Round 2f), read from
+        # the index files: get_range above may answer from the entries held in memory.
+        records.append([store._ilog.read(i) for i in range(end + 1)])
         store.shutdown()
+        files.append({str(f.relative_to(tmp_path / f"hooked{hooked}")): f.read_bytes()
+                      for f in sorted((tmp_path / f"hooked{hooked}").rglob("*")) if f.is_file()})
     assert outcomes[0] == outcomes[1]
     assert contents[0] == contents[1] and contents[0][-1][0] == outcomes[0][-1][1][-1][0]
+    assert records[0] == records[1] and None not in records[0]
+    assert records[0] == [(1, pos, 48 + len(body), index, 1) for index, pos, _, body in contents[0]]
+    assert files[0] == files[1]  # data and index files byte for byte
     kinds = [kind for kind, _ in outcomes[0]]
-    assert kinds == (["stored"] * 4 if case in ("plain", "file ends") else
+    assert kinds == (["stored"] * 4 if case in ("plain", "file ends", "small index files") else
                      ["stored", ResponseCode.UNEXPECTED_ARGUMENT, "stored", "stored"] if case == "reserved field" else
                      ["stored", "stored", ResponseCode.UNEXPECTED_ARGUMENT, "stored"]), kinds
     if case == "file ends":

@@ -396,6 +396,30 @@ def test_decoded_entries_in_bounds_agrees_with_each_entry(field, value, at):
     assert decoded_entries_in_bounds([])
 
 
+@pytest.mark.parametrize("first_index, first_pos, term_at, ok", [
+    (0, 0, None, True),
+    (2**63 - 5, 0, None, True),  # the last index is 2**63 - 2: the greatest a decoded entry may have
+    (2**63 - 4, 0, None, False),  # the last entry's index is 2**63 - 1
+    (5, 2**63 - 1 - 3 * 49, None, True),  # the last entry starts at 2**63 - 1
+    (5, 0, 2, False),  # a term the codec keeps but a message may not, inside the run
+    (5, 0, 0, False),
+])
+def test_a_plain_runs_bounds_are_each_entrys(first_index, first_pos, term_at, ok):
+    """Entries decoded as one plain run (index and pos checked at its ends only) are in bounds exactly when
+    each entry is (the per-entry oracle), wherever the entry out of bounds is."""
+    from dledger.entry import Entry, EntryList, decode_entries, encode_entry
+    from dledger.messages import decoded_entries_in_bounds, decoded_entry_bounds_error
+    batch = [Entry(body=b"b", index=first_index + i, term=1, pos=first_pos + i * 49).sealed() for i in range(4)]
+    if term_at is not None:
+        batch[term_at].term = 2**63 - 1
+    raw = b"".join(encode_entry(e) for e in batch)
+    entries, _ = decode_entries(raw, 0, len(raw), 4)
+    assert type(entries) is EntryList and entries.largest > 0  # decoded as one plain run
+    assert decoded_entries_in_bounds(entries) is all(decoded_entry_bounds_error(e) is None for e in entries)
+    assert decoded_entries_in_bounds(entries) is ok
+    assert decoded_entries_in_bounds(list(entries)) is ok  # the same without the run's shortcut
+
+
 def test_a_push_names_its_first_entry_out_of_bounds():
     """A binary PUSH with an entry whose index the codec cannot keep is refused naming that entry."""
     from dledger.entry import Entry, encode_entry

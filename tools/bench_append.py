@@ -1,4 +1,4 @@
-"""Micro-benchmark: CPU time of a leader batch append (64 x 1 KiB) into an mmap store, as a member makes it.
+"""Micro-benchmark: CPU time of a leader batch append (64 x 1 KiB, or --batch) into an mmap store, as a member makes it.
 
 A member appends a client batch through its write guard (:class:`dledger.store.guard.LogGuard`: the
 role check and the append hooks) into the store; on a tree without the guard (before #14's split) it calls
@@ -8,6 +8,9 @@ hook), nothing flushed: ``time.process_time()`` per batch, the minimum of ``--re
 ``--batches`` batches each.  The follower path is measured too: the same batches stored as a follower
 stores a push (``append_batch_as_follower`` of entries that arrive encoded).
 
+The follower's whole per-push store path is measured last: a push of 256 x 1 KiB decoded as the binary
+PUSH decoder decodes it (every entry CRC-checked) and stored (``push256_us``, per push).
+
 ``--group memory|mmap`` measures instead the CPU of a whole in-process 3-member group
 (:class:`dledger.testing.Cluster`, virtual clock, ``--group-entries`` entries appended by one client in
 batches of 256 x 1 KiB, 4 in flight): every member's append path, leader and followers.
@@ -15,7 +18,8 @@ batches of 256 x 1 KiB, 4 in flight): every member's append path, leader and fol
 ``--against DIR`` compares with another source tree (e.g. an exported base commit): the two run in
 subprocesses, interleaved ``--pairs`` times, and the ratios after/before are printed.
 
-Usage: python -m tools.bench_append [--batches 200] [--reps 7] [--group memory|mmap] [--against DIR --pairs 7]
+Usage: python -m tools.bench_append [--batches 200] [--reps 7] [--batch 64] [--group memory|mmap]
+       [--against DIR --pairs 7]
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import time
 BATCH, SIZE = 64, 1024
 
 
-def measure(batches: int, reps: int, hook: bool) -> float:
+def measure(batches: int, reps: int, hook: bool, batch: int = BATCH) -> float:
     """Microseconds of CPU per batch (best of ``reps``)."""
     from dledger.entry import Entry
     from dledger.store.mmapfile import MmapLogStore
@@ -52,7 +56,7 @@ def measure(batches: int, reps: int, hook: bool) -> float:
             if hook:
                 target.add_append_hook(StampPos())
             append = target.append_batch_as_leader
-            batch_list = [[Entry(body=body, term=1) for _ in range(BATCH)] for _ in range(batches)]
+            batch_list = [[Entry(body=body, term=1) for _ in range(batch)] for _ in range(batches)]
             t0 = time.process_time()
             for entries in batch_list:
                 append(entries)
@@ -61,7 +65,7 @@ def measure(batches: int, reps: int, hook: bool) -> float:
     return best
 
 
-def measure_follower(batches: int, reps: int) -> float:
+def measure_follower(batches: int, reps: int, batch: int = BATCH) -> float:
     """Microseconds of CPU per batch of a follower storing pushed batches (best of ``reps``)."""
     from dledger.entry import Entry, EntryList
     from dledger.store.mmapfile import MmapLogStore
@@ -78,7 +82,7 @@ def measure_follower(batches: int, reps: int) -> float:
         src.startup()
         pushes = []
         for _ in range(batches):
-            pushed = EntryList(src.append_batch_as_leader([Entry(body=body, term=1) for _ in range(BATCH)]))
+            pushed = EntryList(src.append_batch_as_leader([Entry(body=body, term=1) for _ in range(batch)]))
             pushed.section()  # a push arrives encoded
             pushes.append(pushed)
         fired(src.shutdown())
@@ -93,6 +97,52 @@ def measure_follower(batches: int, reps: int) -> float:
             t0 = time.process_time()
             for batch in pushes:
                 append(batch, 1, "n0")
+            best = min(best, (time.process_time() - t0) / batches * 1e6)
+            fired(store.shutdown())
+    return best
+
+
+def measure_follower_push(batches: int, reps: int, batch: int = 256) -> float:
+    """Microseconds of CPU per push of a follower decoding a push's section and storing it (best of ``reps``).
+
+    What a follower does per push of ``batch`` x 1 KiB, less the frame and the reactor: the section
+    decoded as the binary PUSH decoder does (:func:`dledger.entry.decode_entries`, every entry CRC-checked,
+    and :func:`dledger.messages.decoded_entries_in_bounds`, into an EntryList carrying the section), then
+    ``append_batch_as_follower`` (the plain-run path).
+    """
+    from dledger.entry import Entry, EntryList, decode_entries
+    from dledger.messages import decoded_entries_in_bounds
+    from dledger.store.mmapfile import MmapLogStore
+    from dledger.testing.store_contract import FakeMemberState, fired
+
+    try:
+        from dledger.store.guard import LogGuard
+    except ImportError:
+        LogGuard = None
+    body = os.urandom(SIZE)
+    with tempfile.TemporaryDirectory(prefix="dledger-bench-append-") as d:
+        src = MmapLogStore(os.path.join(d, "leader"), FakeMemberState(), data_file_size=512 << 20,
+                           index_file_size=1 << 20)
+        src.startup()
+        sections = []
+        for _ in range(batches):
+            sections.append(EntryList(src.append_batch_as_leader([Entry(body=body, term=1) for _ in range(batch)]))
+                            .section())
+        fired(src.shutdown())
+    best = float("inf")
+    for _ in range(reps):
+        with tempfile.TemporaryDirectory(prefix="dledger-bench-append-") as d:
+            state = FakeMemberState()
+            state.follow(1, "n0")
+            store = MmapLogStore(d, state, data_file_size=512 << 20, index_file_size=1 << 20)
+            store.startup()
+            append = (store if LogGuard is None else LogGuard(store, state)).append_batch_as_follower
+            t0 = time.process_time()
+            for section, crc in sections:
+                entries, _ = decode_entries(section, 0, len(section), batch, accept_zero_crc=True)
+                if not decoded_entries_in_bounds(entries):
+                    raise SystemExit("an entry out of bounds")
+                append(EntryList(entries, (section, crc), crc_checked=True, largest=entries.largest), 1, "n0")
             best = min(best, (time.process_time() - t0) / batches * 1e6)
             fired(store.shutdown())
     return best
@@ -136,15 +186,17 @@ def run_json(args) -> dict:
     tree = os.path.dirname(os.path.dirname(dledger.__file__))
     if args.group:
         return {"tree": tree, "group_s": group_cpu(args.group, args.group_entries)}
-    return {"tree": tree, "plain_us": measure(args.batches, args.reps, False),
-            "hook_us": measure(args.batches, args.reps, True),
-            "follower_us": measure_follower(args.batches, args.reps)}
+    return {"tree": tree, "plain_us": measure(args.batches, args.reps, False, args.batch),
+            "hook_us": measure(args.batches, args.reps, True, args.batch),
+            "follower_us": measure_follower(args.batches, args.reps, args.batch),
+            "push256_us": measure_follower_push(args.batches, args.reps)}
 
 
 def child(tree: str, args) -> dict:
     env = dict(os.environ, PYTHONPATH=tree)
     cmd = [sys.executable, os.path.abspath(__file__), "--json", "--batches", str(args.batches), "--reps",
-           str(args.reps), "--group-entries", str(args.group_entries)] + (["--group", args.group] if args.group else [])
+           str(args.reps), "--batch", str(args.batch),
+           "--group-entries", str(args.group_entries)] + (["--group", args.group] if args.group else [])
     out = subprocess.run(cmd, env=env, cwd=tree, check=True, capture_output=True, text=True)
     return json.loads(out.stdout)
 
@@ -157,6 +209,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batches", type=int, default=200)
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--batch", type=int, default=BATCH,
+                   help=f"entries per leader batch and per follower push (default {BATCH}; the decoded push is 256)")
     p.add_argument("--group", choices=("memory", "mmap"), help="CPU of a whole in-process group on these stores")
     p.add_argument("--group-entries", type=int, default=200_000)
     p.add_argument("--against", help="another source tree to compare with (interleaved subprocesses)")
@@ -172,7 +226,7 @@ def main(argv=None) -> None:
             print(f"{r['tree']}: group on {args.group} stores, {r['group_s']:.3f} CPU seconds")
         else:
             print(f"{r['tree']}: no hook {r['plain_us']:.1f} us/batch, hook {r['hook_us']:.1f} us/batch, "
-                  f"follower {r['follower_us']:.1f} us/batch")
+                  f"follower {r['follower_us']:.1f} us/batch, decoded push of 256 {r['push256_us']:.1f} us")
         return
     if args.group:
         pairs = []
@@ -193,8 +247,11 @@ def main(argv=None) -> None:
               f"({after['plain_us'] / before['plain_us']:.3f}), hook {before['hook_us']:.1f} -> "
               f"{after['hook_us']:.1f} us ({after['hook_us'] / before['hook_us']:.3f}), follower "
               f"{before['follower_us']:.1f} -> {after['follower_us']:.1f} us "
-              f"({after['follower_us'] / before['follower_us']:.3f})", flush=True)
-    for key, name in (("plain_us", "no hook"), ("hook_us", "hook"), ("follower_us", "follower")):
+              f"({after['follower_us'] / before['follower_us']:.3f}), decoded push of 256 "
+              f"{before['push256_us']:.1f} -> {after['push256_us']:.1f} us "
+              f"({after['push256_us'] / before['push256_us']:.3f})", flush=True)
+    for key, name in (("plain_us", "no hook"), ("hook_us", "hook"), ("follower_us", "follower"),
+                      ("push256_us", "decoded push of 256 (per push)")):
         b, a = min(r[0][key] for r in rows), min(r[1][key] for r in rows)
         print(f"min over pairs, {name}: before {b:.1f} us/batch, after {a:.1f} us/batch, ratio {a / b:.3f}")
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import crc32c
+
 from dledger import diskio
 from dledger.codes import ResponseCode
 from dledger.entry import (
@@ -32,6 +34,7 @@ from dledger.store.checkpoint import Checkpoint, write_checkpoint
 from dledger.store.mappedfiles import MappedFile
 
 _write_at = diskio.write_at
+_crc32c = crc32c.crc32c
 _pack_header_into = HEADER.pack_into
 _pack_index = INDEX_RECORD.pack_into
 
@@ -186,31 +189,40 @@ class MmapAppendWriter(base.PlannedTruncate):
         The general loop's commonest case in one tight loop (no seal, no reserved field, within the data
         file, ``maxEntrySize`` and the run's buffer): no call per entry but the CRC's and the Entry's.  It
         stops at the first entry that needs any of the general loop's other steps, which then goes on from
-        there (issue #28, Round 2e).
+        there (issue #28, Round 2e).  The entries' index records are packed in the same loop, for
+        :meth:`_write_run` to copy in one slice (Round 2f).
         """
         view = run.view
-        room, limit, max_size = len(view), self._dlimit, self.max_entry_size
-        pack, out = _pack_header_into, run.entries
+        max_size, crc32c, pack, out = self.max_entry_size, _crc32c, _pack_header_into, run.entries
+        before = len(out)
+        # The index records of these entries too, back to back: _write_run copies them in one slice.
+        irecs, ipack, ioff = bytearray(INDEX_UNIT_SIZE * len(entries)), _pack_index, 0
         wp = run.end
         off = wp - run.pos
-        taken = 0
+        # Within the data file (``_dlimit``) and within the run's buffer: one bound for both (Round 2f).
+        limit = min(self._dlimit, run.pos + len(view))
         for entry in entries:
             body = entry.body
             n = len(body)
             size = HEADER_SIZE + n
-            if entry.channel or entry.chain_crc or wp + size > limit or size > max_size or off + size > room:
+            if wp + size > limit or size > max_size or entry.channel or entry.chain_crc:
                 break
-            crc = body_crc(body)
+            crc = crc32c(body)
+            if crc >= 0x80000000:  # body_crc's signed value, without a call per entry (Round 2f)
+                crc -= 0x100000000
             magic, term = entry.magic, entry.term
             pack(view, off, magic, size, index, term, wp, 0, 0, crc, n)
             view[off + HEADER_SIZE:off + size] = body
             out.append(Entry(body, index, term, wp, magic, 0, 0, crc))
+            ipack(irecs, ioff, magic, wp, size, index, term)
+            ioff += INDEX_UNIT_SIZE
             off += size
             wp += size
             index += 1
-            taken += 1
         run.end = wp
-        return taken
+        if before == 0:
+            run.irecs, run.irec_count = irecs, len(out)
+        return len(out) - before
 
     def _next_run(self, run: _Run, stored: list[Entry], size: int, placed: Entry | None = None,
                   capacity: int = 0) -> _Run:
@@ -240,7 +252,15 @@ class MmapAppendWriter(base.PlannedTruncate):
         except OSError as exc:
             raise self._write_failed(exc, f"cannot write entries {entries[0].index}..{entries[-1].index} at "
                                           f"position {run.pos}") from None
-        for e in entries:
+        rest = entries
+        n = run.irec_count
+        if n:  # the leading entries' records, encoded with them (_encode_plain): one copy if one file holds them
+            ioff = entries[0].index * INDEX_UNIT_SIZE - self._istart
+            if 0 <= ioff and ioff + n * INDEX_UNIT_SIZE <= self._isize:
+                with memoryview(run.irecs) as recs:
+                    self._imm[ioff:ioff + n * INDEX_UNIT_SIZE] = recs[:n * INDEX_UNIT_SIZE]
+                rest = entries[n:] if n < len(entries) else ()
+        for e in rest:
             ioff = e.index * INDEX_UNIT_SIZE - self._istart
             if not 0 <= ioff < self._isize:
                 ioff = self._index_room(e.index)
@@ -382,7 +402,7 @@ class _Run:
     some there).
     """
 
-    __slots__ = ("pos", "end", "buf", "view", "entries", "written", "src", "src_off")
+    __slots__ = ("pos", "end", "buf", "view", "entries", "written", "src", "src_off", "irecs", "irec_count")
 
     def __init__(self, pos: int, capacity: int = 0):
         self.pos = self.end = pos
@@ -393,6 +413,10 @@ class _Run:
         # Or the entries are already encoded: bytes [src_off, src_off + end - pos) of src.
         self.src: bytes | memoryview | None = None
         self.src_off = 0
+        # The index records of the first ``irec_count`` entries, back to back, when the plain leader loop
+        # encoded them with the entries (_write_run copies them in one slice).
+        self.irecs: bytearray | None = None
+        self.irec_count = 0
 
     def room(self, size: int) -> memoryview:
         """The buffer's view, with room for ``size`` more bytes (a larger buffer if the estimate fell short)."""
