@@ -31,3 +31,47 @@ def reactor():
     """The running global reactor (pytest-twisted installs it); pytest-twisted has no such fixture."""
     from twisted.internet import reactor as _reactor
     return _reactor
+
+
+class RecordingReactor(task.Clock):
+    """Records which descriptors asked to read/write; never polls (nothing is sent unless the code sends it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.writers, self.readers = set(), set()
+
+    def addWriter(self, w):
+        self.writers.add(w)
+
+    def removeWriter(self, w):
+        self.writers.discard(w)
+
+    def addReader(self, r):
+        self.readers.add(r)
+
+    def removeReader(self, r):
+        self.readers.discard(r)
+
+
+@pytest.fixture
+def never_polls():
+    """A Clock that records ``addWriter``/``addReader`` and never polls: on a real connection (:func:`wire`),
+    whatever the peer can read was sent by the code under test itself (dledger.transport.outbox's tests)."""
+    return RecordingReactor()
+
+
+@pytest.fixture
+def wire():
+    """A connected 127.0.0.1 pair: (our end's socket, the peer's socket, non-blocking); both closed after."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    ours = socket.create_connection(listener.getsockname())
+    peer, _ = listener.accept()
+    listener.close()
+    peer.setblocking(False)
+    yield ours, peer
+    ours.close()
+    peer.close()

@@ -16,7 +16,6 @@ import pytest
 from twisted.internet import tcp
 from twisted.internet.defer import succeed
 from twisted.internet.protocol import Protocol
-from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.protocols.tls import TLSMemoryBIOProtocol
@@ -101,47 +100,20 @@ def test_outbox_sends_each_written_connection_once_and_forgets_it():
 # -- real connections, a reactor that never polls ----------------------------------------------------
 
 
-class RecordingReactor(Clock):
-    """Records which descriptors asked to read/write; never polls (nothing is sent unless the code sends it)."""
-
-    def __init__(self):
-        super().__init__()
-        self.writers, self.readers = set(), set()
-
-    def addWriter(self, w):
-        self.writers.add(w)
-
-    def removeWriter(self, w):
-        self.writers.discard(w)
-
-    def addReader(self, r):
-        self.readers.add(r)
-
-    def removeReader(self, r):
-        self.readers.discard(r)
-
-
-@pytest.fixture
-def wire():
-    """A connected 127.0.0.1 pair: (our end's socket, the peer's socket); both closed after the test."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    ours = socket.create_connection(listener.getsockname())
-    peer, _ = listener.accept()
-    listener.close()
-    peer.setblocking(False)
-    yield ours, peer
-    ours.close()
-    peer.close()
-
-
 def attach(sock, protocol, reactor):
     """``protocol`` on a real Twisted TCP connection over ``sock`` (as an accepted connection is)."""
     conn = tcp.Connection(sock, protocol, reactor)
     conn.connected = 1
     protocol.makeConnection(conn)
     return conn
+
+
+def remoting_on_wire(wire, reactor) -> tuple[RemotingProtocol, socket.socket]:
+    """A RemotingProtocol on our end of ``wire`` (on ``reactor``), and the peer's socket."""
+    ours, peer = wire
+    proto = RemotingProtocol(reactor)
+    attach(ours, proto, reactor)
+    return proto, peer
 
 
 def received(peer) -> bytes:
@@ -162,9 +134,9 @@ def _request_frame(opaque: int = 7) -> bytes:
 
 
 @pytest.mark.network
-def test_a_reply_leaves_when_the_read_that_asked_for_it_was_handled(wire):
+def test_a_reply_leaves_when_the_read_that_asked_for_it_was_handled(wire, never_polls):
     ours, peer = wire
-    reactor = RecordingReactor()
+    reactor = never_polls
     proto = RemotingProtocol(reactor, Echo())
     conn = attach(ours, proto, reactor)
     proto.dataReceived(_request_frame(7))
@@ -174,9 +146,9 @@ def test_a_reply_leaves_when_the_read_that_asked_for_it_was_handled(wire):
 
 
 @pytest.mark.network
-def test_a_reply_through_the_guard_wrapper_leaves_too(wire):
+def test_a_reply_through_the_guard_wrapper_leaves_too(wire, never_polls):
     ours, peer = wire
-    reactor = RecordingReactor()
+    reactor = never_polls
     proto = RemotingProtocol(reactor, Echo())
     guard = ProtocolWrapper(WrappingFactory(None), proto)
     attach(ours, guard, reactor)
@@ -185,10 +157,10 @@ def test_a_reply_through_the_guard_wrapper_leaves_too(wire):
 
 
 @pytest.mark.network
-def test_a_write_outside_a_stretch_of_work_waits_for_the_poll_as_before(wire):
+def test_a_write_outside_a_stretch_of_work_waits_for_the_poll_as_before(wire, never_polls):
     """Sending early is an optimisation: a call made from a timer or a user's code stays with Twisted."""
     ours, peer = wire
-    reactor = RecordingReactor()
+    reactor = never_polls
     proto = RemotingProtocol(reactor)
     conn = attach(ours, proto, reactor)
     proto.send_request(messages.MetadataRequest(group="g0", remote_id="n1"), timeout=5)
@@ -199,10 +171,10 @@ def test_a_write_outside_a_stretch_of_work_waits_for_the_poll_as_before(wire):
 
 
 @pytest.mark.network
-def test_what_the_socket_does_not_take_stays_with_twisted(wire):
+def test_what_the_socket_does_not_take_stays_with_twisted(wire, never_polls):
     ours, peer = wire
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    reactor = RecordingReactor()
+    reactor = never_polls
     conn = attach(ours, Protocol(), reactor)
     conn.write(b"x" * (8 << 20))  # far more than the socket's buffers hold
     assert send_buffered(conn) is True
@@ -211,10 +183,10 @@ def test_what_the_socket_does_not_take_stays_with_twisted(wire):
 
 
 @pytest.mark.network
-def test_a_push_larger_than_one_twisted_send_leaves_whole(wire):
+def test_a_push_larger_than_one_twisted_send_leaves_whole(wire, never_polls):
     """doWrite sends at most SEND_LIMIT (128 KiB) a call: a batched push (~260 KiB) needs more than one."""
     ours, peer = wire
-    reactor = RecordingReactor()
+    reactor = never_polls
     conn = attach(ours, Protocol(), reactor)
     size = 2 * conn.SEND_LIMIT + 1000
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * size)
@@ -230,9 +202,9 @@ def test_a_push_larger_than_one_twisted_send_leaves_whole(wire):
 
 
 @pytest.mark.network
-def test_a_closing_connection_is_left_to_the_reactor(wire):
+def test_a_closing_connection_is_left_to_the_reactor(wire, never_polls):
     ours, peer = wire
-    reactor = RecordingReactor()
+    reactor = never_polls
     conn = attach(ours, Protocol(), reactor)
     conn.write(b"last words")
     conn.loseConnection()
@@ -241,12 +213,9 @@ def test_a_closing_connection_is_left_to_the_reactor(wire):
 
 
 @pytest.mark.network
-def test_a_disk_jobs_results_send_what_their_callbacks_wrote(wire):
+def test_a_disk_jobs_results_send_what_their_callbacks_wrote(wire, never_polls):
     """A follower's reply once its flush is durable: written in the job's callback, sent after the delivery."""
-    ours, peer = wire
-    reactor = RecordingReactor()
-    proto = RemotingProtocol(reactor)
-    attach(ours, proto, reactor)
+    proto, peer = remoting_on_wire(wire, never_polls)
     calls, handed = [], threading.Event()
 
     class ThreadReactor:
@@ -282,13 +251,10 @@ def test_a_blocking_io_without_the_hook_delivers_as_before():
 
 
 @pytest.mark.network
-def test_a_leaders_pump_sends_its_pushes(wire):
+def test_a_leaders_pump_sends_its_pushes(wire, never_polls):
     from dledger.replication.leader import LeaderReplicator
 
-    ours, peer = wire
-    reactor = RecordingReactor()
-    proto = RemotingProtocol(reactor)
-    attach(ours, proto, reactor)
+    proto, peer = remoting_on_wire(wire, never_polls)
 
     class Dispatcher:
         def pump(self):
@@ -301,14 +267,14 @@ def test_a_leaders_pump_sends_its_pushes(wire):
 
 
 @pytest.mark.network
-def test_the_load_generators_open_loop_sends_each_ticks_requests(wire):
+def test_the_load_generators_open_loop_sends_each_ticks_requests(wire, never_polls):
     """The latency phase's requests leave in the tick that issued them, not after the generator's next poll."""
     from twisted.internet.defer import ensureDeferred
 
     from dledger.bench.load import Loader, RawAppends
 
     ours, peer = wire
-    reactor = RecordingReactor()
+    reactor = never_polls
     loader = object.__new__(Loader)
     loader.reactor, loader.raw = reactor, RawAppends("g0", "n0", b"x" * 16)
     attach(ours, loader.raw, reactor)

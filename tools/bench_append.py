@@ -65,19 +65,15 @@ def measure(batches: int, reps: int, hook: bool, batch: int = BATCH) -> float:
     return best
 
 
-def measure_follower(batches: int, reps: int, batch: int = BATCH) -> float:
-    """Microseconds of CPU per batch of a follower storing pushed batches (best of ``reps``)."""
+def _leader_pushes(batches: int, batch: int, data_file_size: int) -> list:
+    """``batches`` pushes of ``batch`` x 1 KiB as a leader's store encodes them (EntryLists, sections made)."""
     from dledger.entry import Entry, EntryList
     from dledger.store.mmapfile import MmapLogStore
     from dledger.testing.store_contract import FakeMemberState, fired
 
-    try:
-        from dledger.store.guard import LogGuard
-    except ImportError:
-        LogGuard = None
     body = os.urandom(SIZE)
     with tempfile.TemporaryDirectory(prefix="dledger-bench-append-") as d:
-        src = MmapLogStore(os.path.join(d, "leader"), FakeMemberState(), data_file_size=256 << 20,
+        src = MmapLogStore(os.path.join(d, "leader"), FakeMemberState(), data_file_size=data_file_size,
                            index_file_size=1 << 20)
         src.startup()
         pushes = []
@@ -86,20 +82,43 @@ def measure_follower(batches: int, reps: int, batch: int = BATCH) -> float:
             pushed.section()  # a push arrives encoded
             pushes.append(pushed)
         fired(src.shutdown())
+    return pushes
+
+
+def _best_follower_run(reps: int, batches: int, data_file_size: int, run) -> float:
+    """Best of ``reps`` runs of ``run(append)`` (a follower's ``append_batch_as_follower`` on a fresh store),
+    in microseconds of CPU per batch."""
+    from dledger.store.mmapfile import MmapLogStore
+    from dledger.testing.store_contract import FakeMemberState, fired
+
+    try:
+        from dledger.store.guard import LogGuard
+    except ImportError:
+        LogGuard = None
     best = float("inf")
     for _ in range(reps):
         with tempfile.TemporaryDirectory(prefix="dledger-bench-append-") as d:
             state = FakeMemberState()
             state.follow(1, "n0")
-            store = MmapLogStore(d, state, data_file_size=256 << 20, index_file_size=1 << 20)
+            store = MmapLogStore(d, state, data_file_size=data_file_size, index_file_size=1 << 20)
             store.startup()
             append = (store if LogGuard is None else LogGuard(store, state)).append_batch_as_follower
             t0 = time.process_time()
-            for batch in pushes:
-                append(batch, 1, "n0")
+            run(append)
             best = min(best, (time.process_time() - t0) / batches * 1e6)
             fired(store.shutdown())
     return best
+
+
+def measure_follower(batches: int, reps: int, batch: int = BATCH) -> float:
+    """Microseconds of CPU per batch of a follower storing pushed batches (best of ``reps``)."""
+    pushes = _leader_pushes(batches, batch, 256 << 20)
+
+    def run(append):
+        for pushed in pushes:
+            append(pushed, 1, "n0")
+
+    return _best_follower_run(reps, batches, 256 << 20, run)
 
 
 def measure_follower_push(batches: int, reps: int, batch: int = 256) -> float:
@@ -110,42 +129,19 @@ def measure_follower_push(batches: int, reps: int, batch: int = 256) -> float:
     and :func:`dledger.messages.decoded_entries_in_bounds`, into an EntryList carrying the section), then
     ``append_batch_as_follower`` (the plain-run path).
     """
-    from dledger.entry import Entry, EntryList, decode_entries
+    from dledger.entry import EntryList, decode_entries
     from dledger.messages import decoded_entries_in_bounds
-    from dledger.store.mmapfile import MmapLogStore
-    from dledger.testing.store_contract import FakeMemberState, fired
 
-    try:
-        from dledger.store.guard import LogGuard
-    except ImportError:
-        LogGuard = None
-    body = os.urandom(SIZE)
-    with tempfile.TemporaryDirectory(prefix="dledger-bench-append-") as d:
-        src = MmapLogStore(os.path.join(d, "leader"), FakeMemberState(), data_file_size=512 << 20,
-                           index_file_size=1 << 20)
-        src.startup()
-        sections = []
-        for _ in range(batches):
-            sections.append(EntryList(src.append_batch_as_leader([Entry(body=body, term=1) for _ in range(batch)]))
-                            .section())
-        fired(src.shutdown())
-    best = float("inf")
-    for _ in range(reps):
-        with tempfile.TemporaryDirectory(prefix="dledger-bench-append-") as d:
-            state = FakeMemberState()
-            state.follow(1, "n0")
-            store = MmapLogStore(d, state, data_file_size=512 << 20, index_file_size=1 << 20)
-            store.startup()
-            append = (store if LogGuard is None else LogGuard(store, state)).append_batch_as_follower
-            t0 = time.process_time()
-            for section, crc in sections:
-                entries, _ = decode_entries(section, 0, len(section), batch, accept_zero_crc=True)
-                if not decoded_entries_in_bounds(entries):
-                    raise SystemExit("an entry out of bounds")
-                append(EntryList(entries, (section, crc), crc_checked=True, largest=entries.largest), 1, "n0")
-            best = min(best, (time.process_time() - t0) / batches * 1e6)
-            fired(store.shutdown())
-    return best
+    sections = [pushed.section() for pushed in _leader_pushes(batches, batch, 512 << 20)]
+
+    def run(append):
+        for section, crc in sections:
+            entries, _ = decode_entries(section, 0, len(section), batch, accept_zero_crc=True)
+            if not decoded_entries_in_bounds(entries):
+                raise SystemExit("an entry out of bounds")
+            append(EntryList(entries, (section, crc), crc_checked=True, largest=entries.largest), 1, "n0")
+
+    return _best_follower_run(reps, batches, 512 << 20, run)
 
 
 def group_cpu(kind: str, total: int, batch: int = 256, in_flight: int = 4) -> float:

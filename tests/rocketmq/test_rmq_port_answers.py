@@ -4,7 +4,6 @@ per read's answer batch, the replies of one commit in one write; every send stil
 from __future__ import annotations
 
 import dataclasses
-import socket
 
 import pytest
 from conftest import GOLDEN
@@ -15,7 +14,6 @@ from dledger_rocketmq.store.commitlog import PutResult, PutStatus
 from rmq_cluster_util import broker_cluster, master
 from twisted.internet import tcp
 from twisted.internet.address import IPv4Address
-from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from dledger.transport.outbox import send_written
@@ -255,42 +253,6 @@ def test_lean_sends_are_answered_while_the_members_statistics_are_on(tmp_path):
 # -- the replies leave at the end of the work that wrote them (dledger.transport.outbox) -------------------------
 
 
-class _NeverPolls(Clock):
-    """A reactor that records which descriptors want to write and never polls: what the peer socket can read
-    was sent by the code under test itself."""
-
-    def __init__(self):
-        super().__init__()
-        self.writers: set = set()
-
-    def addWriter(self, w):
-        self.writers.add(w)
-
-    def removeWriter(self, w):
-        self.writers.discard(w)
-
-    def addReader(self, r):
-        pass
-
-    def removeReader(self, r):
-        pass
-
-
-@pytest.fixture
-def wire():
-    """A connected 127.0.0.1 pair (our end, the peer's end, non-blocking); both closed after the test."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    ours = socket.create_connection(listener.getsockname())
-    peer, _ = listener.accept()
-    listener.close()
-    peer.setblocking(False)
-    yield ours, peer
-    ours.close()
-    peer.close()
-
-
 class _Accepted(tcp.Connection):
     """A TCP connection over an accepted socket, with the peer address the port reads at connection."""
 
@@ -298,9 +260,8 @@ class _Accepted(tcp.Connection):
         return IPv4Address("TCP", *self.socket.getpeername())
 
 
-def _on_real_socket(port, sock):
+def _on_real_socket(port, sock, reactor):
     proto = port.factory.buildProtocol(None)
-    reactor = _NeverPolls()
     conn = _Accepted(sock, proto, reactor)
     conn.connected = 1
     proto.makeConnection(conn)
@@ -315,13 +276,13 @@ def _peer_reads(peer) -> bytes:
 
 
 @pytest.mark.network
-def test_a_commits_answers_leave_at_the_end_of_the_work_that_wrote_them(tmp_path, wire):
+def test_a_commits_answers_leave_at_the_end_of_the_work_that_wrote_them(tmp_path, wire, never_polls):
     """The lean answers of a commit are registered with the outbox: the end of the work that committed (a
     follower's reply read, a disk job's results: each calls ``send_written``) sends them, no poll needed; and a
     reply written while a read is handled leaves at the end of that read."""
     ours, peer = wire
     cluster, _b, port = _port_with_topic(tmp_path)
-    proto, conn, reactor = _on_real_socket(port, ours)
+    proto, conn, reactor = _on_real_socket(port, ours, never_polls)
     proto.dataReceived(_send_frames(3))
     assert cluster.run_until(lambda: conn in reactor.writers, 10)  # committed and answered: buffered
     assert _peer_reads(peer) == b""

@@ -601,21 +601,14 @@ def test_session_conf_adds_the_class_archive_to_a_local_driver_only():
     assert session_conf(None, False, {key: ""}, ("/c/a.jsa", True))[key] == ""
 
 
-@pytest.mark.parametrize("exit_code, kept", [(0, True), (3, False)])
-def test_stop_session_keeps_a_recorded_archive_only_once_its_jvm_exited_cleanly(tmp_path, monkeypatch, exit_code, kept):
-    """A half-written archive crashes the next JVM (SIGBUS): it is renamed into place only after a clean exit."""
-    import os
+def _stand_in_jvm(monkeypatch, path: str, exit_code: int):
+    """A stand-in for the gateway JVM (writes the archive at ``path`` when its stdin closes, then exits with
+    ``exit_code``) installed as SparkContext's gateway, and a session to stop: ``(process, session)``."""
     import subprocess
     import sys
 
-    from dledger_spark import session
     from pyspark import SparkContext
 
-    final = tmp_path / "cache" / "s.jsa"
-    monkeypatch.setenv("DLEDGER_SPARK_CLASS_ARCHIVE", str(final))
-    path, exists = session._class_archive(record=True)
-    assert (exists, path) == (False, f"{final}.{os.getpid()}.tmp")
-    # A stand-in for the gateway JVM: writes the archive when its stdin closes, then exits with exit_code.
     script = f"import sys; sys.stdin.read(); open({path!r}, 'wb').write(b'cds'); sys.exit({exit_code})"
     proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
 
@@ -634,7 +627,22 @@ def test_stop_session_keeps_a_recorded_archive_only_once_its_jvm_exited_cleanly(
 
     monkeypatch.setattr(SparkContext, "_gateway", Gateway())
     monkeypatch.setattr(SparkContext, "_jvm", None)
-    spark = Spark()
+    return proc, Spark()
+
+
+@pytest.mark.parametrize("exit_code, kept", [(0, True), (3, False)])
+def test_stop_session_keeps_a_recorded_archive_only_once_its_jvm_exited_cleanly(tmp_path, monkeypatch, exit_code, kept):
+    """A half-written archive crashes the next JVM (SIGBUS): it is renamed into place only after a clean exit."""
+    import os
+
+    from dledger_spark import session
+    from pyspark import SparkContext
+
+    final = tmp_path / "cache" / "s.jsa"
+    monkeypatch.setenv("DLEDGER_SPARK_CLASS_ARCHIVE", str(final))
+    path, exists = session._class_archive(record=True)
+    assert (exists, path) == (False, f"{final}.{os.getpid()}.tmp")
+    proc, spark = _stand_in_jvm(monkeypatch, path, exit_code)
     session.stop_session(spark, timeout=30)
     assert spark.stopped and proc.returncode == exit_code
     assert final.exists() is kept and not os.path.exists(path)
@@ -757,12 +765,9 @@ def test_stop_session_notes_a_cache_archive_and_prunes_dead_ones(tmp_path, monke
     """A recorded archive kept in the cache gets its jars directory noted beside it, and the cache's dead
     archives (here one without a note, as every archive before Round 2f) go, ~180 MB each."""
     import os
-    import subprocess
-    import sys
 
     import pyspark
     from dledger_spark import session
-    from pyspark import SparkContext
 
     monkeypatch.delenv("DLEDGER_SPARK_CLASS_ARCHIVE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -771,23 +776,8 @@ def test_stop_session_notes_a_cache_archive_and_prunes_dead_ones(tmp_path, monke
     assert not exists and path == f"{final}.{os.getpid()}.tmp"
     dead = tmp_path / "dledger-spark" / "spark-4.3.0-000000000000.jsa"
     dead.write_bytes(b"old")
-    script = f"import sys; sys.stdin.read(); open({path!r}, 'wb').write(b'cds')"
-    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
-
-    class Gateway:
-        def __init__(self):
-            self.proc = proc
-
-        def shutdown(self):
-            pass
-
-    class Spark:
-        def stop(self):
-            pass
-
-    monkeypatch.setattr(SparkContext, "_gateway", Gateway())
-    monkeypatch.setattr(SparkContext, "_jvm", None)
-    session.stop_session(Spark(), timeout=30)
+    _proc, spark = _stand_in_jvm(monkeypatch, path, 0)
+    session.stop_session(spark, timeout=30)
     assert os.path.exists(final) and not dead.exists()
     with open(final + session.CLASS_ARCHIVE_SOURCE) as f:
         assert f.read().strip() == os.path.realpath(os.path.join(os.path.dirname(pyspark.__file__), "jars"))
