@@ -285,3 +285,22 @@ def test_the_load_generators_open_loop_sends_each_ticks_requests(wire, never_pol
     loader.raw.connectionLost()  # answers the rest None: the loop ends
     reactor.advance(0.01)
     assert done.called
+
+
+@pytest.mark.network
+def test_another_threads_stretch_of_work_never_sends_this_threads_connections(wire, never_polls):
+    """A process may run several reactors, each in its own thread (``dledger.blocking``: a BlockingClient's
+    private reactor beside the program's own, or two clients): Twisted connections are not thread-safe, so
+    what one reactor's thread wrote is sent only by that thread's own stretches of work, never by another
+    reactor's ``send_written`` from its thread (which would call ``doWrite`` on a connection its reactor
+    thread may be writing to at that moment)."""
+    proto, peer = remoting_on_wire(wire, never_polls)
+    proto.send_request(messages.MetadataRequest(group="g0", remote_id="n1"), timeout=5)  # registered here
+    sent_elsewhere = []
+    other = threading.Thread(target=lambda: sent_elsewhere.append(send_written()))
+    other.start()
+    other.join(10.0)
+    assert not other.is_alive() and sent_elsewhere == [0]
+    assert received(peer) == b""  # the other thread's work did not touch this connection
+    assert send_written() == 1  # this thread's next stretch of work sends it
+    assert remoting.decode_frame(received(peer)).header.is_response is False

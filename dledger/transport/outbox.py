@@ -26,6 +26,7 @@ passes writes straight down and stays in place: its accounting sees every write 
 
 from __future__ import annotations
 
+import threading  # allowed: a per-thread outbox (threading.local), no thread is started
 from typing import Any
 
 from twisted.internet.tcp import Connection
@@ -112,8 +113,30 @@ class Outbox:
         return sum(send_buffered(c) for c in written)
 
 
-#: The process's outbox: one reactor per process, and sending a connection's bytes early is right whichever
-#: stretch of work wrote them (tests running several members in one process share it harmlessly).
-OUTBOX = Outbox()
-wrote = OUTBOX.wrote
-send_written = OUTBOX.send
+class _ThreadOutbox(threading.local):
+    """One :class:`Outbox` per thread.  A process may run several reactors, each in its own thread (a
+    :class:`~dledger.blocking.BlockingClient`'s private reactor beside the program's own, or two such
+    clients), and a Twisted connection may only be touched from its reactor's thread: one reactor's
+    :func:`send_written` must never call ``doWrite`` on another's connection while that reactor writes to
+    it.  A connection is written (:func:`wrote`) only on its reactor's thread, so the thread's own outbox
+    holds exactly its reactor's connections.  (Several members in one process on one reactor, as the
+    tests run them, share their thread's outbox harmlessly.)"""
+
+    def __init__(self) -> None:
+        self.outbox = Outbox()
+
+
+_THREAD = _ThreadOutbox()
+
+
+def wrote(connection: Connection | None) -> None:
+    """This thread's stretch of work wrote to ``connection`` (a :func:`sendable_connection` result; None for
+    TLS and other transports, which keep Twisted's path): :func:`send_written` at its end sends it."""
+    if connection is not None:
+        _THREAD.outbox._written[connection] = None
+
+
+def send_written() -> int:
+    """Send what this thread's current stretch of work wrote (every connection registered by :func:`wrote`
+    on this thread since the last call); how many connections were tried."""
+    return _THREAD.outbox.send()
