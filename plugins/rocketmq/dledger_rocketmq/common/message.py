@@ -59,6 +59,8 @@ TRANSACTION_ROLLBACK_TYPE = 0xC
 TRANSACTION_TYPE_MASK = 0xC
 BORNHOST_V6_FLAG = 0x10
 STOREHOST_V6_FLAG = 0x20
+#: Both hosts' IPv6 bits of SYSFLAG.
+HOST_V6_FLAGS = BORNHOST_V6_FLAG | STOREHOST_V6_FLAG
 COMPRESSION_TYPE_MASK = 0x700  # bits 8-10: 1 LZ4, 2 ZSTD, 3 ZLIB (0: ZLIB, from clients before 4.9.4)
 COMPRESSION_ZLIB = 3
 
@@ -154,7 +156,7 @@ def _packed(host: str, port: int) -> bytes:
 
 def host_flags(sys_flag: int, born_host: Address, store_host: Address) -> int:
     """``sys_flag`` with the IPv6 bits set from the two hosts, as the broker sets them before storing."""
-    sys_flag &= ~(BORNHOST_V6_FLAG | STOREHOST_V6_FLAG)
+    sys_flag &= ~HOST_V6_FLAGS
     if born_host.is_v6:
         sys_flag |= BORNHOST_V6_FLAG
     if store_host.is_v6:
@@ -422,7 +424,9 @@ class SendRecord(NamedTuple):
 #: A record's fixed fields through BODYLEN when both hosts are IPv4 (88 bytes): :data:`_HEAD`, BORNHOST,
 #: STORETIMESTAMP, STOREHOST, :data:`_TAIL`, packed at once.
 _V4_FIXED = struct.Struct(">iiiiiqqiq8sq8siqi")
-_V6_FLAGS = BORNHOST_V6_FLAG | STOREHOST_V6_FLAG
+#: TOTALSIZE of a record with two IPv4 hosts less its body, TOPICLEN + TOPIC and properties (the fixed part
+#: without TOPICLEN, which :func:`_topic_field` carries).
+_V4_FIXED_LENGTH = _fixed_length(False, False) - 1
 
 
 @functools.lru_cache(maxsize=1024)
@@ -444,11 +448,11 @@ def encode_send(send: SendRecord, *, queue_offset: int, store_host: Address, max
         born = send.born_host
         if not (born.is_v6 or store_host.is_v6):
             topic, props, body = _topic_field(send.topic), send.properties, send.body
-            size = 90 + len(body) + len(topic) + len(props)  # _fixed_length(False, False) counts TOPICLEN too
+            size = _V4_FIXED_LENGTH + len(body) + len(topic) + len(props)
             if size <= max_size and len(props) <= MAX_PROPERTIES_LENGTH:
                 return b"".join((
                     _V4_FIXED.pack(size, MESSAGE_MAGIC, zlib.crc32(body) & 0x7FFFFFFF, send.queue_id, send.flag,
-                                   queue_offset, 0, send.sys_flag & ~_V6_FLAGS, send.born_timestamp, born.packed(),
+                                   queue_offset, 0, send.sys_flag & ~HOST_V6_FLAGS, send.born_timestamp, born.packed(),
                                    0, store_host.packed(), send.reconsume_times, 0, len(body)),
                     body, topic, _I16.pack(len(props)), props))
     except (CodecError, struct.error, UnicodeError):

@@ -56,6 +56,7 @@ from dledger_rocketmq.common.errors import CodecError, CorruptRecordError, Store
 from dledger_rocketmq.common.message import (
     BORN_HOST_POSITION,
     BORNHOST_V6_FLAG,
+    HOST_V6_FLAGS,
     MESSAGE_MAGIC,
     PROPERTY_TAGS,
     STOREHOST_V6_FLAG,
@@ -146,8 +147,7 @@ DRAIN_AFTER = 1024
 #: IPv4 (the common case): one unpack instead of five, fields not needed (STORETIMESTAMP among them) skipped.
 _V4_HEAD = struct.Struct(">ii4xi4xqqi44xi")
 _V4_HEAD_SIZE = _V4_HEAD.size
-_V6_FLAGS = BORNHOST_V6_FLAG | STOREHOST_V6_FLAG
-_SLOW_FLAGS = _V6_FLAGS | TRANSACTION_TYPE_MASK
+_SLOW_FLAGS = HOST_V6_FLAGS | TRANSACTION_TYPE_MASK
 _TAGS_KEY = PROPERTY_TAGS.encode() + b"\x01"
 _TAGS_KEY_LEN = len(_TAGS_KEY)
 _SCHEDULE_TOPIC = SCHEDULE_TOPIC.encode()
@@ -172,7 +172,7 @@ def quick_unit(body: bytes) -> tuple[bytes, int, int, int, int, bytes | None] | 
     total, magic, qid, qoff, phys, sys_flag, body_len = _V4_HEAD.unpack_from(body)
     if magic != MESSAGE_MAGIC or total != size or body_len < 0:
         return None
-    if sys_flag & _SLOW_FLAGS and (sys_flag & _V6_FLAGS
+    if sys_flag & _SLOW_FLAGS and (sys_flag & HOST_V6_FLAGS
                                    or sys_flag & TRANSACTION_TYPE_MASK not in (0, TRANSACTION_COMMIT_TYPE)):
         return None  # one test for the common sysFlag (no IPv6 host, not a transaction)
     pos = _V4_HEAD_SIZE + body_len
