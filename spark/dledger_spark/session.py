@@ -101,11 +101,7 @@ def check_refusal(archive: str, refusals: str, env=None) -> bool:
 
     log = logging.getLogger("dledger_spark")
     if env.get(CLASS_ARCHIVE_ENV) is None:
-        for victim in (archive, archive + CLASS_ARCHIVE_SOURCE):
-            try:
-                os.remove(victim)
-            except OSError:
-                pass
+        _remove_archive(archive)
         log.warning("dledger-spark: the JVM refused the class archive %s (recorded for other jars or another JDK): "
                     "removed; the next 'dledger ingest --once' records a new one", archive)
     else:
@@ -171,6 +167,15 @@ def class_archive_path(env=None) -> str | None:
 CLASS_ARCHIVE_SOURCE = ".classpath"
 
 
+def _remove_archive(path: str) -> None:
+    """Remove a cache archive and its :data:`CLASS_ARCHIVE_SOURCE` note, whichever exist."""
+    for victim in (path, path + CLASS_ARCHIVE_SOURCE):
+        try:
+            os.remove(victim)
+        except OSError:
+            pass
+
+
 def prune_archives(directory: str, keep: str) -> list[str]:
     """Remove the cache's class archives other than ``keep`` that no JVM can map any more; the removed paths.
 
@@ -195,11 +200,7 @@ def prune_archives(directory: str, keep: str) -> list[str]:
             source = ""
         if source and os.path.isdir(source):
             continue
-        for victim in (path, path + CLASS_ARCHIVE_SOURCE):
-            try:
-                os.remove(victim)
-            except OSError:
-                pass
+        _remove_archive(path)
         removed.append(path)
     return removed
 

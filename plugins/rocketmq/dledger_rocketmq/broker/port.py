@@ -485,12 +485,16 @@ _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
 _DELAY = PROPERTY_DELAY_TIME_LEVEL.encode()
 
 
+def send_record(args: SendArgs, body: bytes, born_host: Address, *, queue_id: int | None = None) -> SendRecord:
+    """The record a single send stores, as the lean path hands it to the put (:class:`SendRecord`)."""
+    return SendRecord(args.topic, body, args.properties.encode("utf-8"),
+                      args.queue_id if queue_id is None else queue_id, args.flag, args.sys_flag,
+                      args.born_timestamp, born_host, args.reconsume_times)
+
+
 def send_template(args: SendArgs, body: bytes, born_host: Address, *, queue_id: int | None = None) -> MessageRecord:
     """The record a send stores (for a batch: what its messages share, see :func:`batch_records`)."""
-    return MessageRecord(topic=args.topic, body=body, properties=args.properties.encode("utf-8"),
-                         queue_id=args.queue_id if queue_id is None else queue_id, flag=args.flag,
-                         sys_flag=args.sys_flag, born_timestamp=args.born_timestamp, born_host=born_host,
-                         reconsume_times=args.reconsume_times)
+    return send_record(args, body, born_host, queue_id=queue_id).record()
 
 
 def send_items(body: bytes) -> list[tuple[memoryview, bytes, int]]:
@@ -1109,8 +1113,7 @@ class BrokerPort(service.Service):
         if create is None and not args.batch and conn is not None:
             # The lean path: no Deferred, answered with its read's sends; no MessageRecord unless a DELAY
             # level asks for the schedule rewrite (Broker.put_gathered), encoded in one pass at the flush.
-            send = SendRecord(args.topic, body, args.properties.encode("utf-8"), queue_id, args.flag, args.sys_flag,
-                              args.born_timestamp, born_host, args.reconsume_times)
+            send = send_record(args, body, born_host, queue_id=queue_id)
             sends = conn.read_sends
             if sends is None:
                 sends = conn.read_sends = ReadSends(self, conn, self.now_ms())
