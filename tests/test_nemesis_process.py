@@ -190,15 +190,22 @@ def test_a_broken_build_fails_both_checkers(short_runs, tmp_path):
     Whether the isolated leader acknowledges anything alone depends on the interleaving of real processes: it
     steps down (check-quorum) about 0.75 s after the cut, and in one CI run every client request of that window
     was answered NOT_LEADER, so nothing was lost.  A miss is therefore run once more (the same schedule); the
-    test fails when neither run is caught."""
+    test fails when neither run is caught by both checkers.  (The same holds for the independent checker: in
+    one CI run the checker's "acknowledged at 38 is not there on n2" had no counterpart in the members' final
+    logs as read after the run: which of the diverged members' entries the final logs hold is timing too.)"""
     result, printed, run_dir = short_runs["mutant"]
     verdicts = [printed]
-    if not any(a.startswith("lost") for a in result["anomalies"]):
+
+    def caught(result, run_dir) -> bool:
+        return (any(a.startswith("lost") for a in result["anomalies"])
+                and independent_violations(read_ops(run_dir / "history.jsonl"), _committed(run_dir)) != [])
+
+    if not caught(result, run_dir):
         result, printed = nemesis(tmp_path, f"nr{os.getpid() % 1000}", *SHORT["mutant"])
         run_dir = tmp_path / "out" / "log-seed5-lonely-commit"
         verdicts.append(printed)
     assert any(a.startswith("lost") for a in result["anomalies"]), "\n".join(verdicts)
-    assert independent_violations(read_ops(run_dir / "history.jsonl"), _committed(run_dir)) != []
+    assert independent_violations(read_ops(run_dir / "history.jsonl"), _committed(run_dir)) != [], "\n".join(verdicts)
 
 
 def stale_reads(history) -> list:
