@@ -1,6 +1,27 @@
 """Packaging for dledger: a Raft-replicated commit log on Twisted."""
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    """Build the optional C extension (dledger._native_c) if a compiler is there; install without it if not.
+
+    The pure-Python code is the reference and the fallback (dledger/_native.py decides which runs)."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as exc:  # no compiler, no Python headers: the pure-Python code runs
+            print(f"warning: dledger._native_c not built ({exc}); the pure-Python codec runs")
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            print(f"warning: {ext.name} not built ({exc}); the pure-Python codec runs")
+
+
 
 with open("README.md", encoding="utf-8") as fh:
     LONG_DESCRIPTION = fh.read()
@@ -17,6 +38,9 @@ setup(
     # puts the repository on sys.path with a static .pth, as compat mode does, instead of an import hook;
     # twistd scans sys.path for twisted/plugins/dledger_plugin.py, which an import hook never shows it.
     package_dir={"": "."},
+    # Optional: the entry codec's batch loops in C (issue #28 Round 2g; docs/benchmarks.md); DLEDGER_PURE=1 skips it.
+    ext_modules=[Extension("dledger._native_c", ["dledger/_native.c"], optional=True, extra_compile_args=["-O2"])],
+    cmdclass={"build_ext": OptionalBuildExt},
     package_data={"twisted": ["plugins/dledger_plugin.py"], "dledger.status": ["static/*"]},
     install_requires=[
         "twisted>=24.3",

@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import crc32c as _crc32c
 
+from dledger import _native
 from dledger.codes import EntryType
 
 HEADER = struct.Struct(">iiqqqiiii")
@@ -129,17 +130,22 @@ class EntryList(list):
     it decodes): consecutive indexes, each entry at the position right after the one before, no
     reserved field set, no zero CRC; ``largest`` is then its largest entry's encoded size.  A follower
     then checks such a push as a whole (:func:`dledger.store.base.follower_run_end`).
+
+    ``irecs``: the entries' index records back to back (bytes), when the C decoder made them with a plain
+    run (:mod:`dledger._native`); a store writing the run copies them in one slice.  None otherwise.
     """
 
-    __slots__ = ("_section", "_parts", "crc_checked", "largest")
+    __slots__ = ("_section", "_parts", "crc_checked", "largest", "irecs")
 
     def __init__(self, entries=(), section: tuple[bytes | memoryview, int] | None = None, *,
-                 crc_checked: bool = False, encoded: bytes | memoryview | list | None = None, largest: int = 0):
+                 crc_checked: bool = False, encoded: bytes | memoryview | list | None = None, largest: int = 0,
+                 irecs: bytes | None = None):
         super().__init__(entries)
         self._section = section
         self._parts: list | None = None
         self.crc_checked = crc_checked
         self.largest = largest
+        self.irecs = irecs
         if encoded is not None:
             self.give_encoding(encoded)
 
@@ -335,6 +341,11 @@ def decode_entries(buf: bytes | bytearray | memoryview, offset: int, end: int, c
     push then need no pass over its entries).
     """
     out = EntryList()
+    if NATIVE is not None:  # the same loop in C (dledger/_native.py); None: an entry is not valid, decide below
+        done = NATIVE.decode_run(buf, offset, end, count, accept_zero_crc, out)
+        if done is not None:
+            off, out.largest, out.irecs = done
+            return out, off
     unpack, magics, header, crc32c = _unpack_header_from, VALID_MAGICS, HEADER_SIZE, _crc
     append = out.append
     copy = type(buf) is not bytes  # a slice of bytes is a bytes already: no second copy (Round 2f)
@@ -426,3 +437,7 @@ def place_entry(write_pos: int, size: int, file_size: int) -> tuple[int, int]:
     if size + MIN_BLANK_LEN > remaining:
         return write_pos + remaining, remaining
     return write_pos, 0
+
+
+#: The C batch loops (:mod:`dledger._native`), or None: the pure-Python code above runs (``DLEDGER_PURE=1``).
+NATIVE = _native.load()

@@ -139,7 +139,10 @@ def measure_follower_push(batches: int, reps: int, batch: int = 256) -> float:
             entries, _ = decode_entries(section, 0, len(section), batch, accept_zero_crc=True)
             if not decoded_entries_in_bounds(entries):
                 raise SystemExit("an entry out of bounds")
-            append(EntryList(entries, (section, crc), crc_checked=True, largest=entries.largest), 1, "n0")
+            pushed = EntryList(entries, (section, crc), crc_checked=True, largest=entries.largest)
+            if getattr(entries, "irecs", None) is not None:  # the C decoder's index records (Round 2g), as remoting
+                pushed.irecs = entries.irecs
+            append(pushed, 1, "n0")
 
     return _best_follower_run(reps, batches, 512 << 20, run)
 

@@ -22,6 +22,7 @@ from dledger.entry import (
     INDEX_RECORD,
     INDEX_UNIT_SIZE,
     MIN_BLANK_LEN,
+    NATIVE,
     Entry,
     EntryList,
     body_crc,
@@ -114,6 +115,9 @@ class MmapAppendWriter(base.PlannedTruncate):
                 run.entries.extend(entries)
                 run.end = end
                 todo = ()
+                irecs = entries.irecs  # the C decoder's index records of this run (dledger/_native.py)
+                if irecs is not None and len(irecs) == INDEX_UNIT_SIZE * len(entries):
+                    run.irecs, run.irec_count = irecs, len(entries)
         elif mode == _LEADER and seal is None and not self._disk_full:
             taken = self._encode_plain(run, entries, index)  # most leader appends end here
             if taken:
@@ -201,6 +205,11 @@ class MmapAppendWriter(base.PlannedTruncate):
         off = wp - run.pos
         # Within the data file (``_dlimit``) and within the run's buffer: one bound for both (Round 2f).
         limit = min(self._dlimit, run.pos + len(view))
+        if NATIVE is not None:  # the same loop in C (dledger/_native.py): stops where this one would
+            taken, run.end = NATIVE.encode_plain(entries, view, off, wp, limit, max_size, index, out, irecs)
+            if before == 0:
+                run.irecs, run.irec_count = irecs, taken
+            return taken
         for entry in entries:
             body = entry.body
             n = len(body)

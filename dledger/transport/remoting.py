@@ -685,7 +685,7 @@ def decode_push_binary(body: bytes, header: Header | None = None) -> PushEntryRe
         if not entries:
             raise BinaryBodyError("binary PUSH marked batch but carries no entries", header)
         request.batch_entry = EntryList(entries, (section, crc), crc_checked=True,  # stored byte for byte
-                                        largest=entries.largest)
+                                        largest=entries.largest, irecs=entries.irecs)
     elif count > 1:
         raise BinaryBodyError(f"binary PUSH carries {count} entries but is not marked batch", header)
     elif entries:
