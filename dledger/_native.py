@@ -19,11 +19,13 @@ runs) when any of these holds; :data:`dledger.entry.NATIVE` is what it gave at i
 from __future__ import annotations
 
 import os
+from dataclasses import fields
 from types import ModuleType
 
 
-def load(environ=os.environ) -> ModuleType | None:
-    """The extension bound to Entry, or None if the pure code should run (see the module's docstring)."""
+def load(entry_type: type, valid_magics, environ=os.environ) -> ModuleType | None:
+    """The extension bound to ``entry_type`` (:class:`~dledger.entry.Entry`, whose module calls this once it
+    is defined: no import back), or None if the pure code should run (see the module's docstring)."""
     if environ.get("DLEDGER_PURE") == "1":
         return None
     try:
@@ -32,15 +34,10 @@ def load(environ=os.environ) -> ModuleType | None:
         return None
     if not _native_c.HW_CRC32C:
         return None
-    from dataclasses import fields
-
-    from dledger.entry import VALID_MAGICS, Entry
-
-    names = tuple(f.name for f in fields(Entry))
-    if hasattr(Entry, "__post_init__") or not hasattr(Entry, "__slots__"):
+    if hasattr(entry_type, "__post_init__") or not hasattr(entry_type, "__slots__"):
         return None  # the C code sets the slots as Entry's __init__ does: only while that is all it does
     try:
-        _native_c.init(Entry, names, tuple(sorted(VALID_MAGICS)))
+        _native_c.init(entry_type, tuple(f.name for f in fields(entry_type)), tuple(sorted(valid_magics)))
     except (TypeError, ValueError):
         return None
     return _native_c

@@ -440,4 +440,4 @@ def place_entry(write_pos: int, size: int, file_size: int) -> tuple[int, int]:
 
 
 #: The C batch loops (:mod:`dledger._native`), or None: the pure-Python code above runs (``DLEDGER_PURE=1``).
-NATIVE = _native.load()
+NATIVE = _native.load(Entry, VALID_MAGICS)

@@ -63,8 +63,8 @@ def run_of(n: int, first_index=7, first_pos=4096, seed=1) -> list[Entry]:
 
 
 def test_the_dispatch_obeys_dledger_pure():
-    assert _native.load({"DLEDGER_PURE": "1"}) is None
-    assert _native.load({}) is NATIVE
+    assert _native.load(Entry, entry_mod.VALID_MAGICS, {"DLEDGER_PURE": "1"}) is None
+    assert _native.load(Entry, entry_mod.VALID_MAGICS, {}) is NATIVE
 
 
 def test_crc32c_is_the_packages():
@@ -162,22 +162,40 @@ def test_leader_encode_stores_the_pure_loops_bytes(monkeypatch, tmp_path, case):
 def test_follower_stores_a_decoded_push_with_the_pure_loops_index_records(monkeypatch, tmp_path):
     """A push decoded by the C code carries its index records; the follower's files are the pure path's."""
     entries = run_of(30, first_index=0, first_pos=0)
-    section = section_of(entries)
+    pushes = [section_of(entries[:10]), section_of(entries[10:])]  # the first opens the files: entry by entry
     dirs = iter(["pure", "native"])
 
     def run():
         root = tmp_path / next(dirs)
         state = FakeMemberState()
         state.follow(1, "n0")
-        store = MmapLogStore(root, state, data_file_size=1 << 16, index_file_size=256)
+        store = MmapLogStore(root, state, data_file_size=1 << 16, index_file_size=4096)  # one file: irecs used
         store.startup()
-        got, _ = decode_entries(section, 0, len(section), len(entries), accept_zero_crc=True)
-        pushed = EntryList(got, (section, crc32c.crc32c(section)), crc_checked=True, largest=got.largest,
-                           irecs=got.irecs)
-        stored = store.append_batch_as_follower(pushed, 1, "n0")
+        stored, irec_counts = [], []
+        real_write_run = store._write_run
+
+        def write_run(run, into):
+            irec_counts.append(run.irec_count)
+            real_write_run(run, into)
+
+        monkeypatch.setattr(store, "_write_run", write_run)
+        for section, count in zip(pushes, (10, 20)):
+            got, _ = decode_entries(section, 0, len(section), count, accept_zero_crc=True)
+            pushed = EntryList(got, (section, crc32c.crc32c(section)), crc_checked=True, largest=got.largest,
+                               irecs=got.irecs)
+            stored += store.append_batch_as_follower(pushed, 1, "n0")
         fired(store.shutdown())
-        return stored, store_bytes(root), pushed.irecs is not None
+        return stored, store_bytes(root), irec_counts[-1]
 
     pure, native = pure_and_native(monkeypatch, run)
     assert pure[:2] == native[:2]
-    assert (pure[2], native[2]) == (False, True)
+    assert (pure[2], native[2]) == (0, 20)  # the C decoder's records written in one slice
+
+
+def test_decode_never_reads_past_the_buffer(monkeypatch):
+    """An ``end`` past the buffer's end (a caller's mistake): the C code steps aside, as it must not read there;
+    the last entry's zero CRC (accepted) would not catch bytes read from beyond the buffer."""
+    entries = run_of(3) + [Entry(b"z" * 64, 10, 3, run_of(3)[-1].pos + run_of(3)[-1].size, 1, 0, 0, 0)]
+    buf = section_of(entries)[:-40]
+    pure, native = pure_and_native(monkeypatch, lambda: decoded(buf, 0, len(buf) + 40, 4, True))
+    assert pure == native
