@@ -191,7 +191,7 @@ static PyObject *native_decode_run(PyObject *self, PyObject *args) {
     }
     const unsigned char *buf = (const unsigned char *)b.buf;
     Py_ssize_t off = offset;
-    int64_t next_index = -1, next_pos = -1, largest = 0;
+    int64_t next_index = -1, next_pos = -1, largest = 0, max_term = -1;
     Py_ssize_t breaks = 0;
     int first_plain = 0;
     PyObject *irecs = PyBytes_FromStringAndSize(NULL, count * INDEX_UNIT);
@@ -221,6 +221,7 @@ static PyObject *native_decode_run(PyObject *self, PyObject *args) {
         if (index != next_index || pos != next_pos || channel || chain || !crc) breaks++;
         if (i == 0) first_plain = !(channel || chain || !crc);
         if (size > largest) largest = size;
+        if (term > max_term) max_term = term;
         next_index = index + 1;
         next_pos = pos + size;
         unsigned char *r = ir + i * INDEX_UNIT; /* >iqiqq: magic, pos, size, index, term */
@@ -238,7 +239,7 @@ static PyObject *native_decode_run(PyObject *self, PyObject *args) {
         irecs = Py_None;
         Py_INCREF(irecs);
     }
-    return Py_BuildValue("nLN", off, (long long)largest, irecs);
+    return Py_BuildValue("nLNL", off, (long long)largest, irecs, (long long)max_term);
 fallback:
     PyBuffer_Release(&b);
     Py_XDECREF(irecs);
@@ -349,7 +350,7 @@ static PyMethodDef methods[] = {
     {"init", native_init, METH_VARARGS, "init(entry_type, field_names, valid_magics): bind Entry's slots."},
     {"crc32c", native_crc32c, METH_VARARGS, "crc32c(data) -> unsigned crc32c of a buffer."},
     {"decode_run", native_decode_run, METH_VARARGS,
-     "decode_run(buf, offset, end, count, accept_zero_crc, out) -> (offset, largest, irecs) or None."},
+     "decode_run(buf, offset, end, count, accept_zero_crc, out) -> (offset, largest, irecs, max_term) or None."},
     {"encode_plain", native_encode_plain, METH_VARARGS,
      "encode_plain(entries, buf, off, wp, limit, max_size, index, out, irecs) -> (taken, wp)."},
     {NULL, NULL, 0, NULL}};

@@ -133,9 +133,12 @@ class EntryList(list):
 
     ``irecs``: the entries' index records back to back (bytes), when the C decoder made them with a plain
     run (:mod:`dledger._native`); a store writing the run copies them in one slice.  None otherwise.
+
+    ``max_term``: the greatest term among the entries when the C decoder gave them (every term is >= 0
+    after a decode), so their bounds check needs no pass over them; None otherwise.
     """
 
-    __slots__ = ("_section", "_parts", "crc_checked", "largest", "irecs")
+    __slots__ = ("_section", "_parts", "crc_checked", "largest", "irecs", "max_term")
 
     def __init__(self, entries=(), section: tuple[bytes | memoryview, int] | None = None, *,
                  crc_checked: bool = False, encoded: bytes | memoryview | list | None = None, largest: int = 0,
@@ -146,6 +149,7 @@ class EntryList(list):
         self.crc_checked = crc_checked
         self.largest = largest
         self.irecs = irecs
+        self.max_term: int | None = None
         if encoded is not None:
             self.give_encoding(encoded)
 
@@ -344,7 +348,7 @@ def decode_entries(buf: bytes | bytearray | memoryview, offset: int, end: int, c
     if NATIVE is not None:  # the same loop in C (dledger/_native.py); None: an entry is not valid, decide below
         done = NATIVE.decode_run(buf, offset, end, count, accept_zero_crc, out)
         if done is not None:
-            off, out.largest, out.irecs = done
+            off, out.largest, out.irecs, out.max_term = done
             return out, off
     unpack, magics, header, crc32c = _unpack_header_from, VALID_MAGICS, HEADER_SIZE, _crc
     append = out.append

@@ -516,10 +516,17 @@ def decoded_entries_in_bounds(entries: Sequence[Entry]) -> bool:
     says one is out of range (to name the first).  In one plain run (an
     EntryList whose decoder set ``largest``: consecutive indexes, each entry
     right after the one before) index and pos are checked at the first and
-    last entry only, which bound them (Round 2f: a third of the push's checks).
+    last entry only, which bound them (Round 2f: a third of the push's checks);
+    the terms by their greatest where the C decoder noted it (``max_term``, Round 2g).
     """
-    run = type(entries) is EntryList and entries.largest > 0 and len(entries) > 0
+    known = type(entries) is EntryList
+    run = known and entries.largest > 0 and len(entries) > 0
+    max_term = entries.max_term if known else None
     for name, get, lo, hi in _DECODED_FIELDS:
+        if name == "term" and max_term is not None and lo <= 0:  # the C decoder's greatest term, all >= 0 (Round 2g)
+            if max_term > hi:
+                return False
+            continue
         if run and name in _GROWING_IN_A_RUN:
             if get(entries[0]) < lo or get(entries[-1]) > hi:
                 return False

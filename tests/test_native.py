@@ -20,6 +20,7 @@ from dledger import _native
 from dledger.codes import EntryType
 from dledger.entry import INDEX_RECORD, CodecError, Entry, EntryList, body_crc, decode_entries
 from dledger.errors import BatchAppendError
+from dledger.messages import decoded_entries_in_bounds
 from dledger.store.mmapfile import MmapLogStore
 from dledger.testing.store_contract import FakeMemberState, fired
 
@@ -45,7 +46,7 @@ def decoded(buf, offset, end, count, accept_zero_crc):
         return "error", type(exc), str(exc), exc.number
     except Exception as exc:
         return "raised", type(exc), str(exc)
-    return "ok", list(out), off, out.largest, type(out)
+    return "ok", list(out), off, out.largest, type(out), decoded_entries_in_bounds(out)
 
 
 def section_of(entries: list[Entry]) -> bytes:
@@ -83,7 +84,10 @@ def plain_run_cases():
     reserved[2] = Entry(reserved[2].body, reserved[2].index, 3, reserved[2].pos, 1, 5, 0, reserved[2].body_crc)
     noop = run_of(3)
     noop[1] = Entry(b"", noop[1].index, 3, noop[1].pos, int(EntryType.NOOP), 0, 0, 0)
-    return {"run": run, "gap": gap, "zero crc": zero, "reserved": reserved, "empty noop": noop, "none": []}
+    top = run_of(5)  # a term past the bounds (2**63 - 1 has no room for +1): out of bounds, in a run or not
+    top[3] = Entry(top[3].body, top[3].index, 2**63 - 1, top[3].pos, 1, 0, 0, top[3].body_crc)
+    return {"run": run, "gap": gap, "zero crc": zero, "reserved": reserved, "empty noop": noop, "none": [],
+            "top term": top, "top term, not a run": top[:2] + top[3:]}
 
 
 @pytest.mark.parametrize("case", list(plain_run_cases()))
