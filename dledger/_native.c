@@ -185,7 +185,9 @@ static PyObject *native_decode_run(PyObject *self, PyObject *args) {
     PyObject *out;
     if (!PyArg_ParseTuple(args, "y*nnnpO!", &b, &offset, &end, &count, &accept_zero, &PyList_Type, &out))
         return NULL;
-    if (entry_type == NULL || offset < 0 || end > b.len || count < 0 || count > (PY_SSIZE_T_MAX / INDEX_UNIT)) {
+    /* more entries than headers fit (a hostile count): no records buffer of that size, the pure decoder fails */
+    if (entry_type == NULL || offset < 0 || end > b.len || count < 0 || end < offset ||
+        count > (end - offset) / HEADER_SIZE) {
         PyBuffer_Release(&b);
         Py_RETURN_NONE; /* unusual arguments: the pure decoder decides */
     }
@@ -253,7 +255,7 @@ error:
 
 /* The int value of an exact int object into *v; 0 if it is not one or does not fit. */
 static inline int as_i64(PyObject *o, int64_t *v) {
-    if (!PyLong_CheckExact(o) && !PyLong_Check(o)) return 0;
+    if (!PyLong_Check(o)) return 0;
     int overflow = 0;
     long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
     if (overflow || (x == -1 && PyErr_Occurred())) {

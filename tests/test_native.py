@@ -114,7 +114,7 @@ def test_decode_of_damaged_pushes_fails_as_the_pure_decoder_does(monkeypatch):
         buf = bytearray(good)
         for _ in range(rnd.randrange(0, 3)):
             buf[rnd.randrange(len(buf))] ^= 1 << rnd.randrange(8)
-        count = rnd.choice([24, 24, 23, 25, 0])
+        count = rnd.choice([24, 24, 23, 25, 0, 1 << 40])  # a hostile count: the pure decoder's error, no MemoryError
         end = rnd.choice([len(buf), len(buf), len(buf) - 1, rnd.randrange(len(buf) + 1), len(buf) + 10])
         data = bytes(buf) if trial % 2 else buf
         accept = bool(trial % 3)
