@@ -44,6 +44,9 @@ class FlushPlan:
     work: Callable[[], Any] | list[Callable[[], Any]] | None
     done: Callable[[Any], bool | None] | None = None
     failed: Callable[[Failure], None] | None = None
+    #: Run ``work`` on the calling (reactor) thread even on a threaded BlockingIO: a tiny round's
+    #: ``fdatasync`` takes less than the two thread hand-offs around it (:func:`.flushing.flush_here`).
+    here: bool = False
 
 
 def percentile(values, q: float) -> float:
@@ -171,10 +174,14 @@ class GroupCommit:
         if isinstance(work, list):
             d = gatherResults([self.io.run(w) for w in work], consumeErrors=True)
             d.addErrback(lambda f: f.value.subFailure if isinstance(f.value, FirstError) else f)
+        elif rnd.plan.here:
+            d = self.io.run_here(work)
         else:
             d = self.io.run(work)
         rnd.blocked += perf_counter() - t
         d.addCallbacks(self._work_done, self._work_failed, callbackArgs=(rnd,), errbackArgs=(rnd,))
+        if rnd.plan.here:
+            self.io.delivered()  # what the waiters' callbacks wrote leaves now, as after a worker's result
 
     def _work_done(self, result: Any, rnd: _Round) -> None:
         t = perf_counter()
