@@ -99,14 +99,9 @@ class BlockingIO:
 
         For a job shorter than the hand-offs a worker costs (a tiny flush round's ``fdatasync``: ~0.2 ms
         against two thread wake-ups, a queue and the reactor's waker, each waiting for the GIL or a busy
-        turn).  The caller calls :meth:`delivered` once it has added its callbacks.
+        turn).  ``after_results`` is not called: the caller sends what its callbacks wrote.
         """
         return maybeDeferred(fn, *args)
-
-    def delivered(self) -> None:
-        """Results were delivered on the reactor thread outside :meth:`_deliver`: run ``after_results``."""
-        if self.after_results is not None:
-            self.after_results()
 
     def _start_worker(self) -> None:
         if self._trigger is None:

@@ -136,7 +136,10 @@ class GroupCommit:
         return bool(self._rounds)
 
     def request(self) -> Deferred:
-        """A Deferred firing with :attr:`flushed_index` once everything appended so far is durable."""
+        """A Deferred firing with :attr:`flushed_index` once everything appended so far is durable.
+
+        A round whose plan runs ``here`` may have fired it before it is returned.
+        """
         d: Deferred = Deferred()
         self._next.append(d)
         if len(self._rounds) < self.depth:
@@ -180,8 +183,6 @@ class GroupCommit:
             d = self.io.run(work)
         rnd.blocked += perf_counter() - t
         d.addCallbacks(self._work_done, self._work_failed, callbackArgs=(rnd,), errbackArgs=(rnd,))
-        if rnd.plan.here:
-            self.io.delivered()  # what the waiters' callbacks wrote leaves now, as after a worker's result
 
     def _work_done(self, result: Any, rnd: _Round) -> None:
         t = perf_counter()

@@ -35,9 +35,6 @@ class HandIO:
         self.here += 1
         return self.run(fn, *args)
 
-    def delivered(self) -> None:
-        """Nothing to send: :meth:`dledger.diskio.BlockingIO.delivered`'s hook."""
-
     def complete(self, i: int = 0) -> None:
         """Run queued call ``i`` now; its Deferred fires with the result or the exception."""
         fn, args, d = self.calls.pop(i)
