@@ -362,3 +362,45 @@ def test_the_flusher_sends_what_a_round_run_here_answered(monkeypatch):
     flusher.wait(3).addCallback(lambda i: events.append(("answered", i)))
     clock.advance(0)
     assert events == [("answered", 3), "sent"]
+
+
+@pytest.mark.parametrize("rule, sync_s, expected", [
+    ("fast_sync_stays_here", 0.0003, 0),
+    ("at_the_bound_stays_here", 0.001, 0),
+    ("slow_sync_backs_off", 0.0011, 64),
+])
+def test_here_backoff(rule, sync_s, expected):
+    from dledger.store.groupcommit import here_backoff
+
+    assert here_backoff(sync_s) == expected
+
+
+def test_a_slow_sync_here_sends_the_next_small_rounds_to_the_worker(monkeypatch):
+    """A round synced here that kept the reactor past HERE_SLOW_S: the next HERE_BACKOFF_ROUNDS go to the
+    worker, then one is tried here again; a fast one keeps the rounds here."""
+    from twisted.internet.defer import maybeDeferred
+
+    from dledger.store import groupcommit
+
+    now = [0.0]
+    monkeypatch.setattr(groupcommit, "perf_counter", lambda: now[0])
+
+    class RunsHere(HandIO):
+        def run_here(self, fn, *args):
+            self.here += 1
+            return maybeDeferred(fn, *args)
+
+    sync_s = [0.005]
+    io = RunsHere()
+    gc = GroupCommit(io, lambda: FlushPlan(1, lambda: now.__setitem__(0, now[0] + sync_s[0]), here=True))
+    gc.request()
+    assert io.here == 1 and gc.here_backoff == groupcommit.HERE_BACKOFF_ROUNDS
+    sync_s[0] = 0.0002
+    for _ in range(groupcommit.HERE_BACKOFF_ROUNDS):
+        gc.request()
+        assert len(io.calls) == 1, "on the worker"
+        io.drain()
+    assert io.here == 1
+    gc.request()
+    gc.request()
+    assert io.here == 3 and not io.calls, "tried here again, and fast: kept here"
