@@ -248,7 +248,7 @@ def test_flush_here(rule, nbytes, new, dirs, limit, expected):
     assert flush_here(nbytes, new, dirs, limit) is expected
 
 
-@pytest.mark.parametrize("value, expected", [("", 65536), ("0", 0), ("4096", 4096), ("-5", 0)])
+@pytest.mark.parametrize("value, expected", [("", 0), ("0", 0), ("65536", 65536), ("-5", 0)])
 def test_here_bytes_setting(value, expected):
     assert here_bytes_setting({"DLEDGER_FLUSH_HERE_BYTES": value} if value else {}) == expected
 

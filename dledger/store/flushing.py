@@ -40,15 +40,18 @@ INDEX_RELEASE_STEP = 1 << 16
 
 
 def here_bytes_setting(environ=os.environ) -> int:
-    """The largest round (data bytes) a member syncs on its reactor thread (:func:`flush_here`): 64 KiB, or
-    ``DLEDGER_FLUSH_HERE_BYTES`` (0: every round on the worker thread, as before issue #28 round 2g).
+    """The largest round (data bytes) a member syncs on its reactor thread (:func:`flush_here`):
+    ``DLEDGER_FLUSH_HERE_BYTES``, 0 (never: every round on the worker thread) when unset.
 
-    An environment variable rather than a member option so that one benchmark can compare both on the same
-    code (``DLEDGER_FLUSH_HERE_BYTES=0 dledger bench cluster``); the one place that reads it.
+    Off by default: on the shared machine of issue #28's round 2g it cut the members' CPU per entry at
+    2,000/s (0.75-0.82x) but not the p99, which an ``fdatasync`` of a busy disk on the reactor thread made
+    worse (docs/benchmarks.md, "Round 2g"); a quiet machine's rerun decides.  An environment variable rather
+    than a member option so that one benchmark compares both on the same code
+    (``DLEDGER_FLUSH_HERE_BYTES=65536 dledger bench cluster``); the one place that reads it.
     """
     value = environ.get("DLEDGER_FLUSH_HERE_BYTES", "")
     try:
-        return max(0, int(value)) if value.strip() else 64 << 10
+        return max(0, int(value)) if value.strip() else 0
     except ValueError:
         raise ValueError(f"DLEDGER_FLUSH_HERE_BYTES must be a whole number of bytes, not {value!r}") from None
 
