@@ -2,7 +2,16 @@
 
 import pytest
 
-from dledger.store.flushing import RELEASE_STEP, index_sync_due, needs_flush, release_due, released_mark, span
+from dledger.store.flushing import (
+    RELEASE_STEP,
+    flush_here,
+    here_bytes_setting,
+    index_sync_due,
+    needs_flush,
+    release_due,
+    released_mark,
+    span,
+)
 
 S = 1024  # file size
 
@@ -219,3 +228,31 @@ def test_pages_read_back_below_the_released_mark_are_released_again(tmp_path, mo
     assert released, "the pages read back were unmapped again"
     assert min(a for a, _ in released) <= store.get(0).pos and max(b for _, b in released) >= flushing.RELEASE_STEP
     store.abandon()
+
+
+FLUSH_HERE = [
+    # (rule, data bytes, new files, directories, limit, expected)
+    ("a_tiny_round_of_old_files_syncs_here", 21_000, False, False, 65536, True),
+    ("a_round_at_the_limit_syncs_here", 65536, False, False, 65536, True),
+    ("a_round_past_the_limit_goes_to_the_worker", 65537, False, False, 65536, False),
+    ("a_new_file_goes_to_the_worker", 100, True, False, 65536, False),
+    ("a_directory_to_sync_goes_to_the_worker", 100, False, True, 65536, False),
+    ("limit_zero_always_the_worker", 100, False, False, 0, False),
+    ("no_data_bytes_nothing_to_gain", 0, False, False, 65536, False),
+]
+
+
+@pytest.mark.parametrize("rule, nbytes, new, dirs, limit, expected", FLUSH_HERE, ids=[r[0] for r in FLUSH_HERE])
+def test_flush_here(rule, nbytes, new, dirs, limit, expected):
+    """Only a small round of data bytes in files synced before runs on the reactor thread (issue #28, 2c)."""
+    assert flush_here(nbytes, new, dirs, limit) is expected
+
+
+@pytest.mark.parametrize("value, expected", [("", 0), ("0", 0), ("65536", 65536), ("-5", 0)])
+def test_here_bytes_setting(value, expected):
+    assert here_bytes_setting({"DLEDGER_FLUSH_HERE_BYTES": value} if value else {}) == expected
+
+
+def test_here_bytes_setting_refuses_a_typo():
+    with pytest.raises(ValueError, match="DLEDGER_FLUSH_HERE_BYTES"):
+        here_bytes_setting({"DLEDGER_FLUSH_HERE_BYTES": "64k"})

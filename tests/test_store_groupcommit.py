@@ -284,3 +284,123 @@ def test_a_member_keeps_one_flush_in_flight_on_a_store_that_runs_one_round():
     store.asked[0].callback(0)
     clock.advance(0)
     assert len(store.asked) == 2
+
+
+def test_a_tiny_round_runs_here_a_new_file_or_a_large_round_on_the_worker(tmp_path, monkeypatch):
+    """The store plans where each round's sync runs; a round run here still acknowledges only what it synced."""
+    from dledger import diskio
+
+    io = HandIO()
+    store = MmapLogStore(tmp_path / "m", FakeMemberState(), data_file_size=1 << 16, index_file_size=4096,
+                         blocking_io=io)
+    store.startup()
+    syncs = SyncLog(store)
+    monkeypatch.setattr(diskio, "flush_files", syncs)
+    store._flushing.here_bytes = 2048
+    store.append_batch_as_leader([Entry(body=bytes(100), term=1)])
+    d1 = store.flush()  # the first round syncs the new files and their directories: the worker
+    io.drain()
+    assert io.here == 0 and fired(d1) == 0
+    store.append_batch_as_leader([Entry(body=bytes(100), term=1) for _ in range(3)])
+    d2 = store.flush()
+    assert io.here == 1, "a few hundred bytes in a file synced before: here"
+    io.drain()
+    assert fired(d2) == 3 and len(syncs.durable_upto) == 2
+    store.append_batch_as_leader([Entry(body=bytes(1000), term=1) for _ in range(3)])
+    d3 = store.flush()
+    io.drain()
+    assert io.here == 1 and fired(d3) == 6, "past the limit: the worker"
+    store.abandon()
+
+
+def test_a_round_run_here_runs_on_the_calling_thread_and_fires_before_request_returns():
+    """``BlockingIO.run_here`` runs on the calling thread even when threaded: no worker, no hand-off back."""
+    import threading
+
+    from dledger.diskio import BlockingIO
+
+    class Reactor:
+        def callFromThread(self, f, *a):
+            raise AssertionError("a round run here needs no hand-off back")
+
+    io = BlockingIO(Reactor(), threaded=True)
+    ran_on: list = []
+    plan = FlushPlan(7, lambda: ran_on.append(threading.get_ident()), here=True)
+    gc = GroupCommit(io, lambda: plan, depth=2)
+    d = gc.request()
+    assert ran_on == [threading.get_ident()] and io.threads_started == 0 and fired(d) == 7
+    failing = FlushPlan(8, lambda: 1 / 0, here=True)
+    gc = GroupCommit(io, lambda: failing)
+    errors: list = []
+    gc.request().addErrback(lambda f: errors.append(f.value.code))
+    assert errors and gc.flushed_index == -1
+
+
+def test_the_flusher_sends_what_a_round_run_here_answered(monkeypatch):
+    """A round that fired in ``store.flush()`` (synced here): the replies its waiters wrote are sent at once
+    (``send_written``), as a worker's results are by ``BlockingIO.after_results``."""
+    from twisted.internet.task import Clock
+
+    from dledger.replication import durability
+
+    events: list = []
+    monkeypatch.setattr(durability, "send_written", lambda: events.append("sent"))
+    gc = GroupCommit(HandIO(), lambda: FlushPlan(3, None))
+
+    class Store:  # a round with nothing to sync fires inside flush(), as one synced here does
+        flush_rounds = 2
+
+        @property
+        def flushed_index(self):
+            return gc.flushed_index
+
+        def flush(self):
+            return gc.request()
+
+    clock = Clock()
+    flusher = durability.Flusher(Store(), clock)
+    flusher.wait(3).addCallback(lambda i: events.append(("answered", i)))
+    clock.advance(0)
+    assert events == [("answered", 3), "sent"]
+
+
+@pytest.mark.parametrize("rule, sync_s, expected", [
+    ("fast_sync_stays_here", 0.0003, 0),
+    ("at_the_bound_stays_here", 0.001, 0),
+    ("slow_sync_backs_off", 0.0011, 64),
+])
+def test_here_backoff(rule, sync_s, expected):
+    from dledger.store.groupcommit import here_backoff
+
+    assert here_backoff(sync_s) == expected
+
+
+def test_a_slow_sync_here_sends_the_next_small_rounds_to_the_worker(monkeypatch):
+    """A round synced here that kept the reactor past HERE_SLOW_S: the next HERE_BACKOFF_ROUNDS go to the
+    worker, then one is tried here again; a fast one keeps the rounds here."""
+    from twisted.internet.defer import maybeDeferred
+
+    from dledger.store import groupcommit
+
+    now = [0.0]
+    monkeypatch.setattr(groupcommit, "perf_counter", lambda: now[0])
+
+    class RunsHere(HandIO):
+        def run_here(self, fn, *args):
+            self.here += 1
+            return maybeDeferred(fn, *args)
+
+    sync_s = [0.005]
+    io = RunsHere()
+    gc = GroupCommit(io, lambda: FlushPlan(1, lambda: now.__setitem__(0, now[0] + sync_s[0]), here=True))
+    gc.request()
+    assert io.here == 1 and gc.here_backoff == groupcommit.HERE_BACKOFF_ROUNDS
+    sync_s[0] = 0.0002
+    for _ in range(groupcommit.HERE_BACKOFF_ROUNDS):
+        gc.request()
+        assert len(io.calls) == 1, "on the worker"
+        io.drain()
+    assert io.here == 1
+    gc.request()
+    gc.request()
+    assert io.here == 3 and not io.calls, "tried here again, and fast: kept here"

@@ -227,7 +227,8 @@ async def run(reactor: Any, opts: Options, say=progress) -> dict:
             results["pipeline"] = await measured(group, opts.duration, loader.closed_loop(
                 "one entry per request", 1, opts.in_flight, opts.duration, opts.warmup))
         if "latency" in opts.phases:
-            results["latency"] = await loader.open_loop(opts.rate, opts.duration, opts.warmup)
+            results["latency"] = await measured(group, opts.duration, loader.open_loop(
+                opts.rate, opts.duration, opts.warmup), "achieved_per_s")
         if "rss" in opts.phases and group is not None:
             results["rss_mb"] = {mid: round(group.rss_bytes(mid) / 2**20, 1) for mid in group.ids}
             results["rss_peak_mb"] = {mid: round(group.peak_rss_bytes(mid) / 2**20, 1) for mid in group.ids}
@@ -264,19 +265,22 @@ def members_cpu_seconds(group: LocalGroup) -> float:
     return sum(group.cpu_seconds(mid) for mid in group.ids)
 
 
-async def measured(group: LocalGroup | None, duration: float, coro: Any) -> dict:
-    """A closed-loop phase's result with ``member_cpu_ms_per_1k_entries``: the members' CPU over the phase.
+async def measured(group: LocalGroup | None, duration: float, coro: Any, rate_key: str = "entries_per_s") -> dict:
+    """A load phase's result with ``member_cpu_ms_per_1k_entries``: the members' CPU over the phase.
 
     The warm-up's CPU is counted too (its entries are not), so compare the
     figure between runs of the same settings; it follows the code, not the
     machine's load, as throughput does.  Nothing is added for a group this
-    benchmark did not start (``--peers``).
+    benchmark did not start (``--peers``).  ``rate_key`` names the result's
+    acknowledged entries/s: the latency phase's ``achieved_per_s`` (issue #28
+    target 2c: at a fixed offered rate the CPU per entry is what the machine
+    has left, and so what the queueing behind the tail is made of).
     """
     if group is None:
         return await coro
     before = process_cpu_seconds(group)
     result = await coro
-    acked = result["entries_per_s"] * duration
+    acked = result[rate_key] * duration
     after = process_cpu_seconds(group)
     per_1k = {name: round((after[name] - before[name]) * 1e6 / acked, 1) if acked else None for name in after}
     result["member_cpu_ms_per_1k_entries"] = (round(sum(after[m] - before[m] for m in group.ids) * 1e6 / acked, 1)
@@ -390,7 +394,7 @@ def format_results(r: dict) -> str:
         fmt = lambda v: "-" if v is None else f"{v:.2f}"
         row(f"latency at {lat['offered_per_s']:,}/s offered ({lat['achieved_per_s']:,.0f}/s acknowledged)",
             f"p50 {fmt(lat['p50_ms'])} ms  p99 {fmt(lat['p99_ms'])} ms  p999 {fmt(lat['p999_ms'])} ms  "
-            f"(target p99 <= {TARGETS['p99_ms']:g} ms)")
+            f"(target p99 <= {TARGETS['p99_ms']:g} ms){_cpu(lat)}")
     for f in r.get("failover", []):
         target = TARGETS.get(f"failover_{f['preset']}_s")
         trials = ", ".join(f"{t:.2f}" for t in f["trials_s"])

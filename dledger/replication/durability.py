@@ -21,6 +21,7 @@ from twisted.logger import Logger
 from dledger.codes import ResponseCode
 from dledger.errors import DLedgerError
 from dledger.ratelog import RateLimitedLog
+from dledger.transport.outbox import send_written
 
 log = Logger()
 
@@ -64,6 +65,8 @@ class Flusher:
         self.flushes += 1
         d = self.store.flush()
         d.addCallbacks(self._flushed, self._failed)
+        if d.called:  # a round synced here (or nothing to sync): what the waiters wrote leaves now, not at the poll
+            send_written()
 
     def _flushed(self, _result) -> None:
         self._flushing -= 1

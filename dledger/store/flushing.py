@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import mmap
+import os
 from collections.abc import Callable
 
 from dledger import diskio
@@ -36,6 +37,40 @@ from dledger.store.mappedfiles import MappedFile, MappedFileList
 RELEASE_STEP = 1 << 20
 #: Index pages read back are unmapped again once they span this much (a record per entry: 64 KiB is 2,048).
 INDEX_RELEASE_STEP = 1 << 16
+
+
+def here_bytes_setting(environ=os.environ) -> int:
+    """The largest round (data bytes) a member syncs on its reactor thread (:func:`flush_here`):
+    ``DLEDGER_FLUSH_HERE_BYTES``, 0 (never: every round on the worker thread) when unset.
+
+    Off by default: on the shared machine of issue #28's round 2g it cut the members' CPU per entry at
+    2,000/s (0.75-0.82x) but not the p99, which an ``fdatasync`` of a busy disk on the reactor thread made
+    worse (docs/benchmarks.md, "Round 2g"); a quiet machine's rerun decides.  An environment variable rather
+    than a member option so that one benchmark compares both on the same code
+    (``DLEDGER_FLUSH_HERE_BYTES=65536 dledger bench cluster``); the one place that reads it.
+    """
+    value = environ.get("DLEDGER_FLUSH_HERE_BYTES", "")
+    try:
+        return max(0, int(value)) if value.strip() else 0
+    except ValueError:
+        raise ValueError(f"DLEDGER_FLUSH_HERE_BYTES must be a whole number of bytes, not {value!r}") from None
+
+
+#: See :func:`here_bytes_setting`.
+HERE_BYTES = here_bytes_setting()
+
+
+def flush_here(nbytes: int, new_files: bool, dirs: bool, limit: int) -> bool:
+    """Whether a round syncing ``nbytes`` of data runs on the reactor thread instead of a worker.
+
+    Only a round of data bytes in files synced before, up to ``limit``: at 10,000 appends/s a round holds
+    ~20 entries (~21 KiB), its ``fdatasync`` ~0.2-0.3 ms, and the hand-off to a worker and back (a queue, a
+    thread wake-up, the reactor's waker, the GIL each way) costs each round CPU and a wait behind the
+    reactor's turn at least as long (docs/benchmarks.md, "Round 2g").  New files and directories (an
+    ``fsync`` each, slower) and large rounds (a loaded member's: its reactor has other work to do meanwhile)
+    stay on the worker.
+    """
+    return 0 < nbytes <= limit and not new_files and not dirs
 
 
 def span(first_start: int, file_size: int, count: int, lo: int, hi: int) -> tuple[int, int]:
@@ -88,6 +123,8 @@ class FlushTracker:
         self.data, self.index = data, index
         self._write_pos = write_pos
         self.release_pages = release_pages
+        #: The largest round synced on the calling thread (:func:`flush_here`); 0 for never.
+        self.here_bytes = HERE_BYTES
         self.data_lo = 0
         self.index_lo = 0
         self.data_released = 0
@@ -152,7 +189,8 @@ class FlushTracker:
         def done(_result) -> None:
             self.flushed(upto=write_pos)  # what this round synced, not what a round after it took
 
-        return FlushPlan(end_index, work, done=done, failed=failed)
+        here = flush_here(write_pos - data_lo, bool(new), bool(dirs), self.here_bytes)
+        return FlushPlan(end_index, work, done=done, failed=failed, here=here)
 
     def index_sync(self, checkpoint_end: int) -> tuple[list[int], Callable[[], None]]:
         """The index files to fdatasync before a checkpoint up to ``checkpoint_end`` is written, and an undo.

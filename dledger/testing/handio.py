@@ -22,11 +22,18 @@ class HandIO:
     def __init__(self) -> None:
         #: The queued calls: ``(fn, args, deferred)``, oldest first.
         self.calls: list[tuple[Callable[..., Any], tuple, Deferred]] = []
+        #: How many calls were asked to run on the caller's thread (``run_here``).
+        self.here = 0
 
     def run(self, fn: Callable[..., Any], *args: Any) -> Deferred:
         d = Deferred()
         self.calls.append((fn, args, d))
         return d
+
+    def run_here(self, fn: Callable[..., Any], *args: Any) -> Deferred:
+        """Queued as :meth:`run` is (the test still decides when it ends); counted in :attr:`here`."""
+        self.here += 1
+        return self.run(fn, *args)
 
     def complete(self, i: int = 0) -> None:
         """Run queued call ``i`` now; its Deferred fires with the result or the exception."""
