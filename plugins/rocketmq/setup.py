@@ -21,7 +21,8 @@ setup(
     package_data={"twisted": ["plugins/rocketmq_namesrv_plugin.py"]},
     # Optional C speedups of per-message loops (dledger_rocketmq/native.py decides whether they are used; the
     # pure-Python code is the reference and the fallback): without a compiler the install still succeeds.
-    ext_modules=[Extension("dledger_rocketmq._speedups", ["dledger_rocketmq/_speedups.c"], optional=True)],
+    ext_modules=[Extension("dledger_rocketmq._speedups", ["dledger_rocketmq/_speedups.c"], libraries=["z"],
+                           optional=True)],
     install_requires=["dledger", "PyYAML>=5.1"],  # plain_acl.yml (RocketMQ ACL)
     entry_points={
         # The same group dledger's own stores and transports use.

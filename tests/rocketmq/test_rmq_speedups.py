@@ -7,11 +7,16 @@ a compiler) or refused (``DLEDGER_PURE=1``): the reference is then what runs.
 
 from __future__ import annotations
 
+import random
+import re
 import struct
 
 import pytest
 from conftest import STORE, golden_entries
 from dledger_rocketmq import native
+from dledger_rocketmq.common import batch as b
+from dledger_rocketmq.common import message as m
+from dledger_rocketmq.common.errors import CodecError
 from dledger_rocketmq.common.message import Address, MessageRecord, encode_record
 from dledger_rocketmq.store import dispatch
 from hypothesis import given
@@ -72,7 +77,7 @@ _CASES = [
 
 
 @needs_ext
-@pytest.mark.parametrize("body", _CASES)
+@pytest.mark.parametrize("body", _CASES, ids=[str(i) for i in range(len(_CASES))])
 def test_quick_unit_in_c_on_the_special_cases(body):
     """Tags in every position, schedule topic, transactions, IPv6 hosts, empty and junk bodies."""
     c, py = _both(body)
@@ -124,3 +129,94 @@ def test_quick_unit_in_c_on_extreme_field_values(qid, qoff, body_len):
     struct.pack_into(">i", raw, 84, body_len)
     c, py = _both(bytes(raw))
     assert c == py
+
+
+# -- encode_batch: encode_batch_records' loop -------------------------------------------------------------------
+
+def _pure_encode(template, items, **kw):
+    """encode_batch_records with the C part switched off (its module's ``speedups`` None): the reference."""
+    saved, m.speedups = m.speedups, None
+    try:
+        return m.encode_batch_records(template, items, **kw)
+    finally:
+        m.speedups = saved
+
+
+def _same_as_pure(template, items, **kw):
+    """The records (or the CodecError) of encode_batch_records with the C part and without it are the same."""
+    try:
+        want = _pure_encode(template, items, **kw)
+    except CodecError as exc:
+        with pytest.raises(type(exc), match=re.escape(str(exc))):
+            m.encode_batch_records(template, items, **kw)
+        return None
+    got = m.encode_batch_records(template, items, **kw)
+    assert got == want and all(type(r) is bytes for r in got)
+    return got
+
+
+_HOSTS = st.sampled_from([Address("127.0.0.1", 10911), Address("::1", 10911), Address("10.1.2.3", 1)])
+_ITEM = st.tuples(st.binary(max_size=40), st.binary(max_size=30),
+                  st.integers(-(2**31), 2**31 - 1) | st.sampled_from([2**31, -(2**31) - 1]))
+
+
+@needs_ext
+@given(items=st.lists(_ITEM, min_size=1, max_size=6), views=st.booleans(), topic=st.sampled_from(["T", "x" * 127]),
+       born=_HOSTS, store=_HOSTS, sys_flag=st.sampled_from([0, 0x4, 0xC, 0x1]),
+       first=st.integers(0, 2**40) | st.sampled_from([2**63 - 2, 2**63 - 1, 2**63, -1]),
+       step=st.sampled_from([0, 1]), max_size=st.sampled_from([150, 200, 4096]),
+       born_ts=st.sampled_from([77, 2**63 - 1, 2**63]), prepared=st.sampled_from([0, -1, 2**63]))
+def test_encode_batch_in_c_equals_the_python_loop(items, views, topic, born, store, sys_flag, first, step, max_size,
+                                                  born_ts, prepared):
+    """Tuples with bytes or memoryview bodies (batch_views' shape): the same bytes or the same CodecError, with
+    limits, flags, queue offsets and fields at and past their ranges."""
+    if views:
+        items = [(memoryview(b), p, f) for b, p, f in items]
+    template = MessageRecord(topic=topic, body=b"", queue_id=2, sys_flag=sys_flag, born_timestamp=born_ts,
+                             born_host=born, reconsume_times=1, prepared_transaction_offset=prepared)
+    _same_as_pure(template, items, first_queue_offset=first, queue_offset_step=step, store_host=store,
+                  max_size=max_size)
+
+
+@needs_ext
+def test_encode_batch_in_c_does_the_leading_items_and_python_the_rest():
+    """The C part stops at an item it does not take (a BatchItem, a bytearray, a flag out of range, a
+    view of ints) and the loop continues there: the whole batch is the Python loop's."""
+    template = MessageRecord(topic="T", body=b"", queue_id=1)
+    host = Address("127.0.0.1", 1)
+    odd = [b.BatchItem(b"x", b"p", 1), (bytearray(b"y"), b"", 0), (b"z", bytearray(b"q"), 0),
+           (b"w", b"", 2**31), (memoryview(b"\0" * 8).cast("i"), b"", 0)]
+    for k, item in enumerate(odd):
+        items = [(b"a" * 10, b"KEYS\x01k", 0)] * 3 + [item] + [(b"b", b"", 5)] * 2
+        partial = ext.encode_batch(items, 91 + 1, m.MESSAGE_MAGIC, 1, 0, 0, b"\0" * 24, 0, 0, b"\x01T", 0, 1, 4096,
+                                   m.MAX_PROPERTIES_LENGTH)
+        assert len(partial) == 3, k
+        _same_as_pure(template, items, first_queue_offset=5, queue_offset_step=1, store_host=host)
+
+
+@needs_ext
+@pytest.mark.parametrize("case", ["stock batch", "properties too long", "queue offsets run out", "ipv6 hosts",
+                                  "message too large"])
+def test_encode_batch_in_c_on_a_stock_batch_and_at_the_limits(case):
+    """A stock producer's batch (random 1 KiB bodies, batch_views of its body) and each limit met mid-batch."""
+    rng = random.Random(7)
+    items = [b.BatchItem(rng.randbytes(1024), b"UNIQ_KEY\x01%04d\x02WAIT\x01true" % i, rng.choice([0, 1]))
+             for i in range(40)]
+    host, first, max_size, born = Address("10.0.0.9", 10911), 1000, m.DEFAULT_MAX_MESSAGE_SIZE, Address("10.1.1.1", 5)
+    if case == "properties too long":
+        pass  # below
+    elif case == "queue offsets run out":
+        first = 2**63 - 25
+    elif case == "ipv6 hosts":
+        host, born = Address("::1", 10911), Address("fe80::1", 5)
+    elif case == "message too large":
+        max_size = 1100
+        items[30] = b.BatchItem(b"y" * 1050, b"")
+    views = b.batch_views(b.encode_batch(items))
+    if case == "properties too long":  # no batch body can carry it: the put's items as batch_views makes them
+        views[17] = (memoryview(b"x"), b"k\x01" + b"v" * 32766, 0)
+    template = MessageRecord(topic="BenchTopic", body=b"", queue_id=3, sys_flag=0, born_timestamp=1764258000000,
+                             born_host=born, store_timestamp=1764258000123)
+    got = _same_as_pure(template, views, first_queue_offset=first, queue_offset_step=1, store_host=host,
+                        max_size=max_size)
+    assert (got is not None) is (case in ("stock batch", "ipv6 hosts"))

@@ -6,12 +6,18 @@
  * records), from the same constants (configure(), called once by dledger_rocketmq.native with the Python
  * module's values), and hands anything that is not exactly ``bytes`` to the Python function.
  *
+ * encode_batch(...): the loop of dledger_rocketmq.common.message.encode_batch_records (a SEND_BATCH_MESSAGE's
+ * records on the master), for as many leading items as it can encode exactly as the Python loop would; the
+ * Python function encodes the rest (and names any error), so a limit, a field out of range or an item that is
+ * not a 3-tuple only ends the C part early.
+ *
  * Whether this module is used is decided in one place, dledger_rocketmq/native.py (DLEDGER_PURE=1: never).
  * The module touches Python objects throughout, so the GIL is held throughout.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
+#include <zlib.h>
 
 #define V4_HEAD_SIZE 88
 
@@ -132,10 +138,140 @@ static PyObject *quick_unit(PyObject *self, PyObject *body) {
     return out;
 }
 
+static inline void put32(unsigned char *p, int64_t v) {
+    uint32_t u = (uint32_t)v;
+    p[0] = (unsigned char)(u >> 24); p[1] = (unsigned char)(u >> 16); p[2] = (unsigned char)(u >> 8);
+    p[3] = (unsigned char)u;
+}
+
+static inline void put64(unsigned char *p, int64_t v) {
+    put32(p, (int64_t)((uint64_t)v >> 32));
+    put32(p + 4, v);
+}
+
+static inline int fits32(long long v) { return v >= INT32_MIN && v <= INT32_MAX; }
+
+static uLong crc_of(const unsigned char *buf, Py_ssize_t n) {
+    uLong crc = crc32(0L, Z_NULL, 0);
+    while (n > 0) {
+        uInt chunk = n > (Py_ssize_t)0x40000000 ? 0x40000000u : (uInt)n;
+        crc = crc32(crc, buf, chunk);
+        buf += chunk;
+        n -= chunk;
+    }
+    return crc;
+}
+
+/* encode_batch(items, fixed, magic, qid, sys_flag, born_ts, middle, reconsume, prepared, topic_part,
+ *              first_qoff, step, max_size, max_props) -> list of bytes for the leading items it encoded. */
+static PyObject *encode_batch(PyObject *self, PyObject *args) {
+    PyObject *items, *middle, *topic_part, *first_obj;
+    long long fixed, magic, qid, sys_flag, born_ts, reconsume, prepared, step, max_size, max_props;
+    if (!PyArg_ParseTuple(args, "OLLLLLO!LLO!OLLL:encode_batch", &items, &fixed, &magic, &qid, &sys_flag, &born_ts,
+                          &PyBytes_Type, &middle, &reconsume, &prepared, &PyBytes_Type, &topic_part, &first_obj,
+                          &step, &max_size, &max_props))
+        return NULL;
+    PyObject *seq = PySequence_Fast(items, "items must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    int overflow = 0;
+    long long qoff = PyLong_Check(first_obj) ? PyLong_AsLongLongAndOverflow(first_obj, &overflow) : 0;
+    if (!PyLong_Check(first_obj) || overflow || (qoff == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        goto done;  /* Python's loop decides */
+    }
+    if (!fits32(magic) || !fits32(qid) || !fits32(sys_flag) || !fits32(reconsume))
+        goto done;
+    const char *mid = PyBytes_AS_STRING(middle);
+    Py_ssize_t mid_len = PyBytes_GET_SIZE(middle), tp_len = PyBytes_GET_SIZE(topic_part);
+    const char *tp = PyBytes_AS_STRING(topic_part);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **its = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *item = its[k];
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 3)
+            break;
+        PyObject *flag_obj = PyTuple_GET_ITEM(item, 2);
+        if (!PyLong_Check(flag_obj))
+            break;
+        long long flag = PyLong_AsLongLongAndOverflow(flag_obj, &overflow);
+        if (overflow || (flag == -1 && PyErr_Occurred()) || !fits32(flag)) {
+            PyErr_Clear();
+            break;
+        }
+        PyObject *body_obj = PyTuple_GET_ITEM(item, 0), *props_obj = PyTuple_GET_ITEM(item, 1);
+        if (!PyBytes_CheckExact(props_obj))
+            break;
+        if (!PyBytes_CheckExact(body_obj)) {  /* else only a view of plain bytes, as batch_views makes */
+            if (!PyMemoryView_Check(body_obj))
+                break;
+            Py_buffer *v = PyMemoryView_GET_BUFFER(body_obj);
+            if (v->ndim != 1 || v->itemsize != 1 || v->strides == NULL || v->strides[0] != 1
+                || (v->format != NULL && strcmp(v->format, "B") != 0))
+                break;
+        }
+        Py_buffer body, props;
+        if (PyObject_GetBuffer(body_obj, &body, PyBUF_SIMPLE) < 0) {
+            PyErr_Clear();
+            break;
+        }
+        if (PyObject_GetBuffer(props_obj, &props, PyBUF_SIMPLE) < 0) {
+            PyErr_Clear();
+            PyBuffer_Release(&body);
+            break;
+        }
+        long long size = fixed + (long long)body.len + (long long)props.len;
+        int stop = size > max_size || props.len > max_props || !fits32(size) || !fits32(body.len)
+                   || props.len > 0x7FFF;
+        PyObject *rec = NULL;
+        if (!stop) {
+            rec = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(48 + mid_len + 16 + body.len + tp_len + 2 + props.len));
+            if (rec != NULL) {
+                unsigned char *p = (unsigned char *)PyBytes_AS_STRING(rec);
+                const unsigned char *bb = (const unsigned char *)body.buf;
+                put32(p, size); put32(p + 4, magic); put32(p + 8, (int64_t)(crc_of(bb, body.len) & 0x7FFFFFFF));
+                put32(p + 12, qid); put32(p + 16, flag); put64(p + 20, qoff); put64(p + 28, 0);
+                put32(p + 36, sys_flag); put64(p + 40, born_ts);
+                p += 48;
+                memcpy(p, mid, (size_t)mid_len); p += mid_len;
+                put32(p, reconsume); put64(p + 4, prepared); put32(p + 12, body.len); p += 16;
+                memcpy(p, bb, (size_t)body.len); p += body.len;
+                memcpy(p, tp, (size_t)tp_len); p += tp_len;
+                p[0] = (unsigned char)(props.len >> 8); p[1] = (unsigned char)props.len; p += 2;
+                memcpy(p, props.buf, (size_t)props.len);
+            }
+        }
+        PyBuffer_Release(&body);
+        PyBuffer_Release(&props);
+        if (stop)
+            break;
+        if (rec == NULL || PyList_Append(out, rec) < 0) {
+            Py_XDECREF(rec);
+            Py_DECREF(out);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        Py_DECREF(rec);
+        if ((step > 0 && qoff > INT64_MAX - step) || (step < 0 && qoff < INT64_MIN - step))
+            break;  /* the next queue offset does not fit: Python's loop names it */
+        qoff += step;
+    }
+done:
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(magic, slow_flags, host_v6_flags, tx_mask, tx_commit, schedule_topic, tags_key, fallback): the "
      "Python module's constants, and the function non-bytes bodies are handed to."},
+    {"encode_batch", encode_batch, METH_VARARGS,
+     "The records of encode_batch_records for the leading items it can encode exactly (Python does the rest)."},
     {"quick_unit", quick_unit, METH_O, "dledger_rocketmq.store.dispatch.quick_unit, in C (same answers)."},
     {NULL, NULL, 0, NULL}};
 
