@@ -196,3 +196,27 @@ def test_batch_views_refuses_a_properties_length_the_checked_path_refuses(props_
                 b.batch_views(data)
         else:
             assert _views(b.batch_views(data)) == _views(want)
+
+
+@given(items=st.lists(st.builds(b.BatchItem, st.binary(max_size=40), st.binary(max_size=30)), min_size=1, max_size=6),
+       topic=st.sampled_from(["T", "topic-\u00e9", "x" * 127]), props=st.binary(max_size=20),
+       sys_flag=st.sampled_from([0, 0x4, 0x8, 0xC]))
+def test_stored_batch_size_is_the_sum_over_the_views(items, topic, props, sys_flag):
+    """From the lengths alone, the per-message sum the statistics counted: each record the template's fixed part
+    (size less body and properties) plus its message's body and properties."""
+    body = b.encode_batch(items)
+    template = m.MessageRecord(topic=topic, body=body, properties=props, queue_id=1, sys_flag=sys_flag)
+    views = b.batch_views(body)
+    fixed = template.size - len(template.body) - len(template.properties)
+    assert b.stored_batch_size(template, len(views)) == sum(fixed + len(v) + len(p) for v, p, _ in views)
+
+
+@pytest.mark.parametrize("props, found", [
+    ([b"", b"KEYS\x01k"], False), ([b"KEYS\x01k", b"DELAY\x013"], True), ([b"DELAY"], True), ([b"DEL", b"AY"], False),
+    ([b"xDELAYx"], True), ([], False), ([b"DELA\x00Y"], False)])
+def test_any_properties_contain_views_and_batch_items(props, found):
+    """Tuples (batch_views) searched joined, BatchItems one by one: the same answer as a test per message, and a
+    needle split over two messages is not found."""
+    items = [b.BatchItem(b"body", p) for p in props]
+    assert b.any_properties_contain(items, b"DELAY") is found
+    assert b.any_properties_contain([tuple(i) for i in items], b"DELAY") is found

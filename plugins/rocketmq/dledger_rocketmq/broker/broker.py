@@ -30,7 +30,7 @@ from dledger_rocketmq.broker.mixed import MixedGroup
 from dledger_rocketmq.broker.queueflush import QueueFlusher
 from dledger_rocketmq.broker.roles import MASTER, RoleManager
 from dledger_rocketmq.broker.sync import SlaveSync, SyncKind
-from dledger_rocketmq.common.batch import BatchItem, batch_records
+from dledger_rocketmq.common.batch import BatchItem, any_properties_contain, batch_records
 from dledger_rocketmq.common.control import KIND_ACL_CONFIG, OffsetCommit
 from dledger_rocketmq.common.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -47,6 +47,8 @@ from dledger_rocketmq.store.metadata import BrokerMetadata
 from dledger_rocketmq.store.schedule import DelayedDelivery, ScheduleQueueReader, to_schedule
 
 log = Logger()
+#: The property whose presence sends a batch through the DELAY rewrite (:meth:`Broker.put_batch`).
+_DELAY_KEY = PROPERTY_DELAY_TIME_LEVEL.encode()
 
 
 class GetStatus(Enum):
@@ -511,8 +513,7 @@ class Broker(MultiService):
         A batch where a message carries a DELAY level (stock clients refuse to
         send one) takes :meth:`put_messages`, which rewrites each such message.
         """
-        delay = PROPERTY_DELAY_TIME_LEVEL.encode()
-        if any(delay in props for _, props, _ in items):
+        if any_properties_contain(items, _DELAY_KEY):
             return self.put_messages(batch_records([BatchItem(bytes(b), bytes(p), f) for b, p, f in items], template))
         return self.commitlog.put_batch(template, items)
 

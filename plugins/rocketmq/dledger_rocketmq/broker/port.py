@@ -58,7 +58,7 @@ from dledger.transport.remoting import (
 from dledger.transport.sockopts import set_no_delay
 from dledger_rocketmq.broker.broker import GetResult, GetStatus
 from dledger_rocketmq.broker.brokerstats import BrokerStatsManager
-from dledger_rocketmq.common.batch import batch_records, batch_views, decode_batch
+from dledger_rocketmq.common.batch import batch_records, batch_views, decode_batch, stored_batch_size
 from dledger_rocketmq.common.control import OffsetCommit
 from dledger_rocketmq.common.errors import ArgumentError, CodecError
 from dledger_rocketmq.common.message import PROPERTY_DELAY_TIME_LEVEL, Address, MessageRecord, SendRecord
@@ -1145,10 +1145,8 @@ class BrokerPort(service.Service):
     def _counted(self, result: PutResult, template: MessageRecord, items: list | None, topic: str,
                  began: int) -> Reply:
         """A put answered: the broker statistics, then the send's reply."""
-        size = template.size
-        if items is not None:  # each record: the template's fixed part and topic, its own body and properties
-            fixed = size - len(template.body) - len(template.properties)
-            size = sum(fixed + len(b) + len(p) for b, p, _ in items)
+        # A batch's items are send_items(template.body): their records' sizes add up from the lengths alone.
+        size = template.size if items is None else stored_batch_size(template, len(items))
         self.broker_stats.on_put(topic, result.count or 1, size, self.now_ms() - began, result.ok)
         return send_reply(result)
 

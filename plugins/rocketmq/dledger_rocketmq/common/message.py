@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from dledger_rocketmq.common.errors import CodecError, CorruptRecordError, RecordTooLargeError, TruncatedRecordError
+from dledger_rocketmq.native import speedups
 
 MESSAGE_MAGIC = -626843481  # 0xDAA320A7 as a signed int32
 BLANK_MAGIC = -875286124  # 0xCBD43194 as a signed int32
@@ -489,11 +490,12 @@ def encode_batch_records(template: MessageRecord, items: Sequence, *, first_queu
     topic_and_len = struct.Struct(f">{len(topic_part)}sh").pack
     join = b"".join
     qid, born_ts, reconsume, prepared = t.queue_id, t.born_timestamp, t.reconsume_times, t.prepared_transaction_offset
-    qoff = first_queue_offset
-    out = []
+    out = _native_batch(items, fixed, qid, sys_flag, born_ts, middle, reconsume, prepared, topic_part,
+                        first_queue_offset, queue_offset_step, max_size)
+    qoff = first_queue_offset + len(out) * queue_offset_step
     crc32 = zlib.crc32
     try:
-        for body, props, flag in items:
+        for body, props, flag in (items[len(out):] if out else items):
             size = fixed + len(body) + len(props)
             if size > max_size or len(props) > MAX_PROPERTIES_LENGTH:
                 break  # encode_record names the limit
@@ -510,6 +512,21 @@ def encode_batch_records(template: MessageRecord, items: Sequence, *, first_queu
         encode_record(record, max_size=max_size, queue_offset=qoff, physical_offset=0, store_host=store_host)
         raise CodecError(f"batch message {len(out)} cannot be stored")  # not reached: encode_record raised
     return out
+
+
+def _native_batch(items: Sequence, fixed: int, qid: int, sys_flag: int, born_ts: int, middle: bytes,
+                  reconsume: int, prepared: int, topic_part: bytes, first: int, step: int, max_size: int) -> list:
+    """The records of :func:`encode_batch_records`' loop that the optional C extension encodes (the leading items
+    it can encode exactly as the loop would: 3-tuples of bytes or a byte view, bytes and an int32, fields and
+    limits in range), as a list; the loop encodes the rest and names any error.  Empty without the extension
+    (:mod:`dledger_rocketmq.native`).  ~0.3 us per 1 KiB message against ~1 us (Round 2g, broker8)."""
+    if speedups is None:
+        return []
+    try:
+        return speedups.encode_batch(items, fixed, MESSAGE_MAGIC, qid, sys_flag, born_ts, middle, reconsume,
+                                     prepared, topic_part, first, step, max_size, MAX_PROPERTIES_LENGTH)
+    except (OverflowError, TypeError):
+        return []  # an argument out of the C types' range: the loop meets it and names it
 
 
 def patch_physical_offset(buf: bytearray | memoryview, offset: int, physical_offset: int) -> None:

@@ -66,6 +66,7 @@ from dledger_rocketmq.common.message import (
     parse_properties,
     property_value,
 )
+from dledger_rocketmq.native import speedups
 from dledger_rocketmq.store.commitlog import CONTROL_PREFIX, is_record_body
 from dledger_rocketmq.store.consumequeue import (
     DEFAULT_FILE_SIZE,
@@ -194,6 +195,22 @@ def quick_unit(body: bytes) -> tuple[bytes, int, int, int, int, bytes | None] | 
     value_end = body.find(b"\x02", i + _TAGS_KEY_LEN)
     tags = body[i + _TAGS_KEY_LEN:value_end if value_end >= 0 else size]
     return (topic, qid, qoff, phys, size, tags) if tags else None
+
+
+def _native_quick_unit():
+    """:func:`quick_unit` in C when the plugin's optional extension is built and not refused (:mod:`..native`),
+    configured with this module's constants, non-bytes bodies handed back to :func:`quick_unit`; else
+    :func:`quick_unit`.  The same answers either way (equivalence tests); ~0.2 us per record instead of ~1.5."""
+    ext = speedups
+    if ext is None:
+        return quick_unit
+    ext.configure(MESSAGE_MAGIC, _SLOW_FLAGS, HOST_V6_FLAGS, TRANSACTION_TYPE_MASK, TRANSACTION_COMMIT_TYPE,
+                  _SCHEDULE_TOPIC, _TAGS_KEY, quick_unit)
+    return ext.quick_unit
+
+
+#: What dispatch calls per record: :func:`quick_unit`, in C where built.
+fast_quick_unit = _native_quick_unit()
 
 
 def _never(_body: bytes) -> None:
@@ -400,7 +417,7 @@ class Dispatcher:
         cache = self._queue_cache
         hashes = self._tag_codes
         touched = self._touched
-        quick = quick_unit if not self.verify_crc else _never
+        quick = fast_quick_unit if not self.verify_crc else _never
         last = None
         grown = None  # the queue last marked touched: a run of one queue's records marks it once
         # The previous fast-path record's raw topic, queue id and queue: a batch's records (one topic and queue,
