@@ -10,7 +10,7 @@ ALIONS := tools/alions/node_modules/.installed
 
 .PHONY: demo demo-rocketmq test lint soak clean nemesis nemesis-deps systools
 
-$(STAMP): setup.py dledger/_native.c plugins/rocketmq/setup.py plugins/rocketmq/dledger_rocketmq/_speedups.c spark/setup.py plugins/example/pyproject.toml
+$(STAMP): setup.py dledger/_native.c plugins/rocketmq/setup.py plugins/rocketmq/dledger_rocketmq/common/_speedups.c spark/setup.py plugins/example/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dledger needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip 'setuptools>=70,<90' wheel

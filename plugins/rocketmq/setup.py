@@ -19,10 +19,10 @@ setup(
     # sys.path (a static .pth) rather than an import hook twistd cannot see, so the dropin is found.
     package_dir={"": "."},
     package_data={"twisted": ["plugins/rocketmq_namesrv_plugin.py"]},
-    # Optional C speedups of per-message loops (dledger_rocketmq/native.py decides whether they are used; the
-    # pure-Python code is the reference and the fallback): without a compiler the install still succeeds.
-    ext_modules=[Extension("dledger_rocketmq._speedups", ["dledger_rocketmq/_speedups.c"], libraries=["z"],
-                           optional=True)],
+    # Optional C speedups of per-message loops (dledger_rocketmq/common/native.py decides whether they are
+    # used; the pure-Python code is the reference and the fallback): without a compiler the install succeeds.
+    ext_modules=[Extension("dledger_rocketmq.common._speedups", ["dledger_rocketmq/common/_speedups.c"],
+                           libraries=["z"], optional=True)],
     install_requires=["dledger", "PyYAML>=5.1"],  # plain_acl.yml (RocketMQ ACL)
     entry_points={
         # The same group dledger's own stores and transports use.

@@ -1,4 +1,4 @@
-"""The plugin's optional C speedups give the pure-Python reference's answers (dledger_rocketmq/native.py).
+"""The plugin's optional C speedups give the pure-Python reference's answers (dledger_rocketmq/common/native.py).
 
 Each C function is run beside its Python reference on the same inputs: golden records, generated records, and
 records damaged field by field and byte by byte.  Skipped where the extension is not built (an install without
@@ -13,9 +13,9 @@ import struct
 
 import pytest
 from conftest import STORE, golden_entries
-from dledger_rocketmq import native
 from dledger_rocketmq.common import batch as b
 from dledger_rocketmq.common import message as m
+from dledger_rocketmq.common import native
 from dledger_rocketmq.common.errors import CodecError
 from dledger_rocketmq.common.message import Address, MessageRecord, encode_record
 from dledger_rocketmq.store import dispatch

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from dledger_rocketmq.common.errors import CodecError, CorruptRecordError, RecordTooLargeError, TruncatedRecordError
-from dledger_rocketmq.native import speedups
+from dledger_rocketmq.common.native import speedups
 
 MESSAGE_MAGIC = -626843481  # 0xDAA320A7 as a signed int32
 BLANK_MAGIC = -875286124  # 0xCBD43194 as a signed int32
@@ -519,7 +519,7 @@ def _native_batch(items: Sequence, fixed: int, qid: int, sys_flag: int, born_ts:
     """The records of :func:`encode_batch_records`' loop that the optional C extension encodes (the leading items
     it can encode exactly as the loop would: 3-tuples of bytes or a byte view, bytes and an int32, fields and
     limits in range), as a list; the loop encodes the rest and names any error.  Empty without the extension
-    (:mod:`dledger_rocketmq.native`).  ~0.3 us per 1 KiB message against ~1 us (Round 2g, broker8)."""
+    (:mod:`dledger_rocketmq.common.native`).  ~0.3 us per 1 KiB message against ~1 us (Round 2g, broker8)."""
     if speedups is None:
         return []
     try:

@@ -66,7 +66,7 @@ from dledger_rocketmq.common.message import (
     parse_properties,
     property_value,
 )
-from dledger_rocketmq.native import speedups
+from dledger_rocketmq.common.native import speedups
 from dledger_rocketmq.store.commitlog import CONTROL_PREFIX, is_record_body
 from dledger_rocketmq.store.consumequeue import (
     DEFAULT_FILE_SIZE,
@@ -198,7 +198,8 @@ def quick_unit(body: bytes) -> tuple[bytes, int, int, int, int, bytes | None] | 
 
 
 def _native_quick_unit():
-    """:func:`quick_unit` in C when the plugin's optional extension is built and not refused (:mod:`..native`),
+    """:func:`quick_unit` in C when the plugin's optional extension is built and not refused
+    (:mod:`dledger_rocketmq.common.native`),
     configured with this module's constants, non-bytes bodies handed back to :func:`quick_unit`; else
     :func:`quick_unit`.  The same answers either way (equivalence tests); ~0.2 us per record instead of ~1.5."""
     ext = speedups

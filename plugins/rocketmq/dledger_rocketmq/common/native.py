@@ -1,6 +1,6 @@
 """Whether dledger-rocketmq's optional C speedups are used: decided here, once, at import.
 
-The plugin's distribution builds ``dledger_rocketmq._speedups`` from ``_speedups.c`` as an OPTIONAL extension
+The plugin's distribution builds ``dledger_rocketmq.common._speedups`` from ``_speedups.c`` as an OPTIONAL extension
 (``setup.py``: the install succeeds without a compiler, and then nothing changes).  The pure-Python functions
 stay the reference and the fallback; each C function gives their answers (equivalence tests in
 ``tests/rocketmq/test_rmq_speedups.py``).  ``DLEDGER_PURE=1`` in the environment forces the pure-Python code
@@ -20,7 +20,7 @@ def load_speedups(environ=os.environ) -> ModuleType | None:
     if environ.get("DLEDGER_PURE", "") == "1":
         return None
     try:
-        from dledger_rocketmq import _speedups
+        from dledger_rocketmq.common import _speedups
     except ImportError:
         return None
     return _speedups

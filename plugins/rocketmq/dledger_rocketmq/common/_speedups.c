@@ -3,7 +3,7 @@
  * quick_unit(body): dledger_rocketmq.store.dispatch.quick_unit, the consume-queue dispatch's fast path, which
  * every member runs for every message it indexes.  The Python function is the reference: this one gives the
  * same answer for every input (tests/rocketmq/test_rmq_speedups.py compares them on golden, random and damaged
- * records), from the same constants (configure(), called once by dledger_rocketmq.native with the Python
+ * records), from the same constants (configure(), called once by dledger_rocketmq.common.native with the Python
  * module's values), and hands anything that is not exactly ``bytes`` to the Python function.
  *
  * encode_batch(...): the loop of dledger_rocketmq.common.message.encode_batch_records (a SEND_BATCH_MESSAGE's
@@ -11,7 +11,7 @@
  * Python function encodes the rest (and names any error), so a limit, a field out of range or an item that is
  * not a 3-tuple only ends the C part early.
  *
- * Whether this module is used is decided in one place, dledger_rocketmq/native.py (DLEDGER_PURE=1: never).
+ * Whether this module is used is decided in one place, dledger_rocketmq/common/native.py (DLEDGER_PURE=1: never).
  * The module touches Python objects throughout, so the GIL is held throughout.
  */
 #define PY_SSIZE_T_CLEAN
@@ -275,7 +275,7 @@ static PyMethodDef methods[] = {
     {"quick_unit", quick_unit, METH_O, "dledger_rocketmq.store.dispatch.quick_unit, in C (same answers)."},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dledger_rocketmq._speedups",
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dledger_rocketmq.common._speedups",
                                     "Optional C speedups of dledger-rocketmq (pure-Python reference: see native.py).",
                                     -1, methods};
 
