@@ -365,11 +365,15 @@ async def test_mqadmin_commands_against_our_group_and_the_java_namesrv(tmp_path,
             check_output(args[0], results[args[0]])
         on_java_ns = await session.ask("clusterList", "-n", java_ns)
 
-        # brokerStatus: the 4.9.8 key set; 8 messages put (plus the warm-up), not the 6 send requests
+        # brokerStatus: the 4.9.8 key set; 8 messages put (plus the warm-ups), not the 6 send requests
         status = dict(line.split(":", 1) for line in results["brokerStatus"]["out"].splitlines() if ":" in line)
         status = {k.strip(): v.strip() for k, v in status.items()}  # mqadmin prints "%-32s: %s"
         assert set(rmq_admin.RUNTIME_KEYS) <= set(status), set(rmq_admin.RUNTIME_KEYS) - set(status)
-        assert status["putMessageTimesTotal"] == status["msgPutTotalTodayNow"] == "9"
+        # The warm-ups stored: wait_for_master sends again after a send it saw fail, which a slow machine's
+        # timeout can make after the first was stored (a fresh-clone CI run counted 10); queue 0 holds only them.
+        warm_ups = await consumer.max_offset(TOPIC, 0)
+        assert warm_ups >= 1
+        assert status["putMessageTimesTotal"] == status["msgPutTotalTodayNow"] == str(8 + warm_ups)
         assert status["msgGetTotalTodayNow"] == "3"
         assert "[0~10ms]" in status["putMessageDistributeTime"]
         # clusterList: our broker, #Hour since the first message (minutes ago: 0.00), #SPACE the disk ratio
